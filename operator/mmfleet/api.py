@@ -1,0 +1,590 @@
+"""The MultimodalInference API (mmfleet.io/v1alpha1): the single source of truth.
+
+The CRD schema is generated from these models (``mmfleet.crd``), so every field carries a
+description, bounds and enums here. Defaults live in the models, not in the schema, so a
+spec read back from the API server stays exactly what the user (or Argo CD) wrote.
+Cross-field rules are written twice on purpose: as CEL (``x-kubernetes-validations``) so the
+API server rejects a bad ``kubectl apply``, and as pydantic validators so ``mmfleet render``
+and the operator give the same answer without a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AliasGenerator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+GROUP = "mmfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MultimodalInference"
+PLURAL = "multimodalinferences"
+SINGULAR = "multimodalinference"
+SHORT_NAMES = ["mmi"]
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^/\s]+(/\S*)?$"
+
+# The name becomes a Service name, so it must be a DNS-1035 label.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, json_schema_extra={"x-mmfleet-duration": True})]
+
+
+def _quantity(value: str | int) -> str | int:
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value} is negative; a quantity such as 200Gi or 4 is expected")
+        return value
+    if not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a quantity such as 200Gi, 500m or 4")
+    return value
+
+
+Quantity = Annotated[str | int, AfterValidator(_quantity), Field(json_schema_extra={"x-mmfleet-quantity": True})]
+
+
+def seconds(duration: str) -> float:
+    """Parse a Go-style duration ("2s", "500ms", "1m30s"), the form CEL's duration() takes."""
+    if not re.fullmatch(DURATION_PATTERN, duration):
+        raise ValueError(f"{duration!r} is not a duration such as 500ms, 2s, 1m30s")
+    return sum(float(n) * _DURATION_UNIT[u] for n, u in _DURATION_PART.findall(duration))
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    """One x-kubernetes-validations entry; fieldPath makes kubectl name the offending field."""
+    entry: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class Model(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(alias=to_camel),
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The object as it stands in YAML: camelCase, unset fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+BackendName = Literal["vllm", "tensorrt-llm"]
+Attention = Literal["auto", "flash-attn-3", "flash-attn-2", "flashinfer", "triton"]
+CloudName = Literal["auto", "eks", "aks", "ack", "generic"]
+GpuType = Literal["T4", "A10", "A10G", "L4", "L40S", "A100", "H100", "H200", "H20", "GH200", "B200"]
+SloMetric = Literal["e2e", "ttft", "itl"]
+
+# Hopper (SM 9.x) is where FlashAttention 3 runs; vLLM 0.33 refuses FA3 elsewhere.
+HOPPER_GPUS: tuple[str, ...] = ("H100", "H200", "H20", "GH200")
+
+# The union of what the pinned backends accept; the per-backend subset is a CEL rule.
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "nvfp4",
+)
+TRTLLM_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "nvfp4")
+KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]
+
+
+class ModelSpec(Model):
+    """What the server loads and where it comes from."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Model to serve, as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct.",
+    )
+    source: str | None = Field(
+        default=None,
+        pattern=MODEL_SOURCE_PATTERN,
+        description=(
+            "Where the weights come from: hf://<repo>, s3://, gs://, oss://, az://<bucket>/<path>, "
+            "or pvc://<claim>/<path> for a PersistentVolumeClaim in the same namespace. "
+            "Default: hf://<model.name>."
+        ),
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Model name clients send in requests and the model_name metric label. Default: metadata.name.",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description=(
+            "Secret in the same namespace whose keys become environment variables of the server "
+            "(HF_TOKEN, AWS_ACCESS_KEY_ID, ...)."
+        ),
+    )
+
+    def resolved_source(self) -> str:
+        return self.source or f"hf://{self.name}"
+
+
+class BackendSpec(Model):
+    """The inference server and its engine settings."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.name != 'tensorrt-llm' || !has(self.kvCacheDtype) || "
+                    "self.kvCacheDtype in ['auto', 'fp8', 'nvfp4']",
+                    "kvCacheDtype: tensorrt-llm accepts auto, fp8 or nvfp4",
+                    ".kvCacheDtype",
+                ),
+                cel(
+                    "self.name != 'tensorrt-llm' || !has(self.attention) || self.attention == 'auto'",
+                    "attention: tensorrt-llm picks its own attention kernels; only auto is accepted",
+                    ".attention",
+                ),
+                cel(
+                    "(has(self.name) && self.name != 'vllm') || "
+                    "(has(self.maxNumBatchedTokens) ? self.maxNumBatchedTokens : 4096) >= "
+                    "(has(self.maxNumSeqs) ? self.maxNumSeqs : 128)",
+                    "maxNumBatchedTokens must be at least maxNumSeqs (vllm refuses to start otherwise)",
+                    ".maxNumBatchedTokens",
+                ),
+                cel(
+                    "(has(self.name) && self.name != 'vllm') || !has(self.chunkedPrefill) || self.chunkedPrefill || "
+                    "(has(self.maxNumBatchedTokens) ? self.maxNumBatchedTokens : 4096) >= "
+                    "(has(self.maxModelLen) ? self.maxModelLen : 8192)",
+                    "maxNumBatchedTokens must be at least maxModelLen when chunkedPrefill is false",
+                    ".maxNumBatchedTokens",
+                ),
+            ]
+        }
+    )
+
+    name: BackendName = Field(default="vllm", description="Inference server: vllm or tensorrt-llm.")
+    image: str = Field(
+        default="",
+        max_length=512,
+        description="Container image. Empty: the image of the backend version mmfleet pins.",
+    )
+    attention: Attention = Field(
+        default="auto",
+        description=(
+            "Attention kernels. auto lets the backend choose (FlashAttention 3 on Hopper for vLLM). "
+            "flash-attn-3 needs a Hopper GPU (H100, H200, H20, GH200)."
+        ),
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default="auto",
+        description="Data type of the KV cache. tensorrt-llm accepts auto, fp8 and nvfp4.",
+    )
+    max_model_len: int = Field(default=8192, ge=256, le=1_048_576, description="Longest prompt plus output, in tokens.")
+    max_num_seqs: int = Field(default=128, ge=1, le=4096, description="Most sequences batched together in one step.")
+    max_num_batched_tokens: int = Field(
+        default=4096, ge=64, le=1_048_576, description="Most tokens processed in one step (the prefill chunk)."
+    )
+    chunked_prefill: bool = Field(default=True, description="Split long prefills across steps.")
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "vllm: share of GPU memory the engine may use. tensorrt-llm: share of the memory left "
+            "after weights that goes to the KV cache."
+        ),
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra command-line arguments, appended last. A flag mmfleet already sets is rejected.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> BackendSpec:
+        # The same checks vLLM 0.33 makes at startup (config/scheduler.py verify_max_model_len).
+        if self.name != "vllm":
+            return self
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"maxNumBatchedTokens: {self.max_num_batched_tokens} is below maxNumSeqs: {self.max_num_seqs}; "
+                "vllm needs at least one token per batched sequence"
+            )
+        if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"maxNumBatchedTokens: {self.max_num_batched_tokens} is below maxModelLen: {self.max_model_len} "
+                "with chunkedPrefill: false; raise maxNumBatchedTokens or turn chunked prefill on"
+            )
+        return self
+
+
+class ImageLimits(Model):
+    """Most items of each modality in one prompt."""
+
+    image: int | None = Field(default=None, ge=0, le=256, description="Most images in one prompt.")
+    video: int | None = Field(default=None, ge=0, le=64, description="Most videos in one prompt.")
+    audio: int | None = Field(default=None, ge=0, le=64, description="Most audio clips in one prompt.")
+
+
+class MultimodalSpec(Model):
+    """Multimodal input settings."""
+
+    limit_per_prompt: ImageLimits | None = Field(
+        default=None,
+        description="Per-prompt limits on images, videos and audio (vllm only). Unset: the backend default.",
+    )
+
+
+class GpuSpec(Model):
+    """GPUs each replica holds."""
+
+    count: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
+    type: GpuType | None = Field(
+        default=None,
+        description="GPU model; selects nodes through the cloud's GPU labels. Unset: any GPU node.",
+    )
+
+
+class ParallelismSpec(Model):
+    """How one replica splits the model over its GPUs."""
+
+    tensor: int | None = Field(
+        default=None, ge=1, le=16, description="Tensor-parallel size. Default: gpu.count / pipeline."
+    )
+    pipeline: int = Field(default=1, ge=1, le=16, description="Pipeline-parallel size.")
+
+
+class SloSpec(Model):
+    """The latency objective the autoscaler holds."""
+
+    metric: SloMetric = Field(
+        default="e2e",
+        description="e2e: whole request; ttft: time to first token; itl: time between output tokens.",
+    )
+    percentile: float = Field(default=90, ge=50, le=99.9, description="Percentile of the latency, e.g. 90 for P90.")
+    target: Duration = Field(description="Latency the percentile must stay under, e.g. 2s or 250ms.")
+    window: Duration = Field(default="60s", description="Window over which the percentile is computed.")
+
+
+class AutoscalingSpec(Model):
+    """SLO-driven autoscaling. Present means on, unless enabled is false."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.minReplicas) ? self.minReplicas : 1) <= (has(self.maxReplicas) ? self.maxReplicas : 8)",
+                    "minReplicas must not exceed maxReplicas",
+                    ".minReplicas",
+                ),
+                cel(
+                    "(has(self.enabled) && !self.enabled) || has(self.slo)",
+                    "slo is required when autoscaling is enabled",
+                ),
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=True, description="Scale on the SLO. false: spec.replicas rules.")
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
+    max_replicas: int = Field(default=8, ge=1, le=1000, description="Most replicas.")
+    slo: SloSpec | None = Field(default=None, description="The latency objective; required when enabled.")
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas: {self.min_replicas} exceeds maxReplicas: {self.max_replicas}")
+        if self.enabled and self.slo is None:
+            raise ValueError("slo: required when autoscaling is enabled (e.g. {target: 2s})")
+        return self
+
+
+class TracingSpec(Model):
+    """OTLP traces from the inference server."""
+
+    enabled: bool = Field(default=False, description="Send request traces over OTLP.")
+    sample_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description="Share of requests traced.")
+    endpoint: str = Field(
+        default="",
+        max_length=512,
+        description="OTLP/gRPC endpoint, e.g. http://collector:4317. Empty: the cloud's collector.",
+    )
+
+
+class Toleration(Model):
+    """A Kubernetes toleration."""
+
+    key: str | None = Field(default=None, description="Taint key; empty with operator Exists matches all.")
+    operator: Literal["Equal", "Exists"] | None = Field(default=None, description="Equal (default) or Exists.")
+    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect matched; empty matches all."
+    )
+    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long the pod stays.")
+
+
+class PlacementSpec(Model):
+    """Scheduling constraints, merged over the cloud profile's."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels required.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Extra tolerations.")
+    affinity: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A Kubernetes Affinity, used as given.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ModelCacheSpec(Model):
+    """Where downloaded weights are kept on each replica."""
+
+    size: Quantity = Field(default="200Gi", description="Size of the cache volume, e.g. 200Gi.")
+    persistent: bool = Field(
+        default=False,
+        description=(
+            "true: a generic ephemeral volume (one PVC per pod, on the cloud's disk class); "
+            "false: an emptyDir on the node's local disk."
+        ),
+    )
+    storage_class_name: str | None = Field(
+        default=None, description="Storage class of the persistent cache. Default: the cloud profile's."
+    )
+
+
+class IdentitySpec(Model):
+    """Cloud workload identity the server uses to read the model store."""
+
+    aws_role_arn: str | None = Field(
+        default=None, pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$", description="EKS: IAM role (IRSA)."
+    )
+    azure_client_id: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-fA-F-]{36}$",
+        description="AKS: client ID of the managed identity (Azure workload identity).",
+    )
+    alibaba_role_name: str | None = Field(default=None, description="ACK: RAM role name (RRSA).")
+
+
+class ServiceSpec(Model):
+    """How clients reach the fleet."""
+
+    type: Literal["ClusterIP", "LoadBalancer"] = Field(
+        default="ClusterIP", description="ClusterIP, or LoadBalancer (internal to the VPC/VNet)."
+    )
+
+
+class MonitoringSpec(Model):
+    """Prometheus Operator integration."""
+
+    pod_monitor: bool | None = Field(
+        default=None,
+        description="Create a PodMonitor. Unset: when the monitoring.coreos.com CRDs exist.",
+    )
+
+
+class ResourcesSpec(Model):
+    """CPU and memory per replica, beside the GPUs."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU request. Default: 4 per GPU.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit. Default: 32Gi per GPU.")
+
+
+class MultimodalInferenceSpec(Model):
+    """A fleet of inference servers for one multimodal model."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.parallelism) || (has(self.gpu) && has(self.gpu.count) ? self.gpu.count : 1) % "
+                    "(has(self.parallelism.pipeline) ? self.parallelism.pipeline : 1) == 0",
+                    "parallelism.pipeline must divide gpu.count",
+                    ".parallelism.pipeline",
+                ),
+                cel(
+                    "!has(self.parallelism) || !has(self.parallelism.tensor) || "
+                    "self.parallelism.tensor * (has(self.parallelism.pipeline) ? self.parallelism.pipeline : 1) "
+                    "== (has(self.gpu) && has(self.gpu.count) ? self.gpu.count : 1)",
+                    "parallelism.tensor x parallelism.pipeline must equal gpu.count",
+                    ".parallelism.tensor",
+                ),
+                cel(
+                    "!has(self.multimodal) || !has(self.multimodal.limitPerPrompt) || "
+                    "!has(self.backend) || !has(self.backend.name) || self.backend.name == 'vllm'",
+                    "multimodal.limitPerPrompt is a vllm setting; tensorrt-llm takes no per-prompt limit",
+                    ".multimodal.limitPerPrompt",
+                ),
+                cel(
+                    "!has(self.backend) || !has(self.backend.attention) || self.backend.attention != 'flash-attn-3' "
+                    "|| (has(self.gpu) && has(self.gpu.type) && self.gpu.type in "
+                    "['H100', 'H200', 'H20', 'GH200'])",
+                    "backend.attention flash-attn-3 needs a Hopper gpu.type (H100, H200, H20, GH200)",
+                    ".backend.attention",
+                ),
+                cel(
+                    "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
+                    "!has(self.model.source) || self.model.source.startsWith('hf://') || "
+                    "self.model.source.startsWith('pvc://')",
+                    "model.source: tensorrt-llm loads hf:// or pvc:// sources",
+                    ".model.source",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    backend: BackendSpec = Field(default_factory=BackendSpec, description="Inference server and engine settings.")
+    multimodal: MultimodalSpec = Field(default_factory=MultimodalSpec, description="Multimodal input settings.")
+    gpu: GpuSpec = Field(default_factory=GpuSpec, description="GPUs per replica.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Tensor and pipeline parallelism within a replica."
+    )
+    cloud: CloudName = Field(
+        default="auto", description="Cloud profile: auto (detected from nodes), eks, aks, ack or generic."
+    )
+    replicas: int = Field(default=1, ge=0, le=1000, description="Replicas when autoscaling is off.")
+    autoscaling: AutoscalingSpec | None = Field(default=None, description="SLO-driven autoscaling.")
+    tracing: TracingSpec = Field(default_factory=TracingSpec, description="OTLP request tracing.")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Extra scheduling constraints.")
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, description="Per-replica weight cache.")
+    identity: IdentitySpec = Field(default_factory=IdentitySpec, description="Cloud workload identity.")
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="How clients reach the fleet.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus Operator objects.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="CPU and memory per replica.")
+
+    @model_validator(mode="after")
+    def _check(self) -> MultimodalInferenceSpec:
+        gpus, pipeline, tensor = self.gpu.count, self.parallelism.pipeline, self.parallelism.tensor
+        if gpus % pipeline:
+            raise ValueError(f"parallelism.pipeline: {pipeline} does not divide spec.gpu.count: {gpus}")
+        if tensor is not None and tensor * pipeline != gpus:
+            if gpus % tensor:
+                raise ValueError(f"parallelism.tensor: {tensor} does not divide spec.gpu.count: {gpus}")
+            raise ValueError(
+                f"parallelism.tensor: {tensor} x spec.parallelism.pipeline: {pipeline} "
+                f"must equal spec.gpu.count: {gpus}"
+            )
+        if self.multimodal.limit_per_prompt is not None and self.backend.name != "vllm":
+            raise ValueError(
+                f"multimodal.limitPerPrompt: set, but spec.backend.name: {self.backend.name} takes no per-prompt "
+                "limit (only vllm does)"
+            )
+        if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
+            raise ValueError(
+                f"backend.attention: flash-attn-3 needs a Hopper GPU, but spec.gpu.type is {self.gpu.type or 'unset'} "
+                f"(accepted: {', '.join(HOPPER_GPUS)}); use auto or flash-attn-2"
+            )
+        if self.backend.name == "tensorrt-llm":
+            if self.backend.kv_cache_dtype not in TRTLLM_KV_CACHE_DTYPES:
+                raise ValueError(
+                    f"backend.kvCacheDtype: {self.backend.kv_cache_dtype} is not accepted by tensorrt-llm "
+                    f"(accepted: {', '.join(TRTLLM_KV_CACHE_DTYPES)})"
+                )
+            if self.backend.attention != "auto":
+                raise ValueError(
+                    f"backend.attention: {self.backend.attention} is not accepted by tensorrt-llm "
+                    "(accepted: auto; it picks its own kernels)"
+                )
+            scheme = self.model.resolved_source().split("://", 1)[0]
+            if scheme not in ("hf", "pvc"):
+                raise ValueError(
+                    f"model.source: {self.model.source} is not loadable by tensorrt-llm (accepted: hf://, pvc://)"
+                )
+        return self
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.parallelism.tensor or self.gpu.count // self.parallelism.pipeline
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.autoscaling is not None and self.autoscaling.enabled
+
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable"]
+CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable")
+
+
+class Condition(Model):
+    """A status condition, as Kubernetes conventions define it."""
+
+    type: ConditionType = Field(description="Ready, Progressing, Degraded, ScalingLimited, SLOMet or MetricsAvailable.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
+    message: str = Field(default="", max_length=32768, description="What happened, for a person.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(default=None, description="Generation the condition was computed for.")
+
+
+class SloStatus(Model):
+    """The latency objective as last measured."""
+
+    observed: str | None = Field(default=None, description="Measured percentile latency, e.g. 1.42s.")
+    target: str | None = Field(default=None, description="The target from spec.autoscaling.slo.")
+    attainment: float | None = Field(
+        default=None, ge=0, le=1, description="Share of windows in the last hour that met the target."
+    )
+    last_evaluated: datetime | None = Field(default=None, description="When the latency was last measured.")
+
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
+
+
+class MultimodalInferenceStatus(Model):
+    """What the operator observed; written only by the operator."""
+
+    phase: Phase | None = Field(default=None, description="Pending, Progressing, Ready, Degraded or Failed.")
+    observed_generation: int | None = Field(default=None, description="Last spec generation acted on.")
+    replicas: int | None = Field(default=None, description="Replicas that exist (scale subresource).")
+    ready_replicas: int | None = Field(default=None, description="Replicas ready to serve.")
+    desired_replicas: int | None = Field(default=None, description="Replicas the operator wants.")
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
+    cloud: str | None = Field(default=None, description="Cloud profile in use.")
+    backend: str | None = Field(default=None, description="Backend in use (spec.backend.name with its default).")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
+
+
+class ObjectMeta(Model):
+    """The metadata fields rendering reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
+    namespace: str = Field(default="default")
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class MultimodalInference(Model):
+    """The whole resource as read from YAML or the API server."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["mmfleet.io/v1alpha1"] = "mmfleet.io/v1alpha1"
+    kind: Literal["MultimodalInference"] = "MultimodalInference"
+    metadata: ObjectMeta
+    spec: MultimodalInferenceSpec
+    status: MultimodalInferenceStatus | None = None
+
+    @property
+    def served_name(self) -> str:
+        return self.spec.model.served_name or self.metadata.name

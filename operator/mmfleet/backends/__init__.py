@@ -1,0 +1,126 @@
+"""Inference backends: what each pinned server version is started with and what it exports.
+
+A backend is data plus pure functions of the resolved spec. Every flag here was read from the
+upstream source of the pinned version (the module docstrings cite where); nothing is guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from mmfleet.api import MultimodalInference, SloMetric
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Prometheus series names as scraped (counters with their ``_total``)."""
+
+    e2e: str
+    ttft: str
+    itl: str
+    requests_finished: str
+    running: str
+    waiting: str
+    kv_cache_usage: str
+    # The label the backend puts the served model name in.
+    model_label: str = "model_name"
+
+    def histogram(self, metric: SloMetric) -> str:
+        return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What rendering has already decided, handed to the backend to spell as flags."""
+
+    inference: MultimodalInference
+    model_ref: str
+    port: int
+    config_dir: str
+    tracing_endpoint: str | None
+    download_dir: str
+
+
+@dataclass(frozen=True)
+class OwnedFlag:
+    """A flag mmfleet generates, and the spec field a user should change instead."""
+
+    flag: str
+    field: str
+    aliases: tuple[str, ...] = ()
+    # Said instead of "set that field instead" when the flag is refused for another reason.
+    reason: str | None = None
+
+
+class Backend(Protocol):
+    name: str
+    version: str
+    image: str
+    port: int
+    metrics_path: str
+    health_path: str
+    # The image's own non-root uid, or None when the server must run as root.
+    run_as_user: int | None
+    metrics: MetricNames
+    owned_flags: tuple[OwnedFlag, ...]
+
+    def command(self, ctx: ServerContext) -> list[str]:
+        """The container command and arguments, extraArgs excluded."""
+
+    def env(self, ctx: ServerContext) -> list[dict[str, object]]:
+        """Environment variables the server needs (tracing, caches)."""
+
+    def config_files(self, ctx: ServerContext) -> dict[str, str]:
+        """Files mounted at ctx.config_dir from a ConfigMap; empty when none are needed."""
+
+    def drain_args(self, seconds: int) -> list[str]:
+        """Flags that make SIGTERM finish in-flight requests for up to ``seconds``; empty if unsupported."""
+
+
+def get(name: str) -> Backend:
+    from mmfleet.backends import tensorrt_llm, vllm
+
+    backends: dict[str, Backend] = {"vllm": vllm.BACKEND, "tensorrt-llm": tensorrt_llm.BACKEND}
+    return backends[name]
+
+
+def _flag_spellings(flag: str) -> set[str]:
+    """Both CLIs treat '-' and '_' in long flags alike; vLLM adds --no-<flag> for booleans."""
+    bare = flag.lstrip("-")
+    forms = {bare, bare.replace("-", "_"), bare.replace("_", "-")}
+    return {f"--{f}" for f in forms} | {f"--no-{f}" for f in forms} | {f"--no_{f}" for f in forms}
+
+
+def clashes(backend: Backend, extra_args: list[str]) -> list[str]:
+    """Messages for extraArgs that would fight a flag mmfleet sets from a spec field."""
+    owned: dict[str, OwnedFlag] = {}
+    for owned_flag in backend.owned_flags:
+        for spelling in (owned_flag.flag, *owned_flag.aliases):
+            for form in _flag_spellings(spelling) if spelling.startswith("--") else {spelling}:
+                owned[form] = owned_flag
+    problems = []
+    for index, arg in enumerate(extra_args):
+        token = arg.split("=", 1)[0]
+        # Dotted sub-keys (--attention-config.backend, -ac.flash_attn_version) belong to their flag.
+        head = token.split(".", 1)[0] if token.startswith("-") else token
+        hit = owned.get(token) or owned.get(head)
+        if hit is None:
+            continue
+        if hit.reason:
+            problems.append(f"spec.backend.extraArgs[{index}]: {arg} is refused: {hit.reason}")
+        else:
+            problems.append(
+                f"spec.backend.extraArgs[{index}]: {arg} clashes with {hit.flag}, which mmfleet sets "
+                f"from spec.{hit.field}; set that field instead"
+            )
+    return problems
+
+
+def latency_quantile_promql(
+    backend: Backend, metric: SloMetric, percentile: float, window: str, by: tuple[str, ...]
+) -> str:
+    """P<percentile> of one latency histogram, summed over pods, grouped by ``by``."""
+    series = backend.metrics.histogram(metric)
+    labels = ", ".join(("le", *by))
+    return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) (rate({series}_bucket[{window}])))"

@@ -1,0 +1,217 @@
+"""vLLM 0.33.0: how mmfleet starts ``vllm serve`` and what it reads back.
+
+Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vllm/_version.py``:
+0.33.0, commit g4ba787ec9); their paths are inside its ``vllm/`` package. Image facts (``docker/``,
+``docs/``, ``.buildkite/``) come from the vllm-project/vllm repository at a later, unpinned commit.
+
+- Image ``vllm/vllm-openai:v0.33.0``: the release script tags ``vllm/vllm-openai:v${RELEASE_VERSION}``,
+  a multi-arch manifest (``.buildkite/scripts/annotate-release.sh``). The image's entrypoint is
+  ``vllm serve``; we set ``command`` to the whole line, so the entrypoint does not matter.
+- Non-root: ``docs/deployment/docker.md`` says the CUDA image runs as root by default, yet is
+  prepared to run as a non-root user (its built-in ``vllm`` user is UID 2000, GID 0). Every cache
+  defaults to ``$HOME/.cache``, so HOME must be writable (rendering points it at the cache volume).
+  With a UID that is not in the image's ``/etc/passwd``, ``getpass.getuser()`` raises, which is why
+  upstream's non-root entrypoint sets ``USER`` (``docker/entrypoints/vllm-nonroot-entrypoint.sh``);
+  ``env()`` does the same.
+- Flags (``engine/arg_utils.py`` ``add_cli_args``, types from ``config/*.py``): ``--tensor-parallel-size``
+  (``-tp``), ``--pipeline-parallel-size`` (``-pp``) from ``config/parallel.py``; ``--max-model-len``
+  (``config/model.py``); ``--max-num-seqs``, ``--max-num-batched-tokens`` and
+  ``--enable-chunked-prefill`` (a bool field, so argparse's BooleanOptionalAction also makes
+  ``--no-enable-chunked-prefill``) from ``config/scheduler.py``; ``--gpu-memory-utilization`` (alias
+  ``--device-memory-utilization``) and ``--kv-cache-dtype`` from ``config/cache.py``; ``--download-dir``
+  and ``--load-format`` from ``config/load.py``; ``--limit-mm-per-prompt`` (JSON or dotted keys) from
+  ``config/multimodal.py``; ``--otlp-traces-endpoint`` from ``config/observability.py``;
+  ``--served-model-name`` (its first name is the ``model_name`` metric label) from ``config/model.py``;
+  ``--host``/``--port`` from ``entrypoints/common/cli_args.py``; the model is the positional
+  ``model_tag``, which wins over ``--model`` (``entrypoints/cli/serve.py``).
+- Attention: ``--attention-backend`` takes an ``AttentionBackendEnum`` name (``FLASH_ATTN``,
+  ``FLASHINFER``, ``TRITON_ATTN`` in ``v1/attention/backends/registry.py``); ``--attention-config``
+  (``-ac``) has ``flash_attn_version: Literal[2, 3, 4]`` (``config/attention.py``). We spell the
+  version as vLLM's own warning does, ``--attention-config.flash_attn_version N``; the dotted form is
+  expanded to JSON by ``FlexibleArgumentParser`` (``utils/argparse_utils.py``). The backend flag and
+  ``attention_config.backend`` are mutually exclusive, so only the version goes in the config.
+  The ``VLLM_ATTENTION_BACKEND`` env var is gone in 0.33.
+- Metrics (``v1/metrics/loggers.py`` ``PrometheusStatLogger``, labels ``model_name`` and ``engine``):
+  ``vllm:request_success`` is a Counter, scraped as ``vllm:request_success_total``.
+  ``--disable-log-stats`` stops ``AsyncLLM`` from building any stat logger (``v1/engine/async_llm.py``),
+  so every ``vllm:*`` series vanishes; it is never emitted and is rejected in extraArgs.
+- Object stores: a model URL starting with ``s3://``, ``gs://`` or ``az://`` (``SUPPORTED_SCHEMES`` in
+  ``transformers_utils/runai_utils.py``) is pulled by the Run:ai Model Streamer; with
+  ``--load-format auto`` vLLM switches to ``runai_streamer`` itself and refuses other formats
+  (``config/vllm.py``). We pass ``--load-format runai_streamer`` anyway so the pod spec says what
+  happens. The image installs ``runai-model-streamer`` in its vllm-openai-base stage (``docker/Dockerfile``;
+  ``RUNAI_MODEL_STREAMER_VERSION`` >=0.15.7 in ``docker/versions.json``; the ``[s3,gcs,azure]`` extras were
+  read in a 2026 derivative of that Dockerfile, not at the 0.33 tag). ``az://`` needs
+  ``AZURE_STORAGE_ACCOUNT_NAME`` and uses DefaultAzureCredential (docs ``models/extensions/runai_model_streamer.md``).
+- ``oss://`` is not a scheme vLLM knows. Alibaba OSS speaks the S3 protocol, so ``command()`` rewrites
+  ``oss://bucket/path`` to ``s3://bucket/path``; the pod must then point the streamer at the OSS
+  endpoint with ``RUNAI_STREAMER_S3_ENDPOINT`` (read by the streamer's S3 client) and, for the
+  config/tokenizer pull, ``AWS_ENDPOINT_URL``, e.g. ``https://oss-<region>-internal.aliyuncs.com``,
+  with AccessKey credentials as ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``. vLLM copies
+  AWS_ENDPOINT_URL into RUNAI_STREAMER_S3_ENDPOINT only when ``--model-loader-extra-config`` is given
+  (``model_executor/model_loader/runai_streamer_loader.py``), so set both. The cloud profile owns that.
+- Tracing: ``tracing/otel.py`` builds ``TracerProvider(resource=Resource.create(...))`` with no
+  sampler, and the OTel SDK then reads ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
+  (``opentelemetry/sdk/trace/sampling.py`` ``_get_from_env_or_default``); ``Resource.create`` merges
+  ``OTEL_SERVICE_NAME``. The exporter protocol comes from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
+  (grpc by default, and vLLM's gRPC exporter is always ``insecure=True``).
+- Drain: ``--shutdown-timeout N`` (``engine/arg_utils.py``; ``VllmConfig.shutdown_timeout`` in
+  ``config/vllm.py``): on SIGTERM the engine stops taking requests and lets running ones finish for up
+  to N seconds (``v1/engine/core.py`` mode "drain"; 0, the default, aborts them). ``drain_args()`` spells
+  it; rendering appends it, since it owns the pod's grace period.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+
+from mmfleet.api import Attention
+from mmfleet.backends import MetricNames, OwnedFlag, ServerContext
+
+VERSION = "0.33.0"
+IMAGE = f"vllm/vllm-openai:v{VERSION}"
+
+# Schemes vLLM 0.33 streams with Run:ai (transformers_utils/runai_utils.py SUPPORTED_SCHEMES).
+STREAMED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "az://")
+# Object stores reached through their S3-compatible API; rewritten to s3:// for vLLM.
+S3_COMPATIBLE_SCHEMES: tuple[str, ...] = ("oss://",)
+# The env vars an S3-compatible store's endpoint goes in (see the module docstring).
+S3_ENDPOINT_ENV: tuple[str, ...] = ("RUNAI_STREAMER_S3_ENDPOINT", "AWS_ENDPOINT_URL")
+# The image's built-in non-root user (docs/deployment/docker.md).
+IMAGE_UID = 2000
+
+# Flags per backend.attention. auto lets vLLM pick (FA3 on Hopper, v1/attention/backends/fa_utils.py).
+_ATTENTION: dict[Attention, tuple[str, ...]] = {
+    "auto": (),
+    "flash-attn-3": ("--attention-backend", "FLASH_ATTN", "--attention-config.flash_attn_version", "3"),
+    "flash-attn-2": ("--attention-backend", "FLASH_ATTN", "--attention-config.flash_attn_version", "2"),
+    "flashinfer": ("--attention-backend", "FLASHINFER"),
+    "triton": ("--attention-backend", "TRITON_ATTN"),
+}
+
+
+def vllm_model_ref(model_ref: str) -> str:
+    """The model argument vLLM understands: S3-compatible stores become s3://."""
+    for scheme in S3_COMPATIBLE_SCHEMES:
+        if model_ref.startswith(scheme):
+            return "s3://" + model_ref[len(scheme) :]
+    return model_ref
+
+
+def _cache_root(download_dir: str) -> str:
+    """The cache volume: the download dir's parent, unless that is the filesystem root."""
+    parent = PurePosixPath(download_dir).parent
+    return download_dir if str(parent) == "/" else str(parent)
+
+
+class VllmBackend:
+    """vLLM 0.33.0 (the OpenAI-compatible server)."""
+
+    name = "vllm"
+    version = VERSION
+    image = IMAGE
+    port = 8000
+    metrics_path = "/metrics"
+    health_path = "/health"  # 503 once the engine is dead (entrypoints/serve/instrumentator/health.py)
+    run_as_user: int | None = IMAGE_UID
+    metrics = MetricNames(
+        e2e="vllm:e2e_request_latency_seconds",
+        ttft="vllm:time_to_first_token_seconds",
+        itl="vllm:inter_token_latency_seconds",
+        requests_finished="vllm:request_success_total",
+        running="vllm:num_requests_running",
+        waiting="vllm:num_requests_waiting",
+        kv_cache_usage="vllm:kv_cache_usage_perc",
+        model_label="model_name",
+    )
+    owned_flags: tuple[OwnedFlag, ...] = (
+        OwnedFlag("--model", "model.name"),
+        OwnedFlag("--host", "service"),
+        OwnedFlag("--port", "service"),
+        OwnedFlag("--served-model-name", "model.servedName"),
+        OwnedFlag("--tensor-parallel-size", "parallelism.tensor", aliases=("-tp",)),
+        OwnedFlag("--pipeline-parallel-size", "parallelism.pipeline", aliases=("-pp",)),
+        OwnedFlag("--max-model-len", "backend.maxModelLen"),
+        OwnedFlag("--max-num-seqs", "backend.maxNumSeqs"),
+        OwnedFlag("--max-num-batched-tokens", "backend.maxNumBatchedTokens"),
+        OwnedFlag("--enable-chunked-prefill", "backend.chunkedPrefill"),
+        OwnedFlag("--gpu-memory-utilization", "backend.gpuMemoryUtilization", aliases=("--device-memory-utilization",)),
+        OwnedFlag("--kv-cache-dtype", "backend.kvCacheDtype"),
+        OwnedFlag("--download-dir", "modelCache"),
+        OwnedFlag("--load-format", "model.source"),
+        OwnedFlag("--limit-mm-per-prompt", "multimodal.limitPerPrompt"),
+        OwnedFlag("--attention-backend", "backend.attention"),
+        OwnedFlag("--attention-config", "backend.attention", aliases=("-ac",)),
+        OwnedFlag("--otlp-traces-endpoint", "tracing.endpoint"),
+        # Not a flag mmfleet sets, but one that would switch off every vllm:* series the
+        # autoscaler and the drain hook read (v1/engine/async_llm.py).
+        OwnedFlag(
+            "--disable-log-stats",
+            "autoscaling",
+            reason="it removes every vllm:* metric, which autoscaling and the drain hook read",
+        ),
+        OwnedFlag("--shutdown-timeout", "(drain)", reason="mmfleet sets it to match the pod's grace period"),
+    )
+
+    def command(self, ctx: ServerContext) -> list[str]:
+        spec = ctx.inference.spec
+        engine = spec.backend
+        model = vllm_model_ref(ctx.model_ref)
+        args = [
+            "vllm", "serve", model,
+            "--host", "0.0.0.0",
+            "--port", str(ctx.port),
+            "--served-model-name", ctx.inference.served_name,
+            "--tensor-parallel-size", str(spec.tensor_parallel),
+            "--pipeline-parallel-size", str(spec.parallelism.pipeline),
+            "--max-model-len", str(engine.max_model_len),
+            "--max-num-seqs", str(engine.max_num_seqs),
+            "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+            "--enable-chunked-prefill" if engine.chunked_prefill else "--no-enable-chunked-prefill",
+            "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
+            "--kv-cache-dtype", engine.kv_cache_dtype,
+            "--download-dir", ctx.download_dir,
+        ]  # fmt: skip
+        if model.startswith(STREAMED_SCHEMES):
+            args += ["--load-format", "runai_streamer"]
+        limits = spec.multimodal.limit_per_prompt
+        if limits is not None:
+            counts = limits.model_dump(exclude_none=True)
+            if counts:
+                args += ["--limit-mm-per-prompt", json.dumps(counts, separators=(",", ":"))]
+        args += _ATTENTION[engine.attention]
+        if ctx.tracing_endpoint:
+            args += ["--otlp-traces-endpoint", ctx.tracing_endpoint]
+        return args
+
+    def env(self, ctx: ServerContext) -> list[dict[str, object]]:
+        env: list[dict[str, object]] = [
+            # Tokenizer, processor and config files land here; the weights go to --download-dir.
+            {"name": "HF_HOME", "value": f"{_cache_root(ctx.download_dir)}/huggingface"},
+            # getpass.getuser() reads USER before the passwd lookup that fails for a UID the image
+            # does not list (docker/entrypoints/vllm-nonroot-entrypoint.sh does the same).
+            {"name": "USER", "value": "vllm"},
+        ]
+        if ctx.tracing_endpoint:
+            tracing = ctx.inference.spec.tracing
+            # vLLM passes no sampler to TracerProvider, so the SDK takes it from these
+            # (tracing/otel.py; opentelemetry/sdk/trace/sampling.py). parentbased keeps a
+            # caller's sampling decision from its traceparent header.
+            env += [
+                {"name": "OTEL_SERVICE_NAME", "value": ctx.inference.served_name},
+                {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "grpc"},
+                {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+                {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(tracing.sample_ratio)},
+            ]
+        return env
+
+    def config_files(self, ctx: ServerContext) -> dict[str, str]:
+        return {}
+
+    def drain_args(self, seconds: int) -> list[str]:
+        """Let in-flight requests finish for up to ``seconds`` after SIGTERM (0 aborts them)."""
+        return ["--shutdown-timeout", str(seconds)]
+
+
+BACKEND = VllmBackend()

@@ -1,0 +1,71 @@
+"""Alibaba Cloud ACK.
+
+ACK labels GPU nodes ``aliyun.accelerator/nvidia_name`` with the NVML device name, spaces turned
+to dashes: the same strings as GPU feature discovery's ``nvidia.com/gpu.product``, so both terms
+share ``NVIDIA_PRODUCTS``.
+
+Sources:
+
+- ``aliyun.accelerator/nvidia_name``: ACK's GPU cluster guide shows
+  ``aliyun.accelerator/nvidia_name=Tesla-P100-PCIE-16GB`` with ``nvidia.com/gpu`` allocatable; a
+  real ACK gn7i node shows ``aliyun.accelerator/nvidia_name=NVIDIA-A10``; Fluid's ACK samples use
+  ``Tesla-V100-SXM2-16GB``; AliyunContainerService's gpushare code reads the same key. The values for
+  Hopper/Blackwell parts (e.g. NVIDIA-H20, NVIDIA-H100-80GB-HBM3) are UNCONFIRMED on ACK and assumed
+  to follow the same NVML naming.
+- Exclusive GPUs: ``nvidia.com/gpu``; exclusive scheduling is the default mode (label
+  ``ack.node.gpu.schedule: default`` or none), nothing else is needed (ACK "Enable scheduling
+  features", doc-detail/191140). Shared modes use other resources and are out of scope.
+- Taints: ACK adds none to GPU nodes by itself; its taint guide tells users to add their own, so
+  only the common ``nvidia.com/gpu`` taint is tolerated.
+- Internal LB: ``service.beta.kubernetes.io/alibaba-cloud-loadbalancer-address-type: intranet``
+  (ACK CCM docs; Kubernetes Service docs' Alibaba tab).
+- Storage: ``alicloud-disk-topology-alltype``, a default ACK StorageClass "recommended for
+  multi-zone scenarios": it tries ESSD, then SSD, then ultra disk, and binds WaitForFirstConsumer,
+  so the disk lands in the GPU pod's zone. ``alicloud-disk-essd`` also exists but fails on
+  instance families without ESSD support and, per the older ACK storage docs, binds Immediately.
+- RRSA (ack-pod-identity-webhook docs): SA annotation ``pod-identity.alibabacloud.com/role-name``;
+  injection is enabled by the label ``pod-identity.alibabacloud.com/injection: 'on'`` on the pod
+  (webhook 0.2.0+, Dec 2024) or on the namespace. mmfleet labels the pod and never the namespace;
+  with an older webhook the user must label the namespace.
+- Tracing: ARMS (Managed Service for OpenTelemetry) gRPC endpoint
+  ``http://tracing-analysis-dc-<region>[-internal].aliyuncs.com:8090`` with header
+  ``Authentication: <token>`` and ``tls.insecure: true`` (help.aliyun.com/document_detail/407604.html).
+- providerID ``<region-id>.<instance-id>`` with no scheme (e.g. ``cn-zhangjiakou.i-8vb2y0cdlriptkfer0ir``),
+  or with an ``alicloud://`` prefix (kubernetes/cloud-provider-alibaba-cloud ``NodeFromProviderID``).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from mmfleet.clouds import GFD_SELECTOR, NVIDIA_PRODUCTS, GpuSelector, IdentityRule, Profile
+
+NVIDIA_NAME = GpuSelector(key="aliyun.accelerator/nvidia_name", values=NVIDIA_PRODUCTS)
+
+PROFILE = Profile(
+    name="ack",
+    gpu_selectors=(NVIDIA_NAME, GFD_SELECTOR),
+    provider_id_pattern=r"(alicloud://)?[a-z]{2}(-[a-z0-9]+)+\.i-[a-z0-9]+",
+    provider_id_template="cn-hangzhou.i-mmfleet{index:013d}",
+    storage_class="alicloud-disk-topology-alltype",
+    internal_lb_annotations=MappingProxyType(
+        {"service.beta.kubernetes.io/alibaba-cloud-loadbalancer-address-type": "intranet"}
+    ),
+    identity_rule=IdentityRule(
+        value=lambda identity: identity.alibaba_role_name,
+        service_account_annotation="pod-identity.alibabacloud.com/role-name",
+        pod_labels=MappingProxyType({"pod-identity.alibabacloud.com/injection": "on"}),
+    ),
+    exporter=MappingProxyType(
+        {
+            "exporters": {
+                "otlp": {
+                    "endpoint": "${env:ARMS_OTLP_ENDPOINT}",
+                    "tls": {"insecure": True},
+                    "headers": {"Authentication": "${env:ARMS_TOKEN}"},
+                }
+            },
+            "extensions": {},
+        }
+    ),
+)

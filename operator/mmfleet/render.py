@@ -1,0 +1,418 @@
+"""Pure rendering: one MultimodalInference and a cloud profile in, its child manifests out.
+
+No I/O here. The controller applies what this returns with server-side apply, so every
+object is complete (apiVersion, kind, metadata, owner reference) and fields the operator does
+not own are left out: with autoscaling on, the Deployment carries no ``replicas``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mmfleet import backends, clouds
+from mmfleet.api import API_VERSION, KIND, MultimodalInference
+from mmfleet.backends import Backend, ServerContext
+from mmfleet.clouds import CloudProfile
+
+Manifest = dict[str, Any]
+
+FIELD_MANAGER = "mmfleet"
+INFERENCE_LABEL = "mmfleet.io/inference"
+COMPONENT = "inference-server"
+CONTAINER = "server"
+
+CACHE_DIR = "/cache"
+CONFIG_DIR = "/etc/mmfleet"
+PVC_MOUNT = "/models"
+# Model load, CUDA graph capture and a cold image pull can take many minutes; the startup
+# probe allows this much before the kubelet restarts the container.
+STARTUP_BUDGET_SECONDS = 1800
+# preStop waits this long at most for in-flight requests to finish before SIGTERM.
+DRAIN_SECONDS = 120
+# Endpoints take a moment to drop a terminating pod; requests may still arrive meanwhile.
+DRAIN_SETTLE_SECONDS = 5
+# After preStop, a backend that drains on SIGTERM gets this long to finish what is left.
+SHUTDOWN_SECONDS = 30
+CPU_PER_GPU = 4
+MEMORY_GI_PER_GPU = 32
+SHM_GI_PER_GPU = 2
+
+
+class SpecError(ValueError):
+    """A spec the schema let through but that cannot be served; one message per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the model comes from, as the pod sees it."""
+
+    model_ref: str
+    volume: Manifest | None
+    mount: Manifest | None
+
+
+def selector_labels(inference: MultimodalInference) -> dict[str, str]:
+    """Stable across spec changes: a Deployment's selector is immutable."""
+    return {INFERENCE_LABEL: inference.metadata.name, "app.kubernetes.io/component": COMPONENT}
+
+
+def selector_string(inference: MultimodalInference) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(inference).items())
+
+
+def labels(inference: MultimodalInference) -> dict[str, str]:
+    backend = backends.get(inference.spec.backend.name)
+    return {
+        "app.kubernetes.io/name": backend.name,
+        "app.kubernetes.io/instance": inference.metadata.name,
+        "app.kubernetes.io/version": backend.version,
+        "app.kubernetes.io/part-of": "mmfleet",
+        "app.kubernetes.io/managed-by": "mmfleet",
+        **selector_labels(inference),
+    }
+
+
+def endpoint(inference: MultimodalInference) -> str:
+    port = backends.get(inference.spec.backend.name).port
+    return f"http://{inference.metadata.name}.{inference.metadata.namespace}.svc.cluster.local:{port}/v1"
+
+
+def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile) -> str | None:
+    tracing = inference.spec.tracing
+    if not tracing.enabled:
+        return None
+    return tracing.endpoint or cloud.tracing_endpoint
+
+
+def problems(inference: MultimodalInference) -> list[str]:
+    """What only the operator can judge; the schema and the models caught the rest."""
+    backend = backends.get(inference.spec.backend.name)
+    return backends.clashes(backend, list(inference.spec.backend.extra_args))
+
+
+def _metadata(inference: MultimodalInference, name: str, **extra: Any) -> Manifest:
+    meta = inference.metadata
+    owner = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta.name,
+        "uid": meta.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return {"name": name, "namespace": meta.namespace, "labels": labels(inference), "ownerReferences": [owner], **extra}
+
+
+def _model_placement(inference: MultimodalInference) -> Placement:
+    source = inference.spec.model.resolved_source()
+    scheme, rest = source.split("://", 1)
+    if scheme == "hf":
+        return Placement(model_ref=rest, volume=None, mount=None)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        mount = {"name": "model", "mountPath": PVC_MOUNT, "readOnly": True}
+        return Placement(model_ref=f"{PVC_MOUNT}/{path}".rstrip("/"), volume=volume, mount=mount)
+    return Placement(model_ref=source, volume=None, mount=None)
+
+
+def server_context(inference: MultimodalInference, cloud: CloudProfile) -> ServerContext:
+    return ServerContext(
+        inference=inference,
+        model_ref=_model_placement(inference).model_ref,
+        port=backends.get(inference.spec.backend.name).port,
+        config_dir=CONFIG_DIR,
+        tracing_endpoint=tracing_endpoint(inference, cloud),
+        download_dir=f"{CACHE_DIR}/models",
+    )
+
+
+def _gi(value: int) -> str:
+    return f"{value}Gi"
+
+
+def _cache_volume(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
+    cache = inference.spec.model_cache
+    if not cache.persistent:
+        return {"name": "cache", "emptyDir": {"sizeLimit": str(cache.size)}}
+    claim: Manifest = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": str(cache.size)}},
+    }
+    storage_class = cache.storage_class_name or cloud.storage_class
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    template = {"metadata": {"labels": selector_labels(inference)}, "spec": claim}
+    return {"name": "cache", "ephemeral": {"volumeClaimTemplate": template}}
+
+
+def _drain_command(backend: Backend) -> list[str]:
+    """Wait until the server reports no running or waiting request, so SIGTERM drops nothing."""
+    url = f"http://127.0.0.1:{backend.port}{backend.metrics_path}"
+    busy = (backend.metrics.running, backend.metrics.waiting)
+    script = (
+        "import time, urllib.request\n"
+        f"time.sleep({DRAIN_SETTLE_SECONDS})\n"
+        f"deadline = time.time() + {DRAIN_SECONDS - DRAIN_SETTLE_SECONDS}\n"
+        "while time.time() < deadline:\n"
+        "    try:\n"
+        f"        text = urllib.request.urlopen({url!r}, timeout=2).read().decode()\n"
+        "    except Exception:\n"
+        "        break\n"
+        f"    busy = sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines() if line.startswith({busy!r}))\n"
+        "    if busy == 0:\n"
+        "        break\n"
+        "    time.sleep(1)\n"
+    )
+    return ["python3", "-c", script]
+
+
+def _probe(backend: Backend, period: int, failures: int, timeout: int) -> Manifest:
+    return {
+        "httpGet": {"path": backend.health_path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def _merge_affinity(cloud_affinity: Manifest | None, user: dict[str, Any]) -> Manifest | None:
+    """The user's affinity kinds replace the cloud's of the same kind; the rest stay."""
+    merged: Manifest = {}
+    if cloud_affinity:
+        merged["nodeAffinity"] = cloud_affinity
+    merged.update(user)
+    return merged or None
+
+
+def _config_checksum(files: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_service_account(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
+    wiring = cloud.identity(inference.spec.identity)
+    meta = _metadata(inference, inference.metadata.name)
+    if wiring.service_account_annotations:
+        meta["annotations"] = dict(wiring.service_account_annotations)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+
+
+def build_config_map(inference: MultimodalInference, files: dict[str, str]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(inference, f"{inference.metadata.name}-config"),
+        "data": dict(files),
+    }
+
+
+def build_deployment(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
+    spec = inference.spec
+    backend = backends.get(spec.backend.name)
+    placement = _model_placement(inference)
+    ctx = server_context(inference, cloud)
+    files = backend.config_files(ctx)
+    gpus = spec.gpu.count
+    shm = _gi(SHM_GI_PER_GPU * gpus)
+    memory = (
+        str(spec.resources.memory)
+        if spec.resources.memory is not None
+        else _gi(MEMORY_GI_PER_GPU * gpus + SHM_GI_PER_GPU * gpus)
+    )
+    cpu = str(spec.resources.cpu) if spec.resources.cpu is not None else str(CPU_PER_GPU * gpus)
+
+    volumes: list[Manifest] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+        _cache_volume(inference, cloud),
+    ]
+    mounts: list[Manifest] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+    ]
+    if placement.volume is not None and placement.mount is not None:
+        volumes.append(placement.volume)
+        mounts.append(placement.mount)
+    if files:
+        volumes.append({"name": "config", "configMap": {"name": f"{inference.metadata.name}-config"}})
+        mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+
+    env: list[Manifest] = [{"name": "HOME", "value": CACHE_DIR}, *backend.env(ctx)]
+    container: Manifest = {
+        "name": CONTAINER,
+        "image": spec.backend.image or backend.image,
+        "command": [*backend.command(ctx), *backend.drain_args(SHUTDOWN_SECONDS), *spec.backend.extra_args],
+        "workingDir": CACHE_DIR,
+        "ports": [{"name": "http", "containerPort": backend.port, "protocol": "TCP"}],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": cpu, "memory": memory, cloud.gpu_resource: str(gpus)},
+            "limits": {"memory": memory, cloud.gpu_resource: str(gpus)},
+        },
+        "volumeMounts": mounts,
+        "startupProbe": _probe(backend, period=10, failures=STARTUP_BUDGET_SECONDS // 10, timeout=5),
+        "readinessProbe": _probe(backend, period=5, failures=3, timeout=3),
+        "livenessProbe": _probe(backend, period=15, failures=4, timeout=5),
+        "lifecycle": {"preStop": {"exec": {"command": _drain_command(backend)}}},
+        "securityContext": _container_security(backend),
+    }
+    if spec.model.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+
+    wiring = cloud.identity(spec.identity)
+    pod_annotations = {"kubectl.kubernetes.io/default-container": CONTAINER}
+    if files:
+        pod_annotations["mmfleet.io/config-checksum"] = _config_checksum(files)
+    pod_spec: Manifest = {
+        "serviceAccountName": inference.metadata.name,
+        # A Service named like the backend would otherwise inject VLLM_PORT=tcp://..., which vLLM misreads.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": DRAIN_SECONDS + SHUTDOWN_SECONDS + 10,
+        "containers": [container],
+        "volumes": volumes,
+        "tolerations": [*cloud.gpu_tolerations(), *(t.wire() for t in spec.placement.tolerations)],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                # GPUs are scarce: spreading is a preference, never a reason to stay Pending.
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector_labels(inference)},
+            }
+        ],
+        "securityContext": _pod_security(backend),
+    }
+    if spec.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.placement.node_selector)
+    affinity = _merge_affinity(cloud.gpu_node_affinity(spec.gpu), spec.placement.affinity)
+    if affinity:
+        pod_spec["affinity"] = affinity
+
+    deployment_spec: Manifest = {
+        "selector": {"matchLabels": selector_labels(inference)},
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": STARTUP_BUDGET_SECONDS + 600,
+        # Never drop serving capacity for a rollout; a surge pod needs one spare replica's GPUs.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {
+            "metadata": {"labels": {**labels(inference), **wiring.pod_labels}, "annotations": pod_annotations},
+            "spec": pod_spec,
+        },
+    }
+    if not spec.autoscaled:
+        deployment_spec["replicas"] = spec.replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(inference, inference.metadata.name),
+        "spec": deployment_spec,
+    }
+
+
+def _container_security(backend: Backend) -> Manifest:
+    context: Manifest = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if backend.run_as_user is not None:
+        context.update({"runAsNonRoot": True, "runAsUser": backend.run_as_user})
+    return context
+
+
+def _pod_security(backend: Backend) -> Manifest:
+    context: Manifest = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if backend.run_as_user is not None:
+        # Makes the model cache (emptyDir or PVC) writable by the image's user.
+        context["fsGroup"] = backend.run_as_user
+    return context
+
+
+def build_service(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
+    backend = backends.get(inference.spec.backend.name)
+    service_type = inference.spec.service.type
+    meta = _metadata(inference, inference.metadata.name)
+    if service_type == "LoadBalancer" and cloud.internal_lb_annotations:
+        meta["annotations"] = dict(cloud.internal_lb_annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": service_type,
+            "selector": selector_labels(inference),
+            "ports": [{"name": "http", "port": backend.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_pod_disruption_budget(inference: MultimodalInference) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(inference, inference.metadata.name),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(inference)},
+            # A crash-looping replica serves nothing; it must not block a node drain.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def build_pod_monitor(inference: MultimodalInference) -> Manifest:
+    """Scrape every replica and stamp the series with the labels the autoscaler groups by."""
+    backend = backends.get(inference.spec.backend.name)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(inference, inference.metadata.name),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(inference)},
+            "podMetricsEndpoints": [
+                {
+                    "port": "http",
+                    "path": backend.metrics_path,
+                    "interval": "15s",
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_mmfleet_io_inference"],
+                            "targetLabel": "mmfleet_io_inference",
+                        },
+                        {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+                        {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def render(
+    inference: MultimodalInference, cloud: CloudProfile | str, *, monitoring_crds: bool = False
+) -> list[Manifest]:
+    """Every child of one resource, in the order they are applied."""
+    found = problems(inference)
+    if found:
+        raise SpecError(found)
+    profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
+    backend = backends.get(inference.spec.backend.name)
+    files = backend.config_files(server_context(inference, profile))
+    children = [build_service_account(inference, profile)]
+    if files:
+        children.append(build_config_map(inference, files))
+    children += [
+        build_deployment(inference, profile),
+        build_service(inference, profile),
+        build_pod_disruption_budget(inference),
+    ]
+    wants_monitor = inference.spec.monitoring.pod_monitor
+    if wants_monitor or (wants_monitor is None and monitoring_crds):
+        children.append(build_pod_monitor(inference))
+    return children

@@ -1,0 +1,33 @@
+"""Shared helpers for the test tiers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def spec_doc(**spec: Any) -> dict[str, Any]:
+    """A whole resource around a spec; model defaults to a small VLM."""
+    spec.setdefault("model", {"name": "Qwen/Qwen2.5-VL-7B-Instruct"})
+    return {
+        "apiVersion": "mmfleet.io/v1alpha1",
+        "kind": "MultimodalInference",
+        "metadata": {"name": "qwen", "namespace": "ml", "uid": "0b9c7c4e-1111-2222-3333-444455556666"},
+        "spec": spec,
+    }
+
+
+def load_example(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    return doc
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

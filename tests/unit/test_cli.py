@@ -1,0 +1,75 @@
+"""The command line: render prints manifests; bad input exits 2 with one line per problem, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import EXAMPLES
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mmfleet.cli", *args], input=stdin, capture_output=True, text=True, check=False
+    )
+
+
+def test_render_prints_children_of_an_example() -> None:
+    result = run("render", "-f", str(EXAMPLES[0]), "--cloud", "eks")
+    assert result.returncode == 0, result.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(result.stdout)]
+    assert "Deployment" in kinds
+    assert "Service" in kinds
+
+
+def test_invalid_spec_exits_2_with_field_paths(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\nmetadata: {name: x}\n"
+        "spec:\n  model: {name: m}\n  gpu: {count: 2}\n  parallelism: {tensor: 3}\n"
+    )
+    result = run("render", "-f", str(bad))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"{bad}: spec.parallelism.tensor: 3 does not divide spec.gpu.count: 2"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_every_problem_in_a_file_is_listed(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\nmetadata: {name: x}\n"
+        "spec:\n  model: {name: m}\n  backend: {name: sglang, maxNumSeqs: 0}\n"
+    )
+    lines = run("render", "-f", str(bad)).stderr.strip().splitlines()
+    assert len(lines) == 2
+    assert any("spec.backend.name: 'sglang'" in line for line in lines)
+    assert any("spec.backend.maxNumSeqs: 0" in line for line in lines)
+
+
+def test_not_yaml_and_missing_file_are_one_line_each(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    result = run("render", "-f", str(broken))
+    assert result.returncode == 2
+    assert "not valid YAML" in result.stderr
+    missing = run("render", "-f", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2
+    assert "No such file" in missing.stderr
+    assert "Traceback" not in broken.read_text() + result.stderr + missing.stderr
+
+
+def test_render_reads_stdin() -> None:
+    result = run("render", "-f", "-", stdin=EXAMPLES[0].read_text())
+    assert result.returncode == 0, result.stderr
+
+
+def test_crd_command_prints_the_crd() -> None:
+    result = run("crd")
+    assert result.returncode == 0
+    assert yaml.safe_load(result.stdout)["metadata"]["name"] == "multimodalinferences.mmfleet.io"
