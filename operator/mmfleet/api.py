@@ -149,13 +149,14 @@ class BackendSpec(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.name != 'tensorrt-llm' || !has(self.kvCacheDtype) || "
+                    "!has(self.name) || self.name != 'tensorrt-llm' || !has(self.kvCacheDtype) || "
                     "self.kvCacheDtype in ['auto', 'fp8', 'nvfp4']",
                     "kvCacheDtype: tensorrt-llm accepts auto, fp8 or nvfp4",
                     ".kvCacheDtype",
                 ),
                 cel(
-                    "self.name != 'tensorrt-llm' || !has(self.attention) || self.attention == 'auto'",
+                    "!has(self.name) || self.name != 'tensorrt-llm' || !has(self.attention) || "
+                    "self.attention == 'auto'",
                     "attention: tensorrt-llm picks its own attention kernels; only auto is accepted",
                     ".attention",
                 ),
@@ -354,15 +355,15 @@ class ModelCacheSpec(Model):
     """Where downloaded weights are kept on each replica."""
 
     size: Quantity = Field(default="200Gi", description="Size of the cache volume, e.g. 200Gi.")
-    persistent: bool = Field(
-        default=False,
+    volume: Literal["emptyDir", "ephemeral"] = Field(
+        default="emptyDir",
         description=(
-            "true: a generic ephemeral volume (one PVC per pod, on the cloud's disk class); "
-            "false: an emptyDir on the node's local disk."
+            "emptyDir: the node's local disk. ephemeral: a generic ephemeral volume, a PVC per pod on the "
+            "cloud's disk class, for weights larger than the node's disk; it is deleted with its pod."
         ),
     )
     storage_class_name: str | None = Field(
-        default=None, description="Storage class of the persistent cache. Default: the cloud profile's."
+        default=None, description="Storage class of the ephemeral volume. Default: the cloud profile's."
     )
 
 
@@ -384,7 +385,8 @@ class ServiceSpec(Model):
     """How clients reach the fleet."""
 
     type: Literal["ClusterIP", "LoadBalancer"] = Field(
-        default="ClusterIP", description="ClusterIP, or LoadBalancer (internal to the VPC/VNet)."
+        default="ClusterIP",
+        description="ClusterIP, or LoadBalancer (internal to the VPC/VNet on eks, aks and ack; as is on generic).",
     )
 
 
@@ -401,7 +403,10 @@ class ResourcesSpec(Model):
     """CPU and memory per replica, beside the GPUs."""
 
     cpu: Quantity | None = Field(default=None, description="CPU request. Default: 4 per GPU.")
-    memory: Quantity | None = Field(default=None, description="Memory request and limit. Default: 32Gi per GPU.")
+    memory: Quantity | None = Field(
+        default=None,
+        description="Memory request and limit. Default: 32Gi per GPU plus the /dev/shm size (2Gi per GPU).",
+    )
 
 
 class MultimodalInferenceSpec(Model):

@@ -11,6 +11,7 @@ import yaml
 
 from mmfleet import apidocs, crd, render
 from mmfleet.api import CloudName
+from mmfleet.localcluster import register_cli
 from mmfleet.render import SpecError
 from mmfleet.validation import parse
 
@@ -54,6 +55,59 @@ def cmd_crd(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import logging
+
+    import kopf
+
+    from mmfleet import controller
+    from mmfleet.config import OperatorConfig
+
+    overrides = {
+        "namespaces": tuple(args.namespace) or None,
+        "prometheus_url": args.prometheus_url,
+        "default_cloud": args.default_cloud,
+        "log_format": args.log_format,
+        "health_address": args.health_address,
+    }
+    try:
+        config = OperatorConfig.from_env()
+        config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as error:
+        print(f"mmfleet run: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    controller.STATE.config = config
+    log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL
+    kopf.configure(verbose=args.verbose, log_format=log_format)
+    logging.getLogger("mmfleet").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    kopf.run(
+        standalone=True,
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        liveness_endpoint=f"http://{config.health_address}/healthz" if config.health_address else None,
+    )
+    return 0
+
+
+def cmd_demo(_: argparse.Namespace) -> int:
+    from mmfleet.demo import run_demo
+
+    return run_demo()
+
+
+def cmd_bench_operator(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet.bench import operator_scale
+
+    return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def cmd_docs(_: argparse.Namespace) -> int:
     sys.stdout.write(apidocs.api_markdown())
     return 0
@@ -73,8 +127,34 @@ def parser() -> argparse.ArgumentParser:
     )
     p_render.set_defaults(func=cmd_render)
 
+    p_run = sub.add_parser("run", help="run the operator against the cluster in KUBECONFIG (or in-cluster)")
+    p_run.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable; default: all)"
+    )
+    p_run.add_argument("--prometheus-url", help="Prometheus the autoscaler queries (env MMFLEET_PROMETHEUS_URL)")
+    p_run.add_argument(
+        "--default-cloud", choices=["auto", "eks", "aks", "ack", "generic"], help="profile for spec.cloud: auto"
+    )
+    p_run.add_argument("--log-format", choices=["plain", "json"], help="log format (env MMFLEET_LOG_FORMAT)")
+    p_run.add_argument("--health-address", help="host:port of /healthz; empty to disable (env MMFLEET_HEALTH_ADDRESS)")
+    p_run.add_argument("-v", "--verbose", action="store_true", help="debug logs")
+    p_run.set_defaults(func=cmd_run)
+
     p_crd = sub.add_parser("crd", help="print the CustomResourceDefinition")
     p_crd.set_defaults(func=cmd_crd)
+
+    p_demo = sub.add_parser("demo", help="local control plane, operator, examples: watch them become Ready")
+    p_demo.set_defaults(func=cmd_demo)
+
+    p_bench = sub.add_parser("bench", help="benchmarks; each writes its table to docs/benchmarks.md")
+    bench = p_bench.add_subparsers(dest="bench", required=True)
+    p_bop = bench.add_parser("operator", help="N resources on the local control plane: time to Ready, cost, memory")
+    p_bop.add_argument("--count", type=int, action="append", help="resources per run (repeatable; default 100)")
+    p_bop.add_argument("--timeout", type=float, default=300, help="seconds to wait for all Ready after the last apply")
+    p_bop.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
+    p_bop.set_defaults(func=cmd_bench_operator)
+
+    register_cli(sub)
 
     p_docs = sub.add_parser("docs", help="print generated documentation")
     p_docs.add_argument("what", choices=["api"], help="api: the API reference (docs/api.md)")

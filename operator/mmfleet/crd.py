@@ -41,7 +41,9 @@ def _structural(node: Any) -> Any:
     if node.pop("x-mmfleet-quantity", False):
         node.pop("type", None)
         nullable = any(branch.get("type") == "null" for branch in node.get("anyOf", []))
-        node["anyOf"] = [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": api.QUANTITY_PATTERN}]
+        # The one anyOf a structural schema allows; the pattern (top level) applies to strings only.
+        node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+        node["pattern"] = api.QUANTITY_PATTERN
         node["x-kubernetes-int-or-string"] = True
         if nullable:
             node["nullable"] = True

@@ -27,8 +27,9 @@ CONTAINER = "server"
 CACHE_DIR = "/cache"
 CONFIG_DIR = "/etc/mmfleet"
 PVC_MOUNT = "/models"
-# Model load, CUDA graph capture and a cold image pull can take many minutes; the startup
-# probe allows this much before the kubelet restarts the container.
+# Weight download, model load and CUDA graph capture can take many minutes; the startup probe
+# allows this much from container start before the kubelet restarts it (the image pull comes
+# before and counts only against the Deployment's progress deadline).
 STARTUP_BUDGET_SECONDS = 1800
 # preStop waits this long at most for in-flight requests to finish before SIGTERM.
 DRAIN_SECONDS = 120
@@ -99,15 +100,20 @@ def problems(inference: MultimodalInference) -> list[str]:
 
 def _metadata(inference: MultimodalInference, name: str, **extra: Any) -> Manifest:
     meta = inference.metadata
-    owner = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": meta.name,
-        "uid": meta.uid or "",
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-    return {"name": name, "namespace": meta.namespace, "labels": labels(inference), "ownerReferences": [owner], **extra}
+    out: Manifest = {"name": name, "namespace": meta.namespace, "labels": labels(inference), **extra}
+    # Offline (`mmfleet render` of a file) there is no uid yet, and an owner reference without one is invalid.
+    if meta.uid:
+        out["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta.name,
+                "uid": meta.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return out
 
 
 def _model_placement(inference: MultimodalInference) -> Placement:
@@ -140,7 +146,7 @@ def _gi(value: int) -> str:
 
 def _cache_volume(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
     cache = inference.spec.model_cache
-    if not cache.persistent:
+    if cache.volume == "emptyDir":
         return {"name": "cache", "emptyDir": {"sizeLimit": str(cache.size)}}
     claim: Manifest = {
         "accessModes": ["ReadWriteOnce"],
@@ -166,7 +172,8 @@ def _drain_command(backend: Backend) -> list[str]:
         f"        text = urllib.request.urlopen({url!r}, timeout=2).read().decode()\n"
         "    except Exception:\n"
         "        break\n"
-        f"    busy = sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines() if line.startswith({busy!r}))\n"
+        f"    busy = sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()\n"
+        f"               if line.split('{{', 1)[0].split(' ', 1)[0] in {busy!r})\n"
         "    if busy == 0:\n"
         "        break\n"
         "    time.sleep(1)\n"
@@ -184,12 +191,31 @@ def _probe(backend: Backend, period: int, failures: int, timeout: int) -> Manife
 
 
 def _merge_affinity(cloud_affinity: Manifest | None, user: dict[str, Any]) -> Manifest | None:
-    """The user's affinity kinds replace the cloud's of the same kind; the rest stay."""
-    merged: Manifest = {}
-    if cloud_affinity:
-        merged["nodeAffinity"] = cloud_affinity
-    merged.update(user)
-    return merged or None
+    """The user's affinity on top of the cloud's GPU selection, which it narrows but never drops.
+
+    Required node selector terms are ORed within a list, so "cloud AND user" is every pairing of
+    a cloud term with a user term.
+    """
+    merged: Manifest = dict(user)
+    if not cloud_affinity:
+        return merged or None
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    node = dict(user.get("nodeAffinity", {}))
+    cloud_terms = cloud_affinity[key]["nodeSelectorTerms"]
+    user_terms = node.get(key, {}).get("nodeSelectorTerms") or [{}]
+    node[key] = {
+        "nodeSelectorTerms": [
+            {
+                field: [*c.get(field, []), *u.get(field, [])]
+                for field in ("matchExpressions", "matchFields")
+                if c.get(field) or u.get(field)
+            }
+            for c in cloud_terms
+            for u in user_terms
+        ]
+    }
+    merged["nodeAffinity"] = node
+    return merged
 
 
 def _config_checksum(files: dict[str, str]) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from mmfleet import render
-from mmfleet.render import SpecError
 from mmfleet.api import MultimodalInference
+from mmfleet.render import SpecError
 
 # Messages from our own validators start with the field path relative to where they are raised.
 _RELATIVE_PATH = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*|\[\d+\])*): ")

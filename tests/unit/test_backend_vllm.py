@@ -210,6 +210,7 @@ def test_every_emitted_flag_is_owned() -> None:
     "--device-memory-utilization=0.5",
     "--served-model-name",
     "-ac.flash_attn_version=4",
+    "--max-model=4096",
 ])  # fmt: skip
 def test_clashes_reject_flags_mmfleet_sets(arg: str) -> None:
     problems = clashes(BACKEND, ["--enforce-eager", arg])

@@ -64,7 +64,9 @@ specs = st.fixed_dictionaries(
             },
         ),
         "tracing": st.fixed_dictionaries({}, optional={"enabled": st.booleans(), "sampleRatio": st.floats(-1, 2)}),
-        "modelCache": st.fixed_dictionaries({}, optional={"size": quantities, "persistent": st.booleans()}),
+        "modelCache": st.fixed_dictionaries(
+            {}, optional={"size": quantities, "volume": st.sampled_from(["emptyDir", "ephemeral", "hostPath"])}
+        ),
         "service": st.fixed_dictionaries(
             {}, optional={"type": st.sampled_from(["ClusterIP", "LoadBalancer", "NodePort"])}
         ),

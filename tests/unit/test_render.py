@@ -115,7 +115,7 @@ def test_pvc_source_mounts_the_claim_read_only() -> None:
 
 
 def test_persistent_cache_uses_the_cloud_storage_class() -> None:
-    doc = spec_doc(modelCache={"size": "300Gi", "persistent": True})
+    doc = spec_doc(modelCache={"size": "300Gi", "volume": "ephemeral"})
     for cloud in ("eks", "aks", "ack"):
         cache = next(v for v in pod(doc, cloud)["volumes"] if v["name"] == "cache")
         claim = cache["ephemeral"]["volumeClaimTemplate"]["spec"]
@@ -147,6 +147,27 @@ def test_user_placement_is_merged_over_the_cloud() -> None:
     assert {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert "nodeAffinity" in spec["affinity"]
     assert "podAntiAffinity" in spec["affinity"]
+
+
+def test_user_node_affinity_narrows_the_gpu_selection() -> None:
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [zone]}]}}}  # fmt: skip
+    cloud_only = pod(spec_doc(gpu={"type": "H100"}), "eks")["affinity"]["nodeAffinity"]
+    merged = pod(spec_doc(gpu={"type": "H100"}, placement={"affinity": user}), "eks")["affinity"]["nodeAffinity"]
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    cloud_terms = cloud_only[key]["nodeSelectorTerms"]
+    terms = merged[key]["nodeSelectorTerms"]
+    assert len(terms) == len(cloud_terms)
+    for term, cloud_term in zip(terms, cloud_terms, strict=True):
+        assert term["matchExpressions"] == [*cloud_term["matchExpressions"], zone]
+
+
+def test_offline_render_has_no_owner_reference() -> None:
+    doc = spec_doc()
+    del doc["metadata"]["uid"]
+    for child in render.render(parse(doc), "generic"):
+        assert "ownerReferences" not in child["metadata"]
 
 
 def test_workload_identity_per_cloud() -> None:

@@ -104,7 +104,7 @@ def clashes(backend: Backend, extra_args: list[str]) -> list[str]:
         token = arg.split("=", 1)[0]
         # Dotted sub-keys (--attention-config.backend, -ac.flash_attn_version) belong to their flag.
         head = token.split(".", 1)[0] if token.startswith("-") else token
-        hit = owned.get(token) or owned.get(head)
+        hit = owned.get(token) or owned.get(head) or _abbreviation(head, owned)
         if hit is None:
             continue
         if hit.reason:
@@ -115,6 +115,14 @@ def clashes(backend: Backend, extra_args: list[str]) -> list[str]:
                 f"from spec.{hit.field}; set that field instead"
             )
     return problems
+
+
+def _abbreviation(token: str, owned: dict[str, OwnedFlag]) -> OwnedFlag | None:
+    """argparse takes an unambiguous prefix of a long flag (allow_abbrev), so --max-model means --max-model-len."""
+    if not token.startswith("--") or len(token) < 4:
+        return None
+    hits = {id(flag): flag for spelling, flag in owned.items() if spelling.startswith(token)}
+    return next(iter(hits.values())) if len(hits) == 1 else None
 
 
 def latency_quantile_promql(

@@ -97,7 +97,7 @@ class TensorRtLlmBackend:
     owned_flags: tuple[OwnedFlag, ...] = (
         OwnedFlag("--host", "service"),
         OwnedFlag("--port", "service"),
-        OwnedFlag("--backend", "backend.name (mmfleet runs trtllm-serve on its PyTorch backend)"),
+        OwnedFlag("--backend", "backend.name", reason="mmfleet runs trtllm-serve on its PyTorch backend only"),
         OwnedFlag("--served_model_name", "model.servedName"),
         OwnedFlag("--tp_size", "parallelism.tensor", aliases=("--tensor_parallel_size",)),
         OwnedFlag("--pp_size", "parallelism.pipeline", aliases=("--pipeline_parallel_size",)),
@@ -110,7 +110,11 @@ class TensorRtLlmBackend:
             aliases=("--free_gpu_memory_fraction",),
         ),
         # Not emitted: the dtype goes in the options file, and with kvCacheDtype auto this would bypass it.
-        OwnedFlag("--kv_cache_dtype", "backend.kvCacheDtype"),
+        OwnedFlag(
+            "--kv_cache_dtype",
+            "backend.kvCacheDtype",
+            reason="the KV cache dtype goes in the generated options file; set spec.backend.kvCacheDtype",
+        ),
         OwnedFlag("--enable_chunked_prefill", "backend.chunkedPrefill"),
         OwnedFlag(
             "--config",

@@ -49,7 +49,8 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   config/tokenizer pull, ``AWS_ENDPOINT_URL``, e.g. ``https://oss-<region>-internal.aliyuncs.com``,
   with AccessKey credentials as ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``. vLLM copies
   AWS_ENDPOINT_URL into RUNAI_STREAMER_S3_ENDPOINT only when ``--model-loader-extra-config`` is given
-  (``model_executor/model_loader/runai_streamer_loader.py``), so set both. The cloud profile owns that.
+  (``model_executor/model_loader/runai_streamer_loader.py``), so set both; the credentials Secret
+  (spec.model.credentialsSecret) carries them.
 - Tracing: ``tracing/otel.py`` builds ``TracerProvider(resource=Resource.create(...))`` with no
   sampler, and the OTel SDK then reads ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
   (``opentelemetry/sdk/trace/sampling.py`` ``_get_from_env_or_default``); ``Resource.create`` merges
@@ -76,8 +77,6 @@ IMAGE = f"vllm/vllm-openai:v{VERSION}"
 STREAMED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "az://")
 # Object stores reached through their S3-compatible API; rewritten to s3:// for vLLM.
 S3_COMPATIBLE_SCHEMES: tuple[str, ...] = ("oss://",)
-# The env vars an S3-compatible store's endpoint goes in (see the module docstring).
-S3_ENDPOINT_ENV: tuple[str, ...] = ("RUNAI_STREAMER_S3_ENDPOINT", "AWS_ENDPOINT_URL")
 # The image's built-in non-root user (docs/deployment/docker.md).
 IMAGE_UID = 2000
 
@@ -126,7 +125,7 @@ class VllmBackend:
         model_label="model_name",
     )
     owned_flags: tuple[OwnedFlag, ...] = (
-        OwnedFlag("--model", "model.name"),
+        OwnedFlag("--model", "model.source"),
         OwnedFlag("--host", "service"),
         OwnedFlag("--port", "service"),
         OwnedFlag("--served-model-name", "model.servedName"),

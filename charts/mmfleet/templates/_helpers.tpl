@@ -1,0 +1,43 @@
+{{/* The chart name, overridable. */}}
+{{- define "mmfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's objects: the release name, with the chart name unless it already contains it. */}}
+{{- define "mmfleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels: stable for the life of a release (a Deployment's selector is immutable). */}}
+{{- define "mmfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mmfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels on every object. Never mmfleet.io/inference: the operator watches objects that carry it. */}}
+{{- define "mmfleet.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "mmfleet.selectorLabels" . }}
+app.kubernetes.io/part-of: mmfleet
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "mmfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "mmfleet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}

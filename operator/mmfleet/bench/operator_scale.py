@@ -1,0 +1,240 @@
+"""``mmfleet bench operator``: how the operator copes with many resources on the local control plane.
+
+Each run starts a fresh local cluster, the operator as its own process, applies N resources as
+fast as the API server takes them, and measures: the time from the last apply until all are
+Ready, per-resource create-to-Ready latency, the operator's reconcile time and API requests
+per reconcile (from its own log lines), and its peak RSS (VmHWM).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmfleet import crd
+from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet.bench.report import table, write_section
+from mmfleet.localcluster import Cluster, NodePool, down, up
+
+NAMESPACE = "bench"
+CLUSTER = "mmfleet-bench"
+PODS_PER_NODE = 250
+TARGET_READY_SECONDS = 60.0
+TARGET_RSS_MB = 200.0
+RECONCILED = re.compile(r"reconciled \S+ in ([0-9.]+) ms with (\d+) API requests")
+TOTAL_REQUESTS = re.compile(r"API requests made: (\d+)")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Result:
+    count: int
+    apply_seconds: float
+    ready_after_last_apply: float
+    e2e_p50: float
+    e2e_p99: float
+    reconcile_p50_ms: float
+    reconcile_p99_ms: float
+    requests_per_reconcile: float
+    requests_per_resource: float
+    peak_rss_mb: float
+    all_ready: bool
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def _resource(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "MultimodalInference",
+        "metadata": {"name": f"fleet-{index:04d}", "namespace": NAMESPACE},
+        "spec": {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}, "gpu": {"count": 1}},
+    }
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _install(cluster: Cluster) -> Any:
+    from kubernetes import client, dynamic
+
+    api = cluster.api_client()
+    dyn = dynamic.DynamicClient(api)
+    crd_resource = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
+    dyn.server_side_apply(
+        crd_resource, body=yaml.safe_load(crd.crd_yaml()), field_manager="bench", force_conflicts=True
+    )
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespaced_service_account("default", NAMESPACE)
+            client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+            return api
+        except client.exceptions.ApiException:
+            time.sleep(0.5)
+    raise TimeoutError("the CRD or the namespace's default ServiceAccount never appeared")
+
+
+def _wait_operator(log: Path, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
+        if log.exists() and "mmfleet operator started" in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"the operator did not start within 60s; see {log}")
+
+
+def run_once(count: int, progress: Progress, timeout: float) -> Result:
+    nodes = math.ceil(count / PODS_PER_NODE) + 1
+    # Room for PODS_PER_NODE one-GPU replicas per node at the rendered default requests (4 CPU, 34Gi).
+    pool = NodePool(
+        cloud="eks",
+        gpu_type="H100",
+        count=nodes,
+        gpus_per_node=PODS_PER_NODE,
+        pods=str(PODS_PER_NODE),
+        cpu=str(4 * PODS_PER_NODE),
+        memory=f"{34 * PODS_PER_NODE}Gi",
+    )
+    down(CLUSTER)
+    cluster = up(CLUSTER, pod_ready_delay="1s", nodes=(pool,), progress=lambda line: progress(f"   {line}"))
+    try:
+        api = _install(cluster)
+        log = cluster.logs_dir / "operator.log"
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            _wait_operator(log, proc)
+            return _measure(api, count, proc, log, progress, timeout)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    finally:
+        down(CLUSTER)
+
+
+def _measure(
+    api: Any, count: int, proc: subprocess.Popen[bytes], log: Path, progress: Progress, timeout: float
+) -> Result:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    progress(f"   applying {count} resources")
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda i: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _resource(i)),
+                      range(count)))  # fmt: skip
+    last_apply = time.monotonic()
+    ready, items = 0, []
+    while time.monotonic() - last_apply < timeout:
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+        ready = sum((i.get("status") or {}).get("phase") == "Ready" for i in items)
+        progress(f"   {ready}/{count} Ready after {time.monotonic() - last_apply:.0f}s")
+        if ready == count:
+            break
+        time.sleep(1.0)
+    ready_after = time.monotonic() - last_apply
+    rss = _peak_rss_mb(proc.pid)
+    proc.terminate()
+    proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    reconciles = [(float(ms), int(n)) for ms, n in RECONCILED.findall(text)]
+    totals = [int(n) for n in TOTAL_REQUESTS.findall(text)]
+    e2e = []
+    for item in items:
+        created = datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        conditions = (item.get("status") or {}).get("conditions", [])
+        became = next(
+            (c["lastTransitionTime"] for c in conditions if c["type"] == "Ready" and c["status"] == "True"), None
+        )
+        if became:
+            e2e.append((datetime.fromisoformat(became.replace("Z", "+00:00")) - created).total_seconds())
+    durations = [ms for ms, _ in reconciles]
+    return Result(
+        count=count,
+        apply_seconds=last_apply - start,
+        ready_after_last_apply=ready_after,
+        e2e_p50=_percentile(e2e, 0.5),
+        e2e_p99=_percentile(e2e, 0.99),
+        reconcile_p50_ms=_percentile(durations, 0.5),
+        reconcile_p99_ms=_percentile(durations, 0.99),
+        requests_per_reconcile=statistics.fmean(n for _, n in reconciles) if reconciles else math.nan,
+        requests_per_resource=(totals[-1] / count) if totals else math.nan,
+        peak_rss_mb=rss,
+        all_ready=ready == count,
+    )
+
+
+def render_results(results: list[Result]) -> str:
+    headers = [
+        "resources", "apply (s)", "all Ready after last apply (s)", "vs 60 s target",
+        "create→Ready p50 / p99 (s)", "reconcile p50 / p99 (ms)", "API req / reconcile",
+        "operator API req / resource", "peak RSS (MB)", "vs 200 MB target",
+    ]  # fmt: skip
+    rows = [
+        [
+            r.count,
+            f"{r.apply_seconds:.1f}",
+            f"{r.ready_after_last_apply:.1f}" + ("" if r.all_ready else " (not all Ready)"),
+            f"{r.ready_after_last_apply / TARGET_READY_SECONDS:.2f}x",
+            f"{r.e2e_p50:.0f} / {r.e2e_p99:.0f}",
+            f"{r.reconcile_p50_ms:.0f} / {r.reconcile_p99_ms:.0f}",
+            f"{r.requests_per_reconcile:.1f}",
+            f"{r.requests_per_resource:.1f}",
+            f"{r.peak_rss_mb:.0f}",
+            f"{r.peak_rss_mb / TARGET_RSS_MB:.2f}x",
+        ]
+        for r in results
+    ]
+    return table(headers, rows)
+
+
+def main(counts: list[int], docs: Path, timeout: float, progress: Progress) -> int:
+    results = []
+    for count in counts:
+        progress(f"== {count} resources")
+        results.append(run_once(count, progress, timeout))
+    text = render_results(results)
+    print(text)
+    command = "mmfleet bench operator " + " ".join(f"--count {c}" for c in counts)
+    body = (
+        f"Command: `{command}` (local control plane: etcd, kube-apiserver, kcm, scheduler, kwok; one node per "
+        f"{PODS_PER_NODE} pods; pods turn Ready 1 s after binding). Machine: {os.cpu_count()} cores. "
+        "Ratios are against the targets of issue 3 (lower is better).\n\n"
+        f"{text}\n\nAPI requests per reconcile count the operator's own calls in one create/update; "
+        "operator API requests per resource add the status refreshes driven by pod and Deployment events, "
+        "but not kopf's own annotation patches."
+    )
+    write_section(docs, "operator", "Operator at scale", body)
+    return 0 if all(r.all_ready for r in results) else 1

@@ -1,0 +1,349 @@
+"""The kopf handlers: thin glue between watch events and the pure render/status functions.
+
+One reconcile: parse the spec, resolve the cloud, render, server-side apply every child,
+observe, write status. Children are watched too, so a child deleted or edited by hand is
+re-applied, and pod or Deployment changes refresh the parent's status. kopf indexes keep
+the fleets, Deployments and pods in memory, so a status refresh costs one API request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from mmfleet import clouds, render, status
+from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference, MultimodalInferenceStatus
+from mmfleet.config import OperatorConfig
+from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube, RetryableError
+from mmfleet.render import INFERENCE_LABEL, SpecError
+from mmfleet.validation import parse
+
+log = logging.getLogger("mmfleet")
+
+CHILD_LABELS: dict[str, Any] = {
+    INFERENCE_LABEL: kopf.PRESENT,
+    "app.kubernetes.io/managed-by": "mmfleet",
+}
+POD_LABELS: dict[str, Any] = {INFERENCE_LABEL: kopf.PRESENT}
+# Kinds that come and go with the spec (backend switch, monitoring on/off); pruned when absent.
+OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonitor"))
+# Nodes and installed CRDs change rarely; look again after this long.
+DISCOVERY_CACHE_SECONDS = 600
+Key = tuple[str, str]
+Body = dict[str, Any]
+
+
+@dataclass
+class State:
+    """What the operator keeps between handler calls (created at startup)."""
+
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    kube: Kube | None = None
+    monitoring_crds: bool = False
+    monitoring_checked_at: float = -math.inf
+    detected_cloud: str = "generic"
+    detected_at: float = -math.inf
+    # Generation or resourceVersion of each child as our last apply left it, to tell hand edits apart.
+    applied: dict[str, tuple[int, str]] = field(default_factory=dict)
+    children: defaultdict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
+    locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
+
+
+STATE = State()
+
+
+def _kube() -> Kube:
+    if STATE.kube is None:
+        STATE.kube = Kube()
+    return STATE.kube
+
+
+def _fingerprint(obj: Body) -> tuple[int, str]:
+    """Generation where the kind has one (it moves only on spec changes), else the resourceVersion."""
+    meta = obj.get("metadata", {})
+    generation = meta.get("generation")
+    return (int(generation), "") if generation else (0, str(meta.get("resourceVersion") or ""))
+
+
+def _edited_by_hand(obj: Body) -> bool:
+    """Changed since our last apply; late events about older generations do not count."""
+    applied = STATE.applied.get(obj.get("metadata", {}).get("uid", ""))
+    if applied is None:
+        return False
+    current = _fingerprint(obj)
+    return current[0] > applied[0] if applied[0] else current[1] != applied[1]
+
+
+def _resolve_cloud(inference: MultimodalInference) -> str:
+    if inference.spec.cloud != "auto":
+        return inference.spec.cloud
+    if STATE.config.default_cloud != "auto":
+        return STATE.config.default_cloud
+    if time.monotonic() - STATE.detected_at > DISCOVERY_CACHE_SECONDS:
+        STATE.detected_cloud = clouds.detect(_kube().provider_ids())
+        STATE.detected_at = time.monotonic()
+    return STATE.detected_cloud
+
+
+def _monitoring_crds() -> bool:
+    """Whether the Prometheus Operator's PodMonitor is served (installed later is picked up too)."""
+    if time.monotonic() - STATE.monitoring_checked_at > DISCOVERY_CACHE_SECONDS:
+        STATE.monitoring_crds = _kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
+        STATE.monitoring_checked_at = time.monotonic()
+    return STATE.monitoring_crds
+
+
+def _previous_status(body: Body) -> MultimodalInferenceStatus | None:
+    try:
+        return MultimodalInferenceStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return None
+
+
+def _write_status(
+    body: kopf.Body | Body, new: MultimodalInferenceStatus, previous: MultimodalInferenceStatus | None
+) -> None:
+    """Write status only when it changed, and tell the user about transitions as events."""
+    wire = new.wire()
+    if previous is not None and previous.wire() == wire:
+        return
+    meta = body["metadata"]
+    _kube().patch_status(meta["namespace"], meta["name"], wire)
+    target = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, body))
+    before = {c.type: c for c in previous.conditions} if previous else {}
+    for condition in new.conditions:
+        old = before.get(condition.type)
+        if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
+            continue
+        if condition.type == "Degraded" and condition.status == "True":
+            kopf.warn(target, reason=condition.reason, message=condition.message)
+        elif condition.type == "Ready" and condition.status == "True":
+            kopf.info(target, reason="Ready", message=condition.message)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
+    observed = status.Observed(deployment=deployment, pod_problems=status.pod_problems(pods), cloud=cloud)
+    _write_status(body, status.compute_status(inference, observed, inference.status, _now()), inference.status)
+
+
+def _clamp_replicas(inference: MultimodalInference, deployment: Body) -> Body:
+    """With autoscaling on, the Deployment's replicas belong to the scaler; keep them within bounds."""
+    desired = status.desired_replicas(inference, deployment)
+    if deployment.get("spec", {}).get("replicas") != desired:
+        meta = inference.metadata
+        _kube().scale(meta.namespace, meta.name, desired)
+        deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": desired}}
+    return deployment
+
+
+def _scaler_owns_replicas(deployment: Body) -> bool:
+    for entry in deployment.get("metadata", {}).get("managedFields") or []:
+        fields = entry.get("fieldsV1") or {}
+        if entry.get("manager") == AUTOSCALER_FIELD_MANAGER and "f:replicas" in fields.get("f:spec", {}):
+            return True
+    return False
+
+
+def _hand_over_replicas(inference: MultimodalInference, live: Body | None) -> None:
+    """Before an apply that drops replicas (autoscaling turned on), let the scaler own the field.
+
+    Server-side apply resets a field its only manager stops applying; without a co-owner the
+    Deployment would fall to 1 replica for a moment and kill serving pods.
+    """
+    if live is None or not inference.spec.autoscaled or _scaler_owns_replicas(live):
+        return
+    meta = inference.metadata
+    _kube().scale(meta.namespace, meta.name, status.desired_replicas(inference, live))
+
+
+def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> None:
+    """Bring the children in line with the spec and write status. Idempotent."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    started, requests_before = time.perf_counter(), _kube().thread_requests()
+    with STATE.locks[key]:
+        try:
+            inference = parse(body)
+        except SpecError as error:
+            previous = _previous_status(body)
+            invalid = status.invalid_status(error.problems, meta.get("generation"), previous, _now())
+            _write_status(body, invalid, previous)
+            raise kopf.PermanentError("; ".join(error.problems)) from None
+        kube = _kube()
+        cloud = _resolve_cloud(inference)
+        children = render.render(inference, cloud, monitoring_crds=_monitoring_crds())
+        deployment: Body | None = None
+        try:
+            _hand_over_replicas(inference, live)
+            for child in children:
+                applied = kube.apply(child)
+                STATE.applied[applied["metadata"]["uid"]] = _fingerprint(applied)
+                STATE.children[key].add(applied["metadata"]["uid"])
+                if child["kind"] == "Deployment":
+                    deployment = applied
+            if deployment is not None and inference.spec.autoscaled:
+                deployment = _clamp_replicas(inference, deployment)
+            if prune:
+                _prune(inference, children)
+        except RetryableError as error:
+            raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=5) from error
+        _observe(body, inference, deployment, pods, cloud)
+    log.info(
+        "reconciled %s/%s in %.1f ms with %d API requests",
+        *key,
+        (time.perf_counter() - started) * 1000,
+        _kube().thread_requests() - requests_before,
+    )
+
+
+def _prune(inference: MultimodalInference, children: list[Body]) -> None:
+    """Delete optional children the spec no longer asks for, but only ones this resource owns."""
+    kube = _kube()
+    meta = inference.metadata
+    present = {(c["apiVersion"], c["kind"]) for c in children}
+    names = {"ConfigMap": f"{meta.name}-config", "PodMonitor": meta.name}
+    for api_version, kind in OPTIONAL_CHILDREN:
+        if (api_version, kind) in present or (kind == "PodMonitor" and not _monitoring_crds()):
+            continue
+        found = kube.get(api_version, kind, meta.namespace, names[kind])
+        owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
+        if any(o.get("uid") == meta.uid for o in owners):
+            kube.delete(api_version, kind, meta.namespace, names[kind])
+
+
+@kopf.on.startup()
+def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = "mmfleet.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mmfleet.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="mmfleet.io", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.execution.max_workers = STATE.config.workers
+    settings.watching.server_timeout = 600
+    settings.batching.error_delays = [1, 2, 5, 10, 30]
+    log.info("mmfleet operator started: monitoring CRDs %s", "found" if _monitoring_crds() else "absent")
+
+
+# kopf injects indexes as keyword arguments named after their functions; its handler protocols
+# cannot name them, so handlers take them from **kwargs through these helpers.
+def _index(kwargs: dict[str, Any], name: str, key: Key) -> list[Body]:
+    index: kopf.Index[Key, Body] = kwargs[name]
+    return list(index.get(key, []))
+
+
+def _first(kwargs: dict[str, Any], name: str, key: Key) -> Body | None:
+    found = _index(kwargs, name, key)
+    return found[0] if found else None
+
+
+@kopf.on.cleanup()
+def report_requests(**_: Any) -> None:
+    log.info("API requests made: %d", _kube().requests)
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def fleets(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    return {(namespace or "", name): dict(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
+def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    return {(namespace or "", labels[INFERENCE_LABEL]): dict(body)}
+
+
+@kopf.index("", "v1", "pods", labels=POD_LABELS)
+def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    return {(namespace or "", labels[INFERENCE_LABEL]): dict(body)}
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+def create_fleet(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
+    key = (namespace or "", name)
+    reconcile(dict(body), _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key), prune=False)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def update_fleet(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
+    key = (namespace or "", name)
+    reconcile(dict(body), _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key), prune=True)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def delete_fleet(namespace: str | None, name: str, **_: Any) -> None:
+    """Children go with the owner references; only our own bookkeeping needs dropping."""
+    key = (namespace or "", name)
+    STATE.locks.pop(key, None)
+    for uid in STATE.children.pop(key, set()):
+        STATE.applied.pop(uid, None)
+
+
+def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, kwargs: dict[str, Any]) -> None:
+    """A child changed: repair it if it was deleted or edited by hand, then refresh the parent's status."""
+    found = _index(kwargs, "fleets", (namespace, labels.get(INFERENCE_LABEL, "")))
+    if not found or found[0].get("metadata", {}).get("deletionTimestamp"):
+        return
+    parent = found[0]
+    obj: Body = dict(event["object"])
+    key = (namespace, parent["metadata"]["name"])
+    pods = _index(kwargs, "fleet_pods", key)
+    kind = obj.get("kind", "")
+    uid = obj.get("metadata", {}).get("uid", "")
+    deleted = event["type"] == "DELETED"
+    edited = (
+        event["type"] == "MODIFIED"
+        and kind != "Pod"
+        and not obj.get("metadata", {}).get("deletionTimestamp")
+        and _edited_by_hand(obj)
+    )
+    if kind != "Pod" and (deleted or edited):
+        log.info("%s %s/%s was %s by hand; re-applying", kind, namespace, obj["metadata"]["name"],
+                 "deleted" if deleted else "edited")  # fmt: skip
+        STATE.applied.pop(uid, None)
+        with contextlib.suppress(kopf.PermanentError):
+            reconcile(parent, pods, _first(kwargs, "fleet_deployments", key), prune=False)
+        return
+    if kind not in ("Pod", "Deployment"):
+        return
+    deployments = _index(kwargs, "fleet_deployments", key)
+    deployment = obj if kind == "Deployment" and not deleted else (deployments[0] if deployments else None)
+    with STATE.locks[key]:
+        try:
+            inference = parse(parent)
+        except SpecError:
+            return
+        _observe(parent, inference, deployment, pods, _resolve_cloud(inference))
+
+
+def _child_handler(group: str, version: str, plural: str) -> None:
+    @kopf.on.event(
+        group, version, plural, labels=POD_LABELS if plural == "pods" else CHILD_LABELS, id=f"watch_{plural}"
+    )
+    def watch_child(event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
+        observe_child(event, namespace or "", labels, kwargs)
+
+
+for _group, _version, _plural in (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "configmaps"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("", "v1", "pods"),
+):
+    _child_handler(_group, _version, _plural)

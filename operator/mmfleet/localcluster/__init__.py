@@ -1,0 +1,30 @@
+"""A real local Kubernetes control plane with kwok-simulated GPU nodes, built and run by mmfleet itself.
+
+``up()`` builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their Go
+modules on first use (``build``), makes certificates (``pki``), starts the processes on 127.0.0.1
+(``cluster``) and creates fake GPU nodes labelled like each cloud's (``nodes``); kwok moves pods to
+Ready after a delay (``stages``). Integration and end-to-end tests run against it.
+"""
+
+from mmfleet.localcluster.build import Binaries, ensure_binaries
+from mmfleet.localcluster.cluster import Cluster, attach, down, env, get, status, up
+from mmfleet.localcluster.commands import register_cli
+from mmfleet.localcluster.nodes import NodePool
+from mmfleet.localcluster.process import ClusterError
+from mmfleet.localcluster.stages import READY_DELAY_ANNOTATION
+
+__all__ = [
+    "READY_DELAY_ANNOTATION",
+    "Binaries",
+    "Cluster",
+    "ClusterError",
+    "NodePool",
+    "attach",
+    "down",
+    "ensure_binaries",
+    "env",
+    "get",
+    "register_cli",
+    "status",
+    "up",
+]

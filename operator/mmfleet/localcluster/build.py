@@ -1,0 +1,265 @@
+"""Build the control-plane binaries from upstream Go modules, once, into a versioned cache.
+
+No release tarballs are reachable here, only the Go module proxy, so each component is built from a
+small wrapper module under ``<cache>/src/<component>``:
+
+- Kubernetes: ``k8s.io/kubernetes``'s go.mod requires every staging module at the non-existent
+  ``v0.0.0`` and replaces it with ``./staging/...``; a wrapper module must replace each one with its
+  published ``v0.<minor>.<patch>`` (the list is read from the go.mod the proxy serves), and the
+  version is stamped with ``-X`` ldflags like ``hack/lib/version.sh`` so ``/version`` says v1.34.4.
+- etcd: ``go.etcd.io/etcd/server/v3`` has ``replace ../...`` directives, so ``go install`` refuses it;
+  ``go get`` + ``go build`` in a wrapper works. kwok is built the same way.
+
+A build goes into a temporary directory next to its target and is renamed into place, so a
+half-built directory never looks complete. A file lock serialises concurrent callers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+K8S_VERSION = "1.34.4"
+ETCD_VERSION = "3.6.16"
+KWOK_VERSION = "0.8.0"
+
+Progress = Callable[[str], None]
+
+
+def silent(_: str) -> None:
+    """Progress sink for library callers that want no output."""
+
+
+def cache_root() -> Path:
+    """``$MMFLEET_CACHE`` or ``~/.cache/mmfleet``: binaries, build modules and cluster state live here."""
+    override = os.environ.get("MMFLEET_CACHE")
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "mmfleet"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of every executable the local cluster runs."""
+
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    etcd: Path
+    kwok: Path
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message names the step and ends with the tail of its log."""
+
+
+@dataclass(frozen=True)
+class _Component:
+    key: str  # the wrapper module's directory under src/
+    module: str  # the upstream Go module the binaries come from
+    version: str
+    binaries: tuple[str, ...]
+    packages: tuple[str, ...]  # Go packages, in the order of ``binaries``
+    estimate: str
+    ldflags: str = "-s -w"
+
+    @property
+    def dir_name(self) -> str:
+        return f"{self.key}-v{self.version}"
+
+
+def _k8s_ldflags(version: str) -> str:
+    """Version stamps as ``hack/lib/version.sh`` sets them, in the order the hand-run build.sh used."""
+    minor = version.split(".")[1]
+    base, client = "k8s.io/component-base/version", "k8s.io/client-go/pkg/version"
+    stamps = [f"-X {base}.gitVersion=v{version}", f"-X {base}.gitMajor=1", f"-X {base}.gitMinor={minor}"]
+    stamps.append(f"-X {base}.gitTreeState=clean")
+    stamps += [f"-X {client}.gitVersion=v{version}", f"-X {client}.gitMajor=1", f"-X {client}.gitMinor={minor}"]
+    return "-s -w " + " ".join(stamps)
+
+
+_K8S_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+COMPONENTS = (
+    _Component(
+        key="k8s",
+        module="k8s.io/kubernetes",
+        version=K8S_VERSION,
+        binaries=_K8S_BINARIES,
+        packages=tuple(f"k8s.io/kubernetes/cmd/{b}" for b in _K8S_BINARIES),
+        estimate="~6 min",
+        ldflags=_k8s_ldflags(K8S_VERSION),
+    ),
+    _Component(
+        key="etcd",
+        module="go.etcd.io/etcd/server/v3",
+        version=ETCD_VERSION,
+        binaries=("etcd",),
+        packages=("go.etcd.io/etcd/server/v3",),
+        estimate="~2 min",
+    ),
+    _Component(
+        key="kwok",
+        module="sigs.k8s.io/kwok",
+        version=KWOK_VERSION,
+        binaries=("kwok",),
+        packages=("sigs.k8s.io/kwok/cmd/kwok",),
+        estimate="~2 min",
+    ),
+)
+
+
+def bin_dir(component: _Component, root: Path | None = None) -> Path:
+    return (root or cache_root()) / component.dir_name / "bin"
+
+
+def _complete(component: _Component, root: Path) -> bool:
+    directory = bin_dir(component, root)
+    return all(os.access(directory / name, os.X_OK) for name in component.binaries)
+
+
+def _binaries(root: Path) -> Binaries:
+    k8s, etcd, kwok = (bin_dir(c, root) for c in COMPONENTS)
+    return Binaries(
+        kube_apiserver=k8s / "kube-apiserver",
+        kube_controller_manager=k8s / "kube-controller-manager",
+        kube_scheduler=k8s / "kube-scheduler",
+        kubectl=k8s / "kubectl",
+        etcd=etcd / "etcd",
+        kwok=kwok / "kwok",
+    )
+
+
+def ensure_binaries(progress: Progress = silent) -> Binaries:
+    """Return the binaries, building whichever are missing (minutes, once); instant when cached."""
+    root = cache_root()
+    if all(_complete(c, root) for c in COMPONENTS):
+        return _binaries(root)
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("the 'go' command is needed to build the local cluster's binaries and is not on PATH")
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".build.lock"):
+        for component in COMPONENTS:
+            if not _complete(component, root):  # another process may have built it while we waited
+                _build(component, root, go, progress)
+    return _binaries(root)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``, held for the ``with`` block (processes wait for each other)."""
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _Runner:
+    """Runs go commands in a wrapper module, appending their output to one build log."""
+
+    def __init__(self, go: str, workdir: Path, log: Path, progress: Progress) -> None:
+        self.go = go
+        self.workdir = workdir
+        self.log = log
+        self.progress = progress
+        # Static binaries; never download a toolchain; let go.mod/go.sum be updated as needed.
+        self.env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
+
+    def run(self, *args: str, note: str | None = None) -> str:
+        if note:
+            self.progress(f"  {note}")
+        with self.log.open("a") as log:
+            log.write(f"$ go {' '.join(args)}\n")
+            log.flush()
+            done = subprocess.run(
+                [self.go, *args],
+                check=False,
+                cwd=self.workdir,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+            log.write(done.stdout)
+            log.write(f"rc={done.returncode}\n")
+        if done.returncode != 0:
+            command = " ".join(args)
+            raise BuildError(f"'go {command}' failed (exit {done.returncode}); end of {self.log}:\n{_tail(self.log)}")
+        return done.stdout
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _build(component: _Component, root: Path, go: str, progress: Progress) -> None:
+    workdir = root / "src" / component.key
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "build.log"
+    log.write_text(f"# build of {component.dir_name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    names = ", ".join(component.binaries)
+    progress(f"building {names} v{component.version} ... (first time only, {component.estimate}; log: {log})")
+    started = time.monotonic()
+    runner = _Runner(go, workdir, log, progress)
+    if not (workdir / "go.mod").exists():
+        runner.run("mod", "init", f"mmfleet.local/{component.key}bin")
+    if component.key == "k8s":
+        _require_kubernetes(runner, component.version)
+    else:  # no replace directives to undo: requiring the module is enough
+        target = f"{component.module}@v{component.version}"
+        runner.run("get", target, note=f"go get {target}")
+
+    staging = root / f".{component.dir_name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    try:
+        # With one package, -o names the file (etcd's package would otherwise be called "v3").
+        out = staging / "bin" / component.binaries[0] if len(component.packages) == 1 else f"{staging / 'bin'}/"
+        runner.run(
+            "build",
+            "-trimpath",
+            "-ldflags",
+            component.ldflags,
+            "-o",
+            str(out),
+            *component.packages,
+            note=f"go build {names} (compiling; the slow step)",
+        )
+        final = root / component.dir_name
+        if final.exists():  # an incomplete earlier result: replace it whole
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"built {names} v{component.version} in {time.monotonic() - started:.0f}s -> {bin_dir(component, root)}")
+
+
+_STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/\S+)\s+=>\s+\./staging/", re.MULTILINE)
+
+
+def _require_kubernetes(runner: _Runner, version: str) -> None:
+    """Point every staging module at its published v0.x release, then require k8s.io/kubernetes."""
+    note = f"go mod download k8s.io/kubernetes@v{version}"
+    info = json.loads(runner.run("mod", "download", "-json", f"k8s.io/kubernetes@v{version}", note=note))
+    staging = _STAGING_REPLACE.findall(Path(info["GoMod"]).read_text())
+    if not staging:
+        raise BuildError(f"no './staging' replace lines in k8s.io/kubernetes@v{version}'s go.mod ({info['GoMod']})")
+    published = "v0." + version.split(".", 1)[1]
+    replaces = [f"-replace={m}={m}@{published}" for m in staging]
+    runner.run("mod", "edit", *replaces, f"-require=k8s.io/kubernetes@v{version}")
+    packages = [f"k8s.io/kubernetes/cmd/{b}@v{version}" for b in _K8S_BINARIES]
+    note = f"go get k8s.io/kubernetes@v{version} ({len(staging)} staging modules replaced by their v0 releases)"
+    runner.run("get", *packages, note=note)

@@ -1,0 +1,195 @@
+"""Status from what really runs: one pure function from the spec and the observed children.
+
+Handlers never build status by hand; they observe, call ``compute_status`` and write the result,
+so the same observation always yields the same status (and a reconcile that changes nothing
+writes nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mmfleet import render
+from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, Phase
+
+# Waiting reasons of a container that will not get better by waiting.
+BROKEN_WAITING_REASONS = frozenset(
+    {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
+)
+# Conditions the autoscaler owns; compute_status carries them over untouched.
+AUTOSCALER_CONDITIONS = ("ScalingLimited", "SLOMet", "MetricsAvailable")
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    pod: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator saw of the children in one reconcile."""
+
+    deployment: dict[str, Any] | None = None
+    pod_problems: list[PodProblem] = field(default_factory=list)
+    cloud: str | None = None
+
+
+def pod_problems(pods: list[dict[str, Any]]) -> list[PodProblem]:
+    """Why pods are not serving, in the words of the scheduler and the kubelet."""
+    found = []
+    for pod in pods:
+        name = pod.get("metadata", {}).get("name", "")
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status") or {}
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                found.append(
+                    PodProblem(name, condition.get("reason") or "Unschedulable", condition.get("message") or "")
+                )
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in BROKEN_WAITING_REASONS:
+                found.append(PodProblem(name, waiting["reason"], waiting.get("message") or ""))
+    return found
+
+
+def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] | None) -> int:
+    """spec.replicas, or with autoscaling what the scaler last set, within its bounds."""
+    spec = inference.spec
+    if not spec.autoscaled or spec.autoscaling is None:
+        return spec.replicas
+    current = (deployment or {}).get("spec", {}).get("replicas")
+    low, high = spec.autoscaling.min_replicas, spec.autoscaling.max_replicas
+    return low if current is None else min(max(int(current), low), high)
+
+
+def _condition(
+    kind: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    previous: dict[str, Condition],
+    now: datetime,
+    generation: int | None,
+) -> Condition:
+    status = "True" if ok else "False"
+    before = previous.get(kind)
+    since = before.last_transition_time if before is not None and before.status == status else now
+    return Condition.model_validate(
+        {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+    )
+
+
+def _deployment_progress(deployment: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the Deployment gave up rolling out (ProgressDeadlineExceeded), and its message."""
+    for condition in deployment.get("status", {}).get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            return True, condition.get("message") or "rollout exceeded its progress deadline"
+    return False, ""
+
+
+def compute_status(
+    inference: MultimodalInference, observed: Observed, previous: MultimodalInferenceStatus | None, now: datetime
+) -> MultimodalInferenceStatus:
+    generation = inference.metadata.generation
+    before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
+    kept = [before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before]
+    base = {
+        "observedGeneration": generation,
+        "selector": render.selector_string(inference),
+        "endpoint": render.endpoint(inference),
+        "cloud": observed.cloud,
+        "backend": inference.spec.backend.name,
+        "slo": previous.slo if previous else None,
+    }
+
+    def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
+        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept]}
+        return MultimodalInferenceStatus.model_validate({k: v for k, v in body.items() if v is not None})
+
+    deployment = observed.deployment
+    desired = desired_replicas(inference, deployment)
+    if deployment is None:
+        return status(
+            "Pending",
+            [
+                _condition("Ready", False, "Creating", "creating the Deployment", before, now, generation),
+                _condition("Progressing", True, "Creating", "creating the Deployment", before, now, generation),
+                _condition("Degraded", False, "AsExpected", "", before, now, generation),
+            ],
+            desiredReplicas=desired,
+        )
+
+    dep_status = deployment.get("status") or {}
+    replicas = int(dep_status.get("replicas") or 0)
+    ready = int(dep_status.get("readyReplicas") or 0)
+    updated = int(dep_status.get("updatedReplicas") or 0)
+    rolled_out = dep_status.get("observedGeneration", 0) >= deployment.get("metadata", {}).get("generation", 0)
+    serving = rolled_out and ready >= desired and updated >= desired and replicas <= desired
+    stalled, stall_message = _deployment_progress(deployment)
+    problems = observed.pod_problems
+
+    ready_message = f"{ready}/{desired} replicas ready"
+    if serving:
+        ready_cond = _condition("Ready", True, "ReplicasReady", ready_message, before, now, generation)
+        progressing = _condition("Progressing", False, "RolledOut", ready_message, before, now, generation)
+    else:
+        ready_cond = _condition("Ready", False, "ReplicasNotReady", ready_message, before, now, generation)
+        progressing = _condition(
+            "Progressing",
+            not stalled,
+            "ProgressDeadlineExceeded" if stalled else "ReplicasStarting",
+            stall_message or f"{updated}/{desired} replicas on the current spec, {ready} ready",
+            before,
+            now,
+            generation,
+        )
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        degraded = _condition(
+            "Degraded", True, first.reason, f"pod {first.pod}: {first.message}{more}", before, now, generation
+        )
+    elif stalled:
+        degraded = _condition("Degraded", True, "ProgressDeadlineExceeded", stall_message, before, now, generation)
+    else:
+        degraded = _condition("Degraded", False, "AsExpected", "", before, now, generation)
+
+    phase: Phase = "Ready" if serving else ("Degraded" if degraded.status == "True" else "Progressing")
+    return status(
+        phase,
+        [ready_cond, progressing, degraded],
+        replicas=replicas,
+        readyReplicas=ready,
+        desiredReplicas=desired,
+    )
+
+
+def invalid_status(
+    problems: list[str], generation: int | None, previous: MultimodalInferenceStatus | None, now: datetime
+) -> MultimodalInferenceStatus:
+    """A spec the operator cannot serve: say why on Ready, and leave running children alone."""
+    before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
+    message = "; ".join(problems)
+    conditions = [
+        _condition("Ready", False, "InvalidSpec", message, before, now, generation),
+        _condition("Progressing", False, "InvalidSpec", "fix the spec to continue", before, now, generation),
+        _condition("Degraded", True, "InvalidSpec", message, before, now, generation),
+        *(before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before),
+    ]
+    kept = previous.model_dump(exclude={"conditions", "phase", "observed_generation"}) if previous else {}
+    return MultimodalInferenceStatus.model_validate(
+        {**kept, "phase": "Failed", "observed_generation": generation, "conditions": conditions}
+    )

@@ -1,0 +1,421 @@
+"""The install artefacts: kustomize base and overlays, RBAC, the Argo CD health check, the Helm chart.
+
+Fast and without a cluster. `kubectl kustomize` is the real binary (built into ~/.cache/mmfleet
+by the local-cluster tooling); without it the kustomize tests skip and say why. Helm is not
+installed, so the chart is not rendered: its ClusterRole rules and the Deployment's settings are
+compared with the kustomize base as text, which works because the templates keep those parts
+literal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from mmfleet import config
+from tests.conftest import ROOT
+
+K8S_VERSION = "1.34.0"
+KUBECTL_CACHED = Path.home() / ".cache/mmfleet/k8s-v1.34.4/bin/kubectl"
+BASE = ROOT / "manifests/base"
+OVERLAYS = ["eks", "aks", "ack"]
+ARGOCD = ROOT / "manifests/argocd"
+CHART = ROOT / "charts/mmfleet"
+CRD_FILE = ROOT / "crds/multimodalinferences.mmfleet.io.yaml"
+NAMESPACE = "mmfleet-system"
+IMAGE = "ghcr.io/mmfleet/operator:0.1.0"
+HEALTH_KEY = "resource.customizations.health.mmfleet.io_MultimodalInference"
+
+Obj = dict[str, Any]
+
+
+def _triples(group: str, resources: Iterable[str], verbs: Iterable[str]) -> set[tuple[str, str, str]]:
+    return {(group, r, v) for r in resources for v in verbs}
+
+
+# Every (apiGroup, resource, verb) the operator uses, read off the code. Server-side apply that
+# creates an object is authorized as `create` as well as `patch` (apiserver patch.go), so each
+# applied kind needs both. kopf reads through list+watch only.
+EXPECTED_RULES: set[tuple[str, str, str]] = (
+    # kopf: resource discovery (CRD list+watch), namespaces when restricted by MMFLEET_NAMESPACES,
+    # and Events (POST to core v1 events only).
+    _triples("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
+    | _triples("", ["namespaces"], ["list", "watch"])
+    | _triples("", ["events"], ["create"])
+    # The MultimodalInference: kopf watches it and patches its annotations/finalizers;
+    # kube.Kube.patch_status writes status; children's blockOwnerDeletion needs finalizers update.
+    | _triples("mmfleet.io", ["multimodalinferences"], ["list", "watch", "patch"])
+    | _triples("mmfleet.io", ["multimodalinferences/status"], ["patch"])
+    | _triples("mmfleet.io", ["multimodalinferences/finalizers"], ["update"])
+    # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers.
+    | _triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
+    | _triples("apps", ["deployments/scale"], ["patch"])  # kube.Kube.scale
+    | _triples("", ["services", "serviceaccounts"], ["list", "watch", "create", "patch"])
+    | _triples("", ["configmaps"], ["list", "watch", "create", "patch", "delete"])  # pruned
+    | _triples("policy", ["poddisruptionbudgets"], ["list", "watch", "create", "patch"])
+    | _triples("monitoring.coreos.com", ["podmonitors"], ["create", "patch", "delete"])  # pruned, not watched
+    | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
+    | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)
+)
+# Verbs that would let the operator grant itself more than this list.
+ESCALATING = {"*", "escalate", "bind", "impersonate"}
+
+
+def kubectl() -> str:
+    if KUBECTL_CACHED.exists():
+        return str(KUBECTL_CACHED)
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.skip(f"no kubectl: neither {KUBECTL_CACHED} (built by the local-cluster tooling) nor one on PATH")
+    return found
+
+
+def kustomize(path: Path) -> list[Obj]:
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, f"kubectl kustomize {path} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def one(objs: list[Obj], kind: str) -> Obj:
+    found = [o for o in objs if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def granted(rules: list[Obj]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def operator_container(objs: list[Obj]) -> Obj:
+    containers: list[Obj] = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]
+
+
+def env(container: Obj) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+@pytest.fixture(scope="module")
+def base() -> list[Obj]:
+    return kustomize(BASE)
+
+
+# --- kustomize ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_kustomization_builds_valid_kubernetes(target: str) -> None:
+    objs = kustomize(BASE if target == "base" else ROOT / "manifests/overlays" / target)
+    assert {o["kind"] for o in objs} == {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+    }
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("cloud", OVERLAYS)
+def test_overlay_sets_only_the_default_cloud(base: list[Obj], cloud: str) -> None:
+    objs = kustomize(ROOT / "manifests/overlays" / cloud)
+    assert env(operator_container(objs)) == {**env(operator_container(base)), "MMFLEET_DEFAULT_CLOUD": cloud}
+    assert [o for o in objs if o["kind"] != "Deployment"] == [o for o in base if o["kind"] != "Deployment"]
+
+
+def test_base_ships_the_generated_crd_itself(base: list[Obj]) -> None:
+    """The CRD comes from crds/, not from a copy; only the Argo CD annotation is added."""
+    built = one(base, "CustomResourceDefinition")
+    annotations = built["metadata"].pop("annotations")
+    assert annotations == {"argocd.argoproj.io/sync-options": "Prune=false,Delete=false"}
+    assert built == yaml.safe_load(CRD_FILE.read_text())
+    assert not list((ROOT / "manifests").rglob("multimodalinferences.mmfleet.io.yaml"))
+
+
+def test_namespaced_objects_live_in_mmfleet_system(base: list[Obj]) -> None:
+    assert one(base, "Namespace")["metadata"]["name"] == NAMESPACE
+    for obj in base:
+        if obj["kind"] in ("ServiceAccount", "Deployment"):
+            assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+# --- RBAC --------------------------------------------------------------------------------
+
+
+def test_cluster_role_grants_exactly_what_the_operator_uses(base: list[Obj]) -> None:
+    rules = one(base, "ClusterRole")["rules"]
+    have = granted(rules)
+    assert EXPECTED_RULES - have == set(), "missing"
+    assert have - EXPECTED_RULES == set(), "granted but not used by the operator"
+
+
+def test_cluster_role_is_nothing_like_cluster_admin(base: list[Obj]) -> None:
+    for rule in one(base, "ClusterRole")["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+        assert not ESCALATING & set(rule["verbs"]), rule
+        assert "nonResourceURLs" not in rule, rule
+        assert "secrets" not in rule["resources"], rule
+
+
+def test_binding_gives_the_role_to_the_operator_service_account(base: list[Obj]) -> None:
+    binding = one(base, "ClusterRoleBinding")
+    account = one(base, "ServiceAccount")["metadata"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": one(base, "ClusterRole")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
+    pod = one(base, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["name"]
+
+
+# --- the operator Deployment -------------------------------------------------------------
+
+
+def test_operator_runs_once_with_recreate(base: list[Obj]) -> None:
+    spec = one(base, "Deployment")["spec"]
+    assert spec["replicas"] == 1, "kopf runs standalone: a second replica would handle every event twice"
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_operator_container(base: list[Obj]) -> None:
+    container = operator_container(base)
+    assert container["image"] == IMAGE
+    assert container["args"] == ["run"]
+    port = int(config.OperatorConfig().health_address.rsplit(":", 1)[1])
+    assert container["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert env(container)["MMFLEET_HEALTH_ADDRESS"].endswith(f":{port}")
+    assert {"requests", "limits"} <= container["resources"].keys()
+
+
+def test_every_env_var_is_one_the_operator_reads(base: list[Obj]) -> None:
+    source = Path(config.__file__).read_text()
+    read = set(re.findall(r'"(MMFLEET_[A-Z_]+)"', source))
+    assert set(env(operator_container(base))) == read
+
+
+def test_pod_meets_the_restricted_pod_security_standard(base: list[Obj]) -> None:
+    pod = one(base, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    context = operator_container(base)["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] == 65532
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+
+
+# --- Argo CD -----------------------------------------------------------------------------
+
+
+def test_argocd_application_installs_an_overlay_with_server_side_apply() -> None:
+    app = yaml.safe_load((ARGOCD / "application.yaml").read_text())
+    assert (app["apiVersion"], app["kind"]) == ("argoproj.io/v1alpha1", "Application")
+    assert (ROOT / app["spec"]["source"]["path"] / "kustomization.yaml").exists()
+    assert app["spec"]["source"]["path"] == "manifests/overlays/eks"
+    assert "ServerSideApply=true" in app["spec"]["syncPolicy"]["syncOptions"]
+    assert app["spec"]["destination"]["namespace"] == NAMESPACE
+
+
+def test_argocd_health_check_is_registered_verbatim() -> None:
+    script = (ARGOCD / "health.lua").read_text()
+    for outcome in ("Healthy", "Degraded", "Progressing"):
+        assert f'"{outcome}"' in script
+    patch = yaml.safe_load((ARGOCD / "argocd-cm-patch.yaml").read_text())
+    assert (patch["kind"], patch["metadata"]["name"], patch["metadata"]["namespace"]) == (
+        "ConfigMap",
+        "argocd-cm",
+        "argocd",
+    )
+    assert patch["data"] == {HEALTH_KEY: script}
+
+
+def _lua_literal(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"[{json.dumps(k)}] = {_lua_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "{" + ", ".join(_lua_literal(v) for v in value) + "}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def _condition(kind: str, status: str, message: str = "") -> Obj:
+    return {"type": kind, "status": status, "reason": "R", "message": message}
+
+
+HEALTH_CASES: list[tuple[str, Obj, str]] = [
+    ("no status", {"metadata": {"generation": 1}}, "Progressing"),
+    (
+        "stale generation",
+        {
+            "metadata": {"generation": 3},
+            "status": {"observedGeneration": 2, "phase": "Ready", "conditions": [_condition("Ready", "True")]},
+        },
+        "Progressing",
+    ),
+    (
+        "ready",
+        {
+            "metadata": {"generation": 2},
+            "status": {
+                "observedGeneration": 2,
+                "phase": "Ready",
+                "conditions": [_condition("Ready", "True", "2/2 replicas ready"), _condition("Degraded", "False")],
+            },
+        },
+        "Healthy",
+    ),
+    (
+        "failed",
+        {
+            "metadata": {"generation": 1},
+            "status": {
+                "observedGeneration": 1,
+                "phase": "Failed",
+                "conditions": [_condition("Ready", "False"), _condition("Degraded", "True", "bad spec")],
+            },
+        },
+        "Degraded",
+    ),
+    (
+        "degraded pods",
+        {
+            "metadata": {"generation": 1},
+            "status": {
+                "observedGeneration": 1,
+                "phase": "Degraded",
+                "conditions": [_condition("Ready", "False"), _condition("Degraded", "True", "ImagePullBackOff")],
+            },
+        },
+        "Degraded",
+    ),
+    (
+        "rolling out",
+        {
+            "metadata": {"generation": 1},
+            "status": {
+                "observedGeneration": 1,
+                "phase": "Progressing",
+                "conditions": [_condition("Ready", "False", "1/2 replicas ready"), _condition("Degraded", "False")],
+            },
+        },
+        "Progressing",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "obj", "expected"), HEALTH_CASES, ids=[c[0] for c in HEALTH_CASES])
+def test_argocd_health_check_outcomes(case: str, obj: Obj, expected: str) -> None:
+    """Runs health.lua the way Argo CD does (global `obj`, the returned table), if a Lua 5.x is installed."""
+    lua = next((found for name in ("lua5.1", "luajit", "lua") if (found := shutil.which(name))), None)
+    if lua is None:
+        pytest.skip("no Lua interpreter (apt-get install lua5.1) to run manifests/argocd/health.lua")
+    script = (ARGOCD / "health.lua").read_text()
+    # Argo CD sets the global `obj` and takes the table the chunk returns.
+    program = "\n".join(
+        [
+            f"obj = {_lua_literal(obj)}",
+            f"local hs = (function()\n{script}\nend)()",
+            "print(hs.status)",
+            "print(hs.message)",
+        ]
+    )
+    result = subprocess.run([lua, "-"], input=program, capture_output=True, text=True, timeout=10, check=False)
+    assert result.returncode == 0, result.stderr
+    status, message = result.stdout.splitlines()[:2]
+    assert status == expected, f"{case}: {message}"
+    assert message
+
+
+# --- Helm chart --------------------------------------------------------------------------
+
+
+def test_chart_metadata_and_values_parse() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["apiVersion"], chart["name"], chart["version"], chart["appVersion"]) == (
+        "v2",
+        "mmfleet",
+        "0.1.0",
+        "0.1.0",
+    )
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" == IMAGE
+    assert values["defaultCloud"] == "auto"
+    assert values["watchNamespaces"] == []
+    assert values["prometheusUrl"] == config.OperatorConfig().prometheus_url
+    assert values["logFormat"] in ("plain", "json")
+    assert {"requests", "limits"} <= values["resources"].keys()
+    templates = {p.name for p in (CHART / "templates").iterdir()}
+    assert {
+        "_helpers.tpl",
+        "serviceaccount.yaml",
+        "clusterrole.yaml",
+        "clusterrolebinding.yaml",
+        "deployment.yaml",
+    } <= (templates)
+
+
+def test_chart_templates_use_only_values_that_exist() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    used = {m for p in (CHART / "templates").iterdir() for m in re.findall(r"\.Values\.(\w+)", p.read_text())}
+    assert used - values.keys() == set()
+
+
+def _strip_template(text: str) -> str:
+    """The literal YAML of a template: drop whole-line actions, blank out inline ones.
+
+    Good enough for the templates here, whose compared parts are literal YAML with no
+    conditionals around them; it is not a template engine.
+    """
+    lines = [line for line in text.splitlines() if not re.fullmatch(r"\s*\{\{.*\}\}\s*", line)]
+    return re.sub(r"\{\{.*?\}\}", "TEMPLATED", "\n".join(lines))
+
+
+def test_chart_cluster_role_has_the_base_rules(base: list[Obj]) -> None:
+    rendered = yaml.safe_load(_strip_template((CHART / "templates/clusterrole.yaml").read_text()))
+    assert rendered["kind"] == "ClusterRole"
+    assert rendered["rules"] == one(base, "ClusterRole")["rules"]
+
+
+def test_chart_deployment_matches_the_base(base: list[Obj]) -> None:
+    text = (CHART / "templates/deployment.yaml").read_text()
+    assert set(re.findall(r"- name: (MMFLEET_\w+)", text)) == set(env(operator_container(base)))
+    literal = yaml.safe_load(_strip_template(text))
+    spec = literal["spec"]
+    base_spec = one(base, "Deployment")["spec"]
+    assert spec["replicas"] == base_spec["replicas"] == 1
+    assert spec["strategy"] == base_spec["strategy"]
+    container = spec["template"]["spec"]["containers"][0]
+    base_container = operator_container(base)
+    for key in ("args", "ports", "startupProbe", "livenessProbe", "securityContext", "volumeMounts"):
+        assert container[key] == base_container[key], key
+    assert spec["template"]["spec"]["securityContext"] == base_spec["template"]["spec"]["securityContext"]
+    assert spec["template"]["spec"]["volumes"] == base_spec["template"]["spec"]["volumes"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["resources"] == base_container["resources"]
+    assert values["nodeSelector"] == base_spec["template"]["spec"]["nodeSelector"]

@@ -1,0 +1,222 @@
+"""The operator against the real local control plane: reconcile, status, drift, delete, bad input, crashes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet.localcluster import Cluster, ensure_binaries
+from tests.integration.operator_process import OperatorProcess, wait_for
+
+pytestmark = pytest.mark.integration
+
+READY_TIMEOUT = 60
+
+
+def mmi(name: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("model", {"name": "Qwen/Qwen2.5-VL-3B-Instruct"})
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MultimodalInference", "metadata": {"name": name}, "spec": spec}
+
+
+class Fleet:
+    """Small helpers over the official client, in the words of the tests."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+
+    def patch(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec})
+
+    def get(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        return found
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == kind), {})
+
+    def wait_ready(self, name: str, replicas: int = 1, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            status = self.status(name)
+            generation = self.get(name)["metadata"]["generation"]
+            ok = (
+                status.get("phase") == "Ready"
+                and status.get("readyReplicas") == replicas
+                and status.get("observedGeneration") == generation
+            )
+            return status if ok else None
+
+        result: dict[str, Any] = wait_for(ready, timeout, f"{self.namespace}/{name} Ready with {replicas} replicas")
+        return result
+
+    def deployment(self, name: str) -> Any:
+        try:
+            return self.apps.read_namespaced_deployment(name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+
+@pytest.fixture
+def fleet(api: Any, namespace: str, operator: OperatorProcess) -> Fleet:
+    return Fleet(api, namespace)
+
+
+def test_create_makes_children_and_reports_ready(fleet: Fleet) -> None:
+    fleet.create(mmi("vl", replicas=2, gpu={"count": 2, "type": "H100"}))
+    status = fleet.wait_ready("vl", replicas=2)
+    assert status["desiredReplicas"] == 2
+    assert status["cloud"] == "eks"  # detected from the fake nodes' providerIDs
+    assert status["endpoint"] == f"http://vl.{fleet.namespace}.svc.cluster.local:8000/v1"
+    assert status["selector"] == "mmfleet.io/inference=vl,app.kubernetes.io/component=inference-server"
+    owner_uid = fleet.get("vl")["metadata"]["uid"]
+    deployment = fleet.deployment("vl")
+    assert deployment.metadata.owner_references[0].uid == owner_uid
+    assert deployment.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
+    service = fleet.core.read_namespaced_service("vl", fleet.namespace)
+    assert service.metadata.owner_references[0].uid == owner_uid
+    events = fleet.core.list_namespaced_event(fleet.namespace, field_selector="involvedObject.name=vl").items
+    assert any(e.reason == "Ready" for e in events)
+
+
+def test_spec_change_rolls_out(fleet: Fleet) -> None:
+    fleet.create(mmi("roll"))
+    fleet.wait_ready("roll")
+    fleet.patch("roll", {"backend": {"maxNumSeqs": 64}})
+    fleet.wait_ready("roll")
+
+    def rolled() -> bool:
+        command = fleet.deployment("roll").spec.template.spec.containers[0].command
+        return command[command.index("--max-num-seqs") + 1] == "64"
+
+    wait_for(rolled, 30, "the Deployment to carry --max-num-seqs 64")
+    assert fleet.status("roll")["observedGeneration"] == 2
+
+
+def test_children_deleted_or_edited_by_hand_come_back(fleet: Fleet) -> None:
+    fleet.create(mmi("drift"))
+    fleet.wait_ready("drift")
+    fleet.core.delete_namespaced_service("drift", fleet.namespace)
+    patch = {"spec": {"template": {"spec": {"containers": [{"name": "server", "image": "example.com/evil:1"}]}}}}
+    fleet.apps.patch_namespaced_deployment("drift", fleet.namespace, patch)
+
+    def repaired() -> bool:
+        try:
+            fleet.core.read_namespaced_service("drift", fleet.namespace)
+        except ApiException:
+            return False
+        return bool(fleet.deployment("drift").spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.33.0")
+
+    wait_for(repaired, 30, "the Service to be recreated and the image restored")
+
+
+def test_delete_removes_children_through_owner_references(fleet: Fleet) -> None:
+    fleet.create(mmi("gone"))
+    fleet.wait_ready("gone")
+    fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, fleet.namespace, PLURAL, "gone")
+    wait_for(lambda: fleet.deployment("gone") is None, 60, "the garbage collector to delete the Deployment")
+    pods = fleet.core.list_namespaced_pod(fleet.namespace, label_selector="mmfleet.io/inference=gone").items
+    wait_for(
+        lambda: not fleet.core.list_namespaced_pod(fleet.namespace, label_selector="mmfleet.io/inference=gone").items,
+        60,
+        f"the pods to go ({len(pods)} left)",
+    )
+
+
+def test_scale_subresource_sets_replicas(cluster: Cluster, fleet: Fleet) -> None:
+    fleet.create(mmi("scaled"))
+    fleet.wait_ready("scaled")
+    kubectl = ensure_binaries().kubectl
+    subprocess.run(
+        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", fleet.namespace, "scale", "mmi/scaled",
+         "--replicas", "3"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    fleet.wait_ready("scaled", replicas=3)
+    assert fleet.deployment("scaled").spec.replicas == 3
+
+
+def test_autoscaled_fleet_starts_at_min_replicas(fleet: Fleet) -> None:
+    fleet.create(mmi("auto", autoscaling={"minReplicas": 2, "maxReplicas": 4, "slo": {"target": "2s"}}))
+    fleet.wait_ready("auto", replicas=2)
+    managers = {m.manager for m in fleet.deployment("auto").metadata.managed_fields}
+    assert "mmfleet-autoscaler" in managers  # replicas are the scaler's field, not the renderer's
+
+
+def test_invalid_resource_is_rejected_by_the_api_server_with_field_path(cluster: Cluster, namespace: str) -> None:
+    bad = (
+        "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\n"
+        f"metadata: {{name: bad, namespace: {namespace}}}\n"
+        "spec:\n  model: {name: m}\n  gpu: {count: 2}\n  parallelism: {tensor: 3}\n"
+        "  autoscaling: {minReplicas: 5, maxReplicas: 2, slo: {target: 2s}}\n"
+    )
+    kubectl = ensure_binaries().kubectl
+    result = subprocess.run(
+        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "apply", "-f", "-"],
+        input=bad, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "spec.parallelism.tensor" in result.stderr
+    assert "parallelism.tensor x parallelism.pipeline must equal gpu.count" in result.stderr
+    assert "spec.autoscaling.minReplicas" in result.stderr
+
+
+def test_spec_only_the_operator_can_judge_becomes_a_condition(fleet: Fleet) -> None:
+    fleet.create(mmi("clash", backend={"extraArgs": ["--port=9000"]}))
+
+    def failed() -> bool:
+        return fleet.status("clash").get("phase") == "Failed"
+
+    wait_for(failed, 30, "phase Failed")
+    ready = fleet.condition("clash", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.backend.extraArgs[0]: --port=9000 clashes with --port" in ready["message"]
+    assert fleet.deployment("clash") is None
+
+
+def test_gpu_request_no_node_can_fit_is_degraded_with_the_scheduler_reason(fleet: Fleet) -> None:
+    fleet.create(mmi("huge", gpu={"count": 16}))
+
+    def degraded() -> dict[str, Any] | None:
+        condition = fleet.condition("huge", "Degraded")
+        return condition if condition.get("status") == "True" else None
+
+    condition = wait_for(degraded, 60, "Degraded=True")
+    assert condition["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in condition["message"]
+    assert fleet.status("huge")["phase"] == "Degraded"
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(fleet: Fleet, operator: OperatorProcess) -> None:
+    names = [f"crash-{i}" for i in range(8)]
+    for name in names:
+        fleet.create(mmi(name))
+    time.sleep(0.7)
+    operator.kill()
+    operator.start()
+    for name in names:
+        fleet.wait_ready(name, timeout=90)
+    deployments = fleet.apps.list_namespaced_deployment(fleet.namespace).items
+    assert sorted(d.metadata.name for d in deployments) == sorted(names)
+    replica_sets = fleet.apps.list_namespaced_replica_set(fleet.namespace).items
+    assert len(replica_sets) == len(names)  # one rollout each: the restart re-applied the same spec
+    services = fleet.core.list_namespaced_service(fleet.namespace).items
+    assert len(services) == len(names)
+    for deployment in deployments:
+        owner = deployment.metadata.owner_references[0]
+        assert fleet.get(owner.name)["metadata"]["uid"] == owner.uid

@@ -1,0 +1,144 @@
+"""Status from observations: phase, conditions with reasons, and stable transition times."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mmfleet.api import MultimodalInference, MultimodalInferenceStatus
+from mmfleet.status import Observed, compute_status, desired_replicas, invalid_status, pod_problems
+from tests.conftest import spec_doc
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def inference(**spec: Any) -> MultimodalInference:
+    doc = spec_doc(**spec)
+    doc["metadata"]["generation"] = 2
+    return MultimodalInference.model_validate(doc)
+
+
+def deployment(
+    replicas: int, ready: int, updated: int | None = None, spec_replicas: int | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 5},
+        "spec": {"replicas": replicas if spec_replicas is None else spec_replicas},
+        "status": {
+            "observedGeneration": 5,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": replicas if updated is None else updated,
+        },
+    }
+
+
+def conditions(status: MultimodalInferenceStatus) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+def test_no_deployment_yet_is_pending() -> None:
+    status = compute_status(inference(), Observed(), None, NOW)
+    assert status.phase == "Pending"
+    assert conditions(status)["Progressing"] == ("True", "Creating")
+
+
+def test_all_replicas_ready_is_ready() -> None:
+    status = compute_status(inference(replicas=2), Observed(deployment=deployment(2, 2)), None, NOW)
+    assert status.phase == "Ready"
+    assert (status.replicas, status.ready_replicas, status.desired_replicas) == (2, 2, 2)
+    assert conditions(status)["Ready"] == ("True", "ReplicasReady")
+    assert conditions(status)["Progressing"][0] == "False"
+    assert status.observed_generation == 2
+    assert status.selector == "mmfleet.io/inference=qwen,app.kubernetes.io/component=inference-server"
+    assert status.endpoint == "http://qwen.ml.svc.cluster.local:8000/v1"
+
+
+def test_starting_replicas_are_progressing() -> None:
+    status = compute_status(inference(replicas=3), Observed(deployment=deployment(3, 1)), None, NOW)
+    assert status.phase == "Progressing"
+    assert conditions(status)["Ready"] == ("False", "ReplicasNotReady")
+    assert "1/3 replicas ready" in next(c.message for c in status.conditions if c.type == "Ready")
+
+
+def test_rollout_in_progress_is_not_ready_even_if_old_pods_serve() -> None:
+    status = compute_status(inference(replicas=2), Observed(deployment=deployment(3, 2, updated=1)), None, NOW)
+    assert status.phase == "Progressing"
+
+
+def test_unschedulable_pod_is_degraded_with_the_scheduler_reason() -> None:
+    pods = [
+        {
+            "metadata": {"name": "qwen-abc"},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                    }
+                ]
+            },
+        }
+    ]
+    status = compute_status(
+        inference(replicas=1), Observed(deployment=deployment(1, 0), pod_problems=pod_problems(pods)), None, NOW
+    )
+    assert status.phase == "Degraded"
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert degraded.status == "True"
+    assert degraded.reason == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in degraded.message
+
+
+def test_crash_looping_pod_is_degraded_and_terminating_pods_are_ignored() -> None:
+    crashing = {
+        "metadata": {"name": "a"},
+        "status": {"containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff", "message": "boom"}}}]},
+    }
+    leaving = {**crashing, "metadata": {"name": "b", "deletionTimestamp": "2026-11-29T00:00:00Z"}}
+    problems = pod_problems([crashing, leaving])
+    assert [(p.pod, p.reason) for p in problems] == [("a", "CrashLoopBackOff")]
+
+
+def test_transition_time_is_kept_while_status_is_unchanged() -> None:
+    first = compute_status(inference(), Observed(deployment=deployment(1, 1)), None, NOW)
+    later = compute_status(inference(), Observed(deployment=deployment(1, 1)), first, NOW + timedelta(minutes=5))
+    assert later == first
+    broken = compute_status(inference(), Observed(deployment=deployment(1, 0)), first, NOW + timedelta(minutes=9))
+    ready = next(c for c in broken.conditions if c.type == "Ready")
+    assert ready.last_transition_time == NOW + timedelta(minutes=9)
+
+
+def test_autoscaler_conditions_and_slo_are_carried_over() -> None:
+    previous = MultimodalInferenceStatus.model_validate(
+        {
+            "conditions": [{"type": "SLOMet", "status": "True", "reason": "UnderTarget"}],
+            "slo": {"observed": "1.2s", "target": "2s"},
+        }
+    )
+    status = compute_status(inference(), Observed(deployment=deployment(1, 1)), previous, NOW)
+    assert conditions(status)["SLOMet"] == ("True", "UnderTarget")
+    assert status.slo is not None
+    assert status.slo.observed == "1.2s"
+
+
+def test_desired_replicas_with_autoscaling_stays_in_bounds() -> None:
+    auto = inference(autoscaling={"minReplicas": 2, "maxReplicas": 4, "slo": {"target": "2s"}})
+    assert desired_replicas(auto, None) == 2
+    assert desired_replicas(auto, deployment(1, 1)) == 2
+    assert desired_replicas(auto, deployment(9, 9)) == 4
+    assert desired_replicas(auto, deployment(3, 3)) == 3
+    assert desired_replicas(inference(replicas=5), deployment(1, 1)) == 5
+
+
+def test_invalid_spec_fails_with_the_problem_and_keeps_counts() -> None:
+    previous = compute_status(inference(), Observed(deployment=deployment(1, 1)), None, NOW)
+    status = invalid_status(["spec.backend.extraArgs[0]: --port=1 clashes"], 3, previous, NOW)
+    assert status.phase == "Failed"
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "InvalidSpec")
+    assert "extraArgs[0]" in ready.message
+    assert status.ready_replicas == 1
+    assert status.observed_generation == 3
