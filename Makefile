@@ -1,10 +1,12 @@
-# mmfleet: `make test` (lint, type check, tests) and `make demo` (local control plane + operator).
+# mmfleet: `make test` (lint, type check, every test tier) and `make demo` (local control plane + operator).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Debian packages the tests use: lua5.1 runs the Argo CD health check as Argo CD would.
+SYSTEM_PACKAGES := lua5.1
 
-.PHONY: install lint typecheck test unit crds docs clean
+.PHONY: install system-deps binaries lint typecheck test unit demo crds clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,6 +15,17 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 install: $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing Debian packages:$$missing (run: sudo apt-get install$$missing)"; exit 1; fi; \
+	fi
+
+## The Kubernetes, etcd and kwok binaries, built from their Go modules once into ~/.cache/mmfleet.
+binaries: install
+	$(BIN)/python -c "from mmfleet.localcluster import ensure_binaries; ensure_binaries(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests
@@ -25,8 +38,12 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -q tests/unit tests/contract
 
-test: lint typecheck
+test: lint typecheck system-deps binaries
 	$(BIN)/pytest -q
+
+## The main job on the embedded default: a local control plane, the operator, the examples.
+demo: install binaries
+	$(BIN)/mmfleet demo
 
 ## Regenerate what is generated from the models; tests fail when these drift.
 crds: install

@@ -17,7 +17,7 @@ from typing import Any
 
 from mmfleet import crd
 from mmfleet.api import GROUP, PLURAL, VERSION
-from mmfleet.localcluster import Cluster, attach, ensure_binaries, up
+from mmfleet.localcluster import Cluster, NodePool, attach, ensure_binaries, up
 
 CLUSTER = "mmfleet"
 NAMESPACE = "ml"
@@ -25,6 +25,12 @@ NAMESPACE = "ml"
 EXAMPLES = ("qwen-vl-eks.yaml", "llama-vision-trtllm-aks.yaml", "minimal.yaml")
 SECRETS = ("hf-token",)
 POD_READY_DELAY = "8s"
+# GPU nodes labelled as each example's cloud labels them, so every example lands on its own pool.
+POOLS = (
+    NodePool(cloud="eks", gpu_type="H100", count=2),
+    NodePool(cloud="aks", gpu_type="A100", count=2),
+    NodePool(cloud="ack", gpu_type="H20", count=1),
+)
 WAIT_SECONDS = 180
 
 
@@ -86,7 +92,7 @@ def _table(items: list[dict[str, Any]]) -> list[str]:
 
 def run_demo() -> int:
     _say("== 1/4 local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
-    cluster = up(CLUSTER, pod_ready_delay=POD_READY_DELAY, progress=lambda line: _say(f"   {line}"))
+    cluster = up(CLUSTER, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, progress=lambda line: _say(f"   {line}"))
     kubectl = _kubectl(cluster)
     _say(kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type,nvidia.com/gpu.product").stdout)
 

@@ -111,18 +111,19 @@ class Kube:
             self.dynamic.delete(resource, name=name, namespace=namespace)
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = AUTOSCALER_FIELD_MANAGER) -> None:
-        """Set a Deployment's replicas through its scale subresource, as an HPA would."""
-        resource = self._resource("apps/v1", "Deployment").subresources["scale"]
-        self._count()
-        with self._errors():
-            self.dynamic.patch(
-                resource,
-                body={"spec": {"replicas": replicas}},
-                name=name,
-                namespace=namespace,
-                content_type="application/merge-patch+json",
-                field_manager=manager,
-            )
+        """Set a Deployment's replicas as their owner.
+
+        Server-side apply of replicas alone, rather than a patch of the scale subresource: an
+        unchanged value written through /scale records no owner, and the renderer's next apply
+        (which leaves replicas out when autoscaling) would then reset the field to 1.
+        """
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas},
+        }
+        self.apply(body, manager=manager)
 
     def patch_status(self, namespace: str, name: str, status: Obj) -> None:
         """Replace the fields of a MultimodalInference's status; never touches its spec."""

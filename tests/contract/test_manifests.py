@@ -58,11 +58,10 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("mmfleet.io", ["multimodalinferences/finalizers"], ["update"])
     # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers.
     | _triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
-    | _triples("apps", ["deployments/scale"], ["patch"])  # kube.Kube.scale
     | _triples("", ["services", "serviceaccounts"], ["list", "watch", "create", "patch"])
-    | _triples("", ["configmaps"], ["list", "watch", "create", "patch", "delete"])  # pruned
+    | _triples("", ["configmaps"], ["get", "list", "watch", "create", "patch", "delete"])  # pruned
     | _triples("policy", ["poddisruptionbudgets"], ["list", "watch", "create", "patch"])
-    | _triples("monitoring.coreos.com", ["podmonitors"], ["create", "patch", "delete"])  # pruned, not watched
+    | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "create", "patch", "delete"])  # pruned
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
     | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)
 )

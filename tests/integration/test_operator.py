@@ -154,8 +154,20 @@ def test_scale_subresource_sets_replicas(cluster: Cluster, fleet: Fleet) -> None
 def test_autoscaled_fleet_starts_at_min_replicas(fleet: Fleet) -> None:
     fleet.create(mmi("auto", autoscaling={"minReplicas": 2, "maxReplicas": 4, "slo": {"target": "2s"}}))
     fleet.wait_ready("auto", replicas=2)
-    managers = {m.manager for m in fleet.deployment("auto").metadata.managed_fields}
-    assert "mmfleet-autoscaler" in managers  # replicas are the scaler's field, not the renderer's
+    assert fleet.status("auto")["desiredReplicas"] == 2
+
+
+def test_turning_autoscaling_on_never_drops_serving_replicas(fleet: Fleet) -> None:
+    fleet.create(mmi("handover", replicas=3))
+    fleet.wait_ready("handover", replicas=3)
+    fleet.patch("handover", {"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "slo": {"target": "2s"}}})
+    seen = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        seen.append(fleet.deployment("handover").spec.replicas)
+        time.sleep(0.1)
+    assert min(seen) == 3, f"replicas dipped while the scaler took over: {sorted(set(seen))}"
+    fleet.wait_ready("handover", replicas=3)
 
 
 def test_invalid_resource_is_rejected_by_the_api_server_with_field_path(cluster: Cluster, namespace: str) -> None:

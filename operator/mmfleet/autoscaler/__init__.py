@@ -1,0 +1,67 @@
+"""Autoscaling: what a policy sees (``Observation``), what it says (``Decision``), and the policies.
+
+A policy is pure: ``decide(observation, state) -> Decision`` with its memory carried in ``state``,
+so the same code runs in the digital twin (``mmfleet.twin``), in the benchmark and in the operator,
+and any run can be replayed from its observations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One autoscaling cycle's view of a fleet, exactly what Prometheus and the API server would show.
+
+    Metric fields are None when the series is missing (no scrape yet, Prometheus down); a policy
+    must then hold, never read silence as zero load.
+    """
+
+    time: float  # seconds since the start of the run
+    ready: int  # pods Ready (serving)
+    starting: int  # pods holding GPUs but not Ready yet (scheduled, pulling, loading)
+    unschedulable: int  # pods Pending for lack of a node with free GPUs
+    current: int  # the Deployment's replicas as last set
+    min_replicas: int
+    max_replicas: int
+    slo_target: float  # seconds, for the SLO's metric and percentile
+    slo_percentile: float  # e.g. 90
+    cold_start: float  # seconds, the policy's estimate of L
+    request_rate: float | None = None  # finished requests/s over the rate window, summed over pods
+    arrival_rate: float | None = None  # running+waiting growth + finished: the demand estimate, req/s
+    latency: float | None = None  # observed percentile of the SLO metric over the SLO window, s
+    waiting: float | None = None  # sum of num_requests_waiting over pods
+    running: float | None = None  # sum of num_requests_running over pods
+    kv_cache_usage: float | None = None  # mean over ready pods, 0..1
+    prompt_tokens_rate: float | None = None  # tokens/s
+    generation_tokens_rate: float | None = None  # tokens/s
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def metrics_available(self) -> bool:
+        return self.latency is not None and self.request_rate is not None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The replica count to set, why, and the memory the next cycle needs."""
+
+    replicas: int
+    reason: str
+    state: Any = None
+
+
+class Policy(Protocol):
+    """A scaling policy; ``name`` labels it in benchmark tables."""
+
+    name: str
+    # Seconds between decisions (HPA 15, KEDA 30, KPA 2, ...); the harness calls decide this often.
+    interval: float
+
+    def initial_state(self) -> Any:
+        """The memory before the first observation."""
+
+    def decide(self, observation: Observation, state: Any) -> Decision:
+        """The replicas to set now; must not do I/O."""
