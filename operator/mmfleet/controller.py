@@ -39,6 +39,8 @@ POD_LABELS: dict[str, Any] = {INFERENCE_LABEL: kopf.PRESENT}
 OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonitor"))
 # Nodes and installed CRDs change rarely; look again after this long.
 DISCOVERY_CACHE_SECONDS = 600
+# Status is event-driven; this periodic recompute from the indexes only catches a missed event.
+RESYNC_SECONDS = 30
 Key = tuple[str, str]
 Body = dict[str, Any]
 
@@ -56,6 +58,7 @@ class State:
     # Generation or resourceVersion of each child as our last apply left it, to tell hand edits apart.
     applied: dict[str, tuple[int, str]] = field(default_factory=dict)
     children: defaultdict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
+    written: dict[Key, MultimodalInferenceStatus] = field(default_factory=dict)
     locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
 
 
@@ -113,12 +116,19 @@ def _previous_status(body: Body) -> MultimodalInferenceStatus | None:
 def _write_status(
     body: kopf.Body | Body, new: MultimodalInferenceStatus, previous: MultimodalInferenceStatus | None
 ) -> None:
-    """Write status only when it changed, and tell the user about transitions as events."""
+    """Write status only when it changed, and tell the user about transitions as events.
+
+    "Changed" is judged against what this process last wrote (the operator is the only writer),
+    because the watched copy of the resource can lag behind our own last patch.
+    """
     wire = new.wire()
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    previous = STATE.written.get(key, previous)
     if previous is not None and previous.wire() == wire:
         return
-    meta = body["metadata"]
     _kube().patch_status(meta["namespace"], meta["name"], wire)
+    STATE.written[key] = new
     target = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, body))
     before = {c.type: c for c in previous.conditions} if previous else {}
     for condition in new.conditions:
@@ -126,9 +136,9 @@ def _write_status(
         if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
             continue
         if condition.type == "Degraded" and condition.status == "True":
-            kopf.warn(target, reason=condition.reason, message=condition.message)
+            kopf.event(target, type="Warning", reason=condition.reason, message=condition.message)
         elif condition.type == "Ready" and condition.status == "True":
-            kopf.info(target, reason="Ready", message=condition.message)
+            kopf.event(target, type="Normal", reason="Ready", message=condition.message)
 
 
 def _now() -> datetime:
@@ -137,7 +147,9 @@ def _now() -> datetime:
 
 def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
     observed = status.Observed(deployment=deployment, pod_problems=status.pod_problems(pods), cloud=cloud)
-    _write_status(body, status.compute_status(inference, observed, inference.status, _now()), inference.status)
+    meta = inference.metadata
+    previous = STATE.written.get((meta.namespace, meta.name), inference.status)
+    _write_status(body, status.compute_status(inference, observed, previous, _now()), previous)
 
 
 def _clamp_replicas(inference: MultimodalInference, deployment: Body) -> Body:
@@ -151,6 +163,8 @@ def _clamp_replicas(inference: MultimodalInference, deployment: Body) -> Body:
 
 
 def _scaler_owns_replicas(deployment: Body) -> bool:
+    if "scalerOwnsReplicas" in deployment.get("metadata", {}):
+        return bool(deployment["metadata"]["scalerOwnsReplicas"])
     for entry in deployment.get("metadata", {}).get("managedFields") or []:
         fields = entry.get("fieldsV1") or {}
         if entry.get("manager") == AUTOSCALER_FIELD_MANAGER and "f:replicas" in fields.get("f:spec", {}):
@@ -232,7 +246,9 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="mmfleet.io", key="last-handled-configuration"
     )
-    settings.posting.level = logging.INFO
+    # kopf's own log lines become Kubernetes Events only from warnings up (not one per handler success);
+    # the operator's own events (Ready, Degraded) are posted explicitly with kopf.event.
+    settings.posting.level = logging.WARNING
     settings.execution.max_workers = STATE.config.workers
     settings.watching.server_timeout = 600
     settings.batching.error_delays = [1, 2, 5, 10, 30]
@@ -256,19 +272,34 @@ def report_requests(**_: Any) -> None:
     log.info("API requests made: %d", _kube().requests)
 
 
+# The indexes keep only what status and drift need: at 1,000 fleets, whole bodies (managedFields,
+# kopf's annotations, pod specs) would be most of the operator's memory.
+def _slim_meta(meta: kopf.Meta, *keys: str) -> Body:
+    return {k: meta[k] for k in ("name", "namespace", "uid", "generation", "deletionTimestamp", *keys) if k in meta}
+
+
 @kopf.index(GROUP, VERSION, PLURAL)
 def fleets(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Body]:
-    return {(namespace or "", name): dict(body)}
+    slim = {k: body[k] for k in ("apiVersion", "kind", "spec", "status") if k in body}
+    return {(namespace or "", name): {**slim, "metadata": _slim_meta(body.meta, "labels")}}
 
 
 @kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
 def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
-    return {(namespace or "", labels[INFERENCE_LABEL]): dict(body)}
+    meta = _slim_meta(body.meta)
+    meta["scalerOwnsReplicas"] = _scaler_owns_replicas(dict(body))
+    slim = {"metadata": meta, "spec": {"replicas": body.spec.get("replicas")}, "status": dict(body.status)}
+    return {(namespace or "", labels[INFERENCE_LABEL]): slim}
 
 
 @kopf.index("", "v1", "pods", labels=POD_LABELS)
 def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
-    return {(namespace or "", labels[INFERENCE_LABEL]): dict(body)}
+    pod_status = body.status
+    slim = {
+        "metadata": _slim_meta(body.meta),
+        "status": {k: pod_status[k] for k in ("phase", "conditions", "containerStatuses") if k in pod_status},
+    }
+    return {(namespace or "", labels[INFERENCE_LABEL]): slim}
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -289,6 +320,7 @@ def delete_fleet(namespace: str | None, name: str, **_: Any) -> None:
     """Children go with the owner references; only our own bookkeeping needs dropping."""
     key = (namespace or "", name)
     STATE.locks.pop(key, None)
+    STATE.written.pop(key, None)
     for uid in STATE.children.pop(key, set()):
         STATE.applied.pop(uid, None)
 
@@ -318,16 +350,28 @@ def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, kwa
         with contextlib.suppress(kopf.PermanentError):
             reconcile(parent, pods, _first(kwargs, "fleet_deployments", key), prune=False)
         return
-    if kind not in ("Pod", "Deployment"):
-        return
-    deployments = _index(kwargs, "fleet_deployments", key)
-    deployment = obj if kind == "Deployment" and not deleted else (deployments[0] if deployments else None)
+    if kind in ("Pod", "Deployment"):
+        refresh_status(key, kwargs)
+
+
+def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
+    """Recompute status from the indexes. Read under the lock, so the last writer saw the newest state."""
     with STATE.locks[key]:
+        found = _index(kwargs, "fleets", key)
+        if not found or found[0].get("metadata", {}).get("deletionTimestamp"):
+            return
         try:
-            inference = parse(parent)
+            inference = parse(found[0])
         except SpecError:
             return
-        _observe(parent, inference, deployment, pods, _resolve_cloud(inference))
+        deployment = _first(kwargs, "fleet_deployments", key)
+        _observe(found[0], inference, deployment, _index(kwargs, "fleet_pods", key), _resolve_cloud(inference))
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+def resync_fleet(namespace: str | None, name: str, **kwargs: Any) -> None:
+    """A safety net for any missed watch event; costs no request unless the status is wrong."""
+    refresh_status((namespace or "", name), kwargs)
 
 
 def _child_handler(group: str, version: str, plural: str) -> None:

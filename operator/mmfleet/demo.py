@@ -108,7 +108,7 @@ def run_demo() -> int:
     for secret in SECRETS:  # the examples read model credentials; kwok never starts the container
         kubectl("-n", NAMESPACE, "create", "secret", "generic", secret, "--from-literal=HF_TOKEN=demo", check=False)
     for example in EXAMPLES:
-        _say("   " + kubectl("apply", "-f", str(_examples_dir() / example)).stdout.strip())
+        _say("   " + kubectl("-n", NAMESPACE, "apply", "-f", str(_examples_dir() / example)).stdout.strip())
 
     from kubernetes import client
 

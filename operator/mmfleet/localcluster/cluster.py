@@ -54,6 +54,10 @@ NODE_LEASE_SECONDS = 40  # kwok renews each node's Lease; kcm's default grace is
 _HEALTH_PATHS = "/healthz,/readyz,/livez,/metrics"  # unauthenticated on kcm/scheduler, for probes and Prometheus
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 _MARKER = ".mmfleet-cluster"  # marks a state dir as ours, so only ours are ever deleted
+# The client-side rate limits of kcm (20/30) and the scheduler (50/100) would make a 1,000-pod
+# test measure those limits rather than the operator; managed control planes raise them, and
+# kwokctl lifts them for the same reason (disableQPSLimits).
+_CLIENT_RATE = ("--kube-api-qps=500", "--kube-api-burst=1000")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
 
 
@@ -379,6 +383,7 @@ def _kcm_args(pki: Pki, kubeconfigs: dict[str, Path], port: int) -> list[str]:
         f"--cluster-signing-cert-file={pki.ca.cert}",
         f"--cluster-signing-key-file={pki.ca.key}",
         "--profiling=false",
+        *_CLIENT_RATE,
     ]
 
 
@@ -395,6 +400,7 @@ def _scheduler_args(pki: Pki, kubeconfigs: dict[str, Path], port: int) -> list[s
         f"--tls-private-key-file={pki.serving.key}",
         "--leader-elect=false",
         "--profiling=false",
+        *_CLIENT_RATE,
     ]
 
 
