@@ -37,6 +37,10 @@ class Observation:
     kv_cache_usage: float | None = None  # mean over ready pods, 0..1
     prompt_tokens_rate: float | None = None  # tokens/s
     generation_tokens_rate: float | None = None  # tokens/s
+    # Added for the Dynamo planner baseline (autoscaling.md §4.2), whose correction factors compare the
+    # observed mean TTFT and ITL with the profiled ones: means over the rate window, seconds.
+    mean_ttft: float | None = None
+    mean_itl: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -54,11 +58,18 @@ class Decision:
 
 
 class Policy(Protocol):
-    """A scaling policy; ``name`` labels it in benchmark tables."""
+    """A scaling policy; ``name`` labels it in benchmark tables.
 
-    name: str
-    # Seconds between decisions (HPA 15, KEDA 30, KPA 2, ...); the harness calls decide this often.
-    interval: float
+    ``name`` and ``interval`` are read-only properties so that frozen dataclasses (every policy in
+    ``policy``, ``baselines`` and ``oracle``) satisfy the protocol; plain attributes still do.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def interval(self) -> float:
+        """Seconds between decisions (HPA 15, KPA 2, ...); the harness calls decide this often."""
 
     def initial_state(self) -> Any:
         """The memory before the first observation."""

@@ -1,0 +1,333 @@
+"""mmfleet's own policy: size the fleet for the demand it will see when new pods are Ready.
+
+Why not a proportional controller like the HPA: a GPU pod serves only a cold start L after it is
+asked for, so a controller that sizes for today's load is L late, and then too small to drain what
+queued meanwhile (autoscaling.md §0, §6.2). This is the §8.2 B8 design, with few knobs:
+
+- feed-forward: the demand forecast over L plus one interval, over the capacity of a replica at the
+  SLO, μ_SLO, times a utilisation headroom. The forecast is an upper quantile: a fast EWMA level
+  plus z × a robust noise estimate, plus a robust trend (Theil-Sen on both halves of the last
+  five minutes), which a sustained ramp has and a step does not;
+- backlog: the queue projected to the moment a pod asked for now would be Ready, given the pods
+  already starting (their order times are remembered), drained in ``drain_time`` by extra
+  replicas (§6.2 "backlog-aware recovery");
+- feedback: when the observed percentile is over target although the Ready count has not changed
+  for a whole latency window, the queue is not draining and the replicas are busy, at least
+  ready × observed / target;
+- pods still starting are capacity on the way: every number above is an absolute replica count,
+  set as the Deployment's replicas, which already include them, so nothing is asked for twice;
+- up at once; down only to the highest recommendation of the last max(300 s, L) (ski rental, §6.3)
+  and never while the percentile is over target;
+- silence is not zero: a missing metric holds the current count; unschedulable pods stop growth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import combinations, pairwise
+
+import numpy as np
+
+from mmfleet.autoscaler import Decision, Observation
+
+FAST_WINDOW = 60.0  # s, time constant of the demand level: follows a step within about a minute
+TREND_WINDOW = 300.0  # s of demand samples behind the trend and the spread
+QUANTILE_Z = 1.28  # the forecast's upper quantile, q90 of a normal
+TREND_CAP = 0.5  # the trend adds at most half the level over the horizon
+MAX_FEEDBACK_RATIO = 2.0  # latency feedback at most doubles the Ready replicas, and the feed-forward
+BUSY = 0.5  # latency feedback needs replicas serving at least half of μ each
+CAPACITY_FLOOR = 0.25  # the capacity correction never believes a replica does less than a quarter of μ
+CAPACITY_RECOVERY = 300.0  # s, time constant for the correction to return to 1 while the SLO holds
+
+Samples = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class SloState:
+    """What ``SloPolicy`` remembers between cycles."""
+
+    time: float | None = None  # of the last observation with metrics
+    inflight: float | None = None  # running + waiting then, for the demand estimate without arrival_rate
+    level: float | None = None  # fast EWMA of demand, req/s
+    demand: Samples = ()  # (time, req/s) over the trend window
+    learned_capacity: float | None = None  # best throughput per Ready replica seen within the SLO
+    capacity_scale: float = 1.0  # <= 1: replicas with a standing queue served less than assumed
+    recommendations: tuple[tuple[float, int], ...] = ()  # (time, replicas needed) in the down window
+    history: tuple[tuple[float, int, float], ...] = ()  # (time, ready, waiting) over the latency window
+    orders: tuple[tuple[float, int], ...] = ()  # (time, pods added) by our scale-ups, last cold start
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How one decision was reached; the reason sentence is built from it."""
+
+    demand: float
+    forecast: float
+    horizon: float
+    capacity: float | None
+    feedforward: int | None  # forecast and backlog alone
+    needed: int
+    backlog: float  # requests projected to be queued when a pod asked for now is Ready
+    feedback: int | None
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.3g}s"
+
+
+def _v(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _ewma(previous: float, value: float, dt: float, window: float) -> float:
+    """An exponentially weighted mean with a time constant, so any decision interval works."""
+    return previous + (1.0 - math.exp(-dt / window)) * (value - previous)
+
+
+def _theil_sen(samples: Samples) -> float:
+    slopes = [(v2 - v1) / (t2 - t1) for (t1, v1), (t2, v2) in combinations(samples, 2) if t2 > t1]
+    return float(np.median(slopes)) if slopes else 0.0
+
+
+def robust_trend(samples: Samples) -> tuple[float, float]:
+    """A demand trend that a ramp has and a step does not, and the noise around it.
+
+    Trend: Theil-Sen slopes (medians of pairwise slopes) of the older and the newer half of the
+    window; a ramp gives both its slope, a step sits in at most one half and leaves the other flat,
+    so the one nearer zero is taken (zero if they disagree in sign). Noise: the median absolute
+    change between successive samples once the trend is removed, over 0.954 (a normal's σ); one
+    jump does not move a median.
+    """
+    if len(samples) < 6:
+        return 0.0, 0.0
+    middle = samples[0][0] + (samples[-1][0] - samples[0][0]) / 2
+    older = _theil_sen(tuple(s for s in samples if s[0] <= middle))
+    newer = _theil_sen(tuple(s for s in samples if s[0] >= middle))
+    slope = 0.0 if older * newer <= 0 else min(older, newer, key=abs)
+    changes = [abs(v2 - v1 - slope * (t2 - t1)) for (t1, v1), (t2, v2) in pairwise(samples)]
+    return slope, float(np.median(changes)) / 0.954
+
+
+def projected_backlog(
+    queued: float,
+    demand: float,
+    ready: int,
+    starting_ready_at: list[float],
+    now: float,
+    horizon: float,
+    capacity: float,
+) -> float:
+    """The queue at ``now + horizon`` if demand holds and each starting pod is Ready at its time.
+
+    Replicas drain at ``capacity`` each, which is μ_SLO: slower than a saturated replica really
+    serves, so the projection errs towards a longer queue.
+    """
+    queue, clock, serving = queued, now, ready
+    for at in [*sorted(starting_ready_at), math.inf]:
+        until = min(max(at, now), now + horizon)
+        queue = max(0.0, queue + (demand - capacity * serving) * (until - clock))
+        clock = until
+        if clock >= now + horizon:
+            break
+        serving += 1
+    return queue
+
+
+@dataclass(frozen=True)
+class SloPolicy:
+    """Scale so the SLO percentile stays under target through spikes, on as few GPUs as that allows.
+
+    ``capacity_per_replica`` is μ_SLO in req/s (the benchmark takes it from the twin's
+    ``capacity_at_slo``, the operator from a profile); None learns it online, conservatively, as the
+    best throughput per Ready replica seen while the SLO held, and then adds no headroom.
+    ``utilization``: the share of μ_SLO the forecast may use. ``drain_time``: seconds in which a
+    backlog should clear once new pods are Ready. ``stabilization``: the scale-down window, default
+    max(300 s, L). ``settle``: how far back the latency and rate signals reach (the SLO window).
+    """
+
+    name: str = "mmfleet"
+    interval: float = 15.0
+    capacity_per_replica: float | None = None
+    utilization: float = 0.9
+    drain_time: float = 60.0
+    stabilization: float | None = None
+    settle: float = 60.0
+
+    def initial_state(self) -> SloState:
+        return SloState()
+
+    def down_window(self, obs: Observation) -> float:
+        return self.stabilization if self.stabilization is not None else max(300.0, obs.cold_start)
+
+    def decide(self, observation: Observation, state: SloState) -> Decision:
+        obs = observation
+        low, high, current = obs.min_replicas, obs.max_replicas, obs.current
+        missing = [
+            name
+            for name, value in (
+                (f"P{obs.slo_percentile:g} latency", obs.latency),
+                ("request rate", obs.request_rate),
+                ("queue length", obs.waiting),
+            )
+            if value is None
+        ]
+        if missing:
+            held = max(low, min(high, current))
+            return Decision(held, f"metrics missing ({', '.join(missing)}): holding {held}", state)
+
+        state, sizing = self._size(obs, state)
+
+        window = self.down_window(obs)
+        # The first decision counts the current size as a recommendation: no scale-down before a whole
+        # window of observations, whatever the first (often half-filled) rate windows say.
+        earlier = state.recommendations if state.recommendations else ((obs.time, current),)
+        recs = (*((t, n) for t, n in earlier if t > obs.time - window), (obs.time, sizing.needed))
+        # Up at once; down only to the most that the whole window still asked for, and never while
+        # the percentile is over target.
+        if sizing.needed >= current:
+            desired = sizing.needed
+        elif obs.latency is not None and obs.latency > obs.slo_target:
+            desired = current
+        else:
+            desired = min(current, max(n for _, n in recs))
+        desired = max(low, min(high, desired))
+        blocked = obs.unschedulable > 0 and desired > current
+        if blocked:
+            desired = max(low, min(high, current))
+        orders = tuple((t, n) for t, n in state.orders if t > obs.time - obs.cold_start)
+        if desired > current:
+            orders = (*orders, (obs.time, desired - current))
+        state = replace(state, recommendations=recs, orders=orders)
+        return Decision(desired, self._reason(obs, sizing, desired, window, blocked), state)
+
+    def _starting_ready_at(self, obs: Observation, state: SloState) -> list[float]:
+        """When each starting pod should be Ready: the newest orders are the ones still starting."""
+        times: list[float] = []
+        for t, n in reversed(state.orders):
+            times += [t + obs.cold_start] * n
+        times = times[: obs.starting]
+        return times + [obs.time + obs.cold_start] * (obs.starting - len(times))
+
+    def _size(self, obs: Observation, state: SloState) -> tuple[SloState, Sizing]:
+        """Update the demand and capacity estimates; return the replicas needed now."""
+        assert obs.latency is not None and obs.request_rate is not None and obs.waiting is not None
+        target = obs.slo_target
+        inflight = obs.waiting + (obs.running or 0.0)
+        dt = obs.time - state.time if state.time is not None and obs.time > state.time else None
+
+        # Demand: arrivals, else completions plus the growth of what is in flight.
+        if obs.arrival_rate is not None:
+            demand = obs.arrival_rate
+        elif dt is not None and state.inflight is not None:
+            demand = max(0.0, obs.request_rate + (inflight - state.inflight) / dt)
+        else:
+            demand = obs.request_rate
+        if state.level is None:
+            level = demand
+        else:
+            level = state.level if dt is None else _ewma(state.level, demand, dt, FAST_WINDOW)
+        samples = (*((t, v) for t, v in state.demand if t > obs.time - TREND_WINDOW), (obs.time, demand))
+        slope, spread = robust_trend(samples)
+        horizon = obs.cold_start + self.interval
+        growth = max(0.0, slope) * horizon
+        central = max(demand, level)
+        central += min(growth, TREND_CAP * central)  # what the queue will see
+        upper = max(demand, level + QUANTILE_Z * spread)
+        forecast = upper + min(growth, TREND_CAP * upper)  # what capacity is sized for
+
+        # The last latency window of (time, ready, waiting): rates and the percentile average over
+        # such a window, so they describe the fleet as it was across it.
+        history = (
+            *(h for h in state.history if h[0] >= obs.time - self.settle),
+            (obs.time, obs.ready, obs.waiting),
+        )
+        spans = obs.time - history[0][0] >= self.settle
+        ready_ref = min(h[1] for h in history)
+        ready_steady = spans and obs.ready > 0 and ready_ref == max(h[1] for h in history)
+
+        learned = state.learned_capacity
+        if obs.latency <= target and ready_steady and obs.request_rate > 0:
+            learned = max(learned or 0.0, obs.request_rate / obs.ready)
+        base = self.capacity_per_replica if self.capacity_per_replica is not None else learned
+        # A learned capacity is already a lower bound (what a replica did within the SLO): no headroom.
+        headroom = self.utilization if self.capacity_per_replica is not None else 1.0
+
+        scale = state.capacity_scale
+        capacity: float | None = None
+        backlog = 0.0
+        feedforward: int | None = None
+        needed = obs.current  # nothing to size with yet: only the feedback below may move it
+        if base is not None and base > 0:
+            # Replicas whose queue stood for a whole window serve at their true capacity; below μ means
+            # a heavier mix than profiled, which is believed until the SLO has held for a while.
+            clears = base * scale * obs.ready * target  # what the Ready replicas clear within the target
+            standing = spans and all(h[2] > clears for h in history)
+            if obs.latency > target and standing and ready_steady:
+                scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / base))
+            elif obs.latency <= target and dt is not None:
+                scale = _ewma(scale, 1.0, dt, CAPACITY_RECOVERY)
+            capacity = base * scale
+            queued = max(0.0, obs.waiting - capacity * obs.ready * target)
+            starting = self._starting_ready_at(obs, state)
+            backlog = projected_backlog(queued, central, obs.ready, starting, obs.time, obs.cold_start, capacity)
+            feedforward = math.ceil(forecast / (capacity * headroom) + backlog / (capacity * self.drain_time) - 1e-9)
+            needed = feedforward
+
+        # Latency feedback, for what the model misses. Only on a fleet that has not changed for a whole
+        # latency window, whose queue is not draining, and whose replicas are busy: otherwise the
+        # percentile is looking back at a fleet or a queue that is gone, or more replicas would not help.
+        feedback: int | None = None
+        draining = obs.waiting < history[0][2]
+        busy = capacity is None or obs.request_rate >= BUSY * capacity * obs.ready
+        if obs.latency > target and ready_steady and not draining and busy:
+            feedback = math.ceil(ready_ref * min(obs.latency / target, MAX_FEEDBACK_RATIO) - 1e-9)
+            if feedforward is not None:
+                feedback = min(feedback, math.ceil(MAX_FEEDBACK_RATIO * feedforward))
+            needed = max(needed, feedback)
+
+        state = replace(
+            state,
+            time=obs.time,
+            inflight=inflight,
+            level=level,
+            demand=samples,
+            learned_capacity=learned,
+            capacity_scale=scale,
+            history=history,
+        )
+        return state, Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback)
+
+    def _reason(self, obs: Observation, sz: Sizing, desired: int, window: float, blocked: bool) -> str:
+        """One sentence for a Kubernetes event: what was seen, what it needs, what is done."""
+        assert obs.latency is not None
+        op = ">" if obs.latency > obs.slo_target else "<="
+        parts = [f"P{obs.slo_percentile:g} {_s(obs.latency)} {op} target {_s(obs.slo_target)}"]
+        if sz.capacity is not None:
+            parts.append(
+                f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {_s(sz.horizon)} "
+                f"at {_v(sz.capacity)} req/s per replica"
+            )
+        else:
+            parts.append(f"demand {_v(sz.demand)} req/s, capacity per replica not learned yet")
+        if sz.backlog > 0:
+            parts.append(f"{sz.backlog:.0f} requests queued by then")
+        if sz.feedback is not None and (sz.feedforward is None or sz.feedback > sz.feedforward):
+            parts.append(f"latency feedback on {obs.ready} ready")
+        parts.append(f"needs {sz.needed}")
+        if obs.starting:
+            parts.append(f"{obs.starting} pods starting")
+        if blocked:
+            parts.append(f"{obs.unschedulable} pods unschedulable (no node with free GPUs), not adding more")
+        text = ", ".join(parts)
+        current = obs.current
+        if desired > current:
+            capped = " (capped at max)" if desired == obs.max_replicas and sz.needed > desired else ""
+            return f"{text}: {current} -> {desired}{capped}"
+        if desired < current:
+            return f"{text}: {current} -> {desired}"
+        if sz.needed < current and obs.latency > obs.slo_target:
+            return f"{text}: holding {current} while over target"
+        if sz.needed < current and not blocked:
+            return f"{text}: holding {current} until demand stays lower for {_s(window)}"
+        return f"{text}: holding {current}"

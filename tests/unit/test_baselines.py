@@ -1,0 +1,436 @@
+"""Each baseline against hand-computed steps of its real control law (autoscaling.md §1-§4, §8.2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from mmfleet.autoscaler import Decision, Observation, Policy
+from mmfleet.autoscaler.baselines import (
+    AibrixApaPolicy,
+    DynamoPlannerPolicy,
+    HpaPolicy,
+    HpaState,
+    KedaPolicy,
+    KedaState,
+    KpaPolicy,
+    KubeAiPolicy,
+    StaticPolicy,
+    WvaSaturationPolicy,
+    baselines,
+    external_average_replicas,
+    hpa_normalize,
+    pods_metric_replicas,
+)
+
+
+def obs(**kw: Any) -> Observation:
+    """A fleet of 4 Ready replicas at modest load; override what a test is about."""
+    base: dict[str, Any] = {
+        "time": 0.0,
+        "ready": 4,
+        "starting": 0,
+        "unschedulable": 0,
+        "current": 4,
+        "min_replicas": 1,
+        "max_replicas": 100,
+        "slo_target": 2.0,
+        "slo_percentile": 90.0,
+        "cold_start": 120.0,
+        "request_rate": 8.0,
+        "latency": 1.0,
+        "waiting": 0.0,
+        "running": 8.0,
+        "kv_cache_usage": 0.5,
+        "prompt_tokens_rate": 24000.0,
+        "generation_tokens_rate": 1200.0,
+    }
+    base.update(kw)
+    return Observation(**base)
+
+
+def run(policy: Policy, observations: list[Observation]) -> list[Decision]:
+    """Feed observations in order, carrying the state; each sees the replicas the previous one set."""
+    state = policy.initial_state()
+    out: list[Decision] = []
+    for o in observations:
+        d = policy.decide(replace(o, current=out[-1].replicas) if out else o, state)
+        state = d.state
+        out.append(d)
+    return out
+
+
+# ---------------------------------------------------------------- HPA replica calculator (§1.1, §1.3)
+
+
+def test_hpa_pods_metric_is_ceil_of_ratio_times_ready() -> None:
+    # 4 pods at 8 waiting each vs target 5: ceil(4 x 1.6) = 7
+    assert pods_metric_replicas(32, 5, ready=4, missing=0, unready=0, current=4) == 7
+
+
+def test_hpa_within_tolerance_keeps_current() -> None:
+    assert pods_metric_replicas(21, 5, ready=4, missing=0, unready=0, current=4) == 4  # ratio 1.05
+    assert pods_metric_replicas(22, 5, ready=4, missing=0, unready=0, current=4) == 4  # 1.10 is still within
+    assert pods_metric_replicas(23, 5, ready=4, missing=0, unready=0, current=4) == 5  # 1.15: ceil(4.6)
+
+
+def test_hpa_missing_pods_count_zero_on_the_way_up() -> None:
+    # 4 reporting at 15 each (ratio 3), 2 loading without metrics: 60 / 6 pods / 5 = 2 -> ceil(2 x 6) = 12
+    assert pods_metric_replicas(60, 5, ready=4, missing=2, unready=0, current=6) == 12
+    # ...and if the zeros bring the ratio below 1 the direction flips: hold
+    assert pods_metric_replicas(32, 5, ready=4, missing=4, unready=0, current=8) == 8
+
+
+def test_hpa_missing_pods_count_as_target_on_the_way_down() -> None:
+    # 4 at 1 each (ratio 0.2); 2 missing taken at 5: 14000m // 6 = 2333m -> 0.4666 x 6 = 2.8 -> 3, not ceil(0.8) = 1
+    assert pods_metric_replicas(4, 5, ready=4, missing=2, unready=0, current=6) == 3
+    assert pods_metric_replicas(4, 5, ready=4, missing=0, unready=0, current=4) == 1
+
+
+def test_hpa_pending_pods_are_set_aside_except_on_the_way_up() -> None:
+    assert pods_metric_replicas(4, 5, ready=4, missing=0, unready=2, current=6) == 1  # down: ignored
+    # up: 2 Pending come back as 0: 40 / 6 / 5 = 1.333 (6666m -> 1.3332) x 6 = 7.9992 -> 8
+    assert pods_metric_replicas(40, 5, ready=4, missing=0, unready=2, current=6) == 8
+
+
+def test_hpa_no_pod_reporting_is_an_error() -> None:
+    assert pods_metric_replicas(0, 5, ready=0, missing=4, unready=0, current=4) is None
+
+
+def test_hpa_first_sync_seeds_the_window_with_the_current_count() -> None:
+    n, state = hpa_normalize(1, 10, 1, 100, 0.0, HpaState())
+    assert n == 10
+    assert state.recommendations == ((0.0, 10.0), (0.0, 1.0))
+
+
+def test_hpa_scale_up_rate_is_max_of_four_pods_and_doubling_per_15s() -> None:
+    # §1.4: from 1 replica under a huge metric: 1 -> 5 -> 10 -> 20 -> 40, one step per 15 s
+    state = HpaState()
+    current, seen = 1, []
+    for t in (0.0, 15.0, 30.0, 45.0):
+        current, state = hpa_normalize(1000, current, 1, 1000, t, state)
+        seen.append(current)
+    assert seen == [5, 10, 20, 40]
+
+
+def test_hpa_scale_up_rate_counts_the_events_of_the_period() -> None:
+    state = HpaState()
+    n, state = hpa_normalize(100, 4, 1, 1000, 0.0, state)
+    assert n == 8  # max(4 + 4, 4 x 2)
+    n, _ = hpa_normalize(100, 8, 1, 1000, 10.0, state)
+    assert n == 8  # the +4 at t=0 is inside this 15 s period: the period started at 4
+    n, _ = hpa_normalize(100, 8, 1, 1000, 15.0, state)
+    assert n == 16  # t=0 is no longer After(15 - 15)
+
+
+def test_hpa_policy_scales_4_pods_at_metric_8_to_7() -> None:
+    d = HpaPolicy().decide(obs(waiting=32.0), HpaState())
+    assert d.replicas == 7
+    assert "4 -> 7" in d.reason
+
+
+def test_hpa_policy_holds_scale_down_for_300s_then_applies_it() -> None:
+    policy = HpaPolicy()
+    high = [obs(time=0.0, current=10, ready=10, waiting=50.0)]  # exactly on target: hold 10, records 10
+    low = [obs(time=t, current=10, ready=10, waiting=10.0) for t in range(15, 316, 15)]  # wants 2
+    decisions = run(policy, high + low)
+    by_time = {o.time: d.replicas for o, d in zip(high + low, decisions, strict=True)}
+    assert all(by_time[t] == 10 for t in range(0, 300, 15))
+    assert by_time[300] == 2  # the recommendation of 10 at t=0 is out of (0, 300]; 100 %/15 s allows it
+    assert "holding 10" in decisions[5].reason
+
+
+def test_hpa_policy_holds_when_the_metric_is_missing() -> None:
+    d = HpaPolicy().decide(obs(waiting=None, current=6), HpaState())
+    assert d.replicas == 6
+    assert "holding 6" in d.reason
+
+
+def test_hpa_inflight_variant_takes_littles_law_target() -> None:
+    # target = mu_SLO x SLO = 2 req/s x 2 s = 4 in flight per pod; 4 pods at 8 in flight -> ceil(2 x 4) = 8
+    policy = HpaPolicy(metric="running+waiting", target=None, capacity_per_replica=2.0)
+    d = policy.decide(obs(running=24.0, waiting=8.0), HpaState())
+    assert d.replicas == 8
+
+
+def test_hpa_range_guard_brings_replicas_back_within_bounds() -> None:
+    assert HpaPolicy().decide(obs(current=12, max_replicas=10), HpaState()).replicas == 10
+
+
+# ---------------------------------------------------------------- KEDA (§2)
+
+
+def test_keda_threshold_math_is_external_average_value() -> None:
+    assert external_average_replicas(23, 5, status_replicas=4) == 5  # 23 / 20 = 1.15 -> ceil(23 / 5)
+    assert external_average_replicas(21, 5, status_replicas=4) == 4  # 1.05: within tolerance
+    assert external_average_replicas(0, 5, status_replicas=0) == 0
+
+
+def test_keda_has_no_readiness_damping() -> None:
+    # 4 Ready at 8 waiting each + 4 still loading. The HPA's Pods path counts the loading pods as 0, sees
+    # the ratio flip below 1 and holds; KEDA's External metric divides by all 8 pods and scales down to 7.
+    assert pods_metric_replicas(32, 5, ready=4, missing=4, unready=0, current=8) == 8
+    assert external_average_replicas(32, 5, status_replicas=8) == 7
+    settled = KedaState(hpa=HpaState(recommendations=((-400.0, 8.0),)))  # nothing in the 300 s window
+    d = KedaPolicy().decide(obs(current=8, ready=4, starting=4, waiting=32.0), settled)
+    assert d.replicas == 7
+
+
+def test_keda_reads_an_absent_series_as_zero_but_holds_when_prometheus_is_down() -> None:
+    policy = KedaPolicy()
+    absent = [obs(time=float(t), current=6, ready=6, waiting=None) for t in range(0, 301, 15)]
+    keda = run(policy, absent)
+    # ignoreNullValues: 0 -> ceil(0 / 5) = 0, held by the seeded 300 s window, then minReplicas
+    assert [d.replicas for d in keda] == [6] * 20 + [1]
+    assert all(d.replicas == 6 for d in run(HpaPolicy(), absent))  # the HPA itself errors and holds
+    down = policy.decide(
+        obs(current=6, waiting=None, request_rate=None, latency=None, running=None), policy.initial_state()
+    )
+    assert down.replicas == 6
+    assert "holding 6" in down.reason
+
+
+def test_keda_scale_to_zero_waits_cooldown_after_last_activity() -> None:
+    policy = KedaPolicy(min_replica_count=0)
+    active = [obs(time=0.0, current=1, ready=1, waiting=3.0)]
+    idle = [obs(time=t, current=1, ready=1, waiting=0.0) for t in range(15, 301, 15)]
+    decisions = run(policy, active + idle)
+    assert [d.replicas for d in decisions[:-1]] == [1] * 20  # inactive polls at 30..270 s: < 300 s
+    assert decisions[-1].replicas == 0  # poll at 300 s: 300 s since the last active poll
+    back = policy.decide(obs(time=330.0, current=0, ready=0, waiting=2.0), decisions[-1].state)
+    assert back.replicas == 1
+
+
+def test_keda_keep_alive_trigger_keeps_one_replica_while_requests_arrive() -> None:
+    policy = KedaPolicy(min_replica_count=0, keep_alive=True)
+    d = policy.decide(obs(current=1, ready=1, waiting=0.0, arrival_rate=0.5), policy.initial_state())
+    assert d.replicas == 1
+
+
+# ---------------------------------------------------------------- Knative KPA (§3)
+
+
+def kpa_ticks(policy: KpaPolicy, values: list[tuple[float, float]], ready: int = 4) -> list[Decision]:
+    return run(policy, [obs(time=t, ready=ready, current=ready, running=v, waiting=0.0) for t, v in values])
+
+
+def test_kpa_stable_mode_is_ceil_of_average_over_target() -> None:
+    policy = KpaPolicy(container_concurrency=10)  # target 0.7 x 10 = 7
+    ds = kpa_ticks(policy, [(float(t), 20.0) for t in range(0, 81, 2)], ready=2)
+    assert ds[-1].replicas == 3  # ceil(20 / 7); 3 / 2 ready = 1.5 < 2: no panic
+    assert "stable" in ds[-1].reason
+
+
+def test_kpa_new_decider_starts_in_panic_at_the_ready_count() -> None:
+    policy = KpaPolicy(container_concurrency=10)
+    ds = kpa_ticks(policy, [(float(t), 0.0) for t in range(0, 65, 2)], ready=4)
+    assert all(d.replicas == 4 for d in ds[:31])  # t = 0..60: panic keeps 4 although nothing is in flight
+    assert ds[-1].replicas == 2  # t = 64 > 0 + 60: stable, 0 in flight, but at most halving: floor(4 / 2)
+
+
+def test_kpa_enters_panic_at_twice_the_ready_pods_and_never_scales_down_in_it() -> None:
+    policy = KpaPolicy(container_concurrency=10)  # target 7, panic window 6 s
+    ticks = [(float(t), 28.0) for t in range(0, 59, 2)] + [(60.0, 140.0)]
+    quiet = [(float(t), 0.0) for t in range(62, 127, 2)]
+    decisions = dict(zip([t for t, _ in ticks + quiet], kpa_ticks(policy, ticks + quiet, ready=4), strict=True))
+    # t=60: stable avg over (0, 60] = (29 x 28 + 140) / 30, panic avg over (54, 60] = (28 + 28 + 140) / 3
+    stable = (29 * 28 + 140) / 30
+    panic = (28 + 28 + 140) / 3
+    dppc = math.ceil(panic / 7)
+    assert dppc / 4 >= 2.0
+    assert decisions[60.0].replicas == max(math.ceil(stable / 7), dppc) == 10
+    # t=62 is still over (panic avg (28 + 140 + 0) / 3 -> 8 pods = 2 x 4) and extends panic to 62 + 60
+    assert all(d.replicas == 10 for t, d in decisions.items() if 60 < t <= 122)
+    # t=124: panic ends; stable avg over (64, 124] is 0, kept >= floor(4 / 2) = 2
+    assert decisions[124.0].replicas == 2
+    assert "stable" in decisions[124.0].reason
+
+
+def test_kpa_below_panic_threshold_scales_proportionally() -> None:
+    policy = KpaPolicy(container_concurrency=10)
+    ticks = [(float(t), 28.0) for t in range(0, 121, 2)] + [(122.0, 70.0)]
+    ds = kpa_ticks(policy, ticks, ready=4)
+    # panic avg (28 + 28 + 70) / 3 = 42 -> 6 pods = 1.5 x 4: stable; stable avg (29 x 28 + 70) / 30 -> 5
+    assert ds[-1].replicas == math.ceil((29 * 28 + 70) / 30 / 7) == 5
+    assert "stable" in ds[-1].reason
+
+
+# ---------------------------------------------------------------- AIBrix APA (§4.1, §4.3)
+
+
+def test_aibrix_apa_up_is_ceil_current_times_ratio_capped_at_double() -> None:
+    policy = AibrixApaPolicy()  # kv_cache_usage, target 0.5
+    assert policy.decide(obs(kv_cache_usage=0.8), policy.initial_state()).replicas == 7  # ceil(4 x 1.6)
+    low_target = AibrixApaPolicy(target=0.2)  # ratio 5: ceil(4 x 5) = 20, capped at ceil(2 x 4)
+    assert low_target.decide(obs(kv_cache_usage=1.0), low_target.initial_state()).replicas == 8
+    assert policy.decide(obs(kv_cache_usage=0.53), policy.initial_state()).replicas == 4  # within 10 %
+
+
+def test_aibrix_apa_scale_down_waits_for_cooldown_and_the_inverted_variant_does_not() -> None:
+    seq = [obs(time=0.0, kv_cache_usage=0.5)] + [obs(time=float(t), kv_cache_usage=0.1) for t in range(10, 301, 10)]
+    correct = run(AibrixApaPolicy(window=1.0), seq)
+    # ratio 0.2 -> ceil(4 x 0.2) = 1, floored at floor(4 / 2) = 2; the 4 at t=0 holds for 300 s
+    assert [d.replicas for d in correct[:-1]] == [4] * 30
+    assert correct[-1].replicas == 2
+    inverted = run(AibrixApaPolicy(window=1.0, inverted_stabilization=True), seq)
+    assert inverted[1].replicas == 2  # AIBrix as shipped takes the window's minimum at once
+
+
+def test_aibrix_apa_averages_over_its_window() -> None:
+    seq = [obs(time=0.0, kv_cache_usage=0.5), obs(time=10.0, kv_cache_usage=1.1)]
+    # mean 0.8 over 180 s -> ratio 1.6 -> 7
+    assert run(AibrixApaPolicy(), seq)[-1].replicas == 7
+
+
+# ---------------------------------------------------------------- KubeAI (§4.1)
+
+
+def test_kubeai_is_ceil_of_moving_average_over_target() -> None:
+    policy = KubeAiPolicy(target_requests=100)
+    assert policy.decide(obs(running=250.0, waiting=0.0, current=1), policy.initial_state()).replicas == 3
+    # a cold window of ceil(30 / 10) = 3 samples: (0, 0, 300) averages 100 -> 1; a warm one (300 x 3) -> 3
+    cold = KubeAiPolicy(target_requests=100, time_window=30.0, warm_start=False)
+    warm = KubeAiPolicy(target_requests=100, time_window=30.0)
+    assert cold.decide(obs(running=300.0, waiting=0.0, current=1), cold.initial_state()).replicas == 1
+    assert warm.decide(obs(running=300.0, waiting=0.0, current=1), warm.initial_state()).replicas == 3
+
+
+def test_kubeai_scales_down_on_the_fourth_consecutive_scale_down_decision() -> None:
+    policy = KubeAiPolicy(target_requests=100, time_window=10.0)  # one-sample average
+    seq = [obs(time=10.0 * i, current=5, running=200.0, waiting=0.0) for i in range(6)]
+    replicas = [d.replicas for d in run(policy, seq)]
+    assert replicas == [5, 5, 5, 2, 2, 2]
+
+
+def test_kubeai_counter_resets_on_a_decision_that_is_not_a_scale_down() -> None:
+    policy = KubeAiPolicy(target_requests=100, time_window=10.0)
+    loads = [200.0, 200.0, 500.0, 200.0, 200.0, 200.0, 200.0]
+    seq = [obs(time=10.0 * i, current=5, running=v, waiting=0.0) for i, v in enumerate(loads)]
+    assert [d.replicas for d in run(policy, seq)] == [5, 5, 5, 5, 5, 5, 2]
+
+
+# ---------------------------------------------------------------- WVA saturation (§4.1)
+
+
+def test_wva_scales_up_one_when_spare_kv_is_low() -> None:
+    wva = WvaSaturationPolicy()
+    assert wva.analyze(obs(kv_cache_usage=0.75))[0] == 5  # type: ignore[index]  # spare 0.05 < 0.10
+    assert wva.analyze(obs(kv_cache_usage=0.5, waiting=12.0))[0] == 5  # type: ignore[index]  # spare queue 2 < 3
+
+
+def test_wva_does_not_scale_up_while_pods_are_pending() -> None:
+    result = WvaSaturationPolicy().analyze(obs(kv_cache_usage=0.9, current=5, starting=1))
+    assert result is not None and result[0] == 5
+    assert "pending" in result[1]
+
+
+def test_wva_scales_down_only_if_one_fewer_still_has_spare() -> None:
+    wva = WvaSaturationPolicy()
+    assert wva.analyze(obs(kv_cache_usage=0.2))[0] == 3  # type: ignore[index]  # 0.2 x 4/3 = 0.27: spare 0.53
+    assert wva.analyze(obs(kv_cache_usage=0.6))[0] == 4  # type: ignore[index]  # 0.8 after removal: spare 0
+
+
+def test_wva_goes_through_an_hpa_with_240s_stabilisation() -> None:
+    policy = WvaSaturationPolicy()
+    calm = [obs(time=float(t), kv_cache_usage=0.6) for t in range(0, 60, 15)]  # no capacity action: 4
+    hot = [obs(time=float(t), kv_cache_usage=0.75) for t in range(60, 316, 15)]  # wva says 5 from t=60
+    decisions = run(policy, calm + hot)
+    times = [o.time for o in calm + hot]
+    up_at = next(t for t, d in zip(times, decisions, strict=True) if d.replicas == 5)
+    assert up_at == 285.0  # the last recommendation of 4 (t=45) leaves the 240 s window after t=285 - 240 = 45
+
+
+def test_wva_plus_hpa_tolerance_cannot_add_one_replica_to_ten() -> None:
+    # wva_desired 11 over 10 pods is a ratio of 1.1: within the HPA's tolerance, so nothing moves
+    assert external_average_replicas(11, 1, status_replicas=10) == 10
+    assert external_average_replicas(5, 1, status_replicas=4) == 5
+
+
+# ---------------------------------------------------------------- Dynamo planner (§4.2)
+
+
+def dynamo(**kw: Any) -> DynamoPlannerPolicy:
+    return DynamoPlannerPolicy(prefill_tokens_per_replica=6000.0, decode_tokens_per_replica=200.0, **kw)
+
+
+def test_dynamo_sizes_prefill_and_decode_and_takes_the_larger() -> None:
+    # 10 req/s, ISL 3000, OSL 150: prefill ceil(30000 / 6000) = 5, decode ceil(1500 / 200) = 8
+    o = obs(request_rate=10.0, prompt_tokens_rate=30000.0, generation_tokens_rate=1500.0)
+    assert dynamo().decide(o, None).replicas == 8
+    o = replace(o, arrival_rate=16.0)  # the frontend's request count drives next_requests
+    assert dynamo().decide(o, None).replicas == math.ceil(16 * 150 / 200)
+
+
+def test_dynamo_prefill_correction_only_lowers_the_load() -> None:
+    o = obs(request_rate=10.0, prompt_tokens_rate=60000.0, generation_tokens_rate=100.0)  # prefill needs 10
+    assert dynamo(expected_ttft=0.5).decide(replace(o, mean_ttft=0.25), None).replicas == 5  # x min(1, 0.5)
+    assert dynamo(expected_ttft=0.5).decide(replace(o, mean_ttft=1.0), None).replicas == 10  # x min(1, 2)
+
+
+def test_dynamo_decode_correction_reads_the_profile_at_the_corrected_itl() -> None:
+    policy = dynamo(expected_itl=0.05, decode_profile=((0.025, 100.0), (0.05, 200.0)))
+    o = obs(request_rate=10.0, prompt_tokens_rate=100.0, generation_tokens_rate=1500.0, mean_itl=0.1)
+    assert policy.decide(o, None).replicas == 15  # ITL target 0.05 / 2 = 0.025 -> 100 tok/s per replica
+
+
+def test_dynamo_holds_while_scaling_and_without_requests() -> None:
+    assert dynamo().decide(obs(starting=2, current=6), None).replicas == 6
+    assert dynamo().decide(obs(request_rate=0.0, current=6), None).replicas == 6
+
+
+# ---------------------------------------------------------------- static and the default set
+
+
+def test_static_returns_its_count_within_bounds() -> None:
+    assert StaticPolicy(7).decide(obs(), None).replicas == 7
+    assert StaticPolicy(70).decide(obs(max_replicas=10), None).replicas == 10
+
+
+def test_default_set_has_every_baseline_once_and_each_holds_when_prometheus_is_down() -> None:
+    policies = baselines(2.0, 256, demand_replicas=[2, 5, 9, 3])
+    names = [p.name for p in policies]
+    assert len(set(names)) == len(names)
+    assert {"static-peak", "static-mean", "hpa-waiting", "keda", "knative-kpa", "kubeai"} <= set(names)
+    statics = {p.name: p for p in policies if isinstance(p, StaticPolicy)}
+    assert statics["static-peak"].replicas == 9
+    assert statics["static-mean"].replicas == 5  # ceil(19 / 4)
+    silent = obs(
+        current=6,
+        request_rate=None,
+        latency=None,
+        waiting=None,
+        running=None,
+        kv_cache_usage=None,
+        prompt_tokens_rate=None,
+        generation_tokens_rate=None,
+    )
+    for p in policies:
+        if isinstance(p, StaticPolicy):
+            continue
+        d = p.decide(silent, p.initial_state())
+        assert d.replicas == 6, p.name
+        assert "holding 6" in d.reason, p.name
+
+
+@pytest.mark.parametrize("policy", baselines(2.0, 256), ids=lambda p: p.name)
+def test_every_baseline_runs_a_step_in_demand_and_stays_in_bounds(policy: Policy) -> None:
+    seq = [obs(time=float(t), running=8.0, waiting=0.0) for t in range(0, 300, 15)]
+    seq += [
+        obs(
+            time=float(t),
+            running=64.0,
+            waiting=80.0,
+            kv_cache_usage=0.95,
+            request_rate=12.0,
+            arrival_rate=40.0,
+            prompt_tokens_rate=36000.0,
+            generation_tokens_rate=1800.0,
+        )
+        for t in range(300, 1200, 15)
+    ]
+    decisions = run(policy, seq)
+    assert all(1 <= d.replicas <= 100 for d in decisions)
+    assert all(d.reason for d in decisions)

@@ -1,0 +1,228 @@
+"""mmfleet's SLO policy: its safety rules and the shape of its response to demand."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from mmfleet.autoscaler import Decision, Observation, Policy
+from mmfleet.autoscaler.policy import SloPolicy, SloState, projected_backlog, robust_trend
+
+MU = 2.0  # req/s per replica at the SLO
+POLICY = SloPolicy(capacity_per_replica=MU)  # utilisation 0.9: a replica plans for 1.8 req/s
+
+
+def obs(**kw: Any) -> Observation:
+    base: dict[str, Any] = {
+        "time": 0.0,
+        "ready": 5,
+        "starting": 0,
+        "unschedulable": 0,
+        "current": 5,
+        "min_replicas": 1,
+        "max_replicas": 100,
+        "slo_target": 2.0,
+        "slo_percentile": 90.0,
+        "cold_start": 120.0,
+        "request_rate": 8.0,
+        "arrival_rate": 8.0,
+        "latency": 1.0,
+        "waiting": 0.0,
+        "running": 8.0,
+    }
+    base.update(kw)
+    return Observation(**base)
+
+
+def steady(policy: Policy, seconds: float, step: float = 15.0, **kw: Any) -> tuple[Any, list[Decision]]:
+    """Run ``seconds`` of identical observations (times from kw['time'], default 0), fleet following."""
+    state = kw.pop("state", policy.initial_state())
+    t0 = kw.pop("time", 0.0)
+    decisions: list[Decision] = []
+    o = obs(time=t0, **kw)
+    for i in range(int(seconds / step)):
+        o = replace(o, time=t0 + i * step)
+        d = policy.decide(o, state)
+        state = d.state
+        decisions.append(d)
+        o = replace(o, current=d.replicas, ready=d.replicas)
+    return state, decisions
+
+
+def test_it_is_a_policy() -> None:
+    policy: Policy = SloPolicy()
+    assert policy.name == "mmfleet"
+    assert isinstance(policy.initial_state(), SloState)
+
+
+# ---------------------------------------------------------------- silence is not zero
+
+
+def test_missing_metrics_hold_and_say_so() -> None:
+    for missing in ({"latency": None}, {"request_rate": None}, {"waiting": None}):
+        d = POLICY.decide(obs(current=8, ready=8, **missing), SloState())
+        assert d.replicas == 8
+        assert "metrics missing" in d.reason
+        assert "holding 8" in d.reason
+
+
+def test_silence_never_scales_to_the_minimum_and_keeps_the_memory() -> None:
+    state, _ = steady(POLICY, 300, arrival_rate=30.0, request_rate=30.0)
+    silent = obs(time=300.0, current=17, ready=17, latency=None, request_rate=None, waiting=None, arrival_rate=None)
+    d = POLICY.decide(silent, state)
+    assert d.replicas == 17
+    assert d.state == state
+
+
+# ---------------------------------------------------------------- feed-forward and scale-up
+
+
+def test_steady_demand_gets_forecast_over_capacity_times_headroom() -> None:
+    _, decisions = steady(POLICY, 600)
+    assert decisions[-1].replicas == math.ceil(8.0 / (MU * 0.9)) == 5
+
+
+def test_scale_up_is_immediate_on_a_step_and_sized_for_the_queue_it_will_meet() -> None:
+    state, decisions = steady(POLICY, 600)
+    assert decisions[-1].replicas == 5
+    d = POLICY.decide(obs(time=600.0, arrival_rate=32.0), state)
+    # the first observation of the step: 32 req/s needs ceil(32 / 1.8) = 18, and while the new pods start
+    # the 5 Ready ones fall behind by 32 - 10 req/s for 120 s: 2640 requests to drain in 60 s at 2 req/s each
+    assert d.replicas == math.ceil(32.0 / 1.8 + (32.0 - 5 * MU) * 120.0 / (MU * 60.0)) == 40
+    assert "5 -> 40" in d.reason
+
+
+def test_pods_still_starting_are_not_requested_again() -> None:
+    state, _ = steady(POLICY, 600)
+    first = POLICY.decide(obs(time=600.0, arrival_rate=32.0), state)
+    n = first.replicas
+    # 15 s later: the queue grew, the new pods are still starting
+    later = obs(time=615.0, arrival_rate=32.0, current=n, ready=5, starting=n - 5, waiting=300.0, latency=3.0)
+    second = POLICY.decide(later, first.state)
+    assert second.replicas == n
+    assert f"{n - 5} pods starting" in second.reason
+    # the same moment without the memory of that order would look like pods from nowhere: it asks for more,
+    # treating them as a full cold start away, but still never adds to what is already starting twice
+    blind = POLICY.decide(later, replace(first.state, orders=()))
+    assert blind.replicas >= n
+
+
+def test_a_ramp_is_anticipated_and_a_step_is_not_extrapolated() -> None:
+    ramp = [(15.0 * i, 8.0 + 0.2 * 15.0 * i) for i in range(20)]
+    slope, spread = robust_trend(tuple(ramp))
+    assert math.isclose(slope, 0.2)
+    assert spread < 1e-9
+    step = [(15.0 * i, 8.0) for i in range(18)] + [(270.0, 32.0), (285.0, 32.0)]
+    assert robust_trend(tuple(step)) == (0.0, 0.0)
+
+
+def test_projected_backlog_counts_pods_on_their_way() -> None:
+    # 5 ready at 2 req/s, 32 req/s arriving: +22/s for 120 s
+    assert projected_backlog(0.0, 32.0, 5, [], 0.0, 120.0, 2.0) == 22.0 * 120.0
+    # 11 more pods Ready at 60 s: +22/s for 60 s, then 32 - 32 = 0
+    assert projected_backlog(0.0, 32.0, 5, [60.0] * 11, 0.0, 120.0, 2.0) == 22.0 * 60.0
+    # enough on the way drains what is queued
+    assert projected_backlog(500.0, 10.0, 5, [0.0] * 10, 0.0, 120.0, 2.0) == 0.0
+
+
+def test_without_arrival_rate_demand_is_completions_plus_growth_in_flight() -> None:
+    policy = SloPolicy(capacity_per_replica=MU, utilization=1.0)
+    first = policy.decide(obs(arrival_rate=None, request_rate=8.0, running=8.0, waiting=0.0), SloState())
+    d = policy.decide(obs(time=15.0, arrival_rate=None, request_rate=8.0, running=8.0, waiting=30.0), first.state)
+    assert "demand 10 req/s" in d.reason  # 8 finished + 30 more in flight over 15 s
+
+
+# ---------------------------------------------------------------- bounds and unschedulable pods
+
+
+def test_bounds_are_respected() -> None:
+    up = POLICY.decide(obs(arrival_rate=500.0, max_replicas=20), SloState())
+    assert up.replicas == 20
+    assert "capped at max" in up.reason
+    _, idle = steady(POLICY, 900, arrival_rate=0.0, request_rate=0.0, running=0.0, min_replicas=2)
+    assert idle[-1].replicas == 2
+
+
+def test_unschedulable_pods_stop_growth() -> None:
+    state, _ = steady(POLICY, 600)
+    d = POLICY.decide(obs(time=600.0, arrival_rate=32.0, current=7, ready=5, unschedulable=2), state)
+    assert d.replicas == 7
+    assert "unschedulable" in d.reason
+
+
+# ---------------------------------------------------------------- scale-down
+
+
+def test_scale_down_waits_for_the_window_and_never_goes_below_the_forecast() -> None:
+    state, high = steady(POLICY, 900, arrival_rate=30.0, request_rate=30.0)
+    assert high[-1].replicas == math.ceil(30.0 / 1.8) == 17
+    _, low = steady(POLICY, 1200, time=900.0, state=state, current=17, ready=17, arrival_rate=8.0, request_rate=8.0)
+    times = [900.0 + 15.0 * i for i in range(len(low))]
+    window = POLICY.down_window(obs())
+    assert window == 300.0
+    # the recommendation of 17 made at t=885 holds everything before 885 + 300
+    assert all(d.replicas == 17 for t, d in zip(times, low, strict=True) if t < 885.0 + window)
+    assert "holding 17 until demand stays lower for 300s" in low[3].reason
+    assert low[-1].replicas == math.ceil(8.0 / 1.8) == 5  # down to what the forecast needs, not below
+    assert min(d.replicas for d in low) == 5
+
+
+def test_down_window_is_at_least_the_cold_start() -> None:
+    assert POLICY.down_window(obs(cold_start=420.0)) == 420.0
+    assert SloPolicy(stabilization=60.0).down_window(obs(cold_start=420.0)) == 60.0
+
+
+def test_no_scale_down_while_over_target() -> None:
+    policy = SloPolicy(capacity_per_replica=MU, stabilization=30.0)
+    state, _ = steady(policy, 600, arrival_rate=30.0, request_rate=30.0)
+    _, ds = steady(
+        policy, 120, time=600.0, state=state, current=17, ready=17, arrival_rate=8.0, request_rate=8.0, latency=3.0
+    )
+    assert all(d.replicas == 17 for d in ds)
+    assert "while over target" in ds[-1].reason
+
+
+# ---------------------------------------------------------------- feedback and learning
+
+
+def test_latency_feedback_without_a_capacity_model() -> None:
+    policy = SloPolicy()  # nothing learned: the SLO never held
+    state, ds = steady(policy, 60, latency=4.0, waiting=20.0, ready=4, current=4)
+    assert ds[-1].replicas == 4  # the first window: latency describes a fleet we have not watched yet
+    d = policy.decide(obs(time=60.0, latency=4.0, waiting=20.0, ready=4, current=4), state)
+    assert d.replicas == 8  # 4 ready x min(4 / 2, 2)
+    assert "latency feedback" in d.reason
+
+
+def test_no_feedback_while_the_queue_drains() -> None:
+    policy = SloPolicy()
+    state, _ = steady(policy, 60, latency=4.0, waiting=200.0, ready=4, current=4)
+    d = policy.decide(obs(time=60.0, latency=4.0, waiting=50.0, ready=4, current=4), state)
+    assert d.replicas == 4
+
+
+def test_capacity_is_learned_from_windows_within_the_slo() -> None:
+    policy = SloPolicy()
+    state, ds = steady(policy, 300, ready=4, current=4, arrival_rate=8.0, request_rate=8.0)
+    assert state.learned_capacity == 2.0
+    assert ds[-1].replicas == 4  # 8 req/s at 2 req/s per replica, no extra headroom on a learned lower bound
+    d = policy.decide(obs(time=300.0, ready=4, current=4, arrival_rate=12.0, request_rate=8.0), state)
+    assert d.replicas >= 6
+
+
+def test_a_heavier_mix_than_profiled_lowers_the_capacity_used() -> None:
+    # replicas with a standing queue for a whole window serve 1 req/s, not the 2 assumed
+    state, _ = steady(POLICY, 60, ready=8, current=8, arrival_rate=8.0, request_rate=8.0, waiting=200.0, latency=5.0)
+    d = POLICY.decide(
+        obs(time=60.0, ready=8, current=8, arrival_rate=8.0, request_rate=8.0, waiting=200.0, latency=5.0), state
+    )
+    assert d.state.capacity_scale == 0.5
+    assert d.replicas >= math.ceil(8.0 / (1.0 * 0.9))
+
+
+def test_the_first_decision_never_scales_down() -> None:
+    # the first rate windows are often half filled; the current size counts as a recommendation
+    d = POLICY.decide(obs(current=10, ready=10, arrival_rate=2.0, request_rate=2.0), SloState())
+    assert d.replicas == 10
+    assert "holding 10 until demand stays lower for 300s" in d.reason
