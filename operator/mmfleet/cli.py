@@ -104,6 +104,16 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
     return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress)
 
 
+def cmd_bench_autoscale(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet.bench import autoscale
+
+    scenarios = args.scenario or list(autoscale.STEADY + autoscale.SPIKY)
+    cold_starts = args.cold_start or list(autoscale.COLD_STARTS)
+    return autoscale.main(scenarios, cold_starts, Path(args.docs), Path(args.plots), _progress)
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -153,6 +163,12 @@ def parser() -> argparse.ArgumentParser:
     p_bop.add_argument("--timeout", type=float, default=300, help="seconds to wait for all Ready after the last apply")
     p_bop.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
     p_bop.set_defaults(func=cmd_bench_operator)
+    p_bas = bench.add_parser("autoscale", help="every policy and the oracle in the digital twin, on real traces")
+    p_bas.add_argument("--scenario", action="append", help="scenario (repeatable; default: all)")
+    p_bas.add_argument("--cold-start", type=float, action="append", help="cold start L in s (repeatable)")
+    p_bas.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_bas.add_argument("--plots", default="docs/img", help="where the PNG plots are written")
+    p_bas.set_defaults(func=cmd_bench_autoscale)
 
     register_cli(sub)
 

@@ -40,7 +40,7 @@ OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonit
 # Nodes and installed CRDs change rarely; look again after this long.
 DISCOVERY_CACHE_SECONDS = 600
 # Status is event-driven; this periodic recompute from the indexes only catches a missed event.
-RESYNC_SECONDS = 30
+RESYNC_SECONDS = 300
 Key = tuple[str, str]
 Body = dict[str, Any]
 
@@ -251,6 +251,9 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = STATE.config.workers
     settings.watching.server_timeout = 600
+    # kopf waits this long for its own annotation patch to come back through the watch before it
+    # trusts an older copy; on a busy API server the 5 s default made it re-run creation handlers.
+    settings.persistence.consistency_timeout = 60
     settings.batching.error_delays = [1, 2, 5, 10, 30]
     log.info("mmfleet operator started: monitoring CRDs %s", "found" if _monitoring_crds() else "absent")
 

@@ -153,10 +153,16 @@ class Kube:
         return True
 
 
-def load_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config."""
+def load_client(pool_size: int = 32) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config.
+
+    The connection pool is sized for the handler threads; the client's default (5 per CPU) would
+    make concurrent reconciles open and drop connections.
+    """
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)

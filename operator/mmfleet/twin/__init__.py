@@ -1,0 +1,28 @@
+"""The digital twin of a fleet of multimodal vLLM replicas (see ``docs/twin.md``).
+
+The benchmark uses this API: ``scenario`` builds a workload, ``simulate`` runs a policy on a fleet
+serving it (the policy sees only what Prometheus and the API server would show), and
+``capacity_at_slo`` gives one replica's sustainable rate at an SLO (the oracle's mu_SLO).
+"""
+
+from mmfleet.twin.replica import H100_QWEN25VL7B, H200_QWEN25VL7B, PROFILES, ReplicaParams, derive_profile
+from mmfleet.twin.scenarios import NAMES as SCENARIOS
+from mmfleet.twin.scenarios import scenario
+from mmfleet.twin.sim import capacity_at_slo, simulate
+from mmfleet.twin.types import Requests, RunResult, Scenario, SloConfig
+
+__all__ = [
+    "H100_QWEN25VL7B",
+    "H200_QWEN25VL7B",
+    "PROFILES",
+    "SCENARIOS",
+    "ReplicaParams",
+    "Requests",
+    "RunResult",
+    "Scenario",
+    "SloConfig",
+    "capacity_at_slo",
+    "derive_profile",
+    "scenario",
+    "simulate",
+]

@@ -1,0 +1,132 @@
+"""What the two replica engines share: the per-request work, the outcomes, routing, the interface.
+
+Two engines implement ``Engine``: ``replica.FineEngine`` (one vLLM step at a time, exact routing at
+each arrival; for tests and short runs) and ``fast.FastEngine`` (all replicas advanced together in
+fixed ticks with numpy; what the benchmark uses). ``tests/unit/test_twin_engines.py`` checks that
+they agree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from mmfleet.twin.observe import MetricBook
+from mmfleet.twin.replica import ReplicaParams
+from mmfleet.twin.types import Requests
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """Per-request engine inputs derived once from ``Requests`` and a replica profile."""
+
+    arrival: np.ndarray  # s
+    avail: np.ndarray  # arrival + CPU image preprocessing: when the engine may schedule it
+    prompt: np.ndarray  # tokens to prefill (text + image tokens), >= 1
+    out: np.ndarray  # output tokens, >= 1
+    vis_ms: np.ndarray  # encoder time of the request's images
+
+    @staticmethod
+    def build(req: Requests, params: ReplicaParams) -> Workload:
+        images = np.asarray(req.images, dtype=float)
+        per_image = req.tokens_per_image
+        prompt = np.maximum(np.rint(np.asarray(req.input_tokens, dtype=float) + images * np.rint(per_image)), 1.0)
+        vis = np.zeros(len(req))
+        has = np.nonzero(images > 0)[0]
+        if has.size:
+            # One encoder call per request over its images (calibrated batched formula + eager floor).
+            v0, v1, v2 = params.vision_ms
+            p = 4.0 * np.rint(per_image[has]) / 1000.0
+            n = images[has]
+            t = v0 + v1 * n * p + v2 * n * p * p
+            if params.vision_eager:
+                a, b = params.vision_eager_floor_ms
+                t = np.maximum(t, a + b * n)
+            vis[has] = t
+        return Workload(
+            arrival=np.asarray(req.arrival, dtype=float),
+            avail=np.asarray(req.arrival, dtype=float) + images * params.image_preprocess_s,
+            prompt=prompt,
+            out=np.maximum(np.rint(np.asarray(req.output_tokens, dtype=float)), 1.0),
+            vis_ms=vis,
+        )
+
+
+class Outcomes:
+    """Per-request latencies; np.inf until a request gets there."""
+
+    def __init__(self, n: int) -> None:
+        self.ttft = np.full(n, np.inf)
+        self.e2e = np.full(n, np.inf)
+        self.itl = np.full(n, np.inf)
+
+    def finish(
+        self, idx: np.ndarray | int, t_done: np.ndarray | float, arrival: np.ndarray | float, out: np.ndarray | float
+    ) -> None:
+        e2e = np.asarray(t_done) - np.asarray(arrival)
+        self.e2e[idx] = e2e
+        o = np.asarray(out, dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            itl = np.where(o > 1, (e2e - self.ttft[idx]) / np.maximum(o - 1, 1), 0.0)
+        self.itl[idx] = itl
+
+
+class Engine(Protocol):
+    """A set of replicas that serve requests routed to them."""
+
+    book: MetricBook
+    outcomes: Outcomes
+
+    def add_replica(self) -> int:
+        """A new, empty replica; returns its id (ids are never reused)."""
+
+    def outstanding(self) -> np.ndarray:
+        """Requests routed to each replica and not finished (running + waiting)."""
+
+    def gauges(self, rid: int) -> tuple[float, float, float]:
+        """``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` now."""
+
+    def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
+        """Route requests ``idx`` (arriving in [t0, t1), or held earlier) among ``eligible`` replicas
+        by least outstanding requests, and advance every replica to ``t1``."""
+
+
+def least_outstanding(counts: np.ndarray, k: int) -> np.ndarray:
+    """Positions (into ``counts``) that k successive arrivals go to under least-outstanding routing.
+
+    Equal to assigning one at a time to the argmin of (count + already assigned), ties to the lowest
+    position, when nothing finishes in between; computed by water-filling.
+    """
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if k <= 64:  # a heap is cheaper than numpy for the usual handful per tick
+        heap = [(int(n), i) for i, n in enumerate(counts)]
+        heapq.heapify(heap)
+        out = np.empty(k, dtype=np.int64)
+        for j in range(k):
+            n, i = heap[0]
+            out[j] = i
+            heapq.heapreplace(heap, (n + 1, i))
+        return out
+    c = np.asarray(counts, dtype=np.int64)
+    lo, hi = int(c.min()), int(c.min()) + k
+    while lo < hi:  # the least level L with sum(max(0, L - c)) >= k slots below it
+        mid = (lo + hi) // 2
+        if int(np.clip(mid - c, 0, None).sum()) >= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    level = lo
+    below = np.clip(level - 1 - c, 0, None)  # slots strictly below level - 1: all taken
+    rest = k - int(below.sum())
+    at = np.nonzero(c <= level - 1)[0][:rest]  # one more slot at level - 1, lowest positions first
+    take = below.copy()
+    take[at] += 1
+    pos = np.repeat(np.arange(c.size), take)
+    starts = np.cumsum(take) - take
+    lev = c[pos] + (np.arange(pos.size) - np.repeat(starts, take))
+    order = np.lexsort((pos, lev))
+    return pos[order]

@@ -1,0 +1,177 @@
+"""A fleet of pods around an engine: scheduling, cold start, readiness, drain, routing, GPU time.
+
+- A pod is created when the desired count rises. If a GPU slot is free it is scheduled at once and
+  holds its GPUs from then (``starting``), becoming Ready ``cold_start`` seconds later; otherwise it
+  stays Pending (``unschedulable``) until GPUs free up (FIFO).
+- On scale-down pods go in the order a ReplicaSet deletes them: Pending first, then not-Ready
+  (newest first), then Ready (most recently Ready first). A deleted starting pod frees its GPUs at
+  once. A deleted Ready pod *drains*: the router stops sending to it, it finishes everything already
+  sent to it (running and queued), then frees its GPUs, as vLLM does on SIGTERM with
+  ``--shutdown-timeout`` (mmfleet renders it; see ``mmfleet.backends.vllm``).
+- The router sends each request to the Ready, non-draining pod with the fewest outstanding requests
+  (the engine does it). With no Ready pod a request is held at the gateway until one is Ready.
+- GPU time counts from the moment a pod holds its GPUs, Ready or not, until it releases them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from mmfleet.twin.engine import Engine
+
+Phase = Literal["unschedulable", "starting", "ready", "draining", "gone"]
+
+
+@dataclass
+class Pod:
+    """One replica's pod; times in seconds from the start of the run."""
+
+    pid: int
+    created: float
+    phase: Phase
+    bound: float | None = None  # GPUs held from
+    ready_at: float | None = None  # when it is (or will be) Ready
+    released: float | None = None  # GPUs freed at
+    rid: int | None = None  # the engine replica serving it, once Ready
+
+
+class Fleet:
+    """Pods and their lifecycle around an ``Engine``; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        cold_start: float,
+        initial: int,
+        gpus_per_replica: int = 1,
+        gpus_available: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.cold_start = cold_start
+        self.gpus_per_replica = gpus_per_replica
+        self.slots = math.inf if gpus_available is None else gpus_available // gpus_per_replica
+        self.pods: list[Pod] = []
+        self.desired = 0
+        self.held = np.zeros(0, dtype=np.int64)  # requests waiting at the gateway for a Ready pod
+        for _ in range(initial):  # the run starts with a warm fleet
+            pod = self._new_pod(0.0)
+            if pod.phase == "starting":
+                pod.ready_at = 0.0
+        self.desired = initial
+        self.transitions(0.0)
+
+    # ---------------------------------------------------------------- counts
+    def count(self, phase: Phase) -> int:
+        return sum(1 for p in self.pods if p.phase == phase)
+
+    def _holding(self) -> int:
+        return sum(1 for p in self.pods if p.phase in ("starting", "ready", "draining"))
+
+    def live(self) -> list[Pod]:
+        """Pods that count towards the Deployment's replicas (not draining, not gone)."""
+        return [p for p in self.pods if p.phase in ("unschedulable", "starting", "ready")]
+
+    def next_event(self) -> float:
+        """The next time a starting pod becomes Ready."""
+        return min(
+            (p.ready_at for p in self.pods if p.phase == "starting" and p.ready_at is not None), default=math.inf
+        )
+
+    # ---------------------------------------------------------------- scaling
+    def _new_pod(self, t: float) -> Pod:
+        pod = Pod(pid=len(self.pods), created=t, phase="unschedulable")
+        self.pods.append(pod)
+        self._schedule(pod, t)
+        return pod
+
+    def _schedule(self, pod: Pod, t: float) -> None:
+        if self._holding() < self.slots:
+            pod.phase = "starting"
+            pod.bound = t
+            pod.ready_at = t + self.cold_start
+
+    def scale(self, desired: int, t: float) -> None:
+        """Set the Deployment's replicas at time ``t``."""
+        self.desired = desired
+        live = self.live()
+        if desired > len(live):
+            for _ in range(desired - len(live)):
+                self._new_pod(t)
+        elif desired < len(live):
+
+            def rank(p: Pod) -> tuple[int, float]:
+                if p.phase == "unschedulable":
+                    return (0, -p.created)
+                if p.phase == "starting":
+                    return (1, -p.created)
+                return (2, -(p.ready_at or 0.0))
+
+            for pod in sorted(live, key=rank)[: len(live) - desired]:
+                if pod.phase == "ready":
+                    pod.phase = "draining"
+                elif pod.phase == "starting":
+                    pod.phase = "gone"
+                    pod.released = t
+                else:
+                    pod.phase = "gone"
+            self._schedule_pending(t)
+        self.transitions(t)
+
+    def _schedule_pending(self, t: float) -> None:
+        for pod in self.pods:
+            if pod.phase == "unschedulable":
+                self._schedule(pod, t)
+
+    def transitions(self, t: float) -> None:
+        """Starting pods whose cold start is over become Ready; drained pods free their GPUs."""
+        for pod in self.pods:
+            if pod.phase == "starting" and pod.ready_at is not None and pod.ready_at <= t + 1e-9:
+                pod.phase = "ready"
+                pod.rid = self.engine.add_replica()
+        out = self.engine.outstanding() if any(p.phase == "draining" for p in self.pods) else None
+        freed = False
+        for pod in self.pods:
+            if pod.phase == "draining" and out is not None and pod.rid is not None and out[pod.rid] == 0:
+                pod.phase = "gone"
+                pod.released = t
+                freed = True
+        if freed:
+            self._schedule_pending(t)
+
+    # ---------------------------------------------------------------- serving
+    def eligible(self) -> np.ndarray:
+        return np.array([p.rid for p in self.pods if p.phase == "ready" and p.rid is not None], dtype=np.int64)
+
+    def run(self, t0: float, t1: float, idx: np.ndarray) -> None:
+        """Serve arrivals ``idx`` (in [t0, t1)) and advance the engine to ``t1``."""
+        eligible = self.eligible()
+        if eligible.size == 0:
+            self.held = np.r_[self.held, idx]
+            self.engine.run(t0, t1, np.zeros(0, dtype=np.int64), eligible)
+            return
+        if self.held.size:
+            idx = np.r_[self.held, idx]
+            self.held = np.zeros(0, dtype=np.int64)
+        self.engine.run(t0, t1, idx, eligible)
+
+    def scrape_targets(self) -> list[Pod]:
+        """Pods Prometheus scrapes: those serving /metrics (Ready or draining)."""
+        return [p for p in self.pods if p.phase in ("ready", "draining") and p.rid is not None]
+
+    # ---------------------------------------------------------------- accounting
+    def gpu_seconds(self, horizon: float) -> tuple[float, float]:
+        """(total, before Ready) GPU-seconds up to ``horizon``."""
+        total = starting = 0.0
+        for p in self.pods:
+            if p.bound is None or p.bound >= horizon:
+                continue
+            end = min(p.released if p.released is not None else horizon, horizon)
+            total += (end - p.bound) * self.gpus_per_replica
+            ready = min(p.ready_at if p.ready_at is not None else end, end)
+            starting += max(ready - p.bound, 0.0) * self.gpus_per_replica
+        return total, starting

@@ -1,0 +1,409 @@
+"""The observation pipeline as in production: vLLM /metrics per pod -> Prometheus scrapes -> PromQL.
+
+Each simulated pod exports the vLLM 0.33 series the autoscaler reads (``BACKEND.metrics`` in
+``mmfleet.backends.vllm``; names, types and default buckets from ``v1/metrics/loggers.py`` and
+``v1/metrics/buckets.py`` as summarised in backends.md 1.5). ``Prometheus`` keeps the scraped
+samples per pod and answers the queries a policy's ``Observation`` is built from, with the
+semantics of Prometheus' ``rate()`` (``extrapolatedRate`` in promql/functions.go) and
+``histogram_quantile()`` (``bucketQuantile`` in promql/quantile.go), written from our knowledge of
+that code (not re-read for this work):
+
+- ``rate(c[w])`` at time t uses the samples in (t-w, t] of each series; with fewer than two it
+  has no value. The increase (with counter resets added back) is extrapolated to the window
+  edges: to each edge if the gap there is under 1.1x the mean sample spacing, else by half a
+  spacing; towards the start never past the point where the counter would have been zero.
+- ``histogram_quantile(q, sum by (le) (...))``: rank = q x count(+Inf); the first bucket whose
+  cumulative count reaches the rank; linear interpolation inside it (lower edge 0 for the first
+  bucket); a rank in the +Inf bucket returns the largest finite bound; no observations: NaN.
+- Gauges (running, waiting, KV usage) come from each pod's last scrape; a pod's series go stale
+  when it stops being scraped.
+
+Simplifications: all pods are scraped at the same instants (every ``scrape_interval`` from t=0);
+only Ready and draining pods are scraped (a loading vLLM pod serves no /metrics yet); a failed
+query (Prometheus down) yields None for every metric field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from mmfleet.backends.vllm import BACKEND
+
+# vLLM 0.33 default buckets (backends.md 1.5, v1/metrics/buckets.py).
+E2E_BUCKETS: Final = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+)  # fmt: skip
+TTFT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+PROMPT_TOKENS_TOTAL: Final = "vllm:prompt_tokens_total"
+GENERATION_TOKENS_TOTAL: Final = "vllm:generation_tokens_total"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Column offsets of one pod's counters in a flat vector (histograms as per-bucket counts)."""
+
+    e2e: int
+    ttft: int
+    itl: int
+    success: int
+    prompt: int
+    generation: int
+    width: int
+
+
+def _layout() -> Layout:
+    off = 0
+    cols: dict[str, int] = {}
+    for name, bounds in (("e2e", E2E_BUCKETS), ("ttft", TTFT_BUCKETS), ("itl", ITL_BUCKETS)):
+        cols[name] = off
+        off += len(bounds) + 3  # buckets, +Inf, _sum, _count
+    for name in ("success", "prompt", "generation"):
+        cols[name] = off
+        off += 1
+    return Layout(width=off, **cols)
+
+
+LAYOUT: Final = _layout()
+HISTOGRAMS: Final[dict[str, tuple[int, tuple[float, ...]]]] = {
+    "e2e": (LAYOUT.e2e, E2E_BUCKETS),
+    "ttft": (LAYOUT.ttft, TTFT_BUCKETS),
+    "itl": (LAYOUT.itl, ITL_BUCKETS),
+}
+# Exported names, as Prometheus stores them (the twin's /metrics exporter uses the same).
+HISTOGRAM_NAMES: Final = {"e2e": BACKEND.metrics.e2e, "ttft": BACKEND.metrics.ttft, "itl": BACKEND.metrics.itl}
+
+
+class MetricBook:
+    """Cumulative vLLM counters of every simulated pod (rows), written by the engines.
+
+    Engines call ``observe``/``add`` many times per simulated second; the updates are queued and
+    folded into the counters in one pass when someone reads them (a scrape), which keeps the fast
+    engine's per-tick cost low.
+    """
+
+    def __init__(self) -> None:
+        self._rows = np.zeros((0, LAYOUT.width))
+        self._obs: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {h: [] for h in HISTOGRAMS}
+        self._adds: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add_replica(self) -> int:
+        self._flush()
+        self._rows = np.vstack([self._rows, np.zeros((1, LAYOUT.width))])
+        return self._rows.shape[0] - 1
+
+    @property
+    def rows(self) -> np.ndarray:
+        self._flush()
+        return self._rows
+
+    def observe(
+        self, hist: str, rid: np.ndarray | int, values: np.ndarray | float, weight: np.ndarray | float = 1.0
+    ) -> None:
+        """Add observations (optionally weighted: a fluid engine observes fractional token counts)."""
+        v = np.atleast_1d(np.asarray(values, dtype=float))
+        if v.size == 0:
+            return
+        r = np.broadcast_to(np.asarray(rid, dtype=np.int64), v.shape)
+        w = np.broadcast_to(np.asarray(weight, dtype=float), v.shape)
+        self._obs[hist].append((r, v, w))
+
+    def add(self, column: int, rid: np.ndarray | int, amount: np.ndarray | float) -> None:
+        r = np.atleast_1d(np.asarray(rid, dtype=np.int64))
+        if r.size == 0:
+            return
+        a = np.broadcast_to(np.asarray(amount, dtype=float), r.shape)
+        self._adds.append((r * LAYOUT.width + column, a))
+
+    def _flush(self) -> None:
+        flats: list[np.ndarray] = []
+        wts: list[np.ndarray] = []
+        for hist, items in self._obs.items():
+            if not items:
+                continue
+            off, bounds = HISTOGRAMS[hist]
+            nb = len(bounds)
+            r = np.concatenate([x[0] for x in items])
+            v = np.concatenate([x[1] for x in items])
+            w = np.concatenate([x[2] for x in items])
+            base = r * LAYOUT.width + off
+            b = np.searchsorted(bounds, v, side="left")  # le semantics: value <= bound
+            flats += [base + b, base + nb + 1, base + nb + 2]
+            wts += [w, w * v, w]
+            items.clear()
+        for f, a in self._adds:
+            flats.append(f)
+            wts.append(a)
+        self._adds.clear()
+        if flats:
+            view = self._rows.reshape(-1)
+            view += np.bincount(np.concatenate(flats), weights=np.concatenate(wts), minlength=view.size)
+
+    def export(self, rid: int) -> np.ndarray:
+        """The pod's counters as scraped: histogram buckets cumulative (``_bucket{le=...}``)."""
+        row = self.rows[rid].copy()
+        for off, bounds in HISTOGRAMS.values():
+            nb = len(bounds) + 1
+            row[off : off + nb] = np.cumsum(row[off : off + nb])
+        return np.asarray(row)
+
+
+# ------------------------------------------------------------------------------------ PromQL
+def extrapolated_rate(
+    times: np.ndarray, values: np.ndarray, t: float, window: float, *, counter: bool = True
+) -> np.ndarray | None:
+    """Prometheus ``rate(x[window])`` evaluated at ``t`` for one series (``values``: samples x columns).
+
+    ``times`` must already be restricted to (t - window, t]. Returns None with fewer than 2 samples.
+    """
+    n = times.shape[0]
+    if n < 2:
+        return None
+    v = values
+    if counter:  # add back counter resets
+        drops = np.where(np.diff(v, axis=0) < 0, v[:-1], 0.0)
+        increase = v[-1] - v[0] + drops.sum(axis=0)
+    else:
+        increase = v[-1] - v[0]
+    first_t, last_t = float(times[0]), float(times[-1])
+    sampled = last_t - first_t
+    if sampled <= 0:
+        return None
+    avg = sampled / (n - 1)
+    threshold = avg * 1.1
+    to_start = first_t - (t - window)
+    to_end = t - last_t
+    if to_start >= threshold:
+        to_start = avg / 2.0
+    if to_end >= threshold:
+        to_end = avg / 2.0
+    start = np.full(increase.shape, to_start)
+    if counter:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            to_zero = np.where((increase > 0) & (v[0] >= 0), sampled * (v[0] / increase), np.inf)
+        start = np.minimum(start, to_zero)
+    factor = (sampled + start + to_end) / sampled
+    return np.asarray(increase * factor / window)
+
+
+def histogram_quantile(q: float, bounds: tuple[float, ...], cumulative: np.ndarray) -> float:
+    """Prometheus ``histogram_quantile`` over cumulative bucket values (last one is +Inf)."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    counts = np.maximum.accumulate(np.asarray(cumulative, dtype=float))  # enforce monotonicity, as Prometheus does
+    if counts.size < 2:
+        return math.nan
+    total = float(counts[-1])
+    if total == 0 or math.isnan(total):
+        return math.nan
+    rank = q * total
+    b = int(np.searchsorted(counts, rank, side="left"))
+    if b >= len(bounds):  # the +Inf bucket
+        return float(bounds[-1])
+    if b == 0 and bounds[0] <= 0:
+        return float(bounds[0])
+    start = 0.0 if b == 0 else float(bounds[b - 1])
+    end = float(bounds[b])
+    count = float(counts[b])
+    if b > 0:
+        count -= float(counts[b - 1])
+        rank -= float(counts[b - 1])
+    if count == 0:
+        return end
+    return start + (end - start) * (rank / count)
+
+
+@dataclass
+class _Series:
+    times: list[float] = field(default_factory=list)
+    counters: list[np.ndarray] = field(default_factory=list)
+    gauges: list[tuple[float, float, float]] = field(default_factory=list)  # running, waiting, kv usage
+
+
+@dataclass
+class Prometheus:
+    """Samples scraped from each pod; answers the PromQL the autoscaler runs."""
+
+    series: dict[int, _Series] = field(default_factory=dict)
+    scrape_times: list[float] = field(default_factory=list)
+    lookback: float = 300.0  # Prometheus' default staleness lookback for instant vectors
+
+    def scrape(self, t: float, pods: list[tuple[int, np.ndarray, tuple[float, float, float]]]) -> None:
+        self.scrape_times.append(t)
+        for pid, counters, gauges in pods:
+            s = self.series.setdefault(pid, _Series())
+            s.times.append(t)
+            s.counters.append(counters)
+            s.gauges.append(gauges)
+
+    def _window(self, s: _Series, t: float, window: float) -> tuple[np.ndarray, np.ndarray] | None:
+        times = s.times
+        if not times or times[-1] <= t - window:
+            return None
+        lo = len(times)
+        while lo > 0 and times[lo - 1] > t - window:
+            lo -= 1
+        hi = len(times)
+        while hi > lo and times[hi - 1] > t:
+            hi -= 1
+        if hi - lo < 2:
+            return None
+        return np.asarray(times[lo:hi]), np.vstack(s.counters[lo:hi])
+
+    def sum_rate(self, t: float, window: float) -> np.ndarray | None:
+        """``sum(rate(<every counter column>[window]))`` over pods; None if no series has 2 samples."""
+        total: np.ndarray | None = None
+        for s in self.series.values():
+            w = self._window(s, t, window)
+            if w is None:
+                continue
+            r = extrapolated_rate(w[0], w[1], t, window)
+            if r is None:
+                continue
+            total = r if total is None else total + r
+        return total
+
+    def gauges(self, t: float) -> list[tuple[float, float, float]] | None:
+        """Each live pod's gauges from its last scrape (a series is live if scraped at the last scrape)."""
+        if not self.scrape_times:
+            return None
+        last = self.scrape_times[-1]
+        if last < t - self.lookback:
+            return None
+        return [s.gauges[-1] for s in self.series.values() if s.times and s.times[-1] == last]
+
+    def queue_growth(self, t: float, window: float) -> float | None:
+        """Growth rate of sum(running + waiting) between the first and last scrape in the window."""
+        pts = [x for x in self.scrape_times if t - window < x <= t]
+        if len(pts) < 2:
+            return None
+        first, last = pts[0], pts[-1]
+        q0 = q1 = 0.0
+        for s in self.series.values():
+            for tt, g in zip(s.times, s.gauges, strict=True):
+                if tt == first:
+                    q0 += g[0] + g[1]
+                elif tt == last:
+                    q1 += g[0] + g[1]
+        return (q1 - q0) / (last - first)
+
+
+def quantile_from_rates(rates: np.ndarray, hist: str, q: float) -> float:
+    off, bounds = HISTOGRAMS[hist]
+    return histogram_quantile(q, bounds, rates[off : off + len(bounds) + 1])
+
+
+@dataclass(frozen=True)
+class MetricView:
+    """The metric fields of an ``Observation`` (None when Prometheus has no answer)."""
+
+    request_rate: float | None = None
+    arrival_rate: float | None = None
+    latency: float | None = None
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache_usage: float | None = None
+    prompt_tokens_rate: float | None = None
+    generation_tokens_rate: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def query(
+    prom: Prometheus,
+    t: float,
+    *,
+    slo_metric: str,
+    slo_percentile: float,
+    slo_window: float,
+    rate_window: float,
+    up: bool = True,
+) -> MetricView:
+    """What the autoscaler's one batched PromQL per cycle returns at time ``t``.
+
+    ``latency`` = ``histogram_quantile(p, sum by (le) (rate(<slo metric>_bucket[slo_window])))``;
+    ``request_rate`` = ``sum(rate(vllm:request_success_total[rate_window]))``; ``arrival_rate`` adds the
+    growth of ``sum(running + waiting)`` over the rate window (clamped at 0). NaN results (no request
+    finished in the window) are None: the policy must hold rather than read silence as zero latency.
+    """
+    if not up:
+        return MetricView(extra={"prometheus_up": 0.0})
+    rates = prom.sum_rate(t, rate_window)
+    slo_rates = rates if slo_window == rate_window else prom.sum_rate(t, slo_window)
+    gauges = prom.gauges(t)
+    extra: dict[str, float] = {"prometheus_up": 1.0}
+    request_rate = arrival_rate = prompt_rate = gen_rate = None
+    if rates is not None:
+        request_rate = float(rates[LAYOUT.success])
+        prompt_rate = float(rates[LAYOUT.prompt])
+        gen_rate = float(rates[LAYOUT.generation])
+        growth = prom.queue_growth(t, rate_window)
+        arrival_rate = max(request_rate + (growth or 0.0), 0.0)
+    latency = None
+    if slo_rates is not None:
+        latency = _finite(quantile_from_rates(slo_rates, slo_metric, slo_percentile / 100.0))
+        for name in HISTOGRAMS:
+            v = _finite(quantile_from_rates(slo_rates, name, slo_percentile / 100.0))
+            if v is not None:
+                extra[f"{name}_p{slo_percentile:g}"] = v
+    waiting = running = kv = None
+    if gauges:
+        running = float(sum(g[0] for g in gauges))
+        waiting = float(sum(g[1] for g in gauges))
+        kv = float(sum(g[2] for g in gauges) / len(gauges))
+    return MetricView(
+        request_rate=request_rate,
+        arrival_rate=arrival_rate,
+        latency=latency,
+        waiting=waiting,
+        running=running,
+        kv_cache_usage=kv,
+        prompt_tokens_rate=prompt_rate,
+        generation_tokens_rate=gen_rate,
+        extra=extra,
+    )
+
+
+def exposition(counters: np.ndarray, gauges: tuple[float, float, float], model_name: str = "model") -> str:
+    """One pod's /metrics in the Prometheus text format, with vLLM's names and labels."""
+    lab = f'{BACKEND.metrics.model_label}="{model_name}",engine="0"'
+    lines: list[str] = []
+    for hist, (off, bounds) in HISTOGRAMS.items():
+        name = HISTOGRAM_NAMES[hist]
+        lines.append(f"# TYPE {name} histogram")
+        for i, b in enumerate((*bounds, math.inf)):
+            le = "+Inf" if math.isinf(b) else repr(float(b))
+            lines.append(f'{name}_bucket{{{lab},le="{le}"}} {counters[off + i]:.17g}')
+        lines.append(f"{name}_sum{{{lab}}} {counters[off + len(bounds) + 1]:.17g}")
+        lines.append(f"{name}_count{{{lab}}} {counters[off + len(bounds) + 2]:.17g}")
+    m = BACKEND.metrics
+    for name, col in (
+        (m.requests_finished, LAYOUT.success),
+        (PROMPT_TOKENS_TOTAL, LAYOUT.prompt),
+        (GENERATION_TOKENS_TOTAL, LAYOUT.generation),
+    ):
+        lines.append(f"# TYPE {name.removesuffix('_total')} counter")
+        extra = ',finished_reason="stop"' if name == m.requests_finished else ""
+        lines.append(f"{name}{{{lab}{extra}}} {counters[col]:.17g}")
+    for name, val in ((m.running, gauges[0]), (m.waiting, gauges[1]), (m.kv_cache_usage, gauges[2])):
+        lines.append(f"# TYPE {name} gauge")
+        lines.append(f"{name}{{{lab}}} {val:.17g}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""One vLLM-style replica: the calibrated step-time model, KV capacity and batch limits (``ReplicaParams``).
+
+What is calibrated and what is assumed (see also ``docs/twin.md``):
+
+- **Calibrated** (H200, Qwen2.5-VL-7B, bf16, TP1): the GPU time of one engine step, from the
+  least-squares fit in ``shared/calibration/README.md`` ("How a simulator should use these
+  numbers"), which ``h200_calibrate.py --fit h200_qwen25vl7b.csv`` reproduces: ``T_dense(N)`` knots,
+  ``a_dec`` = 12.49 ns per cached token read by a decode, ``a_pre`` = 0.843 us per causal query-key
+  pair of a prompt chunk, ``b_lm`` = 0.44 us per sampled row, and the windowed vision encoder
+  ``1.089 + 3.597 P/1000 + 0.042 (P/1000)^2`` ms. The eager-encoder floor (``16.0 + 1.83 n`` ms for
+  n images) is our fit to the CSV rows ``vision_window_eager``. The test
+  ``tests/unit/test_twin_calibration.py`` replays every decode, prefill, mixed and vision row.
+- **Assumed**: the host overhead per step (scheduling, sampling, detokenisation), which the
+  calibration README puts at "about 0.5 to 3 ms per step depending on batch size" without
+  measuring it: we take ``HOST_MS_BASE + HOST_MS_PER_SEQ * seqs``, capped at ``HOST_MS_MAX``.
+  The CPU image preprocessing delay per image (README: "often 5 to 50 ms per image") is
+  ``IMAGE_PREPROCESS_S``; it delays a request but does not occupy the GPU.
+- **Derived**, not measured: the H100 profile (``H100_QWEN25VL7B``), scaled from the H200 fit by
+  datasheet ratios (see ``derive_profile``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final
+
+import numpy as np
+
+# --- calibrated constants (shared/calibration/README.md, fit over the 73 decode/prefill/mixed rows) ---
+DENSE_TOKENS: Final = (1.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+DENSE_MS_H200: Final = (4.566, 4.694, 5.215, 7.227, 12.772, 22.731, 44.620, 88.696, 170.916, 328.316)
+A_DEC_MS: Final = 12.4896e-6  # ms per cached KV token read by a decode (= 12.49 ns)
+A_PRE_MS: Final = 0.8431e-6  # ms per causal query-key pair of a prompt chunk
+B_LM_MS: Final = 0.00044  # ms per sequence that samples a token (logits row)
+VISION_WINDOW_MS: Final = (1.089, 3.597, 0.042)  # v0, per 1000 patches, per (1000 patches)^2 of each image
+VISION_FULL_MS: Final = (0.955, 3.535, 0.412)  # all-full-attention variant (an upper bound, not Qwen's layout)
+# Our fit to the vision_window_eager rows: an eagerly launched encoder takes at least this long.
+VISION_EAGER_FLOOR_MS: Final = (15.97, 1.83)  # base, per image
+KV_BYTES_PER_TOKEN: Final = 57_344  # 28 layers x K,V x 4 heads x 128 x 2 bytes (calibration README)
+WEIGHTS_BYTES: Final = 16.6e9  # text 15.2 GB + vision 1.35 GB (calibration README)
+GIB: Final = 1024.0**3
+
+# --- ASSUMED constants (not measured anywhere we read; the README gives only the ranges quoted) ---
+HOST_MS_BASE: Final = 1.0  # host work per engine step at batch 1 (README: "about 0.5 to 3 ms per step")
+HOST_MS_PER_SEQ: Final = 0.008  # growth with the batch (sampling over 152k logits, detokenisation)
+HOST_MS_MAX: Final = 3.0  # the top of the README's range
+IMAGE_PREPROCESS_S: Final = 0.010  # CPU decode + resize per image, off the GPU (README: 5 to 50 ms)
+ACTIVATION_RESERVE_BYTES: Final = 4.0 * GIB  # activations, CUDA graphs, encoder cache: assumed
+DEFAULT_IMAGE_TOKENS: Final = 360  # tokens per image when a trace gives only a count (ServeGen mm-image median)
+
+
+@dataclass(frozen=True)
+class ReplicaParams:
+    """The latency and capacity model of one replica for one (model, GPU, vLLM settings).
+
+    Frozen and hashable so that ``capacity_at_slo`` can cache on it.
+    """
+
+    name: str
+    dense_tokens: tuple[float, ...] = DENSE_TOKENS
+    dense_ms: tuple[float, ...] = DENSE_MS_H200
+    kv_read_ms: float = A_DEC_MS
+    prefill_pair_ms: float = A_PRE_MS
+    logits_row_ms: float = B_LM_MS
+    vision_ms: tuple[float, float, float] = VISION_WINDOW_MS
+    vision_eager: bool = True  # vLLM runs the encoder without CUDA graphs, so small images are launch-bound
+    vision_eager_floor_ms: tuple[float, float] = VISION_EAGER_FLOOR_MS
+    host_ms_base: float = HOST_MS_BASE
+    host_ms_per_seq: float = HOST_MS_PER_SEQ
+    host_ms_max: float = HOST_MS_MAX
+    image_preprocess_s: float = IMAGE_PREPROCESS_S
+    kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
+    gpu_memory_bytes: float = 139.8 * GIB  # usable memory of one H200 (calibration README)
+    gpu_memory_utilization: float = 0.92  # vLLM 0.33 default (backends.md 1.2)
+    weights_bytes: float = WEIGHTS_BYTES
+    reserve_bytes: float = ACTIVATION_RESERVE_BYTES
+    # vLLM 0.33 defaults for H100/H200 when unset (backends.md 1.2, EngineArgs.get_batch_defaults).
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV-cache tokens that fit: memory x utilisation - weights - reserve, per token."""
+        free = self.gpu_memory_bytes * self.gpu_memory_utilization - self.weights_bytes - self.reserve_bytes
+        return max(int(free // self.kv_bytes_per_token), 0)
+
+    def dense_ms_at(self, n: float) -> float:
+        """``T_dense(N)``: linear between knots; proportional beyond the last one (README: ~20 us/token)."""
+        if n >= self.dense_tokens[-1]:
+            return self.dense_ms[-1] * n / self.dense_tokens[-1]
+        return float(np.interp(n, self.dense_tokens, self.dense_ms))
+
+    def dense_ms_vec(self, n: np.ndarray) -> np.ndarray:
+        """Vectorised ``dense_ms_at``."""
+        out = np.interp(n, self.dense_tokens, self.dense_ms)
+        big = n > self.dense_tokens[-1]
+        if np.any(big):
+            out[big] = self.dense_ms[-1] * n[big] / self.dense_tokens[-1]
+        return np.asarray(out)
+
+    def host_ms(self, seqs: float) -> float:
+        """ASSUMED host overhead of one step with ``seqs`` sequences scheduled."""
+        return min(self.host_ms_base + self.host_ms_per_seq * seqs, self.host_ms_max)
+
+    def vision_graph_ms(self, patches: list[float] | np.ndarray) -> float:
+        """GPU time of one encoder call over images of ``patches`` patches each (calibrated fit)."""
+        p = np.asarray(patches, dtype=float) / 1000.0
+        if p.size == 0:
+            return 0.0
+        v0, v1, v2 = self.vision_ms
+        return float(v0 + v1 * p.sum() + v2 * (p * p).sum())
+
+    def vision_call_ms(self, patches: list[float] | np.ndarray) -> float:
+        """Encoder time as the server sees it: eager launches cannot go below the launch floor."""
+        n = len(patches)
+        if n == 0:
+            return 0.0
+        t = self.vision_graph_ms(patches)
+        if self.vision_eager:
+            a, b = self.vision_eager_floor_ms
+            t = max(t, a + b * n)
+        return t
+
+    def request_vision_ms(self, images: int, image_tokens: float) -> float:
+        """Encoder time for one request's images (tokens per image = patches / 4)."""
+        if images <= 0:
+            return 0.0
+        return self.vision_call_ms([4.0 * image_tokens] * int(images))
+
+    def step_gpu_ms(
+        self,
+        decode_contexts: list[int] | np.ndarray,
+        chunks: list[tuple[int, int]] = (),  # type: ignore[assignment]
+        sampling_prefills: int | None = None,
+    ) -> float:
+        """GPU time of one step (the README's formula), without host overhead or vision.
+
+        ``decode_contexts``: context of each decode *before* this step (it attends over context + 1).
+        ``chunks``: (new tokens Tc, tokens of the same prompt already cached Cp) per prompt chunk.
+        ``sampling_prefills``: chunks that finish their prompt and so sample a token (default: all).
+        """
+        ctx = np.asarray(decode_contexts, dtype=float)
+        n_dec = int(ctx.size)
+        n_tok = n_dec + sum(tc for tc, _ in chunks)
+        pairs = sum(tc * (cp + (tc + 1) / 2.0) for tc, cp in chunks)
+        rows = n_dec + (len(chunks) if sampling_prefills is None else sampling_prefills)
+        kv = float((ctx + 1.0).sum())
+        return self.dense_ms_at(n_tok) + self.kv_read_ms * kv + self.prefill_pair_ms * pairs + self.logits_row_ms * rows
+
+
+def derive_profile(
+    base: ReplicaParams,
+    name: str,
+    *,
+    bandwidth_ratio: float,
+    flops_ratio: float,
+    gpu_memory_bytes: float,
+    memory_bound_tokens: float = 64.0,
+) -> ReplicaParams:
+    """A profile for another GPU, DERIVED (not measured) from ``base`` by datasheet ratios.
+
+    ``bandwidth_ratio`` / ``flops_ratio`` are base-GPU over target-GPU (>1: the target is slower).
+    The dense part is treated as a roofline: up to ``memory_bound_tokens`` tokens a step is bound by
+    reading the weights (README: "up to about 64 sequences"), so it scales by bandwidth; beyond, the
+    larger of the bandwidth-scaled floor and the FLOPs-scaled time. KV reads scale by bandwidth,
+    prompt attention and the vision encoder by FLOPs.
+    """
+    floor = base.dense_ms_at(memory_bound_tokens) * bandwidth_ratio
+    dense = []
+    for n, t in zip(base.dense_tokens, base.dense_ms, strict=True):
+        if n <= memory_bound_tokens:
+            dense.append(t * bandwidth_ratio)
+        else:
+            dense.append(max(floor, t * flops_ratio))
+    v0, v1, v2 = base.vision_ms
+    return replace(
+        base,
+        name=name,
+        dense_ms=tuple(dense),
+        kv_read_ms=base.kv_read_ms * bandwidth_ratio,
+        prefill_pair_ms=base.prefill_pair_ms * flops_ratio,
+        vision_ms=(v0, v1 * flops_ratio, v2 * flops_ratio),
+        gpu_memory_bytes=gpu_memory_bytes,
+    )
+
+
+H200_QWEN25VL7B: Final = ReplicaParams(name="h200-qwen2.5-vl-7b")
+# DERIVED: datasheet figures (not read in this work, from general knowledge; treat as ASSUMED):
+# H200 SXM 4.8 TB/s vs H100 SXM 3.35 TB/s HBM; the same 989 TFLOP/s dense bf16 and 132 SMs; 80 GB
+# (about 79.2 GiB usable, assumed). Splitwise's A100->H100 profiles (splitwise_perf_model_a100_h100.csv)
+# show real decode speed-ups of about 0.9x the bandwidth ratio, so this H100 decode is, if anything,
+# slightly pessimistic; tests/unit/test_twin_calibration.py checks it against Splitwise's H100 rows.
+H100_QWEN25VL7B: Final = derive_profile(
+    H200_QWEN25VL7B,
+    "h100-qwen2.5-vl-7b (derived)",
+    bandwidth_ratio=4.8 / 3.35,
+    flops_ratio=1.0,
+    gpu_memory_bytes=79.2 * GIB,
+)
+PROFILES: Final[dict[str, ReplicaParams]] = {"h200": H200_QWEN25VL7B, "h100": H100_QWEN25VL7B}

@@ -1,0 +1,121 @@
+"""The named benchmark scenarios (autoscaling.md 8.3), built from the traces in ``shared/traces``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mmfleet.twin import traffic
+from mmfleet.twin.replica import H200_QWEN25VL7B, ReplicaParams
+from mmfleet.twin.sim import capacity_at_slo
+from mmfleet.twin.types import Requests, Scenario, SloConfig
+
+AZURE_CONV = "azure2023_AzureLLMInferenceTrace_conv.csv"
+AZURE_CODE = "azure2023_AzureLLMInferenceTrace_code.csv"
+SERVEGEN_RATE = "servegen_aggregate_rate_10min.csv"
+SERVEGEN_TOKENS = "servegen_client_token_stats_6h.csv"
+WHERE = (
+    "Azure/AzurePublicDataset data/AzureLLMInferenceTrace_{conv,code}.csv (CC-BY 4.0) and alibaba/ServeGen "
+    "(Apache-2.0; aggregated as described in shared/traces/README.md); put them in a folder and pass "
+    "traces_dir=, or set MMFLEET_TRACES"
+)
+# The SLO that "needs N replicas" is measured against when scenario() scales a trace (ASSUMED default).
+REFERENCE_SLO = SloConfig(metric="e2e", percentile=90, target=10.0)
+SPIKE_ONSET = 1200.0  # s into the trace
+SPIKES: dict[str, tuple[str, float, float, float]] = {
+    # name: (kind, height, ramp seconds, length seconds)
+    "spike-x2": ("step", 2.0, 0.0, 600.0),
+    "spike-x4": ("step", 4.0, 0.0, 600.0),
+    "spike-x8": ("step", 8.0, 0.0, 600.0),
+    "ramp-x4": ("ramp", 4.0, 60.0, 660.0),  # 60 s ramp to x4, then x4 for 10 min
+    "flash-x8": ("step", 8.0, 0.0, 90.0),
+}
+NAMES = ("azure-conv", "azure-code", "servegen-mm", *SPIKES)
+
+
+def traces_dir(given: Path | None = None) -> Path:
+    """``given``, else $MMFLEET_TRACES, else ``../shared/traces`` beside the repository."""
+    if given is not None:
+        return Path(given)
+    env = os.environ.get("MMFLEET_TRACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+
+
+def _need(d: Path, name: str) -> Path:
+    p = d / name
+    if not p.exists():
+        raise FileNotFoundError(f"{p} is missing. Get it from {WHERE}.")
+    return p
+
+
+def base_requests(
+    name: str, d: Path, rng: np.random.Generator, *, servegen_start: float = 3600.0, duration: float = 3600.0
+) -> tuple[Requests, float]:
+    """The unscaled workload of a scenario and its duration."""
+    stats = traffic.load_token_stats(_need(d, SERVEGEN_TOKENS))
+    if name == "servegen-mm":
+        starts, rates = traffic.load_rate_series(_need(d, SERVEGEN_RATE))
+        m = (starts >= servegen_start) & (starts < servegen_start + duration)
+        if not np.any(m):
+            raise ValueError(f"no ServeGen windows in [{servegen_start}, {servegen_start + duration})")
+        dur = min(duration, float(starts[m][-1] - starts[m][0] + 600.0))
+        t = traffic.arrivals_from_rate(starts[m], rates[m], dur, rng)
+        return traffic.synth_multimodal(t, stats, rng), dur
+    trace = AZURE_CODE if name == "azure-code" else AZURE_CONV
+    req = traffic.load_azure(_need(d, trace))
+    dur = float(np.ceil(req.arrival[-1])) if len(req) else 0.0
+    return traffic.add_images(req, stats, rng), dur
+
+
+def scenario(
+    name: str,
+    *,
+    replicas: int = 20,
+    seed: int = 0,
+    traces_dir: Path | None = None,
+    params: ReplicaParams = H200_QWEN25VL7B,
+    reference_slo: SloConfig = REFERENCE_SLO,
+    rate: float | None = None,
+) -> Scenario:
+    """A named scenario whose mean load needs ``replicas`` replicas of ``params`` at ``reference_slo``.
+
+    Names: azure-conv, azure-code, servegen-mm (ServeGen mm-image, 01:00-02:00 of its day, Poisson
+    arrivals at the 10-minute rates), and spikes on azure-conv starting at 20 min: spike-x2/x4/x8
+    (x2/x4/x8 for 10 min), ramp-x4 (60 s ramp to x4, held 10 min), flash-x8 (x8 for 90 s).
+    The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
+    mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``
+    (req/s), if given, sets the mean rate directly instead (no capacity search).
+    """
+    if name not in NAMES:
+        raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(NAMES)}")
+    d = globals()["traces_dir"](traces_dir)
+    rng = np.random.default_rng(seed)
+    base_name = name if name in ("azure-conv", "azure-code", "servegen-mm") else "azure-conv"
+    req, duration = base_requests(base_name, d, rng)
+    mu = capacity_at_slo(params, req, reference_slo) if rate is None else rate / max(replicas, 1)
+    base_rate = traffic.mean_rate(req, duration)
+    factor = replicas * mu / base_rate if base_rate > 0 else 1.0
+    req = traffic.scale_rate(req, factor, duration, rng)
+    spikes: tuple[tuple[float, float], ...] = ()
+    if name in SPIKES:
+        kind, height, ramp, length = SPIKES[name]
+        onset = min(SPIKE_ONSET, duration / 3.0)
+        end = min(onset + length, duration)
+        mult = (
+            traffic.ramp_multiplier(onset, ramp, end, height)
+            if kind == "ramp"
+            else traffic.step_multiplier(onset, end, height)
+        )
+        req = traffic.add_spike(req, onset, end, mult, rng)
+        spikes = ((onset, end),)
+    info: dict[str, float | str] = {
+        "base": base_name,
+        "rate_factor": factor,
+        "mu_slo": mu,
+        "mean_rate": len(req) / duration if duration else 0.0,
+    }
+    return Scenario(name=name, requests=req, duration=duration, spikes=spikes, info=info)

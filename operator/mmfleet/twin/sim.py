@@ -1,0 +1,279 @@
+"""``simulate``: a policy driving a simulated fleet through a scenario; ``capacity_at_slo``: mu_SLO."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Literal
+
+import numpy as np
+
+from mmfleet.autoscaler import Observation, Policy
+from mmfleet.twin.engine import Engine, Workload
+from mmfleet.twin.fast import DEFAULT_DT, FastEngine
+from mmfleet.twin.fine import FineEngine
+from mmfleet.twin.fleet import Fleet
+from mmfleet.twin.observe import Prometheus, query
+from mmfleet.twin.replica import ReplicaParams
+from mmfleet.twin.types import Requests, RunResult, Scenario, SloConfig
+
+EngineKind = Literal["fast", "fine"]
+TAIL_S = 300.0  # after the horizon, in-flight requests may finish for this long (no decisions, no GPU billing)
+
+
+def make_engine(kind: EngineKind, params: ReplicaParams, work: Workload, dt: float = DEFAULT_DT) -> Engine:
+    return FastEngine(params, work, dt) if kind == "fast" else FineEngine(params, work)
+
+
+def _on_grid(t: float, step: float, phase: float = 0.0) -> float:
+    """The next multiple of ``step`` (plus ``phase``) strictly after ``t``."""
+    k = math.floor((t - phase) / step + 1e-9) + 1
+    return phase + k * step
+
+
+def simulate(
+    scenario: Scenario,
+    policy: Policy,
+    *,
+    params: ReplicaParams,
+    cold_start: float,
+    slo: SloConfig,
+    min_replicas: int = 1,
+    max_replicas: int = 64,
+    initial_replicas: int | None = None,
+    scrape_interval: float = 15.0,
+    gpus_available: int | None = None,
+    gpus_per_replica: int = 1,
+    metrics_outage: tuple[float, float] | None = None,
+    seed: int = 0,
+    rate_window: float = 60.0,
+    engine: EngineKind = "fast",
+    dt: float = DEFAULT_DT,
+    record_observations: bool = False,
+) -> RunResult:
+    """Run ``policy`` on a fleet serving ``scenario`` and return what happened.
+
+    The policy is called every ``policy.interval`` seconds (first at t = interval) with an
+    ``Observation`` built only from scraped metrics and API-server counts; its ``Decision.replicas``
+    is clamped to [min_replicas, max_replicas] and applied at once. The run starts with
+    ``initial_replicas`` (default ``min_replicas``) Ready pods. ``seed`` sets the phase of the
+    scrape grid (Prometheus spreads scrapes over the interval); the engines are deterministic.
+    After ``scenario.duration`` in-flight requests may finish for up to ``TAIL_S`` s; GPU time is
+    counted up to the duration only. Requests never finished have latency ``np.inf``.
+    """
+    req = scenario.requests
+    horizon = float(scenario.duration)
+    work = Workload.build(req, params)
+    eng = make_engine(engine, params, work, dt)
+    initial = min_replicas if initial_replicas is None else initial_replicas
+    initial = max(min(initial, max_replicas), min_replicas)
+    fleet = Fleet(
+        eng, cold_start=cold_start, initial=initial, gpus_per_replica=gpus_per_replica, gpus_available=gpus_available
+    )
+    prom = Prometheus()
+    phase = float(np.random.default_rng(seed).uniform(0.0, scrape_interval)) if seed else 0.0
+    state = policy.initial_state()
+    decisions: list[tuple[float, int, str]] = []
+    observations: list[object] = []
+    n_sec = math.ceil(horizon)
+    times = np.arange(n_sec, dtype=float)
+    tl = {k: np.zeros(n_sec) for k in ("ready", "starting", "desired", "unschedulable", "draining")}
+
+    def down(t: float) -> bool:
+        return metrics_outage is not None and metrics_outage[0] <= t < metrics_outage[1]
+
+    def sample(k: int) -> None:
+        tl["ready"][k] = fleet.count("ready")
+        tl["starting"][k] = fleet.count("starting")
+        tl["unschedulable"][k] = fleet.count("unschedulable")
+        tl["draining"][k] = fleet.count("draining")
+        tl["desired"][k] = fleet.desired
+
+    arrivals = work.arrival
+    pos = 0
+    t = 0.0
+    next_scrape = phase
+    next_decision = float(policy.interval)
+    next_second = 0.0
+    while True:
+        if next_scrape <= t + 1e-9:
+            if not down(t):
+                prom.scrape(
+                    t,
+                    [
+                        (p.pid, eng.book.export(p.rid), eng.gauges(p.rid))
+                        for p in fleet.scrape_targets()
+                        if p.rid is not None
+                    ],
+                )
+            next_scrape = _on_grid(t, scrape_interval, phase)
+        if next_decision <= t + 1e-9:
+            view = query(
+                prom,
+                t,
+                slo_metric=slo.metric,
+                slo_percentile=slo.percentile,
+                slo_window=slo.window,
+                rate_window=rate_window,
+                up=not down(t),
+            )
+            obs = Observation(
+                time=t,
+                ready=fleet.count("ready"),
+                starting=fleet.count("starting"),
+                unschedulable=fleet.count("unschedulable"),
+                current=fleet.desired,
+                min_replicas=min_replicas,
+                max_replicas=max_replicas,
+                slo_target=slo.target,
+                slo_percentile=slo.percentile,
+                cold_start=cold_start,
+                request_rate=view.request_rate,
+                arrival_rate=view.arrival_rate,
+                latency=view.latency,
+                waiting=view.waiting,
+                running=view.running,
+                kv_cache_usage=view.kv_cache_usage,
+                prompt_tokens_rate=view.prompt_tokens_rate,
+                generation_tokens_rate=view.generation_tokens_rate,
+                extra=view.extra,
+            )
+            if record_observations:
+                observations.append(obs)
+            dec = policy.decide(obs, state)
+            state = dec.state
+            want = max(min(int(dec.replicas), max_replicas), min_replicas)
+            if want != fleet.desired:
+                fleet.scale(want, t)
+                decisions.append((t, want, dec.reason))
+            next_decision = t + float(policy.interval)
+        if next_second <= t + 1e-9:
+            k = round(next_second)
+            if k < n_sec:
+                sample(k)
+            next_second = k + 1.0
+        if t >= horizon - 1e-9:
+            break
+        t_next = min(next_scrape, next_decision, next_second, fleet.next_event(), horizon)
+        end = int(np.searchsorted(arrivals, t_next, side="left"))
+        fleet.run(t, t_next, np.arange(pos, end, dtype=np.int64))
+        pos = end
+        t = t_next
+        fleet.transitions(t)
+    gpu_s, start_s = fleet.gpu_seconds(horizon)
+    # let in-flight requests finish (arrivals after the horizon, if any, are never served)
+    t_end = horizon + TAIL_S
+    while t < t_end and (fleet.held.size or int(eng.outstanding().sum()) > 0):
+        t_next = min(t + 10.0, t_end)
+        fleet.run(t, t_next, np.zeros(0, dtype=np.int64))
+        t = t_next
+        fleet.transitions(t)
+    out = eng.outcomes
+    return RunResult(
+        arrival=arrivals.copy(),
+        e2e=out.e2e.copy(),
+        ttft=out.ttft.copy(),
+        itl=out.itl.copy(),
+        times=times,
+        ready=tl["ready"],
+        starting=tl["starting"],
+        desired=tl["desired"],
+        gpu_seconds=gpu_s,
+        decisions=decisions,
+        unschedulable=tl["unschedulable"],
+        draining=tl["draining"],
+        starting_gpu_seconds=start_s,
+        observations=observations,
+    )
+
+
+# ------------------------------------------------------------------------------- capacity at SLO
+CAPACITY_DURATION_S = 300.0  # simulated seconds per probe
+CAPACITY_WARMUP_S = 60.0  # requests arriving before this are not measured
+CAPACITY_SAMPLES = 2000  # requests drawn from the mix per probe (at most)
+_CAPACITY_CACHE: dict[tuple[object, ...], dict[float, float]] = {}
+
+
+def mix_key(requests: Requests) -> str:
+    """A digest of a request mix (tokens and images), independent of arrival times."""
+    h = hashlib.sha1()
+    for a in (requests.input_tokens, requests.output_tokens, requests.images, requests.tokens_per_image):
+        h.update(np.ascontiguousarray(np.asarray(a, dtype=float)).tobytes())
+    return h.hexdigest()
+
+
+def probe_latency(
+    params: ReplicaParams,
+    requests: Requests,
+    slo: SloConfig,
+    rate: float,
+    *,
+    seed: int = 0,
+    engine: EngineKind = "fast",
+) -> float:
+    """The SLO percentile of one replica fed Poisson arrivals at ``rate`` from the mix (steady part)."""
+    rng = np.random.default_rng(seed)
+    n = len(requests)
+    count = int(min(CAPACITY_SAMPLES, max(rate * CAPACITY_DURATION_S, 50)))
+    pick = rng.integers(0, n, size=count)
+    gaps = rng.exponential(1.0, size=count)  # common random numbers: the same unit-rate gaps at every rate
+    arrival = np.cumsum(gaps) / rate
+    probe = requests.take(pick, arrival)
+    work = Workload.build(probe, params)
+    eng = make_engine(engine, params, work)
+    eng.add_replica()
+    horizon = float(arrival[-1]) + 1.0
+    eng.run(0.0, horizon, np.arange(count, dtype=np.int64), np.array([0]))
+    t = horizon
+    while int(eng.outstanding().sum()) > 0 and t < horizon + TAIL_S:
+        eng.run(t, t + 10.0, np.zeros(0, dtype=np.int64), np.array([0]))
+        t += 10.0
+    lat = {"e2e": eng.outcomes.e2e, "ttft": eng.outcomes.ttft, "itl": eng.outcomes.itl}[slo.metric]
+    warm = min(CAPACITY_WARMUP_S, 0.2 * float(arrival[-1]))
+    sel = lat[arrival >= warm]
+    return float(np.percentile(sel, slo.percentile)) if sel.size else math.inf
+
+
+def capacity_at_slo(params: ReplicaParams, requests: Requests, slo: SloConfig) -> float:
+    """mu_SLO: the highest steady arrival rate (req/s) one replica sustains with the SLO met.
+
+    Probes a single replica with Poisson arrivals drawn from the mix (the same random numbers at
+    every rate), bracketing then bisecting to 3% on the rate. Probe results are cached per
+    (params, mix, metric, percentile), so different targets reuse them; the answer is the first
+    crossing of the target on the running maximum of the probed latencies, which makes it monotone
+    in the target.
+    """
+    key = (params, mix_key(requests), slo.metric, slo.percentile)
+    probes = _CAPACITY_CACHE.setdefault(key, {})
+
+    def f(rate: float) -> float:
+        r = round(rate, 6)
+        if r not in probes:
+            probes[r] = probe_latency(params, requests, slo, r)
+        return probes[r]
+
+    lo, hi = 0.0, 1.0
+    if f(hi) > slo.target:
+        while hi > 1e-3 and f(hi) > slo.target:
+            lo, hi = 0.0, hi / 2.0
+        if f(hi) > slo.target:
+            return 0.0
+    while f(hi) <= slo.target and hi < 1e4:
+        lo, hi = hi, hi * 2.0
+    lo = max(lo, hi / 2.0) if f(hi / 2.0) <= slo.target else lo
+    while hi - lo > 0.03 * hi:
+        mid = (lo + hi) / 2.0
+        if f(mid) <= slo.target:
+            lo = mid
+        else:
+            hi = mid
+    # first crossing on the running maximum of everything probed for this mix
+    rates = sorted(probes)
+    best = 0.0
+    worst = -math.inf
+    for r in rates:
+        worst = max(worst, probes[r])
+        if worst > slo.target:
+            break
+        best = r
+    return best

@@ -1,0 +1,269 @@
+"""Workloads: trace loading, arrival synthesis, multimodal mixes, rate scaling and synthetic spikes.
+
+Sources (see ``shared/traces/README.md``; slices with attribution in ``tests/data/README.md``):
+- Azure LLM inference trace 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``; CC-BY 4.0).
+- ServeGen (Apache-2.0): the per-10-minute aggregate rate of ``multimodal_mm-image`` and the
+  per-client token statistics (mean, p50, p90, p99 of text tokens, tokens per image, images per
+  request, output tokens per 6-hour window).
+
+Choices that are ours (ASSUMED, documented in ``docs/twin.md``):
+- A token distribution known only by mean/p50/p90/p99 is sampled from a piecewise-linear quantile
+  function through (0.5, p50), (0.9, p90), (0.99, p99), flat to 1.0, with the value at 0 chosen so
+  the mean matches (clipped to [1, p50]).
+- Text traces get images with probability ``IMAGE_PROBABILITY``; counts and sizes from ServeGen.
+- Rate scaling by an integer number of copies plus Bernoulli thinning; each copy is shifted by a
+  uniform offset in +-``COPY_JITTER_S`` (wrapping inside the trace), which keeps the rate profile
+  at minute scale but does not duplicate sub-second bursts.
+- Spikes add, for each trace request in the spike window, (m(t) - 1) extra requests in expectation
+  (integer part plus a Bernoulli draw), placed uniformly within +-``SPIKE_JITTER_S`` of it (kept in
+  the window), with tokens and images resampled from the whole trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mmfleet.twin.types import Requests
+
+IMAGE_PROBABILITY = 0.3  # ASSUMED share of requests that carry images when a text trace is replayed
+MAX_IMAGE_TOKENS = 16384  # Qwen2.5-VL's default max_pixels (12,845,056 px) / (28 x 28)
+COPY_JITTER_S = 30.0
+SPIKE_JITTER_S = 2.0
+
+
+# ------------------------------------------------------------------------------------ loading
+def _parse_times(raw: list[str]) -> np.ndarray:
+    """Seconds: numbers as they are, or date-times (any ISO-like form numpy parses) since the epoch."""
+    try:
+        return np.asarray([float(x) for x in raw])
+    except ValueError:
+        ts = np.asarray([x.strip().replace(" ", "T", 1) for x in raw], dtype="datetime64[ns]")
+        return ts.astype("int64").astype(float) / 1e9
+
+
+def load_csv(
+    path: Path | str,
+    *,
+    time_col: str,
+    input_col: str | None = None,
+    output_col: str | None = None,
+    images_col: str | None = None,
+    image_tokens_col: str | None = None,
+    default_input: int = 1024,
+    default_output: int = 128,
+    time_scale: float = 1.0,
+) -> Requests:
+    """Requests from any CSV with a timestamp column; token and image columns are optional.
+
+    Times are numbers (multiplied by ``time_scale`` to get seconds) or date-times, and are rebased so
+    the first request arrives at 0. Missing columns take the defaults (no images).
+    """
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    if time_col not in rows[0]:
+        raise ValueError(f"{path}: no column {time_col!r} (have {sorted(rows[0])})")
+    t = _parse_times([r[time_col] for r in rows]) * time_scale
+    n = len(rows)
+
+    def col(name: str | None, default: float) -> np.ndarray:
+        if name is None:
+            return np.full(n, float(default))
+        return np.asarray([float(r[name]) if r[name] not in ("", None) else default for r in rows])
+
+    order = np.argsort(t, kind="stable")
+    t = t[order] - t[order[0]]
+    images = col(images_col, 0.0)[order]
+    return Requests(
+        arrival=t,
+        input_tokens=col(input_col, default_input)[order],
+        output_tokens=col(output_col, default_output)[order],
+        images=images,
+        image_tokens=None if image_tokens_col is None else col(image_tokens_col, 0.0)[order],
+    )
+
+
+def load_azure(path: Path | str) -> Requests:
+    """The Azure LLM inference trace 2023 (conv or code)."""
+    return load_csv(path, time_col="TIMESTAMP", input_col="ContextTokens", output_col="GeneratedTokens")
+
+
+def load_rate_series(path: Path | str, model: str = "multimodal_mm-image") -> tuple[np.ndarray, np.ndarray]:
+    """(window starts in s, rate in req/s) of one model in ServeGen's aggregate 10-minute series."""
+    starts: list[float] = []
+    rates: list[float] = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["model"] == model:
+                starts.append(float(r["timestamp"]))
+                rates.append(float(r["rate_sum"]))
+    if not starts:
+        raise ValueError(f"{path}: no rows for model {model!r}")
+    o = np.argsort(starts)
+    return np.asarray(starts)[o], np.asarray(rates)[o]
+
+
+def arrivals_from_rate(
+    starts: np.ndarray, rates: np.ndarray, duration: float, rng: np.random.Generator, *, cv: float = 1.0
+) -> np.ndarray:
+    """Arrival times of a renewal process with Gamma gaps (CV ``cv``; 1 = Poisson) time-changed to a
+    piecewise-constant rate (``rates[i]`` from ``starts[i]``, times relative to ``starts[0]``)."""
+    s = np.asarray(starts, dtype=float) - float(starts[0])
+    edges = np.r_[s, max(duration, s[-1] + (s[-1] - s[-2] if s.size > 1 else duration))]
+    lam = np.asarray(rates, dtype=float)
+    cum = np.r_[0.0, np.cumsum(lam * np.diff(edges))]  # the integrated rate at each edge
+    total = float(np.interp(duration, edges, cum))
+    shape = 1.0 / (cv * cv)
+    n_guess = int(total * 1.2 + 10 * math.sqrt(total + 1) + 10)
+    u = np.cumsum(rng.gamma(shape, 1.0 / shape, size=n_guess))
+    while u[-1] < total:
+        u = np.r_[u, u[-1] + np.cumsum(rng.gamma(shape, 1.0 / shape, size=n_guess))]
+    u = u[u < total]
+    return np.interp(u, cum, edges)  # invert the integrated rate
+
+
+# ------------------------------------------------------------------------------------ mixes
+def _quantile_sampler(mean: float, p50: float, p90: float, p99: float) -> tuple[np.ndarray, np.ndarray]:
+    """Knots (u, value) of a piecewise-linear quantile function with these statistics."""
+    rest = 0.25 * p50 + 0.2 * (p50 + p90) + 0.045 * (p90 + p99) + 0.01 * p99
+    v0 = (mean - rest) / 0.25 if math.isfinite(mean) else p50 / 2
+    v0 = min(max(v0, min(1.0, p50)), p50)
+    return np.array([0.0, 0.5, 0.9, 0.99, 1.0]), np.array([v0, p50, p90, p99, p99])
+
+
+@dataclass(frozen=True, eq=False)
+class TokenStats:
+    """Per client-window statistics of one ServeGen model: arrays of shape (rows, 4) = mean, p50, p90, p99."""
+
+    text: np.ndarray
+    image_tokens: np.ndarray
+    image_count: np.ndarray
+    output: np.ndarray
+
+    def _draw(self, stats: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        u = rng.uniform(size=rows.size)
+        out = np.empty(rows.size)
+        for k in np.unique(rows):
+            m = rows == k
+            knots, vals = _quantile_sampler(*stats[k])
+            out[m] = np.interp(u[m], knots, vals)
+        return out
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(text tokens, output tokens, images, tokens per image) for n requests; one client-window each."""
+        rows = rng.integers(0, self.text.shape[0], size=n)
+        text = np.maximum(np.rint(self._draw(self.text, rows, rng)), 1.0)
+        out = np.maximum(np.rint(self._draw(self.output, rows, rng)), 1.0)
+        images = np.maximum(np.rint(self._draw(self.image_count, rows, rng)), 0.0)
+        per = np.clip(np.rint(self._draw(self.image_tokens, rows, rng)), 1.0, MAX_IMAGE_TOKENS)
+        return text, out, images, np.where(images > 0, per, 0.0)
+
+
+def load_token_stats(path: Path | str, model: str = "multimodal_mm-image") -> TokenStats:
+    """ServeGen per-client token statistics (rows with an image-token p50 for multimodal models)."""
+    keys = {
+        "text": "text_tokens",
+        "image_tokens": "image_tokens",
+        "image_count": "image_count",
+        "output": "output_tokens",
+    }
+    cols: dict[str, list[list[float]]] = {k: [] for k in keys}
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["model"] != model or r["image_tokens_p50"] in ("", None) or r["text_tokens_p50"] in ("", None):
+                continue
+            for k, field_ in keys.items():
+                cols[k].append([float(r[f"{field_}_{s}"] or "nan") for s in ("mean", "p50", "p90", "p99")])
+    if not cols["text"]:
+        raise ValueError(f"{path}: no multimodal token rows for {model!r}")
+    return TokenStats(**{k: np.asarray(v) for k, v in cols.items()})
+
+
+def add_images(
+    req: Requests, stats: TokenStats, rng: np.random.Generator, probability: float = IMAGE_PROBABILITY
+) -> Requests:
+    """Give a text trace images: each request carries images with ``probability`` (counts >= 1 and
+    tokens per image drawn from ServeGen ``stats``); its text tokens are kept."""
+    n = len(req)
+    has = rng.uniform(size=n) < probability
+    _, _, count, per = stats.sample(n, rng)
+    count = np.where(has, np.maximum(count, 1.0), 0.0)
+    per = np.where(has, np.where(per > 0, per, np.median(per[per > 0]) if np.any(per > 0) else 360.0), 0.0)
+    return Requests(
+        arrival=req.arrival,
+        input_tokens=req.input_tokens,
+        output_tokens=req.output_tokens,
+        images=count,
+        image_tokens=per,
+    )
+
+
+def synth_multimodal(arrival: np.ndarray, stats: TokenStats, rng: np.random.Generator) -> Requests:
+    """Requests at ``arrival`` with a ServeGen multimodal token and image mix."""
+    text, out, images, per = stats.sample(arrival.size, rng)
+    return Requests(arrival=np.sort(arrival), input_tokens=text, output_tokens=out, images=images, image_tokens=per)
+
+
+# ------------------------------------------------------------------------------------ scaling and spikes
+def mean_rate(req: Requests, duration: float | None = None) -> float:
+    span = duration if duration is not None else (float(req.arrival[-1]) if len(req) else 0.0)
+    return len(req) / span if span > 0 else 0.0
+
+
+def scale_rate(req: Requests, factor: float, duration: float, rng: np.random.Generator) -> Requests:
+    """Multiply the arrival rate by ``factor``: integer copies (each shifted by a uniform offset in
+    +-COPY_JITTER_S, wrapped into [0, duration)) plus a Bernoulli-thinned partial copy."""
+    if factor <= 0:
+        raise ValueError("factor must be positive")
+    n = len(req)
+    whole = math.floor(factor)
+    frac = factor - whole
+    parts: list[Requests] = []
+    for c in range(whole + (1 if frac > 0 else 0)):
+        keep = np.arange(n) if c < whole else np.nonzero(rng.uniform(size=n) < frac)[0]
+        if c == 0 and whole >= 1:
+            t = req.arrival[keep]
+        else:
+            t = np.mod(req.arrival[keep] + rng.uniform(-COPY_JITTER_S, COPY_JITTER_S, size=keep.size), duration)
+        parts.append(req.take(keep, t))
+    return Requests.concat(parts)
+
+
+Multiplier = Callable[[np.ndarray], np.ndarray]
+
+
+def step_multiplier(onset: float, end: float, height: float) -> Multiplier:
+    def m(t: np.ndarray) -> np.ndarray:
+        return np.where((t >= onset) & (t < end), height, 1.0)
+
+    return m
+
+
+def ramp_multiplier(onset: float, ramp: float, end: float, height: float) -> Multiplier:
+    """1 before ``onset``, linear to ``height`` over ``ramp`` s, ``height`` until ``end``, then 1."""
+
+    def m(t: np.ndarray) -> np.ndarray:
+        up = 1.0 + (height - 1.0) * np.clip((t - onset) / ramp, 0.0, 1.0)
+        return np.where((t >= onset) & (t < end), up, 1.0)
+
+    return m
+
+
+def add_spike(req: Requests, onset: float, end: float, multiplier: Multiplier, rng: np.random.Generator) -> Requests:
+    """Multiply the arrival rate by ``multiplier(t)`` inside [onset, end): extra arrivals near the trace's
+    own, with tokens and images resampled from the whole trace."""
+    inside = np.nonzero((req.arrival >= onset) & (req.arrival < end))[0]
+    extra_n = np.maximum(multiplier(req.arrival[inside]) - 1.0, 0.0)
+    whole = np.floor(extra_n).astype(np.int64)
+    count = whole + (rng.uniform(size=inside.size) < extra_n - whole)
+    base = np.repeat(req.arrival[inside], count)
+    t = np.clip(base + rng.uniform(-SPIKE_JITTER_S, SPIKE_JITTER_S, size=base.size), onset, np.nextafter(end, onset))
+    mix = rng.integers(0, len(req), size=t.size)
+    return Requests.concat([req, req.take(mix, t)])

@@ -1,0 +1,126 @@
+"""The twin's data: requests, scenarios, the SLO, and a run's result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from mmfleet.twin.replica import DEFAULT_IMAGE_TOKENS
+
+
+@dataclass(frozen=True, eq=False)
+class Requests:
+    """A workload, one entry per request, sorted by arrival (seconds from the start).
+
+    ``input_tokens`` are text tokens; each of a request's ``images`` adds ``image_tokens`` prompt
+    tokens (None: ``DEFAULT_IMAGE_TOKENS`` per image) and one vision-encoder pass.
+    """
+
+    arrival: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    images: np.ndarray
+    image_tokens: np.ndarray | None = None  # per image, per request (added field)
+
+    def __post_init__(self) -> None:
+        n = self.arrival.shape[0]
+        for name in ("input_tokens", "output_tokens", "images"):
+            if getattr(self, name).shape[0] != n:
+                raise ValueError(f"Requests.{name} has {getattr(self, name).shape[0]} entries, arrival has {n}")
+        if self.image_tokens is not None and self.image_tokens.shape[0] != n:
+            raise ValueError("Requests.image_tokens length differs from arrival")
+        if n > 1 and np.any(np.diff(self.arrival) < 0):
+            raise ValueError("Requests.arrival must be sorted")
+
+    def __len__(self) -> int:
+        return int(self.arrival.shape[0])
+
+    @property
+    def tokens_per_image(self) -> np.ndarray:
+        if self.image_tokens is None:
+            return np.where(self.images > 0, float(DEFAULT_IMAGE_TOKENS), 0.0)
+        return np.asarray(self.image_tokens, dtype=float)
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        """Tokens the LLM prefills: text plus image tokens."""
+        return np.asarray(np.asarray(self.input_tokens, dtype=float) + self.images * self.tokens_per_image)
+
+    def take(self, idx: np.ndarray, arrival: np.ndarray | None = None) -> Requests:
+        """A subset, or a resample with new arrival times (then sorted by them)."""
+        if arrival is not None:
+            order = np.argsort(arrival, kind="stable")
+            idx, arrival = np.asarray(idx)[order], np.asarray(arrival)[order]
+        return Requests(
+            arrival=self.arrival[idx] if arrival is None else arrival,
+            input_tokens=self.input_tokens[idx],
+            output_tokens=self.output_tokens[idx],
+            images=self.images[idx],
+            image_tokens=None if self.image_tokens is None else self.image_tokens[idx],
+        )
+
+    def window(self, t0: float, t1: float) -> Requests:
+        """Requests arriving in [t0, t1), re-based to start at 0."""
+        m = (self.arrival >= t0) & (self.arrival < t1)
+        idx = np.nonzero(m)[0]
+        return self.take(idx, self.arrival[idx] - t0)
+
+    @staticmethod
+    def concat(parts: list[Requests]) -> Requests:
+        """Merge and sort by arrival (stable)."""
+        arr = np.concatenate([p.arrival for p in parts])
+        order = np.argsort(arr, kind="stable")
+        it = np.concatenate([p.tokens_per_image for p in parts])
+        return Requests(
+            arrival=arr[order],
+            input_tokens=np.concatenate([p.input_tokens for p in parts])[order],
+            output_tokens=np.concatenate([p.output_tokens for p in parts])[order],
+            images=np.concatenate([p.images for p in parts])[order],
+            image_tokens=it[order],
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Scenario:
+    """A named workload for the benchmark; ``spikes`` are (onset, end) of injected surges, seconds."""
+
+    name: str
+    requests: Requests
+    duration: float
+    spikes: tuple[tuple[float, float], ...] = ()
+    info: dict[str, float | str] = field(default_factory=dict)  # added: how it was built (rate scale, source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SloConfig:
+    """The latency SLO: ``percentile`` of ``metric`` under ``target`` seconds, per ``window`` seconds."""
+
+    metric: Literal["e2e", "ttft", "itl"] = "e2e"
+    percentile: float = 90
+    target: float
+    window: float = 60
+
+
+@dataclass(frozen=True, eq=False)
+class RunResult:
+    """What one simulated run produced."""
+
+    arrival: np.ndarray
+    e2e: np.ndarray  # per request, s; np.inf for dropped / never finished
+    ttft: np.ndarray
+    itl: np.ndarray  # per request mean inter-token latency (TPOT), s; 0 for one-token outputs
+    times: np.ndarray  # timeline, every second
+    ready: np.ndarray
+    starting: np.ndarray
+    desired: np.ndarray
+    gpu_seconds: float
+    decisions: list[tuple[float, int, str]]
+    unschedulable: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of Pending pods
+    draining: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of draining pods
+    starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
+    observations: list[object] = field(default_factory=list)  # added: every Observation the policy saw
+
+    def latency(self, metric: str) -> np.ndarray:
+        return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
