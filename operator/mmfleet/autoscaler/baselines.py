@@ -73,6 +73,13 @@ def _little_target(target: float | None, capacity: float | None, obs: Observatio
     return capacity * obs.slo_target
 
 
+def _verdict(obs: Observation, wanted: int, text: str, state: object) -> Decision:
+    """The decision with its reason: the evidence, then the change (or that there is none)."""
+    if wanted == obs.current:
+        return Decision(wanted, f"{text}: holding {wanted}", state)
+    return Decision(wanted, f"{text}: {obs.current} -> {wanted}", state)
+
+
 def _hold(obs: Observation, why: str, state: object) -> Decision:
     return Decision(obs.current, f"{why}: holding {obs.current}", state)
 
@@ -503,9 +510,7 @@ class KpaPolicy:
             f"{mode}: concurrency stable {_v(stable)} / panic {_v(panic)} vs target {_v(target)} per pod, "
             f"{obs.ready} ready"
         )
-        if wanted == obs.current:
-            return Decision(wanted, f"{text}: holding {wanted}", state)
-        return Decision(wanted, f"{text}: {obs.current} -> {wanted}", state)
+        return _verdict(obs, wanted, text, state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -817,9 +822,7 @@ class DynamoPlannerPolicy:
             f"{_v(requests)} req/s: prefill {_v(prefill_load)} tok/s (correction {_v(p_corr)}) needs {prefill}, "
             f"decode {_v(requests * osl)} tok/s at ITL {_s(corrected_itl)} needs {decode}"
         )
-        if wanted == obs.current:
-            return Decision(wanted, f"{text}: holding {wanted}", state)
-        return Decision(wanted, f"{text}: {obs.current} -> {wanted}", state)
+        return _verdict(obs, wanted, text, state)
 
 
 # --------------------------------------------------------------------------------------------

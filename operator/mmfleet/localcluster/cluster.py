@@ -364,8 +364,8 @@ def _apiserver_args(pki: Pki, etcd_port: int, port: int) -> list[str]:
     ]
 
 
-def _kcm_args(pki: Pki, kubeconfigs: dict[str, Path], port: int) -> list[str]:
-    kubeconfig = kubeconfigs["kube-controller-manager"]
+def _control_loop_args(pki: Pki, kubeconfig: Path, port: int) -> list[str]:
+    """What kcm and the scheduler share: identity, a loopback secure port, probes, one instance, no QPS cap."""
     return [
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
@@ -376,32 +376,25 @@ def _kcm_args(pki: Pki, kubeconfigs: dict[str, Path], port: int) -> list[str]:
         f"--tls-cert-file={pki.serving.cert}",
         f"--tls-private-key-file={pki.serving.key}",
         "--leader-elect=false",  # one instance; a restart must not wait out an old lease
+        "--profiling=false",
+        *_CLIENT_RATE,
+    ]
+
+
+def _kcm_args(pki: Pki, kubeconfigs: dict[str, Path], port: int) -> list[str]:
+    return [
+        *_control_loop_args(pki, kubeconfigs["kube-controller-manager"], port),
         "--use-service-account-credentials=true",
         "--controllers=*",
         f"--root-ca-file={pki.ca.cert}",
         f"--service-account-private-key-file={pki.sa_key}",
         f"--cluster-signing-cert-file={pki.ca.cert}",
         f"--cluster-signing-key-file={pki.ca.key}",
-        "--profiling=false",
-        *_CLIENT_RATE,
     ]
 
 
 def _scheduler_args(pki: Pki, kubeconfigs: dict[str, Path], port: int) -> list[str]:
-    kubeconfig = kubeconfigs["kube-scheduler"]
-    return [
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        f"--authorization-always-allow-paths={_HEALTH_PATHS}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        f"--tls-cert-file={pki.serving.cert}",
-        f"--tls-private-key-file={pki.serving.key}",
-        "--leader-elect=false",
-        "--profiling=false",
-        *_CLIENT_RATE,
-    ]
+    return _control_loop_args(pki, kubeconfigs["kube-scheduler"], port)
 
 
 def _kwok_args(state: Path, kubeconfig: Path, port: int) -> list[str]:
