@@ -100,6 +100,36 @@ def counts_per_window(req: Requests, edges: np.ndarray) -> np.ndarray:
     return np.histogram(req.arrival, bins=edges)[0].astype(float)
 
 
+def test_scale_rate_draws_independent_arrivals() -> None:
+    """Scaled traffic is Poisson-like second to second (not the trace's bursts multiplied) while
+    following the trace's rate curve at minute scale."""
+    req = conv()
+    factor = 20.0
+    s = traffic.scale_rate(req, factor, 300.0, np.random.default_rng(3))
+    sec = np.arange(0.0, 301.0, 1.0)
+    orig = counts_per_window(req, sec)
+    scaled = counts_per_window(s, sec)
+    # per-second counts scatter around the smoothed rate like Poisson: CV close to 1 / sqrt(mean)
+    lam = factor * traffic.smoothed_rate(req, 300.0)
+    z = (scaled - lam) / np.sqrt(lam)
+    assert z.std() == pytest.approx(1.0, abs=0.15)
+    # copies of the trace would keep its per-second CV (about 0.5 here); independent arrivals average it out
+    assert scaled.std() / scaled.mean() < 0.5 * orig.std() / orig.mean()
+    # the rate curve per minute follows the original's, times the factor
+    minute = np.arange(0.0, 301.0, 60.0)
+    ratio = counts_per_window(s, minute) / (factor * counts_per_window(req, minute))
+    assert np.all(np.abs(ratio - 1.0) < 0.12), ratio
+    # the mix is resampled from the trace's requests
+    assert set(np.unique(s.input_tokens)) <= set(np.unique(req.input_tokens))
+
+
+def test_smoothed_rate_integrates_to_the_trace() -> None:
+    req = conv()
+    rate = traffic.smoothed_rate(req, 300.0)
+    assert rate.size == 300 and np.all(rate >= 0)
+    assert rate.sum() == pytest.approx(len(req))
+
+
 @pytest.mark.parametrize("height", [2.0, 4.0, 8.0])
 def test_step_spike_multiplies_rate_only_in_its_window(height: float) -> None:
     base = traffic.scale_rate(conv(), 4.0, 300.0, np.random.default_rng(0))
@@ -113,6 +143,12 @@ def test_step_spike_multiplies_rate_only_in_its_window(height: float) -> None:
     assert np.all(np.abs(ratio[inside] - height) < 0.25 * height), ratio
     extra = spiked.input_tokens.size - base.input_tokens.size
     assert extra == pytest.approx((height - 1) * np.sum(inside * counts_per_window(base, edges)), rel=0.1)
+    # the extra arrivals are independent: per-second counts in the spike scatter like Poisson around
+    # height x the base's smoothed rate (extras clustered around base arrivals would scatter far more)
+    sec = np.arange(100.0, 201.0, 1.0)
+    lam = height * traffic.smoothed_rate(base, 300.0)[100:200]
+    z = (counts_per_window(spiked, sec) - lam) / np.sqrt(lam)
+    assert z.std() < 1.35, z.std()
 
 
 def test_ramp_and_flash() -> None:

@@ -11,12 +11,12 @@ Choices that are ours (ASSUMED, documented in ``docs/twin.md``):
   function through (0.5, p50), (0.9, p90), (0.99, p99), flat to 1.0, with the value at 0 chosen so
   the mean matches (clipped to [1, p50]).
 - Text traces get images with probability ``IMAGE_PROBABILITY``; counts and sizes from ServeGen.
-- Rate scaling by an integer number of copies plus Bernoulli thinning; each copy is shifted by a
-  uniform offset in +-``COPY_JITTER_S`` (wrapping inside the trace), which keeps the rate profile
-  at minute scale but does not duplicate sub-second bursts.
-- Spikes add, for each trace request in the spike window, (m(t) - 1) extra requests in expectation
-  (integer part plus a Bernoulli draw), placed uniformly within +-``SPIKE_JITTER_S`` of it (kept in
-  the window), with tokens and images resampled from the whole trace.
+- Rate scaling draws independent arrivals (a non-homogeneous Poisson process, as from many
+  independent users) at ``factor`` x the trace's rate averaged over ``RATE_SMOOTH_S`` s, with each
+  request's tokens and images resampled from the trace. Stacking time-shifted copies of the trace
+  instead would multiply its bursts ``factor``-fold rather than average them out.
+- Spikes add independent (Poisson) arrivals in the spike window at (m(t) - 1) x the workload's
+  smoothed rate, with tokens and images resampled from the whole trace.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from mmfleet.twin.types import Requests
 
 IMAGE_PROBABILITY = 0.3  # ASSUMED share of requests that carry images when a text trace is replayed
 MAX_IMAGE_TOKENS = 16384  # Qwen2.5-VL's default max_pixels (12,845,056 px) / (28 x 28)
-COPY_JITTER_S = 30.0
-SPIKE_JITTER_S = 2.0
+RATE_SMOOTH_S = 60.0  # ASSUMED: scaled traffic follows the trace's rate averaged over this window
+SPIKE_STEP_S = 0.1  # resolution of the spike's rate curve
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -217,23 +217,35 @@ def mean_rate(req: Requests, duration: float | None = None) -> float:
     return len(req) / span if span > 0 else 0.0
 
 
+def smoothed_rate(req: Requests, duration: float, smooth: float = RATE_SMOOTH_S) -> np.ndarray:
+    """The trace's arrival rate (req/s) in each second of [0, duration): per-second counts averaged over a
+    centred window of ``smooth`` s (shrunk at the edges), rescaled so it integrates to ``len(req)``."""
+    n_sec = max(math.ceil(duration), 1)
+    counts = np.histogram(req.arrival, bins=np.arange(n_sec + 1, dtype=float))[0].astype(float)
+    half = max(round(smooth / 2.0), 0)
+    cum = np.r_[0.0, np.cumsum(counts)]
+    lo = np.clip(np.arange(n_sec) - half, 0, n_sec)
+    hi = np.clip(np.arange(n_sec) + half + 1, 0, n_sec)
+    rate = (cum[hi] - cum[lo]) / (hi - lo)
+    total = float(rate.sum())
+    out: np.ndarray = rate * (counts.sum() / total) if total > 0 else rate
+    return out
+
+
 def scale_rate(req: Requests, factor: float, duration: float, rng: np.random.Generator) -> Requests:
-    """Multiply the arrival rate by ``factor``: integer copies (each shifted by a uniform offset in
-    +-COPY_JITTER_S, wrapped into [0, duration)) plus a Bernoulli-thinned partial copy."""
+    """Multiply the arrival rate by ``factor`` with independent arrivals: a non-homogeneous Poisson
+    process whose rate is ``factor`` x the trace's ``smoothed_rate`` (its per-minute curve, bursts
+    shorter than ``RATE_SMOOTH_S`` averaged out), each request's tokens and images drawn with
+    replacement from the trace's requests."""
     if factor <= 0:
         raise ValueError("factor must be positive")
-    n = len(req)
-    whole = math.floor(factor)
-    frac = factor - whole
-    parts: list[Requests] = []
-    for c in range(whole + (1 if frac > 0 else 0)):
-        keep = np.arange(n) if c < whole else np.nonzero(rng.uniform(size=n) < frac)[0]
-        if c == 0 and whole >= 1:
-            t = req.arrival[keep]
-        else:
-            t = np.mod(req.arrival[keep] + rng.uniform(-COPY_JITTER_S, COPY_JITTER_S, size=keep.size), duration)
-        parts.append(req.take(keep, t))
-    return Requests.concat(parts)
+    if len(req) == 0:
+        return req
+    rate = smoothed_rate(req, duration) * factor
+    t = arrivals_from_rate(np.arange(rate.size, dtype=float), rate, float(duration), rng)
+    t = t[(t >= 0.0) & (t < duration)]
+    mix = rng.integers(0, len(req), size=t.size)
+    return req.take(mix, t)
 
 
 Multiplier = Callable[[np.ndarray], np.ndarray]
@@ -257,13 +269,16 @@ def ramp_multiplier(onset: float, ramp: float, end: float, height: float) -> Mul
 
 
 def add_spike(req: Requests, onset: float, end: float, multiplier: Multiplier, rng: np.random.Generator) -> Requests:
-    """Multiply the arrival rate by ``multiplier(t)`` inside [onset, end): extra arrivals near the trace's
-    own, with tokens and images resampled from the whole trace."""
-    inside = np.nonzero((req.arrival >= onset) & (req.arrival < end))[0]
-    extra_n = np.maximum(multiplier(req.arrival[inside]) - 1.0, 0.0)
-    whole = np.floor(extra_n).astype(np.int64)
-    count = whole + (rng.uniform(size=inside.size) < extra_n - whole)
-    base = np.repeat(req.arrival[inside], count)
-    t = np.clip(base + rng.uniform(-SPIKE_JITTER_S, SPIKE_JITTER_S, size=base.size), onset, np.nextafter(end, onset))
+    """Multiply the arrival rate by ``multiplier(t)`` inside [onset, end): independent extra arrivals
+    (Poisson, rate ``(multiplier(t) - 1)`` x the requests' ``smoothed_rate``), with tokens and images
+    resampled from the whole of ``req``."""
+    if len(req) == 0 or end <= onset:
+        return req
+    base = smoothed_rate(req, float(req.arrival[-1]) + 1.0)
+    starts = np.arange(onset, end, SPIKE_STEP_S)
+    sec = np.clip(np.floor(starts).astype(np.int64), 0, base.size - 1)
+    extra = np.maximum(multiplier(starts + SPIKE_STEP_S / 2.0) - 1.0, 0.0) * base[sec]
+    t = onset + arrivals_from_rate(starts, extra, end - onset, rng)
+    t = t[(t >= onset) & (t < end)]
     mix = rng.integers(0, len(req), size=t.size)
     return Requests.concat([req, req.take(mix, t)])
