@@ -344,7 +344,8 @@ class FastEngine:
                 gen_tokens = gen_tokens - np.bincount(frr, weights=over, minlength=m)
                 itl_w[2] = np.maximum(itl_w[2] - np.bincount(frr, weights=over, minlength=m), 0.0)
                 self.n_dec = self.n_dec - np.bincount(frr, minlength=m)
-                self.kv_dec = self.kv_dec - np.bincount(frr, weights=self.d_kvb[fd] + self.d_thr[fd], minlength=m)
+                # What these decodes held at the tick start; the n_dec * tok below only grows the survivors.
+                self.kv_dec = self.kv_dec - np.bincount(frr, weights=self.d_kvb[fd] + z_old[frr], minlength=m)
                 self._finish(self.d_idx[fd], frr, np.clip(t_done, a, b))
                 self._keep(_DECODING, ~fin)
         self.kv_dec = self.kv_dec + self.n_dec * tok
