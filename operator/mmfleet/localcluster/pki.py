@@ -97,6 +97,13 @@ def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivate
     )
 
 
+def _key_usage(**granted: bool) -> x509.KeyUsage:
+    """A KeyUsage with only the named usages on (x509.KeyUsage wants all nine spelled out)."""
+    names = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
+             "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")  # fmt: skip
+    return x509.KeyUsage(**{name: granted.get(name, False) for name in names})
+
+
 def write_pki(directory: Path) -> Pki:
     """Create a fresh CA, serving and client certificates and the service-account key in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,17 +113,7 @@ def write_pki(directory: Path) -> Pki:
         _builder(ca_name, ca_name, ca_key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(digital_signature=True, key_cert_sign=True, crl_sign=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
@@ -132,17 +129,7 @@ def write_pki(directory: Path) -> Pki:
             _builder(subject, ca_name, key)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_encipherment=False,
-                    content_commitment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
+                _key_usage(digital_signature=True),
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
