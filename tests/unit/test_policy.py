@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -166,6 +167,31 @@ def test_scale_down_waits_for_the_window_and_never_goes_below_the_forecast() -> 
     assert "holding 17 until demand stays lower for 300s" in low[3].reason
     assert low[-1].replicas == math.ceil(8.0 / 1.8) == 5  # down to what the forecast needs, not below
     assert min(d.replicas for d in low) == 5
+
+
+def test_a_slow_decline_is_followed_in_few_steps_not_one_pod_at_a_time() -> None:
+    policy = SloPolicy(capacity_per_replica=MU, stabilization=60.0)
+    state, _ = steady(policy, 300, arrival_rate=36.0, request_rate=36.0)  # 20 replicas
+    t, current, times, sizes = 300.0, 20, [], [20]
+    for k in range(80):  # demand falls by 0.2 req/s every 15 s: the need drops by a pod per ~2 cycles
+        rate = 36.0 - 0.2 * k
+        d = policy.decide(obs(time=t, current=current, ready=current, arrival_rate=rate, request_rate=rate), state)
+        state = d.state
+        if d.replicas != current:
+            times.append(t)
+            sizes.append(d.replicas)
+        current, t = d.replicas, t + 15.0
+    steps = [a - b for a, b in itertools.pairwise(sizes)]
+    assert sizes[-1] <= 13  # it does follow the decline (the need at the end is 12)
+    assert all(step >= 2 for step in steps)  # each step frees at least a tenth of a 20-pod fleet
+    assert all(b - a >= 120.0 for a, b in itertools.pairwise(times))  # at most one every two minutes
+
+
+def test_a_scale_down_that_frees_less_than_a_tenth_of_the_fleet_is_not_worth_a_cold_start() -> None:
+    policy = SloPolicy(capacity_per_replica=MU, stabilization=30.0)
+    # 19 pods' worth of demand on a fleet of 20: 5% idle, held
+    _, ds = steady(policy, 600, current=20, ready=20, arrival_rate=34.0, request_rate=34.0)
+    assert all(d.replicas == 20 for d in ds)
 
 
 def test_down_window_is_at_least_the_cold_start() -> None:

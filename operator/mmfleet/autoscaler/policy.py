@@ -8,16 +8,18 @@ queued meanwhile (autoscaling.md §0, §6.2). This is the §8.2 B8 design, with 
   SLO, μ_SLO, times a utilisation headroom. The forecast is an upper quantile: a fast EWMA level
   plus z × a robust noise estimate, plus a robust trend (Theil-Sen on both halves of the last
   five minutes), which a sustained ramp has and a step does not;
-- backlog: the queue projected to the moment a pod asked for now would be Ready, given the pods
-  already starting (their order times are remembered), drained in ``drain_time`` by extra
-  replicas (§6.2 "backlog-aware recovery");
+- backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
+  holds, given the pods already starting (their order times are remembered), drained in
+  ``drain_time`` by extra replicas (§6.2 "backlog-aware recovery");
 - feedback: when the observed percentile is over target although the Ready count has not changed
   for a whole latency window, the queue is not draining and the replicas are busy, at least
   ready × observed / target;
 - pods still starting are capacity on the way: every number above is an absolute replica count,
   set as the Deployment's replicas, which already include them, so nothing is asked for twice;
-- up at once; down only to the highest recommendation of the last max(300 s, L) (ski rental, §6.3)
-  and never while the percentile is over target;
+- up at once; down only to the highest recommendation of the last max(300 s, L) (ski rental, §6.3),
+  never while the percentile is over target, only when it frees a tenth of the fleet, and at most
+  once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
+  at a time (each step down that demand soon reverses is a reversal and a cold start paid);
 - silence is not zero: a missing metric holds the current count; unschedulable pods stop growth.
 """
 
@@ -39,6 +41,8 @@ MAX_FEEDBACK_RATIO = 2.0  # latency feedback at most doubles the Ready replicas,
 BUSY = 0.5  # latency feedback needs replicas serving at least half of μ each
 CAPACITY_FLOOR = 0.25  # the capacity correction never believes a replica does less than a quarter of μ
 CAPACITY_RECOVERY = 300.0  # s, time constant for the correction to return to 1 while the SLO holds
+DOWN_MARGIN = 0.1  # scale down only when it frees at least this share of the fleet (and one pod)
+DOWN_PAUSE = 120.0  # s between scale-downs, so a falling window maximum is followed in few steps
 
 Samples = tuple[tuple[float, float], ...]
 
@@ -56,6 +60,7 @@ class SloState:
     recommendations: tuple[tuple[float, int], ...] = ()  # (time, replicas needed) in the down window
     history: tuple[tuple[float, int, float], ...] = ()  # (time, ready, waiting) over the latency window
     orders: tuple[tuple[float, int], ...] = ()  # (time, pods added) by our scale-ups, last cold start
+    last_down: float | None = None  # time of our last scale-down
 
 
 @dataclass(frozen=True)
@@ -190,7 +195,10 @@ class SloPolicy:
         elif obs.latency is not None and obs.latency > obs.slo_target:
             desired = current
         else:
-            desired = min(current, max(n for _, n in recs))
+            floor = max(n for _, n in recs)
+            paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
+            worth = current - floor >= max(1, math.ceil(DOWN_MARGIN * current - 1e-9))
+            desired = current if paused or not worth else min(current, floor)
         desired = max(low, min(high, desired))
         blocked = obs.unschedulable > 0 and desired > current
         if blocked:
@@ -198,7 +206,8 @@ class SloPolicy:
         orders = tuple((t, n) for t, n in state.orders if t > obs.time - obs.cold_start)
         if desired > current:
             orders = (*orders, (obs.time, desired - current))
-        state = replace(state, recommendations=recs, orders=orders)
+        last_down = obs.time if desired < current else state.last_down
+        state = replace(state, recommendations=recs, orders=orders, last_down=last_down)
         return Decision(desired, self._reason(obs, sizing, desired, window, blocked), state)
 
     def _starting_ready_at(self, obs: Observation, state: SloState) -> list[float]:
@@ -231,8 +240,6 @@ class SloPolicy:
         slope, spread = robust_trend(samples)
         horizon = obs.cold_start + self.interval
         growth = max(0.0, slope) * horizon
-        central = max(demand, level)
-        central += min(growth, TREND_CAP * central)  # what the queue will see
         upper = max(demand, level + QUANTILE_Z * spread)
         forecast = upper + min(growth, TREND_CAP * upper)  # what capacity is sized for
 
@@ -270,7 +277,10 @@ class SloPolicy:
             capacity = base * scale
             queued = max(0.0, obs.waiting - capacity * obs.ready * target)
             starting = self._starting_ready_at(obs, state)
-            backlog = projected_backlog(queued, central, obs.ready, starting, obs.time, obs.cold_start, capacity)
+            # The queue builds from what arrives now; the trend is already in the forecast, and counting
+            # it twice ordered a backlog that never came (azure-conv: 38 pods for a need of 22).
+            arriving = max(demand, level)  # what the queue will see
+            backlog = projected_backlog(queued, arriving, obs.ready, starting, obs.time, obs.cold_start, capacity)
             feedforward = math.ceil(forecast / (capacity * headroom) + backlog / (capacity * self.drain_time) - 1e-9)
             needed = feedforward
 

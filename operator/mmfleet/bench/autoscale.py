@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfleet.autoscaler import Policy
+from mmfleet.autoscaler import Decision, Observation, Policy
 from mmfleet.autoscaler.baselines import baselines
 from mmfleet.autoscaler.oracle import SchedulePolicy, fluid_replicas, oracle_schedule, refine
 from mmfleet.autoscaler.policy import SloPolicy
@@ -35,6 +35,10 @@ SPIKY = ("spike-x2", "spike-x4", "spike-x8", "ramp-x4", "flash-x8")
 COLD_STARTS = (30.0, 90.0, 180.0, 420.0)
 REACTIVE = ("hpa-waiting", "keda", "knative-kpa")
 ORACLE_ROUNDS = 8
+# Every run starts from a fleet that has served for this long at its initial size: Prometheus' rate
+# windows are full by then, so no policy mistakes the first minute's half-empty windows for a ramp.
+# Windows and GPU-hours are scored from here on, for every policy and the oracle alike.
+WARMUP = 120.0
 # The twin's engine tick: 0.2 s runs twice as fast as 0.1 s and biases latency up by about 5%
 # for every policy alike (docs/twin.md).
 DT = 0.2
@@ -59,11 +63,42 @@ class Row:
     seconds: float  # wall time of the simulation
 
 
+@dataclass(frozen=True)
+class Warm:
+    """Holds the fleet at its initial size until ``until``, then hands over to ``policy``."""
+
+    policy: Policy
+    until: float = WARMUP
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def interval(self) -> float:
+        return self.policy.interval
+
+    def initial_state(self) -> Any:
+        return self.policy.initial_state()
+
+    def decide(self, observation: Observation, state: Any) -> Decision:
+        if observation.time < self.until - 1e-9:
+            return Decision(observation.current, f"warm-up: holding {observation.current}", state)
+        return self.policy.decide(observation, state)
+
+
+def _scored(result: RunResult, slo: SloConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Arrivals and latencies after the warm-up."""
+    keep = result.arrival >= WARMUP
+    return result.arrival[keep], result.latency(slo.metric)[keep]
+
+
 def _evaluate(
-    name: str, cold_start: float, policy: str, scn: Scenario, result: RunResult, slo: SloConfig, wall: float
-) -> Row:
-    latency = result.latency(slo.metric)
-    verdicts = slo_metrics.windows(result.arrival, latency, slo.target, slo.percentile, WINDOW)
+    name: str, cold_start: float, policy: str, scn: Scenario, result: RunResult, slo: SloConfig, wall: float,
+    initial: int,
+) -> Row:  # fmt: skip
+    arrival, latency = _scored(result, slo)
+    verdicts = slo_metrics.windows(arrival, latency, slo.target, slo.percentile, WINDOW)
     spike_mask = slo_metrics.in_spikes(verdicts, scn.spikes)
     actions, reversals = slo_metrics.actions_and_reversals(
         result.decisions, scn.duration, horizon=max(600.0, 2 * cold_start)
@@ -76,7 +111,7 @@ def _evaluate(
         attainment=slo_metrics.attainment(verdicts),
         spike_attainment=slo_metrics.attainment(verdicts, spike_mask) if scn.spikes else float("nan"),
         over_share=slo_metrics.share_over(latency, slo.target),
-        gpu_hours=result.gpu_seconds / 3600.0,
+        gpu_hours=(result.gpu_seconds - initial * min(WARMUP, scn.duration)) / 3600.0,
         oracle_ratio=float("nan"),
         actions_per_hour=actions,
         reversals_per_hour=reversals,
@@ -95,7 +130,8 @@ def _demand(scn: Scenario, capacity: float) -> np.ndarray:
 
 
 def _failing_windows(result: RunResult, slo: SloConfig) -> list[int]:
-    verdicts = slo_metrics.windows(result.arrival, result.latency(slo.metric), slo.target, slo.percentile, WINDOW)
+    arrival, latency = _scored(result, slo)
+    verdicts = slo_metrics.windows(arrival, latency, slo.target, slo.percentile, WINDOW)
     return [round(start / WINDOW) for start, ok in zip(verdicts.start, verdicts.passed, strict=True) if not ok]
 
 
@@ -112,27 +148,31 @@ def _run_oracle(name: str, cold_start: float, common: dict[str, Any]) -> tuple[R
 
     def run_schedule(c: np.ndarray) -> RunResult:
         plan = SchedulePolicy.from_schedule(oracle_schedule(c, WINDOW, cold_start), WINDOW)
-        return simulate(scn, plan, **common)
+        return simulate(scn, Warm(plan), **common)
 
     slo = common["slo"]
     refined = refine(
         demand, run_schedule, lambda r: _failing_windows(r, slo), ORACLE_ROUNDS, max_replicas=common["max_replicas"]
     )
-    row = _evaluate(name, cold_start, "oracle", scn, refined.result, slo, time.monotonic() - started)
+    wall = time.monotonic() - started
+    row = _evaluate(name, cold_start, "oracle", scn, refined.result, slo, wall, common["initial_replicas"])
     return row, refined.result
 
 
 def _run_policy(name: str, cold_start: float, policy: Policy, common: dict[str, Any]) -> tuple[Row, RunResult]:
     scn = _scenario(name, common["params"], common["slo"])
     started = time.monotonic()
-    result = simulate(scn, policy, **common)
-    return _evaluate(name, cold_start, policy.name, scn, result, common["slo"], time.monotonic() - started), result
+    result = simulate(scn, Warm(policy), **common)
+    wall = time.monotonic() - started
+    return _evaluate(
+        name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"]
+    ), result
 
 
-def run_cell(
-    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig, progress: Progress, workers: int
-) -> tuple[list[Row], dict[str, RunResult]]:
-    """Every policy and the oracle on one scenario at one cold start, spread over ``workers`` processes."""
+def cell(
+    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig
+) -> tuple[float, np.ndarray, dict[str, Any]]:
+    """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments."""
     scn = _scenario(name, params, slo)
     capacity = float(scn.info["mu_slo"])
     demand = _demand(scn, capacity)
@@ -142,9 +182,17 @@ def run_cell(
         "slo": slo,
         "min_replicas": 1,
         "max_replicas": int(max(4 * demand.max(), 8)),
-        "initial_replicas": max(1, int(demand[: max(1, math.ceil(cold_start / WINDOW))].max())),
+        "initial_replicas": max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max())),
         "dt": DT,
     }
+    return capacity, demand, common
+
+
+def run_cell(
+    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig, progress: Progress, workers: int
+) -> tuple[list[Row], dict[str, RunResult]]:
+    """Every policy and the oracle on one scenario at one cold start, spread over ``workers`` processes."""
+    capacity, demand, common = cell(name, cold_start, params, slo)
     policies: list[Policy] = [SloPolicy(capacity_per_replica=capacity), *baselines(
         capacity, params.max_num_seqs, demand_replicas=demand
     )]  # fmt: skip
