@@ -73,3 +73,11 @@ def test_crd_command_prints_the_crd() -> None:
     result = run("crd")
     assert result.returncode == 0
     assert yaml.safe_load(result.stdout)["metadata"]["name"] == "multimodalinferences.mmfleet.io"
+
+
+def test_bench_autoscale_on_a_trace_needs_its_timestamp_column(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("t\n0\n1\n")
+    result = run("bench", "autoscale", "--trace", str(trace))
+    assert result.returncode == 2
+    assert result.stdout.strip() == f"--time-column: required with --trace {trace} (the name of its timestamp column)"

@@ -171,3 +171,33 @@ def test_requests_validation() -> None:
         Requests(np.array([1.0, 0.0]), np.ones(2), np.ones(2), np.zeros(2))
     with pytest.raises(ValueError, match="entries"):
         Requests(np.array([0.0, 1.0]), np.ones(3), np.ones(2), np.zeros(2))
+
+
+def test_a_users_request_trace_with_only_timestamps_gets_the_servegen_mix(tmp_path: Path) -> None:
+    from mmfleet.twin.scenarios import TraceFile
+
+    path = tmp_path / "mine.csv"
+    times_ms = np.sort(np.random.default_rng(0).uniform(0, 600_000, size=3000)).round()
+    path.write_text("ts_ms,prompt\n" + "".join(f"{t:.0f},{100 + i % 7}\n" for i, t in enumerate(times_ms)))
+    stats = traffic.load_token_stats(DATA / "servegen_client_token_stats_6h.csv")
+    trace = TraceFile(str(path), time_column="ts_ms", input_column="prompt", time_scale=0.001)
+    req, duration = trace.requests(stats, np.random.default_rng(1))
+    assert len(req) == 3000
+    assert 590 <= duration <= 600  # seconds, rebased to the first request
+    assert set(np.unique(req.input_tokens)) <= set(range(100, 107))  # the file's column is kept
+    assert req.output_tokens.std() > 0  # the missing output column comes from the mix, not a constant
+    assert 0.1 < np.mean(req.images > 0) < 0.5  # and images at ServeGen's share
+
+
+def test_a_users_count_series_becomes_arrivals_at_those_counts(tmp_path: Path) -> None:
+    from mmfleet.twin.scenarios import TraceFile
+
+    path = tmp_path / "counts.csv"
+    counts = [600, 600, 3000, 600]  # requests per minute: 10, 10, 50, 10 req/s
+    path.write_text("minute,requests\n" + "".join(f"{60 * i},{c}\n" for i, c in enumerate(counts)))
+    stats = traffic.load_token_stats(DATA / "servegen_client_token_stats_6h.csv")
+    trace = TraceFile(str(path), time_column="minute", count_column="requests")
+    req, duration = trace.requests(stats, np.random.default_rng(2))
+    assert duration == 240.0
+    per_minute, _ = np.histogram(req.arrival, bins=[0, 60, 120, 180, 240])
+    assert np.allclose(per_minute, counts, rtol=0.1)

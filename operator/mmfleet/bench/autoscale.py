@@ -27,7 +27,7 @@ from mmfleet.autoscaler.policy import SloPolicy
 from mmfleet.bench import slo_metrics
 from mmfleet.bench.report import table, write_section
 from mmfleet.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, SloConfig, scenario, simulate
-from mmfleet.twin.scenarios import REFERENCE_SLO
+from mmfleet.twin.scenarios import REFERENCE_SLO, TraceFile
 
 WINDOW = 60.0
 STEADY = ("azure-conv", "azure-code", "servegen-mm")
@@ -136,13 +136,15 @@ def _failing_windows(result: RunResult, slo: SloConfig) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _scenario(name: str, params: ReplicaParams, slo: SloConfig) -> Scenario:
+def _scenario(name: str, params: ReplicaParams, slo: SloConfig, trace: TraceFile | None = None) -> Scenario:
     """Built once per process: workers get a name, not megabytes of arrays."""
-    return scenario(name, params=params, reference_slo=slo)
+    return scenario(name, params=params, reference_slo=slo, trace=trace)
 
 
-def _run_oracle(name: str, cold_start: float, common: dict[str, Any]) -> tuple[Row, RunResult]:
-    scn = _scenario(name, common["params"], common["slo"])
+def _run_oracle(
+    name: str, cold_start: float, common: dict[str, Any], trace: TraceFile | None = None
+) -> tuple[Row, RunResult]:
+    scn = _scenario(name, common["params"], common["slo"], trace)
     demand = _demand(scn, float(scn.info["mu_slo"]))
     started = time.monotonic()
 
@@ -159,8 +161,10 @@ def _run_oracle(name: str, cold_start: float, common: dict[str, Any]) -> tuple[R
     return row, refined.result
 
 
-def _run_policy(name: str, cold_start: float, policy: Policy, common: dict[str, Any]) -> tuple[Row, RunResult]:
-    scn = _scenario(name, common["params"], common["slo"])
+def _run_policy(
+    name: str, cold_start: float, policy: Policy, common: dict[str, Any], trace: TraceFile | None = None
+) -> tuple[Row, RunResult]:
+    scn = _scenario(name, common["params"], common["slo"], trace)
     started = time.monotonic()
     result = simulate(scn, Warm(policy), **common)
     wall = time.monotonic() - started
@@ -170,10 +174,10 @@ def _run_policy(name: str, cold_start: float, policy: Policy, common: dict[str, 
 
 
 def cell(
-    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig
+    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig, trace: TraceFile | None = None
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
     """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments."""
-    scn = _scenario(name, params, slo)
+    scn = _scenario(name, params, slo, trace)
     capacity = float(scn.info["mu_slo"])
     demand = _demand(scn, capacity)
     common: dict[str, Any] = {
@@ -189,16 +193,22 @@ def cell(
 
 
 def run_cell(
-    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig, progress: Progress, workers: int
+    name: str,
+    cold_start: float,
+    params: ReplicaParams,
+    slo: SloConfig,
+    progress: Progress,
+    workers: int,
+    trace: TraceFile | None = None,
 ) -> tuple[list[Row], dict[str, RunResult]]:
     """Every policy and the oracle on one scenario at one cold start, spread over ``workers`` processes."""
-    capacity, demand, common = cell(name, cold_start, params, slo)
+    capacity, demand, common = cell(name, cold_start, params, slo, trace)
     policies: list[Policy] = [SloPolicy(capacity_per_replica=capacity), *baselines(
         capacity, params.max_num_seqs, demand_replicas=demand
     )]  # fmt: skip
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        jobs = {pool.submit(_run_oracle, name, cold_start, common): "oracle"}
-        jobs.update({pool.submit(_run_policy, name, cold_start, p, common): p.name for p in policies})
+        jobs = {pool.submit(_run_oracle, name, cold_start, common, trace): "oracle"}
+        jobs.update({pool.submit(_run_policy, name, cold_start, p, common, trace): p.name for p in policies})
         done = {}
         for job in as_completed(jobs):
             row, result = job.result()
@@ -324,38 +334,62 @@ def main(
     plots: Path,
     progress: Progress,
     workers: int = os.cpu_count() or 1,
+    trace: TraceFile | None = None,
 ) -> int:
     slo = REFERENCE_SLO
     params = H200_QWEN25VL7B
     all_rows: list[Row] = []
     sections = []
     started = time.monotonic()
+    shown_spike = next((n for n in ("spike-x4", *SPIKY, *scenarios) if n in scenarios), scenarios[0])
+    stem = "" if trace is None else f"-{Path(trace.path).stem}"
     for name in scenarios:
         for cold in cold_starts:
             progress(f"== {name}, cold start {cold:.0f}s")
-            keep = name == "spike-x4" and cold == sorted(cold_starts)[len(cold_starts) // 2]
-            rows, results = run_cell(name, cold, params, slo, progress, workers)
+            rows, results = run_cell(name, cold, params, slo, progress, workers, trace)
             all_rows += rows
             text = cell_table(rows)
             print(f"\n{name}, cold start {cold:.0f}s\n{text}\n", flush=True)
             sections.append(f"### {name}, cold start {cold:.0f} s\n\n{text}\n")
-            if keep:
+            if name == shown_spike and cold == sorted(cold_starts)[len(cold_starts) // 2]:
                 shown = {k: v for k, v in results.items() if k in ("oracle", "mmfleet", *REACTIVE)}
-                plot_spike(shown, slo, f"{name}, cold start {cold:.0f}s", plots / "autoscale-spike.png")
-                plot_pareto(rows, f"{name}, cold start {cold:.0f}s", plots / "autoscale-pareto.png")
+                title = f"{name}{stem}, cold start {cold:.0f}s"
+                plot_spike(shown, slo, title, plots / f"autoscale{stem}-spike.png")
+                plot_pareto(rows, title, plots / f"autoscale{stem}-pareto.png")
     summary = verdicts(all_rows)
     print("\n".join(summary))
     command = "mmfleet bench autoscale " + " ".join(
-        [*(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts)]
+        [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts)]
     )
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores, twin tick {DT} s). "
         f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target:g} s over {WINDOW:.0f} s windows; "
-        "each scenario scaled so its mean load needs 20 replicas; every policy starts from the oracle's "
-        "first need and sees only scraped metrics (15 s scrape, 1 m rate window).\n\n"
+        "each scenario scaled so its mean load needs 20 replicas. Every fleet (and the oracle) serves the first "
+        f"{WARMUP:.0f} s at the oracle's need for the warm-up plus one cold start, with no decisions, so the "
+        "rate windows are full when policies start; windows and GPU-hours are scored from then on. Policies see "
+        "only scraped metrics (15 s scrape, 1 m rate window).\n\n"
         "Against the issue's targets (measured, met or not):\n\n" + "\n".join(summary) + "\n\n"
-        "![replicas and P90 through a spike](img/autoscale-spike.png)\n\n"
-        "![GPU-hours against attainment](img/autoscale-pareto.png)\n\n" + "\n".join(sections)
+        f"![replicas and P90 through a spike](img/autoscale{stem}-spike.png)\n\n"
+        f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)
     )
-    write_section(docs, "autoscale", "Autoscaling policies side by side (digital twin)", body)
+    title = "Autoscaling policies side by side (digital twin)" + ("" if trace is None else f", {trace.path}")
+    write_section(docs, f"autoscale{stem}", title, body)
     return 0
+
+
+def trace_flags(trace: TraceFile | None) -> list[str]:
+    """The command-line flags that name ``trace``, for the reproduce line."""
+    if trace is None:
+        return []
+    flags = [f"--trace {trace.path}", f"--time-column {trace.time_column}"]
+    for flag, value in (
+        ("--input-column", trace.input_column),
+        ("--output-column", trace.output_column),
+        ("--images-column", trace.images_column),
+        ("--count-column", trace.count_column),
+    ):
+        if value is not None:
+            flags.append(f"{flag} {value}")
+    if trace.time_scale != 1.0:
+        flags.append(f"--time-scale {trace.time_scale:g}")
+    return flags

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,51 @@ SPIKES: dict[str, tuple[str, float, float, float]] = {
     "ramp-x4": ("ramp", 4.0, 60.0, 660.0),  # 60 s ramp to x4, then x4 for 10 min
     "flash-x8": ("step", 8.0, 0.0, 90.0),
 }
-NAMES = ("azure-conv", "azure-code", "servegen-mm", *SPIKES)
+NAMES = ("azure-conv", "azure-code", "servegen-mm", "trace", *SPIKES)
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A user's trace: a CSV with one row per request, or (``count_column`` set) a request-count series.
+
+    Column names are the file's own; token and image columns are optional (the ServeGen mix fills in
+    what is missing). Times are seconds after ``time_scale`` (e.g. 0.001 for milliseconds) or
+    date-times. A count series gives the requests in the window starting at each row's time.
+    """
+
+    path: str
+    time_column: str
+    input_column: str | None = None
+    output_column: str | None = None
+    images_column: str | None = None
+    count_column: str | None = None
+    time_scale: float = 1.0
+
+    def requests(self, stats: traffic.TokenStats, rng: np.random.Generator) -> tuple[Requests, float]:
+        if self.count_column is not None:
+            starts, counts = traffic.load_count_series(self.path, self.time_column, self.count_column, self.time_scale)
+            window = float(np.median(np.diff(starts))) if starts.size > 1 else 60.0
+            duration = float(starts[-1] - starts[0] + window)
+            t = traffic.arrivals_from_rate(starts, counts / window, duration, rng)
+            return traffic.synth_multimodal(t, stats, rng), duration
+        req = traffic.load_csv(
+            self.path,
+            time_col=self.time_column,
+            input_col=self.input_column,
+            output_col=self.output_column,
+            images_col=self.images_column,
+            time_scale=self.time_scale,
+        )
+        duration = float(np.ceil(req.arrival[-1])) if len(req) else 0.0
+        mix = traffic.synth_multimodal(req.arrival, stats, rng)
+        req = Requests(
+            arrival=req.arrival,
+            input_tokens=req.input_tokens if self.input_column is not None else mix.input_tokens,
+            output_tokens=req.output_tokens if self.output_column is not None else mix.output_tokens,
+            images=req.images,
+            image_tokens=req.image_tokens,
+        )
+        return (req if self.images_column is not None else traffic.add_images(req, stats, rng)), duration
 
 
 def traces_dir(given: Path | None = None) -> Path:
@@ -53,10 +98,20 @@ def _need(d: Path, name: str) -> Path:
 
 
 def base_requests(
-    name: str, d: Path, rng: np.random.Generator, *, servegen_start: float = 3600.0, duration: float = 3600.0
+    name: str,
+    d: Path,
+    rng: np.random.Generator,
+    *,
+    servegen_start: float = 3600.0,
+    duration: float = 3600.0,
+    trace: TraceFile | None = None,
 ) -> tuple[Requests, float]:
     """The unscaled workload of a scenario and its duration."""
     stats = traffic.load_token_stats(_need(d, SERVEGEN_TOKENS))
+    if name == "trace":
+        if trace is None:
+            raise ValueError("scenario 'trace' needs a trace file (--trace)")
+        return trace.requests(stats, rng)
     if name == "servegen-mm":
         starts, rates = traffic.load_rate_series(_need(d, SERVEGEN_RATE))
         m = (starts >= servegen_start) & (starts < servegen_start + duration)
@@ -65,8 +120,8 @@ def base_requests(
         dur = min(duration, float(starts[m][-1] - starts[m][0] + 600.0))
         t = traffic.arrivals_from_rate(starts[m], rates[m], dur, rng)
         return traffic.synth_multimodal(t, stats, rng), dur
-    trace = AZURE_CODE if name == "azure-code" else AZURE_CONV
-    req = traffic.load_azure(_need(d, trace))
+    file = AZURE_CODE if name == "azure-code" else AZURE_CONV
+    req = traffic.load_azure(_need(d, file))
     dur = float(np.ceil(req.arrival[-1])) if len(req) else 0.0
     return traffic.add_images(req, stats, rng), dur
 
@@ -80,6 +135,7 @@ def scenario(
     params: ReplicaParams = H200_QWEN25VL7B,
     reference_slo: SloConfig = REFERENCE_SLO,
     rate: float | None = None,
+    trace: TraceFile | None = None,
 ) -> Scenario:
     """A named scenario whose mean load needs ``replicas`` replicas of ``params`` at ``reference_slo``.
 
@@ -88,14 +144,17 @@ def scenario(
     (x2/x4/x8 for 10 min), ramp-x4 (60 s ramp to x4, held 10 min), flash-x8 (x8 for 90 s).
     The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
     mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``
-    (req/s), if given, sets the mean rate directly instead (no capacity search).
+    (req/s), if given, sets the mean rate directly instead (no capacity search). With ``trace``,
+    scenario "trace" replays it, and the spikes come on top of it instead of azure-conv.
     """
     if name not in NAMES:
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(NAMES)}")
     d = globals()["traces_dir"](traces_dir)
     rng = np.random.default_rng(seed)
-    base_name = name if name in ("azure-conv", "azure-code", "servegen-mm") else "azure-conv"
-    req, duration = base_requests(base_name, d, rng)
+    base_name = name if name in ("azure-conv", "azure-code", "servegen-mm", "trace") else "azure-conv"
+    if trace is not None and name in SPIKES:
+        base_name = "trace"
+    req, duration = base_requests(base_name, d, rng, trace=trace)
     mu = capacity_at_slo(params, req, reference_slo) if rate is None else rate / max(replicas, 1)
     base_rate = traffic.mean_rate(req, duration)
     factor = replicas * mu / base_rate if base_rate > 0 else 1.0

@@ -95,6 +95,23 @@ def load_azure(path: Path | str) -> Requests:
     return load_csv(path, time_col="TIMESTAMP", input_col="ContextTokens", output_col="GeneratedTokens")
 
 
+def load_count_series(
+    path: Path | str, time_col: str, count_col: str, time_scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(window starts in s from the first, requests in each window) from any CSV of request counts."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    for c in (time_col, count_col):
+        if c not in rows[0]:
+            raise ValueError(f"{path}: no column {c!r} (have {sorted(rows[0])})")
+    t = _parse_times([r[time_col] for r in rows]) * time_scale
+    counts = np.asarray([float(r[count_col] or 0.0) for r in rows])
+    order = np.argsort(t, kind="stable")
+    return t[order] - t[order[0]], counts[order]
+
+
 def load_rate_series(path: Path | str, model: str = "multimodal_mm-image") -> tuple[np.ndarray, np.ndarray]:
     """(window starts in s, rate in req/s) of one model in ServeGen's aggregate 10-minute series."""
     starts: list[float] = []
