@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages the tests use: lua5.1 runs the Argo CD health check as Argo CD would.
-SYSTEM_PACKAGES := lua5.1
+# Debian packages the tests use: lua5.1 runs the Argo CD health check as Argo CD would; prometheus is the
+# local cluster's Prometheus server (each name is also the command checked for).
+SYSTEM_PACKAGES := lua5.1 prometheus
 
 .PHONY: install system-deps binaries lint typecheck test unit demo crds clean
 

@@ -26,6 +26,7 @@ from tests.integration.operator_process import OperatorProcess, wait_for
 CLUSTER_PREFIX = "mmfleet-it-"
 CLUSTER_NAME = f"{CLUSTER_PREFIX}{os.getpid()}"
 POD_READY_DELAY = "2s"
+SCRAPE_INTERVAL = "2s"  # Prometheus'; short, so a test sees a full rate() window within seconds
 POOLS = (
     NodePool(cloud="eks", gpu_type="H100", count=2),
     NodePool(cloud="aks", gpu_type="A100", count=1),
@@ -53,7 +54,9 @@ def _remove_orphans() -> None:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     _remove_orphans()
-    running = up(CLUSTER_NAME, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, progress=_progress)
+    running = up(
+        CLUSTER_NAME, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, progress=_progress, scrape_interval=SCRAPE_INTERVAL
+    )
     yield running
     down(CLUSTER_NAME, progress=_progress)  # a no-op when the last test already took it down
 

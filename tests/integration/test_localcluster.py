@@ -22,9 +22,11 @@ from mmfleet.localcluster import READY_DELAY_ANNOTATION, Cluster, attach, env, g
 from mmfleet.localcluster.build import K8S_VERSION
 from mmfleet.localcluster.nodes import POOL_LABEL
 from mmfleet.localcluster.stages import duration_ms
-from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS
+from tests.conftest import ROOT
+from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
 
 pytestmark = pytest.mark.integration
+DATA = ROOT / "tests" / "data"
 
 T = TypeVar("T")
 
@@ -91,7 +93,9 @@ def test_fake_gpu_nodes_are_ready_with_gpus(api: Any) -> None:
 
 
 def test_components_listen_on_loopback_only(cluster: Cluster) -> None:
-    listening = _listening_addresses(cluster.pids.values())
+    recorded = get(CLUSTER_NAME)  # not the fixture's: Prometheus may have been restarted since
+    assert recorded is not None and "prometheus" in recorded.pids
+    listening = _listening_addresses(p.pid for p in recorded.processes if process.alive(p))
     assert listening, "found no listening sockets of the components"
     assert {address for address, _ in listening} == {"127.0.0.1"}, listening
 
@@ -193,26 +197,40 @@ def _sleeper() -> subprocess.Popen[bytes]:
 
 def test_second_up_returns_the_running_cluster(cluster: Cluster) -> None:
     # A dead attached process (say, an operator that crashed) must not make ``up`` restart the cluster.
+    recorded = get(CLUSTER_NAME)  # not the fixture's: Prometheus may have been restarted since
+    assert recorded is not None
     sleeper = _sleeper()
     attach(CLUSTER_NAME, "sleeper", sleeper.pid)
     sleeper.kill()
     sleeper.wait()
     started = time.monotonic()
-    again = up(CLUSTER_NAME, pod_ready_delay=POD_READY_DELAY, nodes=POOLS)
-    assert {k: v for k, v in again.pids.items() if k != "sleeper"} == cluster.pids
+    again = up(CLUSTER_NAME, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, scrape_interval=SCRAPE_INTERVAL)
+    assert {k: v for k, v in again.pids.items() if k != "sleeper"} == recorded.pids
     assert again.kubeconfig == cluster.kubeconfig
     assert time.monotonic() - started < 5
-    assert env(CLUSTER_NAME) == f"export KUBECONFIG={cluster.kubeconfig}"
+    assert env(CLUSTER_NAME) == (
+        f"export KUBECONFIG={cluster.kubeconfig}\nexport MMFLEET_PROMETHEUS_URL={cluster.prometheus_url}"
+    )
 
 
 def test_down_stops_every_process(cluster: Cluster) -> None:
     """Runs last (see conftest): ``mmfleet cluster down`` from another process leaves nothing behind."""
-    pids = cluster.pids
-    assert set(pids) >= {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
-    assert all(process.alive(p) for p in cluster.processes)
+    recorded = get(CLUSTER_NAME)  # not the fixture's: Prometheus may have been restarted since
+    assert recorded is not None
+    pids = recorded.pids
+    components = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus"}
+    assert set(pids) >= components
+    assert all(process.alive(p) for p in recorded.processes if p.component in components)
     sleeper = _sleeper()  # an attached process (what ``mmfleet demo`` does with the operator) goes down too
     pids["sleeper"] = sleeper.pid
     attach(CLUSTER_NAME, "sleeper", sleeper.pid)
+    twin = subprocess.Popen(  # so does a twin serving the cluster, which records itself
+        [sys.executable, "-m", "mmfleet.cli", "twin", "serve", "--cluster", CLUSTER_NAME, "--traces", str(DATA)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids["twin"] = twin.pid
+    wait_for("the twin to record itself", partial(_recorded, "twin", twin.pid))
     done = subprocess.run(
         [sys.executable, "-m", "mmfleet.localcluster", "down", "--name", CLUSTER_NAME],
         capture_output=True,
@@ -224,8 +242,14 @@ def test_down_stops_every_process(cluster: Cluster) -> None:
     for component, pid in pids.items():
         _reap(pid)  # they were started by this process, so their zombies are ours to collect
         assert not Path(f"/proc/{pid}").exists(), f"{component} (pid {pid}) still exists"
+    assert twin.wait(timeout=5) == 0  # stopped by SIGTERM, cleanly
     assert not cluster.state_dir.exists()
     assert get(CLUSTER_NAME) is None
+
+
+def _recorded(component: str, pid: int) -> bool:
+    state = get(CLUSTER_NAME)
+    return state is not None and state.pids.get(component) == pid
 
 
 def _exists(read: Callable[[], object]) -> bool:

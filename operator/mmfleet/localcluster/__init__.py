@@ -3,11 +3,22 @@
 ``up()`` builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their Go
 modules on first use (``build``), makes certificates (``pki``), starts the processes on 127.0.0.1
 (``cluster``) and creates fake GPU nodes labelled like each cloud's (``nodes``); kwok moves pods to
-Ready after a delay (``stages``). Integration and end-to-end tests run against it.
+Ready after a delay (``stages``). A Prometheus server (``prometheus``) scrapes the pods that
+``mmfleet twin serve`` simulates. Integration and end-to-end tests run against it.
 """
 
 from mmfleet.localcluster.build import Binaries, ensure_binaries
-from mmfleet.localcluster.cluster import Cluster, attach, down, env, get, status, up
+from mmfleet.localcluster.cluster import (
+    Cluster,
+    attach,
+    down,
+    env,
+    get,
+    start_prometheus,
+    status,
+    stop_prometheus,
+    up,
+)
 from mmfleet.localcluster.commands import register_cli
 from mmfleet.localcluster.nodes import NodePool
 from mmfleet.localcluster.process import ClusterError
@@ -25,6 +36,8 @@ __all__ = [
     "env",
     "get",
     "register_cli",
+    "start_prometheus",
     "status",
+    "stop_prometheus",
     "up",
 ]

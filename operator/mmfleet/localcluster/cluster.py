@@ -1,4 +1,4 @@
-"""A real local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok.
+"""A real local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and Prometheus.
 
 Everything listens on 127.0.0.1 on ports the OS hands out, so several clusters (and a developer's
 own) can coexist. Layout, by default under ``~/.cache/mmfleet/clusters/`` (``$MMFLEET_CACHE/clusters``):
@@ -6,8 +6,8 @@ own) can coexist. Layout, by default under ``~/.cache/mmfleet/clusters/`` (``$MM
 - ``<name>.json``: the state file (ports, pids, paths); ``down`` and ``env`` find the cluster by it,
   also when ``up`` was given another ``state_dir``.
 - ``<name>/``: the state dir: ``kubeconfig`` (admin), ``pki/``, ``etcd/`` data, ``kwok.yaml`` stages,
-  and ``logs/<component>.log``. ``down`` deletes it (only a dir holding the ``.mmfleet-cluster`` marker
-  ``up`` writes); a failed ``up`` keeps it for its logs.
+  ``prometheus/`` (configuration, TSDB, file_sd targets) and ``logs/<component>.log``. ``down`` deletes
+  it (only a dir holding the ``.mmfleet-cluster`` marker ``up`` writes); a failed ``up`` keeps it for its logs.
 
 Nothing here needs root, containers or network beyond loopback; kwok stands in for kubelets.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from mmfleet.localcluster import process
+from mmfleet.localcluster import process, prometheus
 from mmfleet.localcluster.build import (
     ETCD_VERSION,
     K8S_VERSION,
@@ -71,6 +71,13 @@ class Cluster:
     server: str
     pod_ready_delay: str
     processes: tuple[Proc, ...] = ()
+    prometheus_url: str = ""  # empty when started without Prometheus
+    scrape_interval: str = ""
+
+    @property
+    def prometheus_targets(self) -> Path:
+        """Where ``mmfleet twin serve`` writes the simulated pods for Prometheus to scrape (file_sd)."""
+        return prometheus.targets_dir(self.state_dir)
 
     @property
     def logs_dir(self) -> Path:
@@ -88,7 +95,9 @@ class Cluster:
         return load(config_file=str(self.kubeconfig))
 
     def env_line(self) -> str:
-        return f"export KUBECONFIG={self.kubeconfig}"
+        """Shell lines that point kubectl, the operator and the tests at this cluster and its Prometheus."""
+        line = f"export KUBECONFIG={self.kubeconfig}"
+        return f"{line}\nexport MMFLEET_PROMETHEUS_URL={self.prometheus_url}" if self.prometheus_url else line
 
 
 def clusters_dir() -> Path:
@@ -112,6 +121,8 @@ def _save(cluster: Cluster) -> None:
         "server": cluster.server,
         "pod_ready_delay": cluster.pod_ready_delay,
         "processes": [dataclasses.asdict(p) for p in cluster.processes],
+        "prometheus_url": cluster.prometheus_url,
+        "scrape_interval": cluster.scrape_interval,
         "versions": {"kubernetes": K8S_VERSION, "etcd": ETCD_VERSION, "kwok": KWOK_VERSION},
     }
     path = state_file(cluster.name)
@@ -134,6 +145,8 @@ def get(name: str = DEFAULT_NAME) -> Cluster | None:
         server=data["server"],
         pod_ready_delay=data["pod_ready_delay"],
         processes=tuple(Proc(**p) for p in data["processes"]),
+        prometheus_url=data.get("prometheus_url", ""),
+        scrape_interval=data.get("scrape_interval", ""),
     )
 
 
@@ -176,14 +189,21 @@ def up(
     nodes: Sequence[NodePool] = DEFAULT_POOLS,
     progress: Progress = silent,
     timeout: float = 120.0,
+    with_prometheus: bool = True,
+    scrape_interval: str = prometheus.DEFAULT_SCRAPE_INTERVAL,
 ) -> Cluster:
     """Start the cluster (building binaries the first time) or return it if it already runs.
 
     ``pod_ready_delay`` (a Go duration) is how long after binding a pod turns Ready unless it carries
     the ``mmfleet.io/ready-delay`` annotation. ``timeout`` bounds each component's health wait.
+    Prometheus scrapes and evaluates every ``scrape_interval`` (a Prometheus duration); a running
+    cluster whose Prometheus was stopped (``stop_prometheus``) gets it started again.
     """
     _check_name(name)
     duration_ms(pod_ready_delay)  # reject a bad value before starting anything
+    if with_prometheus:
+        prometheus.interval_ms(scrape_interval)
+        prometheus.binary()
     clusters_dir().mkdir(parents=True, exist_ok=True)
     with file_lock(_lock_path(name)):
         existing = get(name)
@@ -192,6 +212,11 @@ def up(
                 progress(f"cluster {name} is already running ({existing.server})")
                 if existing.pod_ready_delay != pod_ready_delay:
                     progress(f"  note: it keeps its pod ready delay {existing.pod_ready_delay}, not {pod_ready_delay}")
+                if existing.prometheus_url and existing.scrape_interval != scrape_interval:
+                    progress(f"  note: it keeps its scrape interval {existing.scrape_interval}, not {scrape_interval}")
+                if existing.prometheus_url and _prometheus_proc(existing) is None:
+                    progress("  its Prometheus was stopped: starting it again")
+                    return _start_prometheus(existing, timeout)
                 return existing
             progress(f"cluster {name} was recorded but is not healthy: stopping what is left and starting afresh")
             _teardown(existing)
@@ -200,7 +225,8 @@ def up(
         _remove_state_dir(state)
         state.mkdir(parents=True)
         (state / _MARKER).write_text(f"local cluster {name}; mmfleet cluster down --name {name} deletes this dir\n")
-        return _start(name, state, pod_ready_delay, nodes, binaries, progress, timeout)
+        interval = scrape_interval if with_prometheus else ""
+        return _start(name, state, pod_ready_delay, nodes, binaries, progress, timeout, interval)
 
 
 def _start(
@@ -211,12 +237,14 @@ def _start(
     binaries: Binaries,
     progress: Progress,
     timeout: float,
+    scrape_interval: str,
 ) -> Cluster:
+    """Start every component; Prometheus too unless ``scrape_interval`` is empty."""
     started = time.monotonic()
     logs = state / "logs"
     pki = write_pki(state / "pki")
     tls = _tls(state / "pki")
-    etcd_port, peer_port, api_port, kcm_port, sched_port, kwok_port = (process.free_port() for _ in range(6))
+    etcd_port, peer_port, api_port, kcm_port, sched_port, kwok_port, prom_port = (process.free_port() for _ in range(7))
     server = f"https://127.0.0.1:{api_port}"
     kubeconfigs: dict[str, Path] = {}
     for component in ("admin", "kube-controller-manager", "kube-scheduler"):
@@ -228,14 +256,20 @@ def _start(
     (state / "kwok.yaml").write_text(kwok_config(pod_ready_delay))
 
     cluster = Cluster(name, state, kubeconfigs["admin"], server, pod_ready_delay)
+    if scrape_interval:
+        prometheus.prepare(state, scrape_interval)
+        url = f"http://127.0.0.1:{prom_port}"
+        cluster = dataclasses.replace(cluster, prometheus_url=url, scrape_interval=scrape_interval)
     _save(cluster)  # recorded before anything starts, so ``down`` can always clean up
 
-    def launch(component: str, exe: Path, args: list[str]) -> Proc:
+    def record(proc: Proc) -> Proc:
         nonlocal cluster
-        proc = process.start(component, exe, args, logs / f"{component}.log", state)
         cluster = dataclasses.replace(cluster, processes=(*cluster.processes, proc))
         _save(cluster)
         return proc
+
+    def launch(component: str, exe: Path, args: list[str]) -> Proc:
+        return record(process.start(component, exe, args, logs / f"{component}.log", state))
 
     def step(what: str, since: float) -> None:
         progress(f"  {what} ({time.monotonic() - since:.1f}s)")
@@ -257,6 +291,7 @@ def _start(
         kcm = launch("kube-controller-manager", binaries.kube_controller_manager, _kcm_args(pki, kubeconfigs, kcm_port))
         sched = launch("kube-scheduler", binaries.kube_scheduler, _scheduler_args(pki, kubeconfigs, sched_port))
         kwok = launch("kwok", binaries.kwok, _kwok_args(state, kubeconfigs["admin"], kwok_port))
+        prom = record(prometheus.launch(state, prom_port)) if scrape_interval else None
         for proc, url, context in (
             (kcm, f"https://127.0.0.1:{kcm_port}/healthz", tls),
             (sched, f"https://127.0.0.1:{sched_port}/readyz", tls),
@@ -264,6 +299,10 @@ def _start(
         ):
             process.wait_healthy(proc, _says_ok(url, context), timeout)
         step("kube-controller-manager, kube-scheduler and kwok healthy", t)
+        if prom is not None:
+            t = time.monotonic()
+            prometheus.wait_ready(prom, cluster.prometheus_url, timeout)
+            step(f"prometheus ready on {cluster.prometheus_url} (scrape interval {scrape_interval})", t)
 
         t = time.monotonic()
         api = cluster.api_client()
@@ -452,6 +491,7 @@ def attach(name: str, component: str, pid: int, log: str | Path = "") -> Cluster
     """Record another process (e.g. the operator started by ``mmfleet demo``) so that ``down`` stops it too.
 
     It does not count towards the cluster's health: a dead operator does not make ``up`` restart the cluster.
+    Dead processes recorded under the same ``component`` are forgotten, so restarts do not pile up.
     """
     with file_lock(_lock_path(name)):
         cluster = get(name)
@@ -461,10 +501,59 @@ def attach(name: str, component: str, pid: int, log: str | Path = "") -> Cluster
             exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
         except OSError as error:
             raise ClusterError(f"{component} (pid {pid}) is not running: {error}") from error
-        kept = tuple(p for p in cluster.processes if p.pid != pid)
+        kept = tuple(p for p in cluster.processes if p.pid != pid and (p.component != component or process.alive(p)))
         cluster = dataclasses.replace(cluster, processes=(*kept, Proc(component, pid, exe, str(log))))
         _save(cluster)
         return cluster
+
+
+def _prometheus_proc(cluster: Cluster) -> Proc | None:
+    return next((p for p in cluster.processes if p.component == prometheus.COMPONENT and process.alive(p)), None)
+
+
+def _start_prometheus(cluster: Cluster, timeout: float) -> Cluster:
+    """Start Prometheus again on its recorded port, with its configuration and data; the caller holds the lock."""
+    kept = tuple(p for p in cluster.processes if p.component != prometheus.COMPONENT)
+    proc = prometheus.launch(cluster.state_dir, prometheus.port_of(cluster.prometheus_url))
+    cluster = dataclasses.replace(cluster, processes=(*kept, proc))
+    _save(cluster)
+    prometheus.wait_ready(proc, cluster.prometheus_url, timeout)
+    return cluster
+
+
+def _with_prometheus(name: str) -> Cluster:
+    cluster = get(name)
+    if cluster is None:
+        raise ClusterError(f"no cluster named {name}; start one with: mmfleet cluster up --name {name}")
+    if not cluster.prometheus_url:
+        raise ClusterError(f"cluster {name} was started without Prometheus (--no-prometheus)")
+    return cluster
+
+
+def stop_prometheus(name: str = DEFAULT_NAME, grace: float = 10.0) -> Cluster:
+    """Stop only Prometheus (SIGTERM, SIGKILL after ``grace``); its data and port stay for ``start_prometheus``."""
+    _check_name(name)
+    with file_lock(_lock_path(name)):
+        cluster = _with_prometheus(name)
+        mine = [p for p in cluster.processes if p.component == prometheus.COMPONENT]
+        survivors = process.stop(mine, grace)
+        if survivors:
+            raise ClusterError(f"could not stop prometheus (pid {survivors[0].pid})")
+        cluster = dataclasses.replace(
+            cluster, processes=tuple(p for p in cluster.processes if p.component != prometheus.COMPONENT)
+        )
+        _save(cluster)
+        return cluster
+
+
+def start_prometheus(name: str = DEFAULT_NAME, timeout: float = 60.0) -> Cluster:
+    """Start Prometheus again after ``stop_prometheus`` (same URL, same TSDB); a no-op while it runs."""
+    _check_name(name)
+    with file_lock(_lock_path(name)):
+        cluster = _with_prometheus(name)
+        if _prometheus_proc(cluster) is not None:
+            return cluster
+        return _start_prometheus(cluster, timeout)
 
 
 def _lock_path(name: str) -> Path:
@@ -473,7 +562,8 @@ def _lock_path(name: str) -> Path:
 
 
 def env(name: str = DEFAULT_NAME) -> str:
-    """The shell line that points kubectl (and the operator) at the cluster: ``export KUBECONFIG=...``."""
+    """The shell lines that point kubectl, the operator and tests at the cluster: ``export KUBECONFIG=...``
+    and, with Prometheus, ``export MMFLEET_PROMETHEUS_URL=...``."""
     cluster = get(name)
     if cluster is None:
         raise ClusterError(f"no cluster named {name}; start one with: mmfleet cluster up --name {name}")
@@ -488,6 +578,9 @@ def status(name: str = DEFAULT_NAME) -> str:
     lines = [f"cluster {name}: {'running' if _healthy(cluster) else 'NOT healthy'}", f"  server     {cluster.server}"]
     lines.append(f"  kubeconfig {cluster.kubeconfig}")
     lines.append(f"  state      {cluster.state_dir}")
+    if cluster.prometheus_url:
+        running = "running" if _prometheus_proc(cluster) is not None else "stopped"
+        lines.append(f"  prometheus {cluster.prometheus_url} ({running}, scrape interval {cluster.scrape_interval})")
     for proc in cluster.processes:
         lines.append(f"  {proc.component:<24} pid {proc.pid:<8} {'running' if process.alive(proc) else 'stopped'}")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """``mmfleet cluster up|down|env|status``: the local cluster from the command line.
 
-Progress goes to stderr and the ``export KUBECONFIG=...`` line to stdout, so
-``eval "$(mmfleet cluster up)"`` points the shell at the new cluster.
+Progress goes to stderr and the ``export KUBECONFIG=...`` (and ``MMFLEET_PROMETHEUS_URL``) lines to
+stdout, so ``eval "$(mmfleet cluster up)"`` points the shell at the new cluster.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from mmfleet.localcluster.build import BuildError
 from mmfleet.localcluster.cluster import DEFAULT_NAME, down, env, status, up
 from mmfleet.localcluster.nodes import DEFAULT_POOLS, parse_pool
 from mmfleet.localcluster.process import ClusterError
+from mmfleet.localcluster.prometheus import DEFAULT_SCRAPE_INTERVAL
 
 
 def _progress(line: str) -> None:
@@ -28,6 +29,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             pod_ready_delay=args.pod_ready_delay,
             nodes=() if args.no_nodes else pools,
             progress=_progress,
+            with_prometheus=not args.no_prometheus,
+            scrape_interval=args.scrape_interval,
         )
     except (ClusterError, BuildError, TimeoutError, ValueError) as error:
         print(f"mmfleet cluster up: {error}", file=sys.stderr)
@@ -65,7 +68,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cluster`` with its ``up|down|env|status`` subcommands; each sets ``func`` returning an exit code."""
     p_cluster = subparsers.add_parser(
-        "cluster", help="run a local control plane (etcd, kube-apiserver, kcm, scheduler) with kwok GPU nodes"
+        "cluster",
+        help="run a local control plane (etcd, kube-apiserver, kcm, scheduler) with kwok GPU nodes and Prometheus",
     )
     sub = p_cluster.add_subparsers(dest="cluster_command", required=True)
 
@@ -86,7 +90,15 @@ def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="a fake GPU node pool, repeatable (default: eks:H100:2, 8 GPUs per node)",
     )
     p_up.add_argument("--no-nodes", action="store_true", help="create no nodes")
+    p_up.add_argument(
+        "--scrape-interval",
+        default=DEFAULT_SCRAPE_INTERVAL,
+        help=f"Prometheus' scrape and evaluation interval, a Prometheus duration (default: {DEFAULT_SCRAPE_INTERVAL})",
+    )
+    p_up.add_argument("--no-prometheus", action="store_true", help="start no Prometheus")
     p_up.set_defaults(func=_cmd_up)
     named("down", "stop every component and delete the cluster's state").set_defaults(func=_cmd_down)
-    named("env", "print export KUBECONFIG=... for the cluster").set_defaults(func=_cmd_env)
-    named("status", "show the components' pids and health").set_defaults(func=_cmd_status)
+    named("env", "print export KUBECONFIG=... and MMFLEET_PROMETHEUS_URL=... for the cluster").set_defaults(
+        func=_cmd_env
+    )
+    named("status", "show the components' pids and health, and Prometheus' URL").set_defaults(func=_cmd_status)
