@@ -13,7 +13,6 @@ from mmfleet.twin.observe import (
     LAYOUT,
     MetricBook,
     Prometheus,
-    exposition,
     extrapolated_rate,
     histogram_quantile,
     query,
@@ -91,13 +90,3 @@ def test_missing_until_two_scrapes_and_outage() -> None:
     lat = by_t[150.0].latency
     assert lat is not None and 0.3 < lat < 10.0
 
-
-def test_exposition_uses_vllm_names() -> None:
-    book = MetricBook()
-    r = book.add_replica()
-    book.observe("ttft", r, 0.03)
-    text = exposition(book.export(r), (2.0, 1.0, 0.25), model_name="qwen")
-    assert 'vllm:time_to_first_token_seconds_bucket{model_name="qwen",engine="0",le="0.04"} 1' in text
-    assert 'vllm:e2e_request_latency_seconds_bucket{model_name="qwen",engine="0",le="+Inf"} 0' in text
-    assert "vllm:num_requests_running{" in text and "vllm:kv_cache_usage_perc{" in text
-    assert "vllm:request_success_total{" in text and "vllm:generation_tokens_total{" in text

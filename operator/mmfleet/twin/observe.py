@@ -381,29 +381,3 @@ def query(
         extra=extra,
     )
 
-
-def exposition(counters: np.ndarray, gauges: tuple[float, float, float], model_name: str = "model") -> str:
-    """One pod's /metrics in the Prometheus text format, with vLLM's names and labels."""
-    lab = f'{BACKEND.metrics.model_label}="{model_name}",engine="0"'
-    lines: list[str] = []
-    for hist, (off, bounds) in HISTOGRAMS.items():
-        name = HISTOGRAM_NAMES[hist]
-        lines.append(f"# TYPE {name} histogram")
-        for i, b in enumerate((*bounds, math.inf)):
-            le = "+Inf" if math.isinf(b) else repr(float(b))
-            lines.append(f'{name}_bucket{{{lab},le="{le}"}} {counters[off + i]:.17g}')
-        lines.append(f"{name}_sum{{{lab}}} {counters[off + len(bounds) + 1]:.17g}")
-        lines.append(f"{name}_count{{{lab}}} {counters[off + len(bounds) + 2]:.17g}")
-    m = BACKEND.metrics
-    for name, col in (
-        (m.requests_finished, LAYOUT.success),
-        (PROMPT_TOKENS_TOTAL, LAYOUT.prompt),
-        (GENERATION_TOKENS_TOTAL, LAYOUT.generation),
-    ):
-        lines.append(f"# TYPE {name.removesuffix('_total')} counter")
-        extra = ',finished_reason="stop"' if name == m.requests_finished else ""
-        lines.append(f"{name}{{{lab}{extra}}} {counters[col]:.17g}")
-    for name, val in ((m.running, gauges[0]), (m.waiting, gauges[1]), (m.kv_cache_usage, gauges[2])):
-        lines.append(f"# TYPE {name} gauge")
-        lines.append(f"{name}{{{lab}}} {val:.17g}")
-    return "\n".join(lines) + "\n"
