@@ -31,8 +31,6 @@ from typing import Final
 
 import numpy as np
 
-from mmfleet.backends.vllm import BACKEND
-
 # vLLM 0.33 default buckets (backends.md 1.5, v1/metrics/buckets.py).
 E2E_BUCKETS: Final = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
@@ -82,7 +80,6 @@ HISTOGRAMS: Final[dict[str, tuple[int, tuple[float, ...]]]] = {
     "itl": (LAYOUT.itl, ITL_BUCKETS),
 }
 # Exported names, as Prometheus stores them (the twin's /metrics exporter uses the same).
-HISTOGRAM_NAMES: Final = {"e2e": BACKEND.metrics.e2e, "ttft": BACKEND.metrics.ttft, "itl": BACKEND.metrics.itl}
 
 
 class MetricBook:
