@@ -542,7 +542,10 @@ class SloStatus(Model):
     observed: str | None = Field(default=None, description="Measured percentile latency, e.g. 1.42s.")
     target: str | None = Field(default=None, description="The target from spec.autoscaling.slo.")
     attainment: float | None = Field(
-        default=None, ge=0, le=1, description="Share of windows in the last hour that met the target."
+        default=None,
+        ge=0,
+        le=1,
+        description="Share of the autoscaling cycles of the last hour whose measured percentile met the target.",
     )
     last_evaluated: datetime | None = Field(default=None, description="When the latency was last measured.")
 
@@ -564,6 +567,12 @@ class MultimodalInferenceStatus(Model):
     backend: str | None = Field(default=None, description="Backend in use (spec.backend.name with its default).")
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
+    last_scale_time: datetime | None = Field(default=None, description="When the autoscaler last changed the replicas.")
+    last_scale_reason: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Why the autoscaler last changed the replicas, e.g. P90 2.8s > target 2s, ...: 4 -> 7.",
+    )
 
 
 class ObjectMeta(Model):

@@ -4,16 +4,24 @@ One reconcile: parse the spec, resolve the cloud, render, server-side apply ever
 observe, write status. Children are watched too, so a child deleted or edited by hand is
 re-applied, and pod or Deployment changes refresh the parent's status. kopf indexes keep
 the fleets, Deployments and pods in memory, so a status refresh costs one API request.
+
+The autoscaler is one loop for all fleets (``autoscale_forever``): every cycle it reads the
+indexes, asks Prometheus one batched query per signal, and per fleet decides (the pure
+``autoscaler.cycle``), scales through the Deployment's scale subresource, writes status and
+posts an event for every scale decision.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -23,6 +31,7 @@ from pydantic import ValidationError
 
 from mmfleet import clouds, render, status
 from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference, MultimodalInferenceStatus
+from mmfleet.autoscaler import cycle, metrics
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube, RetryableError
 from mmfleet.render import INFERENCE_LABEL, SpecError
@@ -41,8 +50,11 @@ OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonit
 DISCOVERY_CACHE_SECONDS = 600
 # Status is event-driven; this periodic recompute from the indexes only catches a missed event.
 RESYNC_SECONDS = 300
+# Condition transitions a person should hear about, as Warning events: the status that is bad news.
+WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True"}
 Key = tuple[str, str]
 Body = dict[str, Any]
+EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # (object, type, reason, message)
 
 
 @dataclass
@@ -60,6 +72,9 @@ class State:
     children: defaultdict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
     written: dict[Key, MultimodalInferenceStatus] = field(default_factory=dict)
     locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
+    # The autoscaler's memory of each autoscaled fleet (policy state, attainment, cold start).
+    scaling: dict[Key, cycle.Memory] = field(default_factory=dict)
+    autoscaler: asyncio.Task[None] | None = None
 
 
 STATE = State()
@@ -113,13 +128,22 @@ def _previous_status(body: Body) -> MultimodalInferenceStatus | None:
         return None
 
 
+def _kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    target = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(body)))
+    kopf.event(target, type=type_, reason=reason, message=message)
+
+
 def _write_status(
-    body: kopf.Body | Body, new: MultimodalInferenceStatus, previous: MultimodalInferenceStatus | None
+    body: kopf.Body | Body,
+    new: MultimodalInferenceStatus,
+    previous: MultimodalInferenceStatus | None,
+    post: EventPoster = _kopf_event,
 ) -> None:
     """Write status only when it changed, and tell the user about transitions as events.
 
     "Changed" is judged against what this process last wrote (the operator is the only writer),
-    because the watched copy of the resource can lag behind our own last patch.
+    because the watched copy of the resource can lag behind our own last patch. ``post`` posts an
+    event: kopf's poster from handlers, the API server directly from the autoscaler loop.
     """
     wire = new.wire()
     meta = body["metadata"]
@@ -129,16 +153,15 @@ def _write_status(
         return
     _kube().patch_status(meta["namespace"], meta["name"], wire)
     STATE.written[key] = new
-    target = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, body))
     before = {c.type: c for c in previous.conditions} if previous else {}
     for condition in new.conditions:
         old = before.get(condition.type)
         if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
             continue
-        if condition.type == "Degraded" and condition.status == "True":
-            kopf.event(target, type="Warning", reason=condition.reason, message=condition.message)
+        if condition.status == WARNING_WHEN.get(condition.type):
+            post(body, "Warning", condition.reason, condition.message)
         elif condition.type == "Ready" and condition.status == "True":
-            kopf.event(target, type="Normal", reason="Ready", message=condition.message)
+            post(body, "Normal", "Ready", condition.message)
 
 
 def _now() -> datetime:
@@ -299,7 +322,7 @@ def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Bod
 def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     pod_status = body.status
     slim = {
-        "metadata": _slim_meta(body.meta),
+        "metadata": _slim_meta(body.meta, "creationTimestamp"),  # the autoscaler measures cold starts from it
         "status": {k: pod_status[k] for k in ("phase", "conditions", "containerStatuses") if k in pod_status},
     }
     return {(namespace or "", labels[INFERENCE_LABEL]): slim}
@@ -324,6 +347,7 @@ def delete_fleet(namespace: str | None, name: str, **_: Any) -> None:
     key = (namespace or "", name)
     STATE.locks.pop(key, None)
     STATE.written.pop(key, None)
+    STATE.scaling.pop(key, None)
     for uid in STATE.children.pop(key, set()):
         STATE.applied.pop(uid, None)
 
@@ -375,6 +399,149 @@ def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
 def resync_fleet(namespace: str | None, name: str, **kwargs: Any) -> None:
     """A safety net for any missed watch event; costs no request unless the status is wrong."""
     refresh_status((namespace or "", name), kwargs)
+
+
+# --- the autoscaler ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """One autoscaled fleet as the indexes showed it at the start of a cycle."""
+
+    key: Key
+    body: Body
+    deployment: Body | None
+    pods: list[Body]
+
+
+def autoscaled_fleets(
+    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
+) -> list[FleetView]:
+    """A snapshot of the fleets with an autoscaling section, taken on the event loop, where kopf updates the indexes."""
+    views = []
+    for key, found in fleets.items():
+        body = next(iter(found), None)
+        if body is None or body["metadata"].get("deletionTimestamp") or not body.get("spec", {}).get("autoscaling"):
+            continue
+        views.append(FleetView(key, body, next(iter(deployments.get(key, [])), None), list(pods.get(key, []))))
+    return views
+
+
+def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, pool: ThreadPoolExecutor) -> None:
+    """One cycle over every autoscaled fleet: one batched read of Prometheus, then the fleets side by side."""
+    started, now = time.perf_counter(), _now()
+    fleets: list[tuple[FleetView, MultimodalInference]] = []
+    for view in views:
+        with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
+            inference = parse(view.body)
+            if inference.spec.autoscaled and view.deployment is not None:
+                fleets.append((view, inference))
+    for gone in STATE.scaling.keys() - {view.key for view, _ in fleets}:
+        STATE.scaling.pop(gone, None)  # autoscaling turned off: start afresh if it comes back
+    if prometheus is None:
+        readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
+    else:
+        readings = prometheus.read([_target(inference) for _, inference in fleets], now.timestamp())
+    scaled = sum(pool.map(lambda fleet: _autoscale_fleet(fleet[0], fleet[1], readings, now), fleets))
+    log.info(
+        "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, in %.0f ms",
+        len(fleets), readings.queries, " (failed)" if readings.outage else "", scaled,
+        (time.perf_counter() - started) * 1000,
+    )  # fmt: skip
+
+
+def _target(inference: MultimodalInference) -> metrics.Target:
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None
+    slo = autoscaling.slo
+    meta = inference.metadata
+    return metrics.Target(
+        meta.namespace, meta.name, inference.spec.backend.name, metrics.Slo(slo.metric, slo.percentile, slo.window)
+    )
+
+
+def _autoscale_fleet(
+    view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime
+) -> bool:
+    """Decide, scale, write status and post the event for one fleet; whether it was scaled."""
+    assert view.deployment is not None
+    replicas = view.deployment.get("spec", {}).get("replicas")
+    if replicas is None:
+        return False
+    meta = inference.metadata
+    config = STATE.config
+    try:
+        with STATE.locks[view.key]:
+            seen = cycle.Seen(
+                int(replicas), cycle.count_pods(view.pods), readings.signals.get(view.key), readings.outage
+            )
+            memory = STATE.scaling.get(view.key, cycle.Memory())
+            outcome = cycle.decide(
+                inference,
+                seen,
+                memory,
+                now,
+                interval=config.autoscale_interval,
+                default_cold_start=config.default_cold_start,
+            )
+            STATE.scaling[view.key] = outcome.memory
+            kube = _kube()
+            if outcome.scaled:
+                kube.scale(meta.namespace, meta.name, outcome.replicas)
+                log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
+            previous = STATE.written.get(view.key, inference.status)
+            _write_status(view.body, cycle.scaled_status(inference, outcome, previous, now), previous, kube.post_event)
+            if outcome.scaled:
+                kube.post_event(view.body, "Normal", outcome.event_reason, outcome.reason)
+    except Exception:  # one fleet's failure (an API error, a bug) must not stop the others
+        log.exception("autoscaling %s/%s failed", meta.namespace, meta.name)
+        return False
+    return outcome.scaled
+
+
+async def autoscale_forever(
+    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
+) -> None:
+    """Every ``autoscale_interval``: a snapshot of the indexes here, the cycle's blocking I/O in a thread."""
+    config = STATE.config
+    prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
+    pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
+    try:
+        while True:
+            started = time.monotonic()
+            views = autoscaled_fleets(fleets, deployments, pods)
+            try:
+                await asyncio.to_thread(autoscale, views, prometheus, pool)
+            except Exception:
+                log.exception("autoscaling cycle failed")
+            await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
+    finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
+        pool.shutdown(wait=False, cancel_futures=True)
+        if prometheus is not None:
+            prometheus.close()
+
+
+@kopf.on.startup()
+async def start_autoscaler(**kwargs: Any) -> None:
+    """Start the loop once kopf's indexes exist (they fill as the watches start; the first cycle waits one interval)."""
+    indexes = (kwargs["fleets"], kwargs["fleet_deployments"], kwargs["fleet_pods"])
+
+    async def run() -> None:
+        await asyncio.sleep(STATE.config.autoscale_interval)
+        await autoscale_forever(*indexes)
+
+    STATE.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")
+    log.info(
+        "autoscaler: every %gs, Prometheus %s", STATE.config.autoscale_interval, STATE.config.prometheus_url or "(none)"
+    )
+
+
+@kopf.on.cleanup()
+async def stop_autoscaler(**_: Any) -> None:
+    if STATE.autoscaler is not None:
+        STATE.autoscaler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await STATE.autoscaler
 
 
 def _child_handler(group: str, version: str, plural: str) -> None:

@@ -8,9 +8,11 @@ them so the operator benchmark can report requests per reconcile.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -23,7 +25,9 @@ from mmfleet.api import API_VERSION, KIND
 from mmfleet.render import FIELD_MANAGER
 
 Obj = dict[str, Any]
+log = logging.getLogger("mmfleet")
 AUTOSCALER_FIELD_MANAGER = "mmfleet-autoscaler"
+EVENT_MESSAGE_LIMIT = 1024  # what kopf cuts event messages to
 
 
 class RetryableError(Exception):
@@ -111,19 +115,31 @@ class Kube:
             self.dynamic.delete(resource, name=name, namespace=namespace)
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = AUTOSCALER_FIELD_MANAGER) -> None:
-        """Set a Deployment's replicas as their owner.
+        """Set a Deployment's replicas through its scale subresource, as their owner.
 
-        Server-side apply of replicas alone, rather than a patch of the scale subresource: an
-        unchanged value written through /scale records no owner, and the renderer's next apply
-        (which leaves replicas out when autoscaling) would then reset the field to 1.
+        Server-side apply of an autoscaling/v1 Scale, not a merge patch: a patch that leaves the
+        value unchanged records no owner, and the renderer's next apply (which leaves replicas out
+        when autoscaling) would then reset the field to 1. Applied, the field is owned by
+        ``manager`` even when the value does not change (checked on kube-apiserver 1.34).
         """
+        resource = self._resource("apps/v1", "Deployment").subresources["scale"]
         body = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"replicas": replicas},
         }
-        self.apply(body, manager=manager)
+        self._count()
+        with self._errors():
+            self.dynamic.patch(
+                resource,
+                body=body,
+                name=name,
+                namespace=namespace,
+                content_type="application/apply-patch+yaml",
+                field_manager=manager,
+                force_conflicts=True,
+            )
 
     def patch_status(self, namespace: str, name: str, status: Obj) -> None:
         """Replace the fields of a MultimodalInference's status; never touches its spec."""
@@ -138,6 +154,41 @@ class Kube:
                 content_type="application/merge-patch+json",
                 field_manager=FIELD_MANAGER,
             )
+
+    def post_event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``obj``, shaped as kopf posts them.
+
+        For the autoscaler loop: kopf's ``kopf.event`` only works inside its own handlers' context.
+        Events are auxiliary, so a refused one (e.g. its namespace is being deleted) is logged, as
+        kopf's poster does, and never fails the caller.
+        """
+        meta = obj["metadata"]
+        now = datetime.now(UTC).isoformat()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._count()
+        try:
+            self.dynamic.create(self._resource("v1", "Event"), body=event, namespace=meta["namespace"])
+        except ApiException as error:
+            log.warning("event %s for %s/%s not posted: %s %s", reason, meta["namespace"], meta["name"],
+                        error.status, error.reason)  # fmt: skip
 
     def provider_ids(self) -> list[str]:
         nodes = self.list_objects("v1", "Node")

@@ -38,6 +38,15 @@ class Observed:
     cloud: str | None = None
 
 
+def scheduling_failure(pod: dict[str, Any]) -> PodProblem | None:
+    """Why the scheduler found no node for a pod (PodScheduled False), or None."""
+    for entry in (pod.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == "PodScheduled" and entry.get("status") == "False":
+            name = pod.get("metadata", {}).get("name", "")
+            return PodProblem(name, entry.get("reason") or "Unschedulable", entry.get("message") or "")
+    return None
+
+
 def pod_problems(pods: list[dict[str, Any]]) -> list[PodProblem]:
     """Why pods are not serving, in the words of the scheduler and the kubelet."""
     found = []
@@ -46,11 +55,9 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[PodProblem]:
         if pod.get("metadata", {}).get("deletionTimestamp"):
             continue
         status = pod.get("status") or {}
-        for condition in status.get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-                found.append(
-                    PodProblem(name, condition.get("reason") or "Unschedulable", condition.get("message") or "")
-                )
+        unscheduled = scheduling_failure(pod)
+        if unscheduled is not None:
+            found.append(unscheduled)
         for container in status.get("containerStatuses") or []:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in BROKEN_WAITING_REASONS:
@@ -68,16 +75,17 @@ def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] 
     return low if current is None else min(max(int(current), low), high)
 
 
-def _condition(
+def condition(
     kind: str,
-    ok: bool,
+    ok: bool | None,
     reason: str,
     message: str,
     previous: dict[str, Condition],
     now: datetime,
     generation: int | None,
 ) -> Condition:
-    status = "True" if ok else "False"
+    """A condition whose transition time moves only when its status does; ``ok`` None is Unknown."""
+    status = "Unknown" if ok is None else "True" if ok else "False"
     before = previous.get(kind)
     since = before.last_transition_time if before is not None and before.status == status else now
     return Condition.model_validate(
@@ -94,9 +102,9 @@ def _condition(
 
 def _deployment_progress(deployment: dict[str, Any]) -> tuple[bool, str]:
     """Whether the Deployment gave up rolling out (ProgressDeadlineExceeded), and its message."""
-    for condition in deployment.get("status", {}).get("conditions") or []:
-        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
-            return True, condition.get("message") or "rollout exceeded its progress deadline"
+    for entry in deployment.get("status", {}).get("conditions") or []:
+        if entry.get("type") == "Progressing" and entry.get("reason") == "ProgressDeadlineExceeded":
+            return True, entry.get("message") or "rollout exceeded its progress deadline"
     return False, ""
 
 
@@ -105,14 +113,18 @@ def compute_status(
 ) -> MultimodalInferenceStatus:
     generation = inference.metadata.generation
     before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
-    kept = [before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before]
+    # What the autoscaler wrote stays while it is on, and goes with it (no stale SLOMet after it is off).
+    scaler = previous if previous is not None and inference.spec.autoscaled else None
+    kept = [before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before] if scaler else []
     base = {
         "observedGeneration": generation,
         "selector": render.selector_string(inference),
         "endpoint": render.endpoint(inference),
         "cloud": observed.cloud,
         "backend": inference.spec.backend.name,
-        "slo": previous.slo if previous else None,
+        "slo": scaler.slo if scaler else None,
+        "lastScaleTime": scaler.last_scale_time if scaler else None,
+        "lastScaleReason": scaler.last_scale_reason if scaler else None,
     }
 
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
@@ -125,9 +137,9 @@ def compute_status(
         return status(
             "Pending",
             [
-                _condition("Ready", False, "Creating", "creating the Deployment", before, now, generation),
-                _condition("Progressing", True, "Creating", "creating the Deployment", before, now, generation),
-                _condition("Degraded", False, "AsExpected", "", before, now, generation),
+                condition("Ready", False, "Creating", "creating the Deployment", before, now, generation),
+                condition("Progressing", True, "Creating", "creating the Deployment", before, now, generation),
+                condition("Degraded", False, "AsExpected", "", before, now, generation),
             ],
             desiredReplicas=desired,
         )
@@ -143,11 +155,11 @@ def compute_status(
 
     ready_message = f"{ready}/{desired} replicas ready"
     if serving:
-        ready_cond = _condition("Ready", True, "ReplicasReady", ready_message, before, now, generation)
-        progressing = _condition("Progressing", False, "RolledOut", ready_message, before, now, generation)
+        ready_cond = condition("Ready", True, "ReplicasReady", ready_message, before, now, generation)
+        progressing = condition("Progressing", False, "RolledOut", ready_message, before, now, generation)
     else:
-        ready_cond = _condition("Ready", False, "ReplicasNotReady", ready_message, before, now, generation)
-        progressing = _condition(
+        ready_cond = condition("Ready", False, "ReplicasNotReady", ready_message, before, now, generation)
+        progressing = condition(
             "Progressing",
             not stalled,
             "ProgressDeadlineExceeded" if stalled else "ReplicasStarting",
@@ -159,13 +171,13 @@ def compute_status(
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        degraded = _condition(
+        degraded = condition(
             "Degraded", True, first.reason, f"pod {first.pod}: {first.message}{more}", before, now, generation
         )
     elif stalled:
-        degraded = _condition("Degraded", True, "ProgressDeadlineExceeded", stall_message, before, now, generation)
+        degraded = condition("Degraded", True, "ProgressDeadlineExceeded", stall_message, before, now, generation)
     else:
-        degraded = _condition("Degraded", False, "AsExpected", "", before, now, generation)
+        degraded = condition("Degraded", False, "AsExpected", "", before, now, generation)
 
     phase: Phase = "Ready" if serving else ("Degraded" if degraded.status == "True" else "Progressing")
     return status(
@@ -184,9 +196,9 @@ def invalid_status(
     before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
     message = "; ".join(problems)
     conditions = [
-        _condition("Ready", False, "InvalidSpec", message, before, now, generation),
-        _condition("Progressing", False, "InvalidSpec", "fix the spec to continue", before, now, generation),
-        _condition("Degraded", True, "InvalidSpec", message, before, now, generation),
+        condition("Ready", False, "InvalidSpec", message, before, now, generation),
+        condition("Progressing", False, "InvalidSpec", "fix the spec to continue", before, now, generation),
+        condition("Degraded", True, "InvalidSpec", message, before, now, generation),
         *(before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before),
     ]
     kept = previous.model_dump(exclude={"conditions", "phase", "observed_generation"}) if previous else {}

@@ -58,6 +58,7 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("mmfleet.io", ["multimodalinferences/finalizers"], ["update"])
     # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers.
     | _triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
+    | _triples("apps", ["deployments/scale"], ["patch"])  # kube.Kube.scale: server-side apply on /scale
     | _triples("", ["services", "serviceaccounts"], ["list", "watch", "create", "patch"])
     | _triples("", ["configmaps"], ["get", "list", "watch", "create", "patch", "delete"])  # pruned
     | _triples("policy", ["poddisruptionbudgets"], ["list", "watch", "create", "patch"])

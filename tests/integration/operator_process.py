@@ -15,13 +15,14 @@ from typing import Any
 class OperatorProcess:
     """Start, kill and restart `mmfleet run`; its log goes to a file for post-mortems."""
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
+        self.env = env or {}  # MMFLEET_* settings for the next start
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""],

@@ -168,6 +168,13 @@ def test_turning_autoscaling_on_never_drops_serving_replicas(fleet: Fleet) -> No
         time.sleep(0.1)
     assert min(seen) == 3, f"replicas dipped while the scaler took over: {sorted(set(seen))}"
     fleet.wait_ready("handover", replicas=3)
+    # Server-side apply on the scale subresource recorded the owner although the value did not change.
+    owners = [
+        (f.manager, f.subresource)
+        for f in fleet.deployment("handover").metadata.managed_fields
+        if "f:replicas" in (f.fields_v1 or {}).get("f:spec", {})
+    ]
+    assert owners == [("mmfleet-autoscaler", "scale")]
 
 
 def test_invalid_resource_is_rejected_by_the_api_server_with_field_path(cluster: Cluster, namespace: str) -> None:

@@ -39,3 +39,18 @@ def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -
     }
     assert not controller._scaler_owns_replicas(renderer_only)
     assert controller._scaler_owns_replicas({"metadata": {"scalerOwnsReplicas": True}})  # as the index keeps it
+
+
+def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_children() -> None:
+    def fleet(name: str, **extra: object) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": "ml", **extra}, "spec": {"autoscaling": {"maxReplicas": 4}}}
+
+    fleets = {
+        ("ml", "a"): [fleet("a")],
+        ("ml", "leaving"): [fleet("leaving", deletionTimestamp="2026-11-29T00:00:00Z")],
+        ("ml", "fixed"): [{"metadata": {"name": "fixed", "namespace": "ml"}, "spec": {"replicas": 2}}],
+    }
+    deployments = {("ml", "a"): [{"spec": {"replicas": 3}}], ("ml", "fixed"): [{"spec": {"replicas": 2}}]}
+    pods = {("ml", "a"): [{"metadata": {"name": "a-1"}}, {"metadata": {"name": "a-2"}}]}
+    views = controller.autoscaled_fleets(fleets, deployments, pods)  # plain mappings stand in for kopf indexes
+    assert [(v.key, v.deployment, len(v.pods)) for v in views] == [(("ml", "a"), {"spec": {"replicas": 3}}, 2)]

@@ -111,17 +111,24 @@ def test_transition_time_is_kept_while_status_is_unchanged() -> None:
     assert ready.last_transition_time == NOW + timedelta(minutes=9)
 
 
-def test_autoscaler_conditions_and_slo_are_carried_over() -> None:
+def test_autoscaler_conditions_and_slo_are_carried_over_while_autoscaling_is_on() -> None:
     previous = MultimodalInferenceStatus.model_validate(
         {
-            "conditions": [{"type": "SLOMet", "status": "True", "reason": "UnderTarget"}],
+            "conditions": [{"type": "SLOMet", "status": "True", "reason": "TargetMet"}],
             "slo": {"observed": "1.2s", "target": "2s"},
+            "lastScaleReason": "P90 2.8s > target 2s: 4 -> 7",
         }
     )
-    status = compute_status(inference(), Observed(deployment=deployment(1, 1)), previous, NOW)
-    assert conditions(status)["SLOMet"] == ("True", "UnderTarget")
+    auto = inference(autoscaling={"slo": {"target": "2s"}})
+    status = compute_status(auto, Observed(deployment=deployment(1, 1)), previous, NOW)
+    assert conditions(status)["SLOMet"] == ("True", "TargetMet")
     assert status.slo is not None
     assert status.slo.observed == "1.2s"
+    assert status.last_scale_reason == "P90 2.8s > target 2s: 4 -> 7"
+    # Turned off: nothing of the autoscaler's stays to mislead (no SLOMet nobody updates any more).
+    off = compute_status(inference(), Observed(deployment=deployment(1, 1)), status, NOW)
+    assert "SLOMet" not in conditions(off)
+    assert (off.slo, off.last_scale_reason) == (None, None)
 
 
 def test_desired_replicas_with_autoscaling_stays_in_bounds() -> None:

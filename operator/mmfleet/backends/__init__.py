@@ -7,9 +7,12 @@ upstream source of the pinned version (the module docstrings cite where); nothin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from mmfleet.api import MultimodalInference, SloMetric
+
+# The fleet-level signals besides the SLO latency, as the autoscaler reads them.
+Signal = Literal["request_rate", "waiting", "running", "kv_cache_usage"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,14 @@ class MetricNames:
 
     def histogram(self, metric: SloMetric) -> str:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
+
+    def series(self, signal: Signal) -> str:
+        return {
+            "request_rate": self.requests_finished,
+            "waiting": self.waiting,
+            "running": self.running,
+            "kv_cache_usage": self.kv_cache_usage,
+        }[signal]
 
 
 @dataclass(frozen=True)
@@ -132,3 +143,16 @@ def latency_quantile_promql(
     series = backend.metrics.histogram(metric)
     labels = ", ".join(("le", *by))
     return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) (rate({series}_bucket[{window}])))"
+
+
+def signal_promql(backend: Backend, signal: Signal, window: str, by: tuple[str, ...]) -> str:
+    """One fleet-level signal from the per-pod series, grouped by ``by``.
+
+    Completions per second and the running and waiting requests add up over pods; KV-cache use is
+    each pod's share of its own cache, so it is averaged. ``window`` is the rate window.
+    """
+    series = backend.metrics.series(signal)
+    labels = ", ".join(by)
+    if signal == "request_rate":
+        return f"sum by ({labels}) (rate({series}[{window}]))"
+    return f"{'avg' if signal == 'kv_cache_usage' else 'sum'} by ({labels}) ({series})"

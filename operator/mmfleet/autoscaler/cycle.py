@@ -1,0 +1,317 @@
+"""One autoscaling cycle of one fleet, as pure functions: what was seen -> decision -> status.
+
+The loop in the controller gathers what the API server (kopf's indexes) and Prometheus show, and
+hands it here; nothing in this module does I/O, so every rule below is unit-tested on plain data:
+
+- silence is not zero: with Prometheus unavailable or a series missing the fleet holds its
+  replicas, and ``MetricsAvailable`` says which; the policy is not even asked;
+- a fleet that finished no request and has none in flight is idle, which meets any target: the
+  policy sees a latency of 0, so an idle fleet can return to ``minReplicas`` once its window passes;
+- the cold start L the policy plans with is measured on the fleet's own pods (creation to Ready),
+  with a configured default until one of them has been Ready;
+- attainment is the share of measured cycles over the last hour whose percentile met the target.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, SloSpec, SloStatus, seconds
+from mmfleet.autoscaler import Observation
+from mmfleet.autoscaler.metrics import Signals
+from mmfleet.autoscaler.policy import SloPolicy
+from mmfleet.status import AUTOSCALER_CONDITIONS, condition, scheduling_failure
+
+ATTAINMENT_WINDOW = 3600.0  # s
+# A condition before it meets the previous status: (type, True/False/None for Unknown, reason, message).
+ConditionRow = tuple[str, bool | None, str, str]
+
+
+@dataclass(frozen=True)
+class Pods:
+    """The fleet's pods as the API server shows them (terminating ones left out: they serve no more)."""
+
+    ready: int = 0
+    starting: int = 0  # scheduled or about to be, not Ready yet
+    unschedulable: int = 0  # the scheduler found no node (for GPU pods: no free GPUs)
+    why_unschedulable: str = ""  # the scheduler's message about the first of them
+    cold_start: float | None = None  # median creation -> Ready of the Ready pods, s
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def _ready(pod: dict[str, Any]) -> tuple[bool, datetime | None]:
+    """Whether a pod is Ready, and since when if the kubelet said."""
+    for entry in (pod.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == "Ready" and entry.get("status") == "True":
+            return True, _time(entry.get("lastTransitionTime"))
+    return False, None
+
+
+def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
+    """Ready, starting and unschedulable pods, and the cold start measured on the Ready ones."""
+    ready = starting = unschedulable = 0
+    why = ""
+    cold_starts: list[float] = []
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        is_ready, since = _ready(pod)
+        failure = scheduling_failure(pod)
+        if is_ready:
+            ready += 1
+            created = _time(meta.get("creationTimestamp"))
+            if created is not None and since is not None and since >= created:
+                cold_starts.append((since - created).total_seconds())
+        elif failure is not None:
+            unschedulable += 1
+            why = why or f"pod {failure.pod}: {failure.message or failure.reason}"
+        else:
+            starting += 1
+    cold_start = statistics.median(cold_starts) if cold_starts else None
+    return Pods(ready, starting, unschedulable, why, cold_start)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the loop keeps about one fleet between cycles (in the operator's memory only)."""
+
+    policy_state: Any = None  # None: the policy's initial state
+    verdicts: tuple[tuple[float, bool], ...] = ()  # (time, met the target) of each measured cycle
+    cold_start: float | None = None  # the last one measured, kept when the measured pods are gone
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One cycle's view of a fleet: the Deployment's replicas, its pods, and Prometheus' answer."""
+
+    current: int
+    pods: Pods
+    signals: Signals | None = None
+    outage: str | None = None  # why Prometheus gave no answer; signals are then None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one cycle decided for a fleet, and what status and events should say about it."""
+
+    current: int
+    replicas: int  # to set; equal to current when holding
+    reason: str  # the decision in one sentence (event message and status.lastScaleReason)
+    memory: Memory
+    latency: float | None  # the measured percentile, None when nothing was measured
+    idle: bool  # no request finished and none in flight
+    conditions: tuple[ConditionRow, ...]
+
+    @property
+    def scaled(self) -> bool:
+        return self.replicas != self.current
+
+    @property
+    def event_reason(self) -> str:
+        return "ScaledUp" if self.replicas > self.current else "ScaledDown"
+
+
+def policy_for(slo: SloSpec, interval: float) -> SloPolicy:
+    """The benchmark's policy, learning capacity online; its latency memory spans the SLO window."""
+    return SloPolicy(interval=interval, settle=seconds(slo.window))
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g}s"
+
+
+def _unavailable(seen: Seen, inference: MultimodalInference, held: int) -> ConditionRow | None:
+    """MetricsAvailable when the signals cannot be used (then the fleet holds), or None when they can.
+
+    A fleet with no Ready pod has nothing scraped yet: Unknown, not a failure worth a Warning.
+    """
+    holding = f"holding {held} replicas"
+    if seen.outage is not None:
+        return ("MetricsAvailable", False, "PrometheusUnavailable", f"{seen.outage}; {holding}")
+    if seen.signals is not None and not seen.signals.missing:
+        return None
+    if seen.pods.ready == 0:
+        return ("MetricsAvailable", None, "NoPodServing", f"no pod is Ready, so none is scraped yet; {holding}")
+    missing = ", ".join(seen.signals.missing) if seen.signals else "any series"
+    meta = inference.metadata
+    return (
+        "MetricsAvailable",
+        False,
+        "SeriesMissing",
+        f"Prometheus has no {missing} for namespace={meta.namespace}, mmfleet_io_inference={meta.name}; "
+        f"{holding} (does Prometheus scrape the pods? see docs/autoscaling.md)",
+    )
+
+
+def decide(
+    inference: MultimodalInference,
+    seen: Seen,
+    memory: Memory,
+    now: datetime,
+    *,
+    interval: float,
+    default_cold_start: float,
+) -> Outcome:
+    """One cycle for one autoscaled fleet: hold on silence, else ask the policy; and the conditions."""
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None, "only autoscaled fleets are decided"
+    slo = autoscaling.slo
+    target = seconds(slo.target)
+    label = f"P{slo.percentile:g}"
+    pods = seen.pods
+    cold_start = pods.cold_start if pods.cold_start is not None else memory.cold_start
+    memory = replace(memory, cold_start=cold_start)
+    clock = now.timestamp()
+    held = max(autoscaling.min_replicas, min(autoscaling.max_replicas, seen.current))
+    unavailable = _unavailable(seen, inference, held)
+    latency: float | None = None
+    idle = False
+    metrics: ConditionRow
+    slo_met: ConditionRow
+    if unavailable is not None:
+        replicas, metrics = held, unavailable
+        reason = (
+            f"metrics unavailable: holding {held}"
+            if held == seen.current
+            else f"metrics unavailable: {seen.current} -> {held}, within minReplicas and maxReplicas"
+        )
+        slo_met = ("SLOMet", None, "MetricsUnavailable", "nothing measured: see MetricsAvailable")
+    else:
+        assert seen.signals is not None
+        signals = seen.signals
+        in_flight = (signals.waiting or 0.0) + (signals.running or 0.0)
+        latency = signals.latency
+        idle = latency is None and signals.request_rate == 0 and in_flight == 0
+        policy = policy_for(slo, interval)
+        state = memory.policy_state if memory.policy_state is not None else policy.initial_state()
+        observation = Observation(
+            time=clock,
+            ready=pods.ready,
+            starting=pods.starting,
+            unschedulable=pods.unschedulable,
+            current=seen.current,
+            min_replicas=autoscaling.min_replicas,
+            max_replicas=autoscaling.max_replicas,
+            slo_target=target,
+            slo_percentile=slo.percentile,
+            cold_start=default_cold_start if cold_start is None else cold_start,
+            request_rate=signals.request_rate,
+            latency=0.0 if idle else latency,
+            waiting=signals.waiting,
+            running=signals.running,
+            kv_cache_usage=signals.kv_cache_usage,
+        )
+        decision = policy.decide(observation, state)
+        replicas, reason = decision.replicas, decision.reason
+        memory = replace(memory, policy_state=decision.state)
+        metrics = ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
+        if latency is not None:
+            met = latency <= target
+            memory = replace(
+                memory,
+                verdicts=(*(v for v in memory.verdicts if v[0] > clock - ATTAINMENT_WINDOW), (clock, met)),
+            )
+            op = "<=" if met else ">"
+            slo_met = (
+                "SLOMet",
+                met,
+                "TargetMet" if met else "TargetMissed",
+                f"{label} {_seconds(latency)} {op} target {slo.target} over the last {slo.window}",
+            )
+        elif idle:
+            slo_met = ("SLOMet", True, "NoRequests", f"no requests over the last {slo.window}")
+        else:
+            slo_met = (
+                "SLOMet",
+                None,
+                "NoRequestsFinished",
+                f"no request finished over the last {slo.window}, {in_flight:g} in flight",
+            )
+    return Outcome(
+        current=seen.current,
+        replicas=replicas,
+        reason=reason,
+        memory=memory,
+        latency=latency,
+        idle=idle,
+        conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label)),
+    )
+
+
+def _limits(
+    inference: MultimodalInference, replicas: int, pods: Pods, latency: float | None, target: float, label: str
+) -> ConditionRow:
+    """ScalingLimited: pods that cannot be placed come first, they are what a user must fix."""
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None
+    if pods.unschedulable:
+        return (
+            "ScalingLimited",
+            True,
+            "PodsUnschedulable",
+            f"{pods.unschedulable} pods cannot be scheduled ({pods.why_unschedulable}); "
+            "not adding more until they start",
+        )
+    if replicas >= autoscaling.max_replicas:
+        over = f" while {label} {_seconds(latency)} > target {_seconds(target)}" if latency and latency > target else ""
+        return (
+            "ScalingLimited",
+            True,
+            "AtMaxReplicas",
+            f"{replicas} replicas is spec.autoscaling.maxReplicas{over}; raise it to let the fleet grow",
+        )
+    return (
+        "ScalingLimited",
+        False,
+        "WithinRange",
+        f"{replicas} replicas within minReplicas {autoscaling.min_replicas} and maxReplicas {autoscaling.max_replicas}",
+    )
+
+
+def attainment(verdicts: tuple[tuple[float, bool], ...]) -> float | None:
+    return round(sum(met for _, met in verdicts) / len(verdicts), 3) if verdicts else None
+
+
+def scaled_status(
+    inference: MultimodalInference,
+    outcome: Outcome,
+    previous: MultimodalInferenceStatus | None,
+    now: datetime,
+) -> MultimodalInferenceStatus:
+    """The status after a cycle: the autoscaler's fields and conditions replaced, the rest kept.
+
+    ``slo.observed`` and ``slo.lastEvaluated`` keep the last measurement while nothing is measured
+    (their age shows), and an idle fleet has no percentile to show.
+    """
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None
+    previous = previous or MultimodalInferenceStatus()
+    before: dict[str, Condition] = {c.type: c for c in previous.conditions}
+    generation = inference.metadata.generation
+    ours = [condition(kind, ok, why, message, before, now, generation) for kind, ok, why, message in outcome.conditions]
+    last = previous.slo or SloStatus()
+    if outcome.latency is not None or outcome.idle:
+        observed = None if outcome.latency is None else _seconds(outcome.latency)
+        last = SloStatus(observed=observed, last_evaluated=now)
+    slo = SloStatus(
+        observed=last.observed,
+        target=autoscaling.slo.target,
+        attainment=attainment(outcome.memory.verdicts),
+        last_evaluated=last.last_evaluated,
+    )
+    update: dict[str, Any] = {
+        "desired_replicas": outcome.replicas,
+        "slo": slo,
+        "conditions": [*(c for c in previous.conditions if c.type not in AUTOSCALER_CONDITIONS), *ours],
+    }
+    if outcome.scaled:
+        update |= {"last_scale_time": now, "last_scale_reason": outcome.reason}
+    return previous.model_copy(update=update)

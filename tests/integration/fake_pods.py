@@ -1,0 +1,164 @@
+"""A real Prometheus scraping fake inference pods: the autoscaler's data plane, without the twin.
+
+``FakePods`` serves, per pod, the series a vLLM 0.33 (or TensorRT-LLM) server exports, with the
+names from ``mmfleet.backends``, made with ``prometheus_client`` as the servers make them, at
+``/pods/<namespace>/<pod>/metrics``. A background thread keeps requests finishing at a set rate and
+latency, so ``rate()`` and ``histogram_quantile()`` have something to work on. ``PrometheusServer``
+is Debian's ``prometheus`` started with the local cluster's own configuration helpers
+(``mmfleet.localcluster.prometheus``): file_sd targets labelled with ``namespace``, ``pod`` and
+``mmfleet_io_inference``, as the rendered PodMonitor's relabelling labels a real pod's series.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from mmfleet import backends
+from mmfleet.localcluster import process
+from mmfleet.localcluster import prometheus as prom
+from mmfleet.localcluster.process import Proc
+
+# vLLM 0.33's e2e buckets (v1/metrics/buckets.py; the twin uses the same).
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+TICK = 0.1  # s between batches of finished requests
+
+
+@dataclass
+class FakePod:
+    """One pod's load: requests finishing per second at one latency, and its gauges."""
+
+    namespace: str
+    name: str
+    inference: str
+    backend: str = "vllm"
+    rate: float = 10.0
+    latency: float = 0.7
+    waiting: float = 3.0
+    running: float = 5.0
+    kv_cache_usage: float = 0.2
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _due: float = 0.0
+
+    def __post_init__(self) -> None:
+        names = backends.get(self.backend).metrics
+        labels = {"model_name": "qwen", "engine": "0"}
+        self._e2e = Histogram(names.e2e, "e2e", list(labels), buckets=E2E_BUCKETS, registry=self.registry)
+        # prometheus_client appends _total to a counter's samples, as the servers' exposition shows it.
+        self._done = Counter(
+            names.requests_finished.removesuffix("_total"), "done", list(labels), registry=self.registry
+        )
+        self._gauges = {
+            name: Gauge(name, name, list(labels), registry=self.registry)
+            for name in (names.waiting, names.running, names.kv_cache_usage)
+        }
+        self._labels = labels
+
+    def tick(self) -> None:
+        self._due += self.rate * TICK
+        finished = int(self._due)
+        self._due -= finished
+        for _ in range(finished):
+            self._e2e.labels(**self._labels).observe(self.latency)
+        self._done.labels(**self._labels).inc(finished)
+        names = backends.get(self.backend).metrics
+        for name, value in ((names.waiting, self.waiting), (names.running, self.running),
+                            (names.kv_cache_usage, self.kv_cache_usage)):  # fmt: skip
+            self._gauges[name].labels(**self._labels).set(value)
+
+
+class FakePods:
+    """An HTTP server for every fake pod's /metrics, and the thread that makes their requests finish."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, FakePod] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        pods = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with pods._lock:
+                    pod = pods.pods.get(self.path.removesuffix("/metrics"))
+                    body = generate_latest(pod.registry) if pod else b""
+                self.send_response(200 if pod else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self._server.server_address[1]}"
+        self._threads = [
+            threading.Thread(target=self._server.serve_forever, daemon=True),
+            threading.Thread(target=self._finish_requests, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def add(self, pod: FakePod) -> FakePod:
+        with self._lock:
+            self.pods[f"/pods/{pod.namespace}/{pod.name}"] = pod
+        return pod
+
+    def targets(self) -> list[prom.Target]:
+        with self._lock:
+            return [prom.Target(self.address, p.namespace, p.name, p.inference) for p in self.pods.values()]
+
+    def _finish_requests(self) -> None:
+        while not self._stop.wait(TICK):
+            with self._lock:
+                for pod in self.pods.values():
+                    pod.tick()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+@dataclass
+class PrometheusServer:
+    """Prometheus on 127.0.0.1, scraping every second the targets written to ``targets``."""
+
+    state: Path
+    url: str = ""
+    proc: Proc | None = None
+
+    def start(self) -> None:
+        prom.prepare(self.state, "1s")
+        port = prom.port_of(self.url) if self.url else process.free_port()  # a restart keeps its address
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = prom.launch(self.state, port)
+        prom.wait_ready(self.proc, self.url, 30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            process.stop([self.proc])
+            self.proc = None
+
+    def scrape(self, pods: FakePods) -> None:
+        prom.write_targets(prom.targets_dir(self.state) / "fake-pods.json", pods.targets())
+
+
+@contextmanager
+def prometheus_scraping(state: Path) -> Iterator[tuple[PrometheusServer, FakePods]]:
+    """A running Prometheus and fake pods for it to scrape; both stopped on the way out."""
+    pods = FakePods()
+    server = PrometheusServer(state)
+    try:
+        server.start()
+        yield server, pods
+    finally:
+        server.stop()
+        pods.close()

@@ -1,0 +1,99 @@
+"""``autoscaler.metrics`` against a real Prometheus scraping vLLM- and TensorRT-LLM-shaped pods.
+
+No control plane is needed: Prometheus (Debian's package) scrapes fake pods (tests/integration/fake_pods.py)
+through file_sd targets labelled as the PodMonitor relabelling labels real pods' series.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mmfleet.autoscaler.metrics import Prometheus, Readings, Slo, Target
+from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
+from tests.integration.operator_process import wait_for
+
+pytestmark = pytest.mark.integration
+
+E2E_P90 = Slo("e2e", 90, "10s")
+RATE_WINDOW = "5s"  # five scrapes; the operator's 1m would take a minute to fill
+
+
+@pytest.fixture
+def scraped(tmp_path: Path) -> Iterator[tuple[PrometheusServer, FakePods]]:
+    with prometheus_scraping(tmp_path) as (server, pods):
+        yield server, pods
+
+
+def read_when_complete(client: Prometheus, targets: list[Target]) -> Readings:
+    """Until every fleet with pods has every signal (two scrapes are needed for a rate)."""
+
+    def complete() -> Readings | None:
+        readings = client.read(targets, time.time())
+        full = [readings.signals[t.key] for t in targets if t.name != "nothing"]
+        return readings if all(not s.missing and s.latency is not None for s in full) else None
+
+    found: Readings = wait_for(complete, 30, "every fleet's series in Prometheus", interval=0.5)
+    return found
+
+
+def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[PrometheusServer, FakePods]) -> None:
+    server, pods = scraped
+    pods.add(FakePod("team-a", "x-0", "x", rate=10, latency=0.7, waiting=3, running=5, kv_cache_usage=0.2))
+    pods.add(FakePod("team-a", "x-1", "x", rate=10, latency=0.7, waiting=4, running=6, kv_cache_usage=0.4))
+    pods.add(FakePod("team-b", "y-0", "y", rate=5, latency=3.0, waiting=9, running=2, kv_cache_usage=0.5))
+    pods.add(FakePod("team-b", "z-0", "z", backend="tensorrt-llm", rate=4, latency=1.2, waiting=1, running=2))
+    server.scrape(pods)
+    targets = [
+        Target("team-a", "x", "vllm", E2E_P90),
+        Target("team-b", "y", "vllm", E2E_P90),
+        Target("team-b", "z", "tensorrt-llm", Slo("e2e", 50, "10s")),
+        Target("team-b", "nothing", "vllm", E2E_P90),
+    ]
+    client = Prometheus(server.url, rate_window=RATE_WINDOW)
+    read_when_complete(client, targets)
+    time.sleep(6)  # until the rate window holds only samples of steady load
+    readings = client.read(targets, time.time())
+    assert readings.outage is None
+    assert readings.queries == 6  # four signals and two SLOs, for four fleets on two backends
+
+    x, y, z = (readings.signals[t.key] for t in targets[:3])
+    # Every request takes 0.7 s, in vLLM's (0.5, 0.8] bucket: P90 interpolates to 0.5 + 0.9 x 0.3.
+    assert x.latency == pytest.approx(0.77, abs=0.01)
+    assert y.latency == pytest.approx(2.5 + 0.9 * 2.5, abs=0.01)  # 3 s sits in (2.5, 5]
+    assert z.latency == pytest.approx(1.0 + 0.5 * 0.5, abs=0.01)  # P50 of 1.2 s in (1.0, 1.5]
+    assert x.request_rate == pytest.approx(20, rel=0.25)  # two pods at 10/s each
+    assert (x.waiting, x.running, x.kv_cache_usage) == (7, 11, pytest.approx(0.3))  # sums; the KV share averaged
+    assert (y.waiting, z.waiting, z.running) == (9, 1, 2)
+    assert z.request_rate == pytest.approx(4, rel=0.25)
+
+    nothing = readings.signals[("team-b", "nothing")]
+    assert nothing.latency is None
+    assert nothing.missing == (
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:request_success_total",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    )
+    client.close()
+
+
+def test_prometheus_stopped_is_an_outage_not_missing_series(scraped: tuple[PrometheusServer, FakePods]) -> None:
+    server, pods = scraped
+    pods.add(FakePod("team-a", "x-0", "x"))
+    server.scrape(pods)
+    targets = [Target("team-a", "x", "vllm", E2E_P90)]
+    client = Prometheus(server.url, rate_window=RATE_WINDOW)
+    read_when_complete(client, targets)
+    server.stop()
+    readings = client.read(targets, time.time())
+    assert readings.signals == {}
+    assert readings.outage is not None
+    assert readings.outage.startswith(f"{server.url} unreachable: ")
+    assert "Connection refused" in readings.outage
+    assert readings.queries == 1, "the first failed query ends the cycle's reads"
+    client.close()

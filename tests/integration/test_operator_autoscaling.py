@@ -1,0 +1,134 @@
+"""The operator's autoscaler on the local control plane, fed by a real Prometheus scraping fake pods.
+
+The fake pods (tests/integration/fake_pods.py) report a latency over the SLO for one fleet and nothing
+for another, so the test sees the loop end to end (queries, decision, actuation through the scale
+subresource, status, events) without the twin; the closed loop with the twin is tests/e2e.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube
+from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
+from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.integration.test_operator import Fleet, mmi
+
+pytestmark = pytest.mark.integration
+
+SLO = {"target": "2s", "window": "10s"}  # a short window: the policy's latency feedback waits one window
+
+
+@pytest.fixture
+def scraped(tmp_path: Path) -> Iterator[tuple[PrometheusServer, FakePods]]:
+    with prometheus_scraping(tmp_path) as (server, pods):
+        yield server, pods
+
+
+@pytest.fixture
+def fleet(
+    api: Any, namespace: str, operator: OperatorProcess, scraped: tuple[PrometheusServer, FakePods]
+) -> Iterator[Fleet]:
+    """The session's operator, restarted to read this test's Prometheus every second; restored after."""
+    server, _ = scraped
+    saved = operator.env
+    operator.stop()
+    operator.env = {**saved, "MMFLEET_PROMETHEUS_URL": server.url, "MMFLEET_AUTOSCALE_INTERVAL": "1s"}
+    operator.start()
+    yield Fleet(api, namespace)
+    operator.stop()
+    operator.env = saved
+    operator.start()
+
+
+def events(fleet: Fleet, name: str, reason: str) -> list[str]:
+    found = fleet.core.list_namespaced_event(fleet.namespace, field_selector=f"involvedObject.name={name}").items
+    return [e.message for e in found if e.reason == reason]
+
+
+def replicas(fleet: Fleet, name: str) -> int:
+    count: int = fleet.deployment(name).spec.replicas
+    return count
+
+
+def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
+    api: Any, fleet: Fleet, scraped: tuple[PrometheusServer, FakePods]
+) -> None:
+    server, pods = scraped
+    ns = fleet.namespace
+    pods.add(FakePod(ns, "hot-fake", "hot", rate=5, latency=4.0, waiting=5, running=5))
+    server.scrape(pods)
+    fleet.create(mmi("hot", autoscaling={"minReplicas": 1, "maxReplicas": 3, "slo": SLO}))
+    fleet.create(mmi("quiet", autoscaling={"minReplicas": 1, "maxReplicas": 4, "slo": SLO}))
+    fleet.wait_ready("quiet")
+    Kube(api).scale(ns, "quiet", 3)  # as if the autoscaler had grown it earlier
+    generations = {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")}
+
+    # Over target (every request takes 4 s: P90 4.75 s in vLLM's buckets): up, with the reason as the event.
+    scaled_up = wait_for(lambda: events(fleet, "hot", "ScaledUp"), 60, "a ScaledUp event for hot")
+    assert scaled_up[0].startswith("P90 4.75s > target 2s"), scaled_up
+    assert scaled_up[0].endswith(": 1 -> 2"), scaled_up
+    wait_for(lambda: replicas(fleet, "hot") == 3, 60, "hot at maxReplicas 3")
+    limited = wait_for(lambda: fleet.condition("hot", "ScalingLimited").get("reason") == "AtMaxReplicas" and
+                       fleet.condition("hot", "ScalingLimited"), 30, "ScalingLimited AtMaxReplicas")  # fmt: skip
+    assert limited["status"] == "True"
+    status = fleet.status("hot")
+    assert status["desiredReplicas"] == 3
+    assert status["slo"]["observed"] == "4.75s" and status["slo"]["target"] == "2s"
+    assert status["slo"]["attainment"] == 0
+    assert ": 2 -> 3" in status["lastScaleReason"]
+    slo_met = fleet.condition("hot", "SLOMet")
+    assert (slo_met["status"], slo_met["reason"]) == ("False", "TargetMissed")
+    assert fleet.condition("hot", "MetricsAvailable")["status"] == "True"
+
+    # The replicas are the autoscaler's, set through the scale subresource.
+    owners = [
+        (f.manager, f.subresource)
+        for f in fleet.deployment("hot").metadata.managed_fields
+        if "f:replicas" in (f.fields_v1 or {}).get("f:spec", {})
+    ]
+    assert owners == [(AUTOSCALER_FIELD_MANAGER, "scale")]
+
+    # No series for quiet: it holds at 3 (never down to minReplicas on silence) and says which series.
+    def missing() -> dict[str, Any] | None:
+        condition = fleet.condition("quiet", "MetricsAvailable")
+        return condition if condition.get("reason") == "SeriesMissing" else None
+
+    condition = wait_for(missing, 30, "quiet MetricsAvailable=False SeriesMissing")
+    assert condition["status"] == "False"
+    assert "vllm:e2e_request_latency_seconds_bucket" in condition["message"]
+    assert f"namespace={ns}, mmfleet_io_inference=quiet" in condition["message"]
+    assert "holding 3 replicas" in condition["message"]
+
+    # Prometheus stopped: both hold, and say so.
+    server.stop()
+
+    def unavailable() -> bool:
+        return all(
+            fleet.condition(name, "MetricsAvailable").get("reason") == "PrometheusUnavailable"
+            for name in ("hot", "quiet")
+        )
+
+    wait_for(unavailable, 30, "MetricsAvailable=False PrometheusUnavailable on both fleets")
+    assert "Connection refused" in fleet.condition("hot", "MetricsAvailable")["message"]
+    assert fleet.condition("hot", "SLOMet")["status"] == "Unknown"
+    deadline = time.monotonic() + 5  # five cycles
+    while time.monotonic() < deadline:
+        assert (replicas(fleet, "hot"), replicas(fleet, "quiet")) == (3, 3)
+        time.sleep(0.5)
+    assert events(fleet, "quiet", "ScaledDown") == []
+    warnings = events(fleet, "hot", "PrometheusUnavailable")
+    assert warnings and "holding 3 replicas" in warnings[0]
+
+    # Back: the fleet is read again.
+    server.start()
+    wait_for(lambda: fleet.condition("hot", "MetricsAvailable").get("status") == "True", 60, "metrics back for hot")
+
+    # GitOps: the spec was never written (its generation did not move).
+    assert {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")} == generations
+    assert "replicas" not in fleet.get("hot")["spec"]

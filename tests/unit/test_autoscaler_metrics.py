@@ -1,0 +1,85 @@
+"""The autoscaler's PromQL: a fixed number of queries per cycle, and each fleet's values picked out of them.
+
+The same code against a real Prometheus: tests/integration/test_autoscaler_prometheus.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mmfleet.autoscaler.metrics import (
+    Signals,
+    Slo,
+    Target,
+    build_queries,
+    parse_result,
+    promql_duration,
+    signals_for,
+)
+
+E2E_P90 = Slo("e2e", 90, "60s")
+TTFT_P99 = Slo("ttft", 99, "1m30s")
+
+
+def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:
+    many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
+    queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
+    assert len(queries) == 6  # request rate, waiting, running, KV-cache use, and two SLOs
+    assert queries[E2E_P90] == (
+        "label_replace(histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
+        '(rate(vllm:e2e_request_latency_seconds_bucket[60s]))), "mmfleet_backend", "vllm", "", "")'
+    )
+    assert "trtllm_time_to_first_token_seconds_bucket[90s]" in queries[TTFT_P99]
+    assert "vllm" not in queries[TTFT_P99], "only the backends of the fleets with that SLO"
+    assert queries["waiting"] == (
+        "label_replace(sum by (namespace, mmfleet_io_inference) (trtllm_num_requests_waiting), "
+        '"mmfleet_backend", "tensorrt-llm", "", "") or '
+        "label_replace(sum by (namespace, mmfleet_io_inference) (vllm:num_requests_waiting), "
+        '"mmfleet_backend", "vllm", "", "")'
+    )
+    assert "rate(vllm:request_success_total[1m])" in queries["request_rate"]
+    assert "avg by (namespace, mmfleet_io_inference) (vllm:kv_cache_usage_perc)" in queries["kv_cache_usage"]
+    assert build_queries([]) == {}
+
+
+@pytest.mark.parametrize(("duration", "promql"), [("60s", "60s"), ("1m30s", "90s"), ("1.5s", "1500ms"), ("2m", "120s")])
+def test_spec_durations_become_durations_every_prometheus_parses(duration: str, promql: str) -> None:
+    assert promql_duration(duration) == promql
+
+
+def sample(namespace: str, fleet: str, backend: str, value: str) -> dict[str, object]:
+    labels = {"namespace": namespace, "mmfleet_io_inference": fleet, "mmfleet_backend": backend}
+    return {"metric": labels, "value": [1795953365.0, value]}
+
+
+def test_each_fleet_gets_its_own_backend_values_and_the_names_of_what_is_missing() -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {
+        E2E_P90: parse_result([sample("ml", "qwen", "vllm", "1.25"), sample("ml", "other", "vllm", "9")]),
+        "request_rate": parse_result([sample("ml", "qwen", "vllm", "12.5")]),
+        # The same fleet name seen on another backend (a backend switch still in the window) is not ours.
+        "waiting": parse_result([sample("ml", "qwen", "tensorrt-llm", "40")]),
+        "running": parse_result([sample("ml", "qwen", "vllm", "7")]),
+        "kv_cache_usage": parse_result([sample("ml", "qwen", "vllm", "NaN")]),
+    }
+    assert signals_for(target, answers) == Signals(
+        latency=1.25,
+        request_rate=12.5,
+        running=7.0,
+        missing=("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+    )
+
+
+def test_a_latency_of_nothing_finished_is_none_but_not_missing() -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {
+        E2E_P90: parse_result([sample("ml", "qwen", "vllm", "NaN")]),
+        **{s: parse_result([sample("ml", "qwen", "vllm", "0")]) for s in ("request_rate", "waiting", "running")},
+        "kv_cache_usage": parse_result([sample("ml", "qwen", "vllm", "0")]),
+    }
+    signals = signals_for(target, answers)
+    assert signals.latency is None and signals.missing == ()
+    assert signals.request_rate == 0.0
+    nothing = signals_for(target, {k: {} for k in answers})
+    assert nothing.missing[0] == "vllm:e2e_request_latency_seconds_bucket"
+    assert len(nothing.missing) == 5
