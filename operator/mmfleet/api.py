@@ -305,6 +305,13 @@ class AutoscalingSpec(Model):
     min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
     max_replicas: int = Field(default=8, ge=1, le=1000, description="Most replicas.")
     slo: SloSpec | None = Field(default=None, description="The latency objective; required when enabled.")
+    scale_down_delay: Duration | None = Field(
+        default=None,
+        description=(
+            "How long demand must stay lower before replicas are removed (like the HPA's scale-down "
+            "stabilization window). Default: the longer of 5m and the measured cold start."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AutoscalingSpec:

@@ -6,8 +6,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from mmfleet.api import MultimodalInference, MultimodalInferenceStatus
-from mmfleet.autoscaler.cycle import Memory, Outcome, Pods, Seen, count_pods, decide, scaled_status
+from mmfleet.api import AutoscalingSpec, MultimodalInference, MultimodalInferenceStatus, SloSpec
+from mmfleet.autoscaler import Observation
+from mmfleet.autoscaler.cycle import Memory, Outcome, Pods, Seen, count_pods, decide, policy_for, scaled_status
 from mmfleet.autoscaler.metrics import Signals
 from tests.conftest import spec_doc
 
@@ -250,3 +251,12 @@ def test_status_replaces_only_the_autoscaler_fields_and_keeps_the_last_measureme
     assert by_type["MetricsAvailable"].last_transition_time == later
     assert by_type["ScalingLimited"].last_transition_time == T0, "unchanged conditions keep their transition time"
     assert by_type["SLOMet"].status == "Unknown"
+
+
+def test_scale_down_delay_sets_the_policys_down_window() -> None:
+    slo = SloSpec(target="2s")
+    probe = Observation(time=0.0, ready=1, starting=0, unschedulable=0, current=1, min_replicas=1,
+                        max_replicas=4, slo_target=2.0, slo_percentile=90.0, cold_start=30.0)  # fmt: skip
+    quick = AutoscalingSpec(slo=slo, scale_down_delay="90s")
+    assert policy_for(quick, slo, 15.0).down_window(probe) == 90.0
+    assert policy_for(AutoscalingSpec(slo=slo), slo, 15.0).down_window(probe) == 300.0  # max(5m, cold start)

@@ -20,7 +20,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, SloSpec, SloStatus, seconds
+from mmfleet.api import (
+    AutoscalingSpec,
+    Condition,
+    MultimodalInference,
+    MultimodalInferenceStatus,
+    SloSpec,
+    SloStatus,
+    seconds,
+)
 from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.metrics import Signals
 from mmfleet.autoscaler.policy import SloPolicy
@@ -119,9 +127,12 @@ class Outcome:
         return "ScaledUp" if self.replicas > self.current else "ScaledDown"
 
 
-def policy_for(slo: SloSpec, interval: float) -> SloPolicy:
+def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> SloPolicy:
     """The benchmark's policy, learning capacity online; its latency memory spans the SLO window."""
-    return SloPolicy(interval=interval, settle=seconds(slo.window))
+    delay = autoscaling.scale_down_delay
+    return SloPolicy(
+        interval=interval, settle=seconds(slo.window), stabilization=None if delay is None else seconds(delay)
+    )
 
 
 def _seconds(value: float) -> str:
@@ -190,7 +201,7 @@ def decide(
         in_flight = (signals.waiting or 0.0) + (signals.running or 0.0)
         latency = signals.latency
         idle = latency is None and signals.request_rate == 0 and in_flight == 0
-        policy = policy_for(slo, interval)
+        policy = policy_for(autoscaling, slo, interval)
         state = memory.policy_state if memory.policy_state is not None else policy.initial_state()
         observation = Observation(
             time=clock,
