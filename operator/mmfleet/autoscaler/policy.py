@@ -246,7 +246,8 @@ class SloPolicy:
         # The last latency window of (time, ready, waiting): rates and the percentile average over
         # such a window, so they describe the fleet as it was across it.
         history = (
-            *(h for h in state.history if h[0] >= obs.time - self.settle),
+            # one interval more than the window, so it spans the window whatever the interval
+            *(h for h in state.history if h[0] > obs.time - self.settle - self.interval + 1e-9),
             (obs.time, obs.ready, obs.waiting),
         )
         spans = obs.time - history[0][0] >= self.settle
