@@ -258,7 +258,7 @@ def test_a_latency_window_that_is_not_a_multiple_of_the_interval_still_settles()
     # The operator's cycle (3 s here) need not divide the SLO window (20 s): the policy must still see
     # a steady fleet, learn its capacity, and answer a step in demand with more replicas.
     policy = SloPolicy(interval=3.0, settle=20.0)
-    state, ds = steady(policy, 60, step=3.0, current=1, ready=1, arrival_rate=4.0, request_rate=4.0, latency=2.0)
+    state, _ = steady(policy, 60, step=3.0, current=1, ready=1, arrival_rate=4.0, request_rate=4.0, latency=2.0)
     assert state.learned_capacity == 4.0
     d = policy.decide(obs(time=60.0, current=1, ready=1, arrival_rate=20.0, request_rate=4.0, latency=2.5), state)
     assert d.replicas >= 4, d.reason
