@@ -42,8 +42,9 @@ unit: install
 test: lint typecheck system-deps binaries
 	$(BIN)/pytest -q
 
-## The main job on the embedded default: a local control plane, the operator, the examples.
-demo: install binaries
+## The main job on the embedded default: a local control plane with Prometheus, the operator, the
+## examples, and a traffic spike served by the digital twin while the operator scales.
+demo: install system-deps binaries
 	$(BIN)/mmfleet demo
 
 ## Regenerate what is generated from the models; tests fail when these drift.

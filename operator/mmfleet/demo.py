@@ -1,8 +1,10 @@
-"""``mmfleet demo``: the main job on the embedded default, from nothing to Ready fleets.
+"""``mmfleet demo``: the main job on the embedded default, from nothing to a fleet riding a spike.
 
-A local control plane (built on first use), the CRD, the operator as its own process, the
-examples that can run on kwok GPU nodes, and a live view of what the operator reports. The
-cluster stays up afterwards so the user can explore it with kubectl.
+A local control plane (built on first use) with Prometheus, the CRD, the operator as its own
+process, the examples that can run on kwok GPU nodes, then a traffic spike served by the digital
+twin (``mmfleet twin serve``) while the operator scales the autoscaled example: replicas and P90
+against the target live on the terminal, and a PNG of the run at the end. The cluster stays up
+afterwards so the user can explore it with kubectl.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmfleet import crd
+from mmfleet import crd, spike
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.localcluster import Cluster, NodePool, attach, ensure_binaries, up
+from mmfleet.twin.serve import Spike
 
 CLUSTER = "mmfleet"
 NAMESPACE = "ml"
@@ -32,6 +35,13 @@ POOLS = (
     NodePool(cloud="ack", gpu_type="H20", count=1),
 )
 WAIT_SECONDS = 180
+# The spike: the autoscaled example at 3 req/s, five times that for two minutes, then back.
+SCALED = "qwen-vl"
+BASE_RATE = 3.0
+SPIKE = Spike(start=60.0, end=180.0, factor=5.0)
+SCALE_DOWN_DELAY = "60s"  # the example keeps the 5m default; the demo is shorter
+SPIKE_SECONDS = 330
+AUTOSCALE_INTERVAL = "5s"
 
 
 def _say(line: str) -> None:
@@ -60,7 +70,12 @@ def _kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess[str]
 
 def _start_operator(cluster: Cluster) -> int:
     log = cluster.logs_dir / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
+        "MMFLEET_AUTOSCALE_INTERVAL": AUTOSCALE_INTERVAL,
+    }
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""],
@@ -91,19 +106,19 @@ def _table(items: list[dict[str, Any]]) -> list[str]:
 
 
 def run_demo() -> int:
-    _say("== 1/4 local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
+    _say("== 1/5 local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
     cluster = up(CLUSTER, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, progress=lambda line: _say(f"   {line}"))
     kubectl = _kubectl(cluster)
     _say(kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type,nvidia.com/gpu.product").stdout)
 
-    _say("== 2/4 the MultimodalInference CRD (generated from the pydantic models)")
+    _say("== 2/5 the MultimodalInference CRD (generated from the pydantic models)")
     _say("   " + kubectl("apply", "--server-side", "-f", "-", stdin=crd.crd_yaml()).stdout.strip())
     kubectl("wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
 
-    _say("== 3/4 the operator (mmfleet run), logging to " + str(cluster.logs_dir / "operator.log"))
+    _say("== 3/5 the operator (mmfleet run), logging to " + str(cluster.logs_dir / "operator.log"))
     _say(f"   pid {_start_operator(cluster)}")
 
-    _say(f"== 4/4 examples into namespace {NAMESPACE}: {', '.join(EXAMPLES)}")
+    _say(f"== 4/5 examples into namespace {NAMESPACE}: {', '.join(EXAMPLES)}")
     kubectl("create", "namespace", NAMESPACE, check=False)
     for secret in SECRETS:  # the examples read model credentials; kwok never starts the container
         kubectl("-n", NAMESPACE, "create", "secret", "generic", secret, "--from-literal=HF_TOKEN=demo", check=False)
@@ -130,9 +145,41 @@ def run_demo() -> int:
         return 1
 
     _say("\n" + kubectl("-n", NAMESPACE, "get", "mmi,deployments,pods,services").stdout)
-    _say("All fleets are Ready. The cluster stays up; explore it with:")
-    _say(f"   {cluster.env_line()}")
+    code = _play_spike(cluster, kubectl)
+    _say("The cluster stays up (the twin keeps serving the base rate); explore it with:")
+    for env in cluster.env_line().splitlines():
+        _say(f"   {env}")
     _say(f"   {ensure_binaries().kubectl} get mmi -n {NAMESPACE} -w")
     _say(f"   {ensure_binaries().kubectl} explain mmi.spec.autoscaling.slo")
-    _say("Stop everything (control plane and operator) with:  .venv/bin/mmfleet cluster down")
+    _say(f"   curl -s '{cluster.prometheus_url}/api/v1/query?query=vllm:num_requests_running'")
+    _say("Stop everything (control plane, Prometheus, operator, twin) with:  .venv/bin/mmfleet cluster down")
+    return code
+
+
+def _play_spike(cluster: Cluster, kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> int:
+    """The twin serves every fleet; the autoscaled one meets a spike while we watch."""
+    _say(f"== 5/5 a traffic spike on {NAMESPACE}/{SCALED}: {BASE_RATE:g} req/s, x{SPIKE.factor:g} from "
+         f"{SPIKE.start:g}s to {SPIKE.end:g}s (mmfleet twin serve, the digital twin, serves the pods)")  # fmt: skip
+    patch = f'{{"spec":{{"autoscaling":{{"scaleDownDelay":"{SCALE_DOWN_DELAY}"}}}}}}'
+    kubectl("-n", NAMESPACE, "patch", "mmi", SCALED, "--type", "merge", "-p", patch)
+    _say(f"   kubectl patch mmi {SCALED} -p '{patch}'   (a short scale-down delay for the demo)")
+    twin = spike.Twin(
+        cluster, BASE_RATE, (SPIKE,), cluster.logs_dir / "twin.log", _examples_dir().parent / "tests" / "data"
+    )
+    _say(f"   twin pid {twin.proc.pid}, log {cluster.logs_dir / 'twin.log'}; Prometheus {cluster.prometheus_url}")
+    samples: list[spike.Sample] = []
+    for sample in spike.follow(cluster, NAMESPACE, SCALED, twin.started):
+        samples.append(sample)
+        for event in sample.events:
+            _say(f"   event: {event}")
+        if len(samples) % 3 == 1 or sample.events:
+            _say("   " + spike.line(sample, (SPIKE,)))
+        if sample.t >= SPIKE_SECONDS:
+            break
+    png = cluster.logs_dir.parent / "demo-spike.png"
+    spike.plot(samples, (SPIKE,), f"{NAMESPACE}/{SCALED} through a x{SPIKE.factor:g} spike", png)
+    peak = max(s.replicas for s in samples)
+    over = [s for s in samples if s.latency is not None and s.latency > s.target]
+    _say(f"   replicas: {samples[0].replicas} -> {peak} at the peak -> {samples[-1].replicas} at the end; "
+         f"P90 over target in {len(over)} of {len(samples)} samples; plot: {png}")  # fmt: skip
     return 0

@@ -1,0 +1,146 @@
+"""The closed loop on the local control plane: a spike is met, released, and silence is held through.
+
+Everything is real except the GPUs and the inference servers: kube-apiserver, controller-manager,
+scheduler and kwok nodes whose pod-ready delay stands for the cold start; Debian's Prometheus
+scraping the twin (``mmfleet twin serve``), which serves the fleet's Ready pods with the calibrated
+replica model and exports vLLM's metrics; and the operator as users run it (``mmfleet run``).
+
+Timeline, in seconds after the twin starts: base load 0-45, x5 from 45 to 135, Prometheus stopped
+from 150 to 170, the scale-down after the spike (scaleDownDelay 45 s), done by about 270.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mmfleet import crd
+from mmfleet.localcluster import Cluster, NodePool, down, start_prometheus, stop_prometheus, up
+from mmfleet.spike import Sample, Twin, follow, line, plot
+from mmfleet.twin.serve import Spike
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = f"mmfleet-e2e-{os.getpid()}"
+COLD_START = "10s"  # kwok's pod-ready delay: what a new pod costs before it serves
+NAMESPACE = "e2e"
+NAME = "qwen-vl"
+BASE_RATE = 4.0  # req/s: one H100 replica holds P90 under 3 s up to about 10 req/s (capacity_at_slo)
+SPIKE = Spike(start=45.0, end=135.0, factor=5.0)
+OUTAGE = (150.0, 170.0)
+END = 300.0
+TARGET = 3.0
+RESOURCE = {
+    "apiVersion": "mmfleet.io/v1alpha1",
+    "kind": "MultimodalInference",
+    "metadata": {"name": NAME, "namespace": NAMESPACE},
+    "spec": {
+        "model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct", "servedName": NAME},
+        "gpu": {"count": 1, "type": "H100"},
+        "cloud": "eks",
+        "autoscaling": {
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "scaleDownDelay": "45s",
+            "slo": {"metric": "e2e", "percentile": 90, "target": f"{TARGET:g}s", "window": "20s"},
+        },
+    },
+}
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    running = up(
+        CLUSTER, pod_ready_delay=COLD_START, nodes=(NodePool(cloud="eks", gpu_type="H100", count=2),),
+        scrape_interval="2s", progress=_say,
+    )  # fmt: skip
+    yield running
+    down(CLUSTER, progress=_say)
+
+
+def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    import subprocess
+
+    from mmfleet.localcluster import ensure_binaries
+
+    kubectl = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.integration.operator_process import OperatorProcess
+
+    _kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crd.crd_yaml())
+    _kubectl(cluster, "wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
+    env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "", "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
+    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env)
+    process.start()
+    yield process
+    process.stop()
+
+
+def run_spike(cluster: Cluster, tmp_path: Path) -> list[Sample]:
+    _kubectl(cluster, "create", "namespace", NAMESPACE)
+    _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
+    _kubectl(cluster, "-n", NAMESPACE, "wait", f"mmi/{NAME}", "--for=jsonpath={.status.phase}=Ready", "--timeout=90s")
+    twin = Twin(cluster, BASE_RATE, (SPIKE,), tmp_path / "twin.log", ROOT / "tests" / "data")
+    samples: list[Sample] = []
+    stopped = False
+    try:
+        for sample in follow(cluster, NAMESPACE, NAME, twin.started, interval=1.0):
+            samples.append(sample)
+            _say(line(sample, (SPIKE,)) + "".join(f"\n  event: {e}" for e in sample.events))
+            if not stopped and sample.t >= OUTAGE[0]:
+                stop_prometheus(CLUSTER)
+                stopped = True
+            if stopped and OUTAGE[1] <= sample.t < OUTAGE[1] + 5:
+                start_prometheus(CLUSTER)
+            if sample.t >= END:
+                break
+    finally:
+        twin.stop()
+        plot(samples, (SPIKE,), "e2e: a x5 spike", tmp_path / "spike.png")
+    return samples
+
+
+def test_a_spike_is_met_then_released_and_silence_holds(cluster: Cluster, operator: Any, tmp_path: Path) -> None:
+    samples = run_spike(cluster, tmp_path)
+    spike = [s for s in samples if SPIKE.start <= s.t < SPIKE.end]
+    before = [s for s in samples if s.t < SPIKE.start]
+    outage = [s for s in samples if OUTAGE[0] + 8 <= s.t < OUTAGE[1]]
+    ups = [(s.t, e) for s in samples for e in s.events if SPIKE.start <= s.t and "->" in e]
+    peak = max(s.replicas for s in spike)
+
+    # Up: more replicas during the spike than before it, asked for on the arrival rate while P90 was
+    # still within target (an HPA on latency or queue length would only react after it broke).
+    assert peak > max(s.replicas for s in before), [line(s, (SPIKE,)) for s in spike]
+    first_up = next(e for _, e in ups)
+    assert f"<= target {TARGET:g}s" in first_up, first_up
+
+    # P90 comes back under the target while the spike still runs, on the added replicas.
+    recovered = [s for s in spike if s.t > SPIKE.start + 30 and s.latency is not None and s.latency <= s.target]
+    assert recovered, [line(s, (SPIKE,)) for s in spike]
+
+    # Prometheus stopped: the operator holds the replicas and says MetricsAvailable=False.
+    assert outage, "no samples in the outage"
+    assert {s.metrics_available for s in outage} == {"False"}, [line(s, (SPIKE,)) for s in outage]
+    held = samples[[s.t for s in samples].index(outage[0].t) - 8].replicas
+    assert {s.replicas for s in outage} == {held}
+
+    # Back, then after the spike (and its scale-down delay) the fleet shrinks again, never below min.
+    after = [s for s in samples if s.t >= OUTAGE[1] + 20]
+    assert after and after[-1].metrics_available == "True"
+    assert min(s.replicas for s in after) < peak
+    assert min(s.replicas for s in samples) >= 1
