@@ -377,4 +377,3 @@ def query(
         generation_tokens_rate=gen_rate,
         extra=extra,
     )
-
