@@ -89,4 +89,3 @@ def test_missing_until_two_scrapes_and_outage() -> None:
     assert by_t[135.0].metrics_available
     lat = by_t[150.0].latency
     assert lat is not None and 0.3 < lat < 10.0
-
