@@ -39,9 +39,8 @@ ORACLE_ROUNDS = 8
 # windows are full by then, so no policy mistakes the first minute's half-empty windows for a ramp.
 # Windows and GPU-hours are scored from here on, for every policy and the oracle alike.
 WARMUP = 120.0
-# The twin's engine tick: 0.2 s runs twice as fast as 0.1 s and biases latency up by about 5%
-# for every policy alike (docs/twin.md).
-DT = 0.2
+# The twin's engine: the fine engine's exact per-step schedule, compiled (docs/twin.md).
+ENGINE = "compiled"
 
 Progress = Callable[[str], None]
 
@@ -187,7 +186,7 @@ def cell(
         "min_replicas": 1,
         "max_replicas": int(max(4 * demand.max(), 8)),
         "initial_replicas": max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max())),
-        "dt": DT,
+        "engine": ENGINE,
     }
     return capacity, demand, common
 
@@ -362,7 +361,7 @@ def main(
         [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts)]
     )
     body = (
-        f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores, twin tick {DT} s). "
+        f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores, twin engine {ENGINE}). "
         f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target:g} s over {WINDOW:.0f} s windows; "
         "each scenario scaled so its mean load needs 20 replicas. Every fleet (and the oracle) serves the first "
         f"{WARMUP:.0f} s at the oracle's need for the warm-up plus one cold start, with no decisions, so the "

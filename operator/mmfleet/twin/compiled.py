@@ -1,0 +1,538 @@
+"""The compiled engine: the fine engine's exact step-by-step schedule, compiled with numba.
+
+``fine.FineEngine`` is the reference but costs Python time per step and per request; the fast
+engine's ticks bias latency. This engine runs the same algorithm as ``fine.py`` (the same
+scheduling, preemption, dropping, routing at each arrival, and float operations in the same order),
+in numba-compiled code over preallocated arrays:
+
+- per request (indexed by request number): what a waiting request carries (effective prompt,
+  tokens generated before a preemption, last token time, first-token and encoder flags) and the
+  links of the waiting queues;
+- per replica: clock, KV used, and the waiting queue as a doubly linked list through the request
+  links, so a queue of any length costs nothing per step;
+- per running seat (replica x ``max_num_seqs``): the running request and its hot fields (prompt,
+  prefilled, generated, KV held, output length, last token time), the admission order as a list
+  of seats, the free seats as a stack. A step reads one cache line per running request instead of
+  fields scattered over all requests (which made it wait on memory), and a finished request frees
+  its seat without moving the others.
+
+The metric counters are bucketed inside the compiled code and folded into ``book`` whenever it is
+read (a scrape, a new replica), exactly when the fine engine's book folds its queued observations:
+so even the histograms' float ``_sum`` columns are added in the same grouping and come out
+bit-identical. ``tests/unit/test_twin_compiled.py`` checks outcomes and books against ``fine.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar, cast
+
+import numba
+import numpy as np
+
+from mmfleet.twin.engine import Outcomes, Workload
+from mmfleet.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
+from mmfleet.twin.replica import ReplicaParams
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _jit(f: _F) -> _F:
+    """``numba.njit`` with numba's on-disk cache, typed for mypy as the function it compiles."""
+    return cast(_F, numba.njit(cache=True)(f))
+
+
+class _Work(NamedTuple):
+    """Inputs: ``Workload`` with integer token counts, and ``T_dense`` below its last knot."""
+
+    arrival: np.ndarray
+    avail: np.ndarray
+    prompt: np.ndarray
+    out: np.ndarray
+    vis_ms: np.ndarray
+    dense_ms: np.ndarray  # ReplicaParams.dense_ms_at(n) for n < dense_tokens[-1] (np.interp, bit for bit)
+
+
+class _Const(NamedTuple):
+    """``ReplicaParams`` and the metric layout as scalars and tuples (no arrays: see ``_run``)."""
+
+    dense_last_tokens: float  # beyond the last knot T_dense is proportional
+    dense_last_ms: float
+    kv_read_ms: float
+    prefill_pair_ms: float
+    logits_row_ms: float
+    host_ms_base: float
+    host_ms_per_seq: float
+    host_ms_max: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cap: int
+    e2e_bounds: tuple[float, ...]
+    ttft_bounds: tuple[float, ...]
+    itl_bounds: tuple[float, ...]
+    e2e_col: int
+    ttft_col: int
+    itl_col: int
+    success_col: int
+    prompt_col: int
+    generation_col: int
+
+
+# A running seat's integer fields, side by side so that a step touches one cache line per request.
+_REQ, _PROMPT, _PDONE, _GEN, _KV, _OUT = range(6)
+_SEAT_FIELDS = 6
+
+
+class _State(NamedTuple):
+    """Everything that changes (see the module docstring), and scratch space for one step."""
+
+    # per request
+    prompt: np.ndarray  # tokens to compute before decoding (+ generated ones after a preemption)
+    gen: np.ndarray  # tokens generated, kept while preempted
+    last_tok: np.ndarray
+    first: np.ndarray
+    vision_done: np.ndarray
+    next: np.ndarray  # waiting-queue links (-1: none)
+    prev: np.ndarray
+    ttft: np.ndarray  # the Outcomes arrays, written in place
+    e2e: np.ndarray
+    itl: np.ndarray
+    # per replica
+    clock: np.ndarray
+    kv_used: np.ndarray
+    n_run: np.ndarray
+    head: np.ndarray
+    tail: np.ndarray
+    n_wait: np.ndarray
+    counters: np.ndarray  # replicas x LAYOUT.width, accrued since the book last read them
+    # per running seat: replicas x max_num_seqs
+    order: np.ndarray  # the running requests' seats in admission order (first n_run)
+    free: np.ndarray  # free seats (first max_num_seqs - n_run)
+    seat: np.ndarray  # replicas x max_num_seqs x (_REQ, _PROMPT, _PDONE, _GEN, _KV, _OUT)
+    seat_last: np.ndarray  # last token time
+    # one step's schedule (seats)
+    decodes: np.ndarray
+    chunks: np.ndarray
+    chunk_tokens: np.ndarray
+    done: np.ndarray
+
+
+# ----------------------------------------------------------------------------- compiled code
+@_jit
+def _bucket(bounds: tuple[float, ...], v: float) -> int:
+    """The histogram bucket of ``v`` (``le`` semantics, as ``np.searchsorted(..., side="left")``)."""
+    b = 0
+    while b < len(bounds) and bounds[b] < v:
+        b += 1
+    return b
+
+
+@_jit
+def _run(
+    s: _State, w: _Work, c: _Const, n_rep: int, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray
+) -> None:
+    """``FineEngine.run``: before each arrival every replica is advanced to it (``ReplicaEngine.advance``,
+    ``step_once``, ``_preempt``), then it goes to the eligible replica with the fewest outstanding
+    requests (``submit``); at the end every replica is advanced to ``t1``.
+
+    One function on purpose: numba reference-counts each array handed to a helper, with atomic
+    operations that cost more than a decode's bookkeeping; helpers here take scalars and tuples only.
+    """
+    arrival, avail, w_prompt, out, vis_ms, dense_ms = w.arrival, w.avail, w.prompt, w.out, w.vis_ms, w.dense_ms
+    prompt, gen, last_tok, first, vision_done = s.prompt, s.gen, s.last_tok, s.first, s.vision_done
+    nxt, prv, ttft_of, e2e_of, itl_of = s.next, s.prev, s.ttft, s.e2e, s.itl
+    clock, kv_used, n_run, head, tail, n_wait = s.clock, s.kv_used, s.n_run, s.head, s.tail, s.n_wait
+    counters, order, free = s.counters, s.order, s.free
+    seat, seat_last = s.seat, s.seat_last
+    decodes, chunks, chunk_tokens, done = s.decodes, s.chunks, s.chunk_tokens, s.done
+    cap = c.kv_cap
+    seats = c.max_num_seqs
+    n_itl = len(c.itl_bounds)
+    n_ttft = len(c.ttft_bounds)
+    n_e2e = len(c.e2e_bounds)
+    # Only replicas with requests are advanced before each arrival: advancing an empty one just sets
+    # its clock to the arrival time, which is done when a request comes to it (and at t1 for all).
+    active = np.empty(n_rep, dtype=np.int64)
+    n_active = 0
+    for r in range(n_rep):
+        if n_run[r] + n_wait[r] > 0:
+            active[n_active] = r
+            n_active += 1
+    for a in range(idx.size + 1):
+        if a == idx.size:
+            until = t1
+            n_active = n_rep
+            for r in range(n_rep):
+                active[r] = r
+        else:
+            until = max(arrival[idx[a]], t0)
+        q = 0
+        while q < n_active:
+            r = active[q]
+            while clock[r] < until:
+                if n_run[r] == 0 and n_wait[r] == 0:  # nothing to step or wait for
+                    clock[r] = until
+                    break
+                # --- _preempt: while decodes cannot all get a KV slot, the newest running request
+                # goes back to the head of the queue, to be recomputed
+                n = n_run[r]
+                if kv_used[r] + n > cap:
+                    need = 0
+                    for j in range(n):
+                        k = order[r, j]
+                        if seat[r, k, _PDONE] >= seat[r, k, _PROMPT]:
+                            need += 1
+                    while n > 0 and kv_used[r] + need > cap:
+                        n -= 1
+                        k = order[r, n]
+                        free[r, seats - n - 1] = k
+                        v = seat[r, k, _REQ]
+                        if seat[r, k, _PDONE] >= seat[r, k, _PROMPT]:
+                            need -= 1
+                        kv_used[r] -= seat[r, k, _KV]
+                        prompt[v] = w_prompt[v] + seat[r, k, _GEN] if first[v] else seat[r, k, _PROMPT]
+                        gen[v] = seat[r, k, _GEN]
+                        last_tok[v] = seat_last[r, k]
+                        h = head[r]
+                        prv[v] = -1
+                        nxt[v] = h
+                        if h >= 0:
+                            prv[h] = v
+                        else:
+                            tail[r] = v
+                        head[r] = v
+                        n_wait[r] += 1
+                    n_run[r] = n
+                # --- step_once: running requests in admission order take from the token budget
+                budget = c.max_num_batched_tokens
+                n_dec = 0
+                n_chunk = 0
+                ctx = 0  # sum over decodes of (context + 1)
+                for j in range(n_run[r]):
+                    if budget <= 0:
+                        break
+                    k = order[r, j]
+                    if seat[r, k, _PDONE] >= seat[r, k, _PROMPT]:
+                        decodes[n_dec] = k
+                        n_dec += 1
+                        ctx += seat[r, k, _KV] + 1
+                        budget -= 1
+                    else:
+                        tc = min(seat[r, k, _PROMPT] - seat[r, k, _PDONE], budget)
+                        chunks[n_chunk] = k
+                        chunk_tokens[n_chunk] = tc
+                        n_chunk += 1
+                        budget -= tc
+                # then waiting requests are admitted FCFS while seats, budget and KV allow
+                while n_wait[r] > 0 and budget > 0 and n_run[r] < c.max_num_seqs:
+                    i = head[r]
+                    if avail[i] > clock[r]:
+                        break
+                    tc = min(prompt[i], budget)
+                    fits = kv_used[r] + tc <= cap
+                    if not fits and n_run[r] > 0:
+                        break
+                    h = nxt[i]
+                    head[r] = h
+                    if h >= 0:
+                        prv[h] = -1
+                    else:
+                        tail[r] = -1
+                    n_wait[r] -= 1
+                    if not fits:  # can never fit: dropped (its latencies stay inf)
+                        continue
+                    k = free[r, seats - n_run[r] - 1]
+                    order[r, n_run[r]] = k
+                    n_run[r] += 1
+                    seat[r, k, _REQ] = i
+                    seat[r, k, _PROMPT] = prompt[i]
+                    seat[r, k, _PDONE] = 0
+                    seat[r, k, _GEN] = gen[i]
+                    seat[r, k, _KV] = 0
+                    seat[r, k, _OUT] = out[i]
+                    seat_last[r, k] = last_tok[i]
+                    chunks[n_chunk] = k
+                    chunk_tokens[n_chunk] = tc
+                    n_chunk += 1
+                    budget -= tc
+                if n_dec == 0 and n_chunk == 0:  # advance: idle until the first waiting request is ready
+                    ready = np.inf
+                    node = head[r]
+                    while node >= 0:
+                        ready = min(ready, avail[node])
+                        node = nxt[node]
+                    if clock[r] < ready < until:
+                        clock[r] = ready
+                        continue
+                    clock[r] = until
+                    break
+                # the step's time: ReplicaParams.step_gpu_ms + encoder + host_ms, in the same operation order
+                n_tok = n_dec
+                pairs = 0.0
+                sampling = 0
+                vision = 0.0
+                for j in range(n_chunk):
+                    k = chunks[j]
+                    tc = chunk_tokens[j]
+                    n_tok += tc
+                    pairs += tc * (seat[r, k, _PDONE] + (tc + 1) / 2.0)
+                    if seat[r, k, _PDONE] + tc >= seat[r, k, _PROMPT]:
+                        sampling += 1
+                    if not vision_done[seat[r, k, _REQ]]:
+                        vision += vis_ms[seat[r, k, _REQ]]
+                gpu = (
+                    (dense_ms[n_tok] if n_tok < dense_ms.size else c.dense_last_ms * n_tok / c.dense_last_tokens)
+                    + c.kv_read_ms * float(ctx)
+                    + c.prefill_pair_ms * pairs
+                    + c.logits_row_ms * (n_dec + sampling)
+                )
+                gpu += vision
+                host = min(c.host_ms_base + c.host_ms_per_seq * (n_dec + n_chunk), c.host_ms_max)
+                clock[r] += (gpu + host) / 1000.0
+                now = clock[r]
+                # decodes make a token each (histogram sums accumulate one value at a time, as the
+                # book's do; most decodes share a gap: its bucket is looked up and counted once)
+                n_done = 0
+                itl_sum = counters[r, c.itl_col + n_itl + 1]
+                gap_seen = -1.0
+                col = c.itl_col
+                same = 0
+                for j in range(n_dec):
+                    k = decodes[j]
+                    seat[r, k, _GEN] += 1
+                    seat[r, k, _KV] += 1
+                    gap = now - seat_last[r, k]
+                    if gap != gap_seen:
+                        counters[r, col] += same
+                        gap_seen = gap
+                        col = c.itl_col + _bucket(c.itl_bounds, gap)
+                        same = 0
+                    same += 1
+                    itl_sum += gap
+                    seat_last[r, k] = now
+                    if seat[r, k, _GEN] >= seat[r, k, _OUT]:
+                        done[n_done] = k
+                        n_done += 1
+                counters[r, col] += same
+                kv_used[r] += n_dec
+                counters[r, c.itl_col + n_itl + 1] = itl_sum
+                counters[r, c.itl_col + n_itl + 2] += n_dec
+                # prompt chunks are cached; a finished prompt samples its first token
+                new_tokens = n_dec
+                for j in range(n_chunk):
+                    k = chunks[j]
+                    tc = chunk_tokens[j]
+                    i = seat[r, k, _REQ]
+                    vision_done[i] = True
+                    seat[r, k, _PDONE] += tc
+                    seat[r, k, _KV] += tc
+                    kv_used[r] += tc
+                    if seat[r, k, _PDONE] >= seat[r, k, _PROMPT] and not first[i]:
+                        first[i] = True
+                        seat[r, k, _GEN] = 1
+                        seat[r, k, _KV] += 1
+                        kv_used[r] += 1
+                        seat_last[r, k] = now
+                        new_tokens += 1
+                        ttft = now - arrival[i]
+                        ttft_of[i] = ttft
+                        counters[r, c.ttft_col + _bucket(c.ttft_bounds, ttft)] += 1.0
+                        counters[r, c.ttft_col + n_ttft + 1] += ttft
+                        counters[r, c.ttft_col + n_ttft + 2] += 1.0
+                        counters[r, c.prompt_col] += float(w_prompt[i])
+                        if seat[r, k, _GEN] >= seat[r, k, _OUT]:
+                            done[n_done] = k
+                            n_done += 1
+                counters[r, c.generation_col] += float(new_tokens)
+                if n_done == 0:
+                    continue
+                for j in range(n_done):
+                    k = done[j]
+                    i = seat[r, k, _REQ]
+                    kv_used[r] -= seat[r, k, _KV]
+                    e2e = now - arrival[i]
+                    e2e_of[i] = e2e
+                    o = float(out[i])
+                    itl_of[i] = (e2e - ttft_of[i]) / max(o - 1.0, 1.0) if o > 1.0 else 0.0
+                    counters[r, c.e2e_col + _bucket(c.e2e_bounds, e2e)] += 1.0
+                    counters[r, c.e2e_col + n_e2e + 1] += e2e
+                    counters[r, c.e2e_col + n_e2e + 2] += 1.0
+                    counters[r, c.success_col] += 1.0
+                # a running request is done exactly when it has made its output: free those seats
+                n = n_run[r]
+                keep = 0
+                for j in range(n):
+                    k = order[r, j]
+                    if seat[r, k, _GEN] < seat[r, k, _OUT]:
+                        order[r, keep] = k
+                        keep += 1
+                    else:
+                        free[r, seats - n] = k
+                        n -= 1
+                n_run[r] = keep
+            if n_run[r] == 0 and n_wait[r] == 0:
+                n_active -= 1
+                active[q] = active[n_active]
+            else:
+                q += 1
+        if a == idx.size:
+            break
+        # route to the least outstanding eligible replica (ties: the first), then submit: the queue is
+        # ordered by readiness, a new request after every one ready no later
+        i = idx[a]
+        best = eligible[0]
+        fewest = n_wait[best] + n_run[best]
+        for q in range(1, eligible.size):
+            e = eligible[q]
+            if n_wait[e] + n_run[e] < fewest:
+                best, fewest = e, n_wait[e] + n_run[e]
+        if n_run[best] == 0 and n_wait[best] == 0:
+            clock[best] = max(clock[best], until)
+            active[n_active] = best
+            n_active += 1
+        prompt[i] = w_prompt[i]
+        gen[i] = 0
+        last_tok[i] = 0.0
+        first[i] = False
+        vision_done[i] = vis_ms[i] <= 0
+        node = tail[best]
+        while node >= 0 and avail[node] > avail[i]:
+            node = prv[node]
+        after = head[best] if node < 0 else nxt[node]
+        prv[i] = node
+        nxt[i] = after
+        if node < 0:
+            head[best] = i
+        else:
+            nxt[node] = i
+        if after < 0:
+            tail[best] = i
+        else:
+            prv[after] = i
+        n_wait[best] += 1
+
+
+# ----------------------------------------------------------------------------- the engine
+def _replica_arrays(n: int, seats: int) -> dict[str, np.ndarray]:
+    return {
+        "clock": np.zeros(n),
+        "kv_used": np.zeros(n, dtype=np.int64),
+        "n_run": np.zeros(n, dtype=np.int64),
+        "head": np.full(n, -1, dtype=np.int64),
+        "tail": np.full(n, -1, dtype=np.int64),
+        "n_wait": np.zeros(n, dtype=np.int64),
+        "counters": np.zeros((n, LAYOUT.width)),
+        "seat": np.zeros((n, seats, _SEAT_FIELDS), dtype=np.int64),
+        "seat_last": np.zeros((n, seats)),
+        "order": np.zeros((n, seats), dtype=np.uintp),
+        "free": np.tile(np.arange(seats - 1, -1, -1, dtype=np.uintp), (n, 1)),
+    }
+
+
+class _Book(MetricBook):
+    """A ``MetricBook`` that takes in the engine's accrued counters each time it folds its updates."""
+
+    def __init__(self, pull: Callable[[], None]) -> None:
+        super().__init__()
+        self._pull = pull
+
+    def _flush(self) -> None:
+        self._pull()
+        super()._flush()
+
+
+class CompiledEngine:
+    """``FineEngine``'s results at compiled speed (see the module docstring)."""
+
+    def __init__(self, params: ReplicaParams, work: Workload) -> None:
+        self.params = params
+        self.book: MetricBook = _Book(self._sync)
+        n = work.arrival.shape[0]
+        self.outcomes = Outcomes(n)
+        self.n_rep = 0
+        self._accrued = False  # counters accrued since the last sync (a scrape reads the book once per pod)
+        seats = params.max_num_seqs
+        self._w = _Work(
+            arrival=np.ascontiguousarray(work.arrival, dtype=float),
+            avail=np.ascontiguousarray(work.avail, dtype=float),
+            prompt=work.prompt.astype(np.int64),
+            out=work.out.astype(np.int64),
+            vis_ms=np.ascontiguousarray(work.vis_ms, dtype=float),
+            dense_ms=params.dense_ms_vec(np.arange(int(params.dense_tokens[-1]), dtype=float)),
+        )
+        self._c = _Const(
+            dense_last_tokens=float(params.dense_tokens[-1]),
+            dense_last_ms=float(params.dense_ms[-1]),
+            kv_read_ms=float(params.kv_read_ms),
+            prefill_pair_ms=float(params.prefill_pair_ms),
+            logits_row_ms=float(params.logits_row_ms),
+            host_ms_base=float(params.host_ms_base),
+            host_ms_per_seq=float(params.host_ms_per_seq),
+            host_ms_max=float(params.host_ms_max),
+            max_num_seqs=int(seats),
+            max_num_batched_tokens=int(params.max_num_batched_tokens),
+            kv_cap=int(params.kv_capacity_tokens),
+            e2e_bounds=tuple(float(x) for x in E2E_BUCKETS),
+            ttft_bounds=tuple(float(x) for x in TTFT_BUCKETS),
+            itl_bounds=tuple(float(x) for x in ITL_BUCKETS),
+            e2e_col=LAYOUT.e2e,
+            ttft_col=LAYOUT.ttft,
+            itl_col=LAYOUT.itl,
+            success_col=LAYOUT.success,
+            prompt_col=LAYOUT.prompt,
+            generation_col=LAYOUT.generation,
+        )
+        self._s = _State(
+            prompt=np.zeros(n, dtype=np.int64),
+            gen=np.zeros(n, dtype=np.int64),
+            last_tok=np.zeros(n),
+            first=np.zeros(n, dtype=np.bool_),
+            vision_done=np.zeros(n, dtype=np.bool_),
+            next=np.full(n, -1, dtype=np.int64),
+            prev=np.full(n, -1, dtype=np.int64),
+            ttft=self.outcomes.ttft,
+            e2e=self.outcomes.e2e,
+            itl=self.outcomes.itl,
+            decodes=np.zeros(seats, dtype=np.uintp),
+            chunks=np.zeros(seats, dtype=np.uintp),
+            chunk_tokens=np.zeros(seats, dtype=np.int64),
+            done=np.zeros(seats, dtype=np.uintp),
+            **_replica_arrays(8, seats),
+        )
+
+    def add_replica(self) -> int:
+        rid = self.book.add_replica()
+        cap = self._s.clock.shape[0]
+        if self.n_rep == cap:  # double the per-replica arrays
+            more = _replica_arrays(cap, self.params.max_num_seqs)
+            self._s = self._s._replace(**{k: np.concatenate((getattr(self._s, k), v)) for k, v in more.items()})
+        self.n_rep += 1
+        return rid
+
+    def outstanding(self) -> np.ndarray:
+        s = self._s
+        return np.asarray(s.n_run[: self.n_rep] + s.n_wait[: self.n_rep], dtype=np.int64)
+
+    def gauges(self, rid: int) -> tuple[float, float, float]:
+        s = self._s
+        cap = max(self._c.kv_cap, 1)
+        return float(s.n_run[rid]), float(s.n_wait[rid]), min(float(s.kv_used[rid]) / cap, 1.0)
+
+    def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
+        if idx.size and eligible.size == 0:  # the compiled code does not check bounds
+            raise ValueError("requests to route but no eligible replica")
+        eligible = np.ascontiguousarray(eligible, dtype=np.int64)
+        _run(self._s, self._w, self._c, self.n_rep, float(t0), float(t1), idx, eligible)
+        self._accrued = True
+
+    def _sync(self) -> None:
+        """Hand the counters accrued since the book last folded its updates to the book."""
+        if not self._accrued:
+            return
+        self._accrued = False
+        acc = self._s.counters[: self.n_rep]
+        rids = np.arange(self.n_rep)
+        for col in np.nonzero(acc.any(axis=0))[0]:
+            self.book.add(int(col), rids, acc[:, col].copy())
+        acc[:] = 0.0
