@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mmfleet.twin import traffic
+from mmfleet.twin.compiled import CompiledEngine
 from mmfleet.twin.engine import Engine, Workload, least_outstanding
 from mmfleet.twin.fast import FastEngine
 from mmfleet.twin.fine import FineEngine
@@ -82,11 +83,12 @@ def test_least_outstanding_matches_one_at_a_time() -> None:
         assert got.tolist() == want
 
 
-def test_fast_engine_speed_at_fleet_scale() -> None:
+@pytest.mark.parametrize("kind", [FastEngine, CompiledEngine])
+def test_engine_speed_at_fleet_scale(kind: type[FastEngine] | type[CompiledEngine]) -> None:
     """A 20-replica fleet near mu_SLO for 120 s: printed as simulated seconds per wall second."""
     req = workload(60.0, seconds=120.0)  # ~330 req/s, the scaled Azure conv hour's mean
     work = Workload.build(req, P)
-    eng = FastEngine(P, work)
+    eng = kind(P, work)
     for _ in range(20):
         eng.add_replica()
     t0 = time.perf_counter()
@@ -95,7 +97,7 @@ def test_fast_engine_speed_at_fleet_scale() -> None:
         eng.run(float(s), float(s + 1), idx, np.arange(20))
     wall = time.perf_counter() - t0
     print(
-        f"fast engine: {len(req)} requests, 20 replicas, 120 simulated s in {wall:.2f} s wall "
+        f"{kind.__name__}: {len(req)} requests, 20 replicas, 120 simulated s in {wall:.2f} s wall "
         f"= {120 / wall:.0f} simulated s per wall s ({len(req) / wall:.0f} requests/s)"
     )
     assert np.isfinite(eng.outcomes.e2e).mean() > 0.9
