@@ -1,9 +1,10 @@
-"""What the two replica engines share: the per-request work, the outcomes, routing, the interface.
+"""What the replica engines share: the per-request work, the outcomes, routing, the interface.
 
-Two engines implement ``Engine``: ``replica.FineEngine`` (one vLLM step at a time, exact routing at
-each arrival; for tests and short runs) and ``fast.FastEngine`` (all replicas advanced together in
-fixed ticks with numpy; what the benchmark uses). ``tests/unit/test_twin_engines.py`` checks that
-they agree.
+Three engines implement ``Engine``: ``fine.FineEngine`` (one vLLM step at a time, exact routing at
+each arrival; pure Python, the reference), ``compiled.CompiledEngine`` (the same schedule compiled
+with numba, equal to the fine engine's results; what the benchmark uses) and ``fast.FastEngine``
+(all replicas advanced together in fixed ticks with numpy; what ``twin serve`` steps in real time).
+``tests/unit/test_twin_engines.py`` and ``test_twin_compiled.py`` check that they agree.
 """
 
 from __future__ import annotations
