@@ -38,9 +38,9 @@ WAIT_SECONDS = 180
 # The spike: the autoscaled example at 3 req/s, five times that for two minutes, then back.
 SCALED = "qwen-vl"
 BASE_RATE = 3.0
-SPIKE = Spike(start=60.0, end=180.0, factor=5.0)
+SPIKE = Spike(start=90.0, end=210.0, factor=5.0)
 SCALE_DOWN_DELAY = "60s"  # the example keeps the 5m default; the demo is shorter
-SPIKE_SECONDS = 330
+SPIKE_SECONDS = 390
 AUTOSCALE_INTERVAL = "5s"
 
 

@@ -5,8 +5,10 @@ scheduler and kwok nodes whose pod-ready delay stands for the cold start; Debian
 scraping the twin (``mmfleet twin serve``), which serves the fleet's Ready pods with the calibrated
 replica model and exports vLLM's metrics; and the operator as users run it (``mmfleet run``).
 
-Timeline, in seconds after the twin starts: base load 0-45, x5 from 45 to 135, Prometheus stopped
-from 150 to 170, the scale-down after the spike (scaleDownDelay 45 s), done by about 270.
+Timeline, in seconds after the twin starts: base load 0-100 (the operator reads a fleet's series
+once they cover the 1m rate window, then learns its capacity), x5 from 100 to 190, Prometheus
+stopped from 205 to 225 (and a minute of warm-up again after it), the scale-down after the spike
+(scaleDownDelay 45 s), done at 360.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ COLD_START = "10s"  # kwok's pod-ready delay: what a new pod costs before it ser
 NAMESPACE = "e2e"
 NAME = "qwen-vl"
 BASE_RATE = 4.0  # req/s: one H100 replica holds P90 under 3 s up to about 10 req/s (capacity_at_slo)
-SPIKE = Spike(start=45.0, end=135.0, factor=5.0)
-OUTAGE = (150.0, 170.0)
-END = 300.0
+SPIKE = Spike(start=100.0, end=190.0, factor=5.0)
+OUTAGE = (205.0, 225.0)
+END = 360.0
 TARGET = 3.0
 RESOURCE = {
     "apiVersion": "mmfleet.io/v1alpha1",

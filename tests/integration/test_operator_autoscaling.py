@@ -70,7 +70,9 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     generations = {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")}
 
     # Over target (every request takes 4 s: P90 4.75 s in vLLM's buckets): up, with the reason as the event.
-    scaled_up = wait_for(lambda: events(fleet, "hot", "ScaledUp"), 60, "a ScaledUp event for hot")
+    scaled_up = wait_for(
+        lambda: events(fleet, "hot", "ScaledUp"), 120, "a ScaledUp event for hot (after 1m of warm-up)"
+    )
     assert scaled_up[0].startswith("P90 4.75s > target 2s"), scaled_up
     assert scaled_up[0].endswith(": 1 -> 2"), scaled_up
     wait_for(lambda: replicas(fleet, "hot") == 3, 60, "hot at maxReplicas 3")

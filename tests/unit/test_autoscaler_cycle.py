@@ -196,14 +196,14 @@ def test_nothing_finished_while_requests_are_in_flight_is_unknown_and_held() -> 
 def test_the_cold_start_measured_on_pods_reaches_the_policy_and_is_kept_when_they_go() -> None:
     """The policy plans over L + one interval; its reason says over how long."""
     within = busy(1.0, waiting=0.0)
-    outcomes, memory, current = run(fleet(), 2, within, cycles=8, pods=Pods(ready=2, cold_start=42.0))
+    outcomes, memory, current = run(fleet(), 2, within, cycles=12, pods=Pods(ready=2, cold_start=42.0))
     assert memory.cold_start == 42.0
     assert "over 57s" in outcomes[-1].reason
     outcomes, memory, _ = run(fleet(), current, within, cycles=1, pods=Pods(ready=2), memory=memory,
                               start=T0 + timedelta(minutes=2))  # fmt: skip
     assert memory.cold_start == 42.0, "the measurement outlives the pods it was made on"
     assert "over 57s" in outcomes[-1].reason
-    outcomes, _, _ = run(fleet(), 2, within, cycles=8, pods=Pods(ready=2))
+    outcomes, _, _ = run(fleet(), 2, within, cycles=12, pods=Pods(ready=2))
     assert "over 135s" in outcomes[-1].reason, "no pod seen Ready yet: the configured default, 120 s"
 
 
@@ -260,3 +260,23 @@ def test_scale_down_delay_sets_the_policys_down_window() -> None:
     quick = AutoscalingSpec(slo=slo, scale_down_delay="90s")
     assert policy_for(quick, slo, 15.0).down_window(probe) == 90.0
     assert policy_for(AutoscalingSpec(slo=slo), slo, 15.0).down_window(probe) == 300.0  # max(5m, cold start)
+
+
+def test_young_series_are_not_read_until_they_cover_a_rate_window() -> None:
+    # rate() over a window the series only partly cover reads low; a fleet must not grow (or learn) on it
+    outcomes, memory, current = run(fleet(max_replicas=8), 1, busy(4.0), cycles=4)
+    assert current == 1
+    assert all("less than the 1m rate window: holding 1" in o.reason for o in outcomes)
+    assert memory.policy_state is None
+    outcomes, memory, current = run(
+        fleet(max_replicas=8), 1, busy(4.0), cycles=8, memory=memory, start=T0 + timedelta(seconds=60)
+    )
+    assert current > 1  # from a full window on, the policy decides
+    # an outage leaves a hole in the windows: the warm-up starts again when the series return
+    _, memory, _ = run(
+        fleet(max_replicas=8), current, None, cycles=1, outage="down", memory=memory, start=T0 + timedelta(seconds=180)
+    )
+    outcomes, _, _ = run(
+        fleet(max_replicas=8), current, busy(4.0), cycles=1, memory=memory, start=T0 + timedelta(seconds=195)
+    )
+    assert "rate window" in outcomes[0].reason

@@ -30,11 +30,12 @@ from mmfleet.api import (
     seconds,
 )
 from mmfleet.autoscaler import Observation
-from mmfleet.autoscaler.metrics import Signals
+from mmfleet.autoscaler.metrics import RATE_WINDOW, Signals
 from mmfleet.autoscaler.policy import SloPolicy
 from mmfleet.status import AUTOSCALER_CONDITIONS, condition, scheduling_failure
 
 ATTAINMENT_WINDOW = 3600.0  # s
+WARM_UP_S = seconds(RATE_WINDOW)  # the policy is asked once a fleet's series cover a whole rate window
 # A condition before it meets the previous status: (type, True/False/None for Unknown, reason, message).
 ConditionRow = tuple[str, bool | None, str, str]
 
@@ -94,6 +95,7 @@ class Memory:
     policy_state: Any = None  # None: the policy's initial state
     verdicts: tuple[tuple[float, bool], ...] = ()  # (time, met the target) of each measured cycle
     cold_start: float | None = None  # the last one measured, kept when the measured pods are gone
+    metrics_since: float | None = None  # when this fleet's series were first read (reset by an outage)
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,7 @@ def decide(
     slo_met: ConditionRow
     if unavailable is not None:
         replicas, metrics = held, unavailable
+        memory = replace(memory, metrics_since=None)
         reason = (
             f"metrics unavailable: holding {held}"
             if held == seen.current
@@ -220,9 +223,17 @@ def decide(
             running=signals.running,
             kv_cache_usage=signals.kv_cache_usage,
         )
-        decision = policy.decide(observation, state)
-        replicas, reason = decision.replicas, decision.reason
-        memory = replace(memory, policy_state=decision.state)
+        since = memory.metrics_since if memory.metrics_since is not None else clock
+        memory = replace(memory, metrics_since=since)
+        if clock - since < WARM_UP_S:
+            # Young series: rate() over a window they only partly cover reads low, and a capacity learned
+            # from it would grow the fleet for nothing (seen: 1 -> 4 at steady load).
+            replicas = held
+            reason = f"series read for {clock - since:.0f}s, less than the {RATE_WINDOW} rate window: holding {held}"
+        else:
+            decision = policy.decide(observation, state)
+            replicas, reason = decision.replicas, decision.reason
+            memory = replace(memory, policy_state=decision.state)
         metrics = ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
         if latency is not None:
             met = latency <= target

@@ -10,14 +10,18 @@ queued meanwhile (autoscaling.md §0, §6.2). This is the §8.2 B8 design, with 
   five minutes), which a sustained ramp has and a step does not;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
-  ``drain_time`` by extra replicas (§6.2 "backlog-aware recovery");
+  ``drain_time`` by extra replicas (§6.2 "backlog-aware recovery"), at most as many again as the
+  demand needs: queues stay on the pods they were sent to, so new pods serve new arrivals, not the
+  queue itself;
+- the trend is extrapolated over L, but never beyond the five minutes it was fitted on;
 - feedback: when the observed percentile is over target although the Ready count has not changed
   for a whole latency window, the queue is not draining and the replicas are busy, at least
   ready × observed / target;
 - pods still starting are capacity on the way: every number above is an absolute replica count,
   set as the Deployment's replicas, which already include them, so nothing is asked for twice;
 - up at once; down only to the highest recommendation of the last max(300 s, L) (ski rental, §6.3),
-  never while the percentile is over target, only when it frees a tenth of the fleet, and at most
+  never while the percentile is over target and the queue is not shrinking (a shrinking queue is
+  the past being served), only when it frees a tenth of the fleet, and at most
   once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
   at a time (each step down that demand soon reverses is a reversal and a cold start paid);
 - silence is not zero: a missing metric holds the current count; unschedulable pods stop growth.
@@ -37,6 +41,7 @@ FAST_WINDOW = 60.0  # s, time constant of the demand level: follows a step withi
 TREND_WINDOW = 300.0  # s of demand samples behind the trend and the spread
 QUANTILE_Z = 1.28  # the forecast's upper quantile, q90 of a normal
 TREND_CAP = 0.5  # the trend adds at most half the level over the horizon
+BACKLOG_RATIO = 1.0  # the backlog adds at most this share of the demand's replicas
 MAX_FEEDBACK_RATIO = 2.0  # latency feedback at most doubles the Ready replicas, and the feed-forward
 BUSY = 0.5  # latency feedback needs replicas serving at least half of μ each
 CAPACITY_FLOOR = 0.25  # the capacity correction never believes a replica does less than a quarter of μ
@@ -75,6 +80,7 @@ class Sizing:
     needed: int
     backlog: float  # requests projected to be queued when a pod asked for now is Ready
     feedback: int | None
+    draining: bool  # the queue is shorter than a latency window ago
 
 
 def _s(seconds: float) -> str:
@@ -192,7 +198,9 @@ class SloPolicy:
         # the percentile is over target.
         if sizing.needed >= current:
             desired = sizing.needed
-        elif obs.latency is not None and obs.latency > obs.slo_target:
+        elif obs.latency is not None and obs.latency > obs.slo_target and not sizing.draining:
+            # Over target with a queue that does not shrink: more may be needed soon. A shrinking one is
+            # the past being served (queues stay on the pods they were sent to; new pods do not speed it).
             desired = current
         else:
             floor = max(n for _, n in recs)
@@ -239,7 +247,8 @@ class SloPolicy:
         samples = (*((t, v) for t, v in state.demand if t > obs.time - TREND_WINDOW), (obs.time, demand))
         slope, spread = robust_trend(samples)
         horizon = obs.cold_start + self.interval
-        growth = max(0.0, slope) * horizon
+        # not extrapolated beyond the span it was fitted on
+        growth = max(0.0, slope) * min(horizon, TREND_WINDOW)
         upper = max(demand, level + QUANTILE_Z * spread)
         forecast = upper + min(growth, TREND_CAP * upper)  # what capacity is sized for
 
@@ -271,7 +280,9 @@ class SloPolicy:
             # a heavier mix than profiled, which is believed until the SLO has held for a while.
             clears = base * scale * obs.ready * target  # what the Ready replicas clear within the target
             standing = spans and all(h[2] > clears for h in history)
-            if obs.latency > target and standing and ready_steady:
+            # A queue that shrinks is served faster than it grows: an over-provisioned fleet draining a
+            # backlog says nothing about slow replicas (seen: the estimate fell to 0.29 x mu after a spike).
+            if obs.latency > target and standing and ready_steady and obs.waiting >= history[0][2]:
                 scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / base))
             elif obs.latency <= target and dt is not None:
                 scale = _ewma(scale, 1.0, dt, CAPACITY_RECOVERY)
@@ -282,7 +293,11 @@ class SloPolicy:
             # it twice ordered a backlog that never came (azure-conv: 38 pods for a need of 22).
             arriving = max(demand, level)  # what the queue will see
             backlog = projected_backlog(queued, arriving, obs.ready, starting, obs.time, obs.cold_start, capacity)
-            feedforward = math.ceil(forecast / (capacity * headroom) + backlog / (capacity * self.drain_time) - 1e-9)
+            sized = forecast / (capacity * headroom)
+            # At most as many again for the backlog: pods that arrive after a cold start to drain a queue of
+            # requests already late win few windows back (spike-x8, L=420 s: 924 pods for a need of 230).
+            drain = min(backlog / (capacity * self.drain_time), BACKLOG_RATIO * sized)
+            feedforward = math.ceil(sized + drain - 1e-9)
             needed = feedforward
 
         # Latency feedback, for what the model misses. Only on a fleet that has not changed for a whole
@@ -307,7 +322,7 @@ class SloPolicy:
             capacity_scale=scale,
             history=history,
         )
-        return state, Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback)
+        return state, Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining)
 
     def _reason(self, obs: Observation, sz: Sizing, desired: int, window: float, blocked: bool) -> str:
         """One sentence for a Kubernetes event: what was seen, what it needs, what is done."""
