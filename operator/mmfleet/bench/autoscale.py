@@ -266,7 +266,8 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
         parts = [f"{name} L={cold:.0f}s: {_pct(ours.attainment)}% windows at {ours.oracle_ratio:.2f}× oracle"]
         peak = next((r for r in cell if r.policy == "static-peak"), None)
         if peak is not None:
-            parts.append(f"{100 * (1 - ours.gpu_hours / peak.gpu_hours):.0f}% fewer GPU-h than static-peak "
+            saved = 1 - ours.gpu_hours / peak.gpu_hours
+            parts.append(f"{100 * abs(saved):.0f}% {'fewer' if saved >= 0 else 'more'} GPU-h than static-peak "
                          f"({_pct(peak.attainment)}% windows)")  # fmt: skip
         reactive = [r for r in cell if r.policy in REACTIVE]
         if name in SPIKY and reactive:
