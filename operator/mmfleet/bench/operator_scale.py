@@ -44,7 +44,6 @@ CYCLE = re.compile(
 )
 AUTOSCALE_INTERVAL = 15.0  # s, the operator's default
 CYCLES = 3  # full cycles timed once every resource is Ready
-SETTLE_CYCLES = 2  # full cycles skipped first: they write every fleet's new conditions and warnings
 TARGET_CYCLE_MS = 1000.0
 
 Progress = Callable[[str], None]
@@ -223,16 +222,16 @@ def _measure(
 
 
 def _full_cycles(log: Path, count: int, progress: Progress) -> list[tuple[int, float]]:
-    """(queries, ms) of ``CYCLES`` autoscaling cycles over every fleet, after ``SETTLE_CYCLES`` such cycles."""
-    deadline = time.monotonic() + (SETTLE_CYCLES + CYCLES + 2) * AUTOSCALE_INTERVAL
+    """(queries, ms) of the first ``CYCLES`` autoscaling cycles that saw every fleet."""
+    deadline = time.monotonic() + (CYCLES + 2) * AUTOSCALE_INTERVAL
     found: list[tuple[int, float]] = []
     while time.monotonic() < deadline:
         found = [(int(q), float(ms)) for n, q, ms in CYCLE.findall(log.read_text(errors="replace")) if int(n) == count]
-        if len(found) >= SETTLE_CYCLES + CYCLES:
+        if len(found) >= CYCLES:
             break
         time.sleep(1.0)
     progress(f"   {len(found)} autoscaling cycles over all {count} fleets")
-    return found[SETTLE_CYCLES : SETTLE_CYCLES + CYCLES]
+    return found[:CYCLES]
 
 
 def render_results(results: list[Result]) -> str:
@@ -275,8 +274,7 @@ def main(counts: list[int], docs: Path, timeout: float, progress: Progress) -> i
         f"Command: `{command}` (local control plane: etcd, kube-apiserver, kcm, scheduler, kwok; one node per "
         f"{PODS_PER_NODE} pods; pods turn Ready 1 s after binding). Machine: {os.cpu_count()} cores. "
         "Ratios are against the targets of issues 3 and 5 (lower is better). Every resource is autoscaled; "
-        f"the autoscaler cycle (every {AUTOSCALE_INTERVAL:g} s) is timed over {CYCLES} cycles once all are Ready "
-        f"and {SETTLE_CYCLES} full cycles have passed (those write every fleet's first conditions), "
+        f"the autoscaler cycle (every {AUTOSCALE_INTERVAL:g} s) is timed over {CYCLES} cycles once all are Ready, "
         "from the operator's log: one batched Prometheus read for all fleets, then per fleet the decision, the "
         "status write and any scale. No twin serves these pods, so every fleet holds on missing series.\n\n"
         f"{text}\n\nAPI requests per reconcile count the operator's own calls in one create/update; "
