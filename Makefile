@@ -12,7 +12,7 @@ SYSTEM_PACKAGES := lua5.1 prometheus
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[lab,dev]"
 	@touch $@
 
 install: $(STAMP)
@@ -26,7 +26,7 @@ system-deps:
 
 ## The Kubernetes, etcd and kwok binaries, built from their Go modules once into ~/.cache/mmfleet.
 binaries: install
-	$(BIN)/python -c "from mmfleet.localcluster import ensure_binaries; ensure_binaries(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_binaries; ensure_binaries(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from mmfleet import crd
-from mmfleet.localcluster import Cluster, NodePool, down, start_prometheus, stop_prometheus, up
-from mmfleet.spike import Sample, Twin, follow, line, plot
-from mmfleet.twin.serve import Spike
+from mmfleet_lab.cluster import Cluster, NodePool, down, start_prometheus, stop_prometheus, up
+from mmfleet_lab.spike import Sample, Twin, follow, line, plot
+from mmfleet_lab.twin.serve import Spike
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +74,7 @@ def cluster() -> Iterator[Cluster]:
 def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
     import subprocess
 
-    from mmfleet.localcluster import ensure_binaries
+    from mmfleet_lab.cluster import ensure_binaries
 
     kubectl = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
     return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,4 @@
-"""One local control plane per test session (``mmfleet.localcluster``), shared by every integration test.
+"""One local control plane per test session (``mmfleet_lab.cluster``), shared by every integration test.
 
 It is a cluster of its own name, so a developer's ``mmfleet cluster up`` cluster is left alone. The
 first run on a machine builds the binaries (minutes); later sessions start in about ten seconds.
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from mmfleet.localcluster import Cluster, NodePool, down, up
-from mmfleet.localcluster.cluster import clusters_dir
+from mmfleet_lab.cluster import Cluster, NodePool, down, up
+from mmfleet_lab.cluster.cluster import clusters_dir
 from tests.integration.operator_process import OperatorProcess, wait_for
 
 # One cluster per pytest process, so sessions running side by side (two developers' shells, two agents)

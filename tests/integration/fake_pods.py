@@ -5,7 +5,7 @@ names from ``mmfleet.backends``, made with ``prometheus_client`` as the servers 
 ``/pods/<namespace>/<pod>/metrics``. A background thread keeps requests finishing at a set rate and
 latency, so ``rate()`` and ``histogram_quantile()`` have something to work on. ``PrometheusServer``
 is Debian's ``prometheus`` started with the local cluster's own configuration helpers
-(``mmfleet.localcluster.prometheus``): file_sd targets labelled with ``namespace``, ``pod`` and
+(``mmfleet_lab.cluster.prometheus``): file_sd targets labelled with ``namespace``, ``pod`` and
 ``mmfleet_io_inference``, as the rendered PodMonitor's relabelling labels a real pod's series.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mmfleet import backends
-from mmfleet.localcluster import process
-from mmfleet.localcluster import prometheus as prom
-from mmfleet.localcluster.process import Proc
+from mmfleet_lab.cluster import process
+from mmfleet_lab.cluster import prometheus as prom
+from mmfleet_lab.cluster.process import Proc
 
 # vLLM 0.33's e2e buckets (v1/metrics/buckets.py; the twin uses the same).
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)

@@ -18,10 +18,10 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet import clouds
 from mmfleet.api import GpuSpec
-from mmfleet.localcluster import READY_DELAY_ANNOTATION, Cluster, attach, env, get, process, up
-from mmfleet.localcluster.build import K8S_VERSION
-from mmfleet.localcluster.nodes import POOL_LABEL
-from mmfleet.localcluster.stages import duration_ms
+from mmfleet_lab.cluster import READY_DELAY_ANNOTATION, Cluster, attach, env, get, process, up
+from mmfleet_lab.cluster.build import K8S_VERSION
+from mmfleet_lab.cluster.nodes import POOL_LABEL
+from mmfleet_lab.cluster.stages import duration_ms
 from tests.conftest import ROOT
 from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
 
@@ -232,7 +232,7 @@ def test_down_stops_every_process(cluster: Cluster) -> None:
     pids["twin"] = twin.pid
     wait_for("the twin to record itself", partial(_recorded, "twin", twin.pid))
     done = subprocess.run(
-        [sys.executable, "-m", "mmfleet.localcluster", "down", "--name", CLUSTER_NAME],
+        [sys.executable, "-m", "mmfleet_lab.cluster", "down", "--name", CLUSTER_NAME],
         capture_output=True,
         text=True,
         timeout=60,

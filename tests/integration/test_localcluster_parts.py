@@ -13,10 +13,10 @@ from cryptography.x509.oid import NameOID
 
 from mmfleet import clouds
 from mmfleet.api import GpuSpec
-from mmfleet.localcluster.build import COMPONENTS
-from mmfleet.localcluster.nodes import NodePool, node_manifests, parse_pool
-from mmfleet.localcluster.pki import write_pki
-from mmfleet.localcluster.stages import READY_DELAY_ANNOTATION, duration_ms, kwok_config
+from mmfleet_lab.cluster.build import COMPONENTS
+from mmfleet_lab.cluster.nodes import NodePool, node_manifests, parse_pool
+from mmfleet_lab.cluster.pki import write_pki
+from mmfleet_lab.cluster.stages import READY_DELAY_ANNOTATION, duration_ms, kwok_config
 
 
 @pytest.mark.parametrize(("text", "ms"), [("5s", 5000), ("500ms", 500), ("1m30s", 90_000), ("1.5s", 1500), ("0", 0)])

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
-from mmfleet.localcluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster, ensure_binaries
 from tests.integration.operator_process import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration

@@ -24,9 +24,9 @@ from kubernetes import client
 
 from mmfleet import render
 from mmfleet.kube import Kube
-from mmfleet.localcluster import READY_DELAY_ANNOTATION, Cluster, get, process, start_prometheus, stop_prometheus, up
-from mmfleet.twin.serve import TARGETS_FILE
 from mmfleet.validation import parse
+from mmfleet_lab.cluster import READY_DELAY_ANNOTATION, Cluster, get, process, start_prometheus, stop_prometheus, up
+from mmfleet_lab.twin.serve import TARGETS_FILE
 from tests.conftest import ROOT
 from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
 from tests.integration.operator_process import wait_for

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mmfleet.autoscaler import Decision, Observation, Policy
-from mmfleet.autoscaler.baselines import (
+from mmfleet_lab.bench.baselines import (
     AibrixApaPolicy,
     DynamoPlannerPolicy,
     HpaPolicy,

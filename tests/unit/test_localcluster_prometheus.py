@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from mmfleet import render
-from mmfleet.localcluster import prometheus
-from mmfleet.localcluster.prometheus import Target
 from mmfleet.validation import parse
+from mmfleet_lab.cluster import prometheus
+from mmfleet_lab.cluster.prometheus import Target
 from tests.conftest import spec_doc
 
 

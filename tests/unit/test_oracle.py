@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mmfleet.autoscaler import Observation
-from mmfleet.autoscaler.oracle import (
+from mmfleet_lab.bench.oracle import (
     SchedulePolicy,
     fluid_lower_bound,
     fluid_replicas,

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from mmfleet.bench import slo_metrics as m
+from mmfleet_lab.bench import slo_metrics as m
 
 
 def test_a_window_passes_when_ninety_percent_meet_the_target() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmfleet.twin.replica import H100_QWEN25VL7B, H200_QWEN25VL7B, VISION_FULL_MS, ReplicaParams
+from mmfleet_lab.twin.replica import H100_QWEN25VL7B, H200_QWEN25VL7B, VISION_FULL_MS, ReplicaParams
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # Rows the model knowingly does not cover (reported in docs/twin.md):

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmfleet.twin import H100_QWEN25VL7B, H200_QWEN25VL7B, SloConfig, capacity_at_slo, scenario, traffic
-from mmfleet.twin.scenarios import traces_dir
-from mmfleet.twin.sim import probe_latency
-from mmfleet.twin.types import Requests
+from mmfleet_lab.twin import H100_QWEN25VL7B, H200_QWEN25VL7B, SloConfig, capacity_at_slo, scenario, traffic
+from mmfleet_lab.twin.scenarios import traces_dir
+from mmfleet_lab.twin.sim import probe_latency
+from mmfleet_lab.twin.types import Requests
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mmfleet.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
-from mmfleet.twin.compiled import CompiledEngine
-from mmfleet.twin.engine import Engine, Workload
-from mmfleet.twin.fine import FineEngine, ReplicaEngine
-from mmfleet.twin.observe import HISTOGRAMS
-from mmfleet.twin.replica import GIB, ReplicaParams
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
+from mmfleet_lab.twin.compiled import CompiledEngine
+from mmfleet_lab.twin.engine import Engine, Workload
+from mmfleet_lab.twin.fine import FineEngine, ReplicaEngine
+from mmfleet_lab.twin.observe import HISTOGRAMS
+from mmfleet_lab.twin.replica import GIB, ReplicaParams
 from tests.unit.test_twin_engines import workload
 from tests.unit.test_twin_fleet import SLO, Script, steady
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmfleet.twin import traffic
-from mmfleet.twin.compiled import CompiledEngine
-from mmfleet.twin.engine import Engine, Workload, least_outstanding
-from mmfleet.twin.fast import FastEngine
-from mmfleet.twin.fine import FineEngine
-from mmfleet.twin.replica import H200_QWEN25VL7B
-from mmfleet.twin.types import Requests
+from mmfleet_lab.twin import traffic
+from mmfleet_lab.twin.compiled import CompiledEngine
+from mmfleet_lab.twin.engine import Engine, Workload, least_outstanding
+from mmfleet_lab.twin.fast import FastEngine
+from mmfleet_lab.twin.fine import FineEngine
+from mmfleet_lab.twin.replica import H200_QWEN25VL7B
+from mmfleet_lab.twin.types import Requests
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 P = H200_QWEN25VL7B

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from mmfleet.autoscaler import Decision, Observation
-from mmfleet.twin import H200_QWEN25VL7B, Requests, Scenario, SloConfig, simulate
-from mmfleet.twin.engine import Workload
-from mmfleet.twin.fine import FineEngine
-from mmfleet.twin.fleet import Fleet
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, SloConfig, simulate
+from mmfleet_lab.twin.engine import Workload
+from mmfleet_lab.twin.fine import FineEngine
+from mmfleet_lab.twin.fleet import Fleet
 
 SLO = SloConfig(target=10.0)
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from mmfleet.twin import H200_QWEN25VL7B, Scenario, simulate
-from mmfleet.twin.observe import (
+from mmfleet_lab.twin import H200_QWEN25VL7B, Scenario, simulate
+from mmfleet_lab.twin.observe import (
     E2E_BUCKETS,
     LAYOUT,
     MetricBook,

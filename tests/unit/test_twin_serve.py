@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mmfleet.backends import tensorrt_llm, vllm
 from mmfleet.cli import main
-from mmfleet.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
-from mmfleet.twin.replica import H100_QWEN25VL7B
-from mmfleet.twin.serve import FleetTwin, PodView, Spike, TrafficSpec, build_requests, exposition, pod_view
+from mmfleet_lab.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
+from mmfleet_lab.twin.replica import H100_QWEN25VL7B
+from mmfleet_lab.twin.serve import FleetTwin, PodView, Spike, TrafficSpec, build_requests, exposition, pod_view
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

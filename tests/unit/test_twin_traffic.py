@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmfleet.twin import traffic
-from mmfleet.twin.types import Requests
+from mmfleet_lab.twin import traffic
+from mmfleet_lab.twin.types import Requests
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -174,7 +174,7 @@ def test_requests_validation() -> None:
 
 
 def test_a_users_request_trace_with_only_timestamps_gets_the_servegen_mix(tmp_path: Path) -> None:
-    from mmfleet.twin.scenarios import TraceFile
+    from mmfleet_lab.twin.scenarios import TraceFile
 
     path = tmp_path / "mine.csv"
     times_ms = np.sort(np.random.default_rng(0).uniform(0, 600_000, size=3000)).round()
@@ -190,7 +190,7 @@ def test_a_users_request_trace_with_only_timestamps_gets_the_servegen_mix(tmp_pa
 
 
 def test_a_users_count_series_becomes_arrivals_at_those_counts(tmp_path: Path) -> None:
-    from mmfleet.twin.scenarios import TraceFile
+    from mmfleet_lab.twin.scenarios import TraceFile
 
     path = tmp_path / "counts.csv"
     counts = [600, 600, 3000, 600]  # requests per minute: 10, 10, 50, 10 req/s

@@ -1,7 +1,7 @@
 """Autoscaling: what a policy sees (``Observation``), what it says (``Decision``), and the policies.
 
 A policy is pure: ``decide(observation, state) -> Decision`` with its memory carried in ``state``,
-so the same code runs in the digital twin (``mmfleet.twin``), in the benchmark and in the operator,
+so the same code runs in the digital twin (``mmfleet_lab.twin``), in the benchmark and in the operator,
 and any run can be replayed from its observations.
 """
 

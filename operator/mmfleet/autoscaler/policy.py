@@ -30,10 +30,9 @@ queued meanwhile (autoscaling.md §0, §6.2). This is the §8.2 B8 design, with 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, replace
 from itertools import combinations, pairwise
-
-import numpy as np
 
 from mmfleet.autoscaler import Decision, Observation
 
@@ -98,7 +97,7 @@ def _ewma(previous: float, value: float, dt: float, window: float) -> float:
 
 def _theil_sen(samples: Samples) -> float:
     slopes = [(v2 - v1) / (t2 - t1) for (t1, v1), (t2, v2) in combinations(samples, 2) if t2 > t1]
-    return float(np.median(slopes)) if slopes else 0.0
+    return statistics.median(slopes) if slopes else 0.0
 
 
 def robust_trend(samples: Samples) -> tuple[float, float]:
@@ -117,7 +116,7 @@ def robust_trend(samples: Samples) -> tuple[float, float]:
     newer = _theil_sen(tuple(s for s in samples if s[0] >= middle))
     slope = 0.0 if older * newer <= 0 else min(older, newer, key=abs)
     changes = [abs(v2 - v1 - slope * (t2 - t1)) for (t1, v1), (t2, v2) in pairwise(samples)]
-    return slope, float(np.median(changes)) / 0.954
+    return slope, statistics.median(changes) / 0.954
 
 
 def projected_backlog(

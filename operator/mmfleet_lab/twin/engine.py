@@ -15,9 +15,9 @@ from typing import Protocol
 
 import numpy as np
 
-from mmfleet.twin.observe import MetricBook
-from mmfleet.twin.replica import ReplicaParams
-from mmfleet.twin.types import Requests
+from mmfleet_lab.twin.observe import MetricBook
+from mmfleet_lab.twin.replica import ReplicaParams
+from mmfleet_lab.twin.types import Requests
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,8 +7,8 @@ Ready after a delay (``stages``). A Prometheus server (``prometheus``) scrapes t
 ``mmfleet twin serve`` simulates. Integration and end-to-end tests run against it.
 """
 
-from mmfleet.localcluster.build import Binaries, ensure_binaries
-from mmfleet.localcluster.cluster import (
+from mmfleet_lab.cluster.build import Binaries, ensure_binaries
+from mmfleet_lab.cluster.cluster import (
     Cluster,
     attach,
     down,
@@ -19,10 +19,10 @@ from mmfleet.localcluster.cluster import (
     stop_prometheus,
     up,
 )
-from mmfleet.localcluster.commands import register_cli
-from mmfleet.localcluster.nodes import NodePool
-from mmfleet.localcluster.process import ClusterError
-from mmfleet.localcluster.stages import READY_DELAY_ANNOTATION
+from mmfleet_lab.cluster.commands import register_cli
+from mmfleet_lab.cluster.nodes import NodePool
+from mmfleet_lab.cluster.process import ClusterError
+from mmfleet_lab.cluster.stages import READY_DELAY_ANNOTATION
 
 __all__ = [
     "READY_DELAY_ANNOTATION",

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from mmfleet.localcluster import process
-from mmfleet.localcluster.process import ClusterError, Proc
+from mmfleet_lab.cluster import process
+from mmfleet_lab.cluster.process import ClusterError, Proc
 
 COMPONENT = "prometheus"
 JOB = "mmfleet-pods"

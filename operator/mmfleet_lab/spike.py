@@ -20,8 +20,8 @@ from typing import Any
 
 from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference, seconds
 from mmfleet.autoscaler.metrics import Prometheus, Slo, Target
-from mmfleet.localcluster import Cluster, process
-from mmfleet.twin.serve import Spike
+from mmfleet_lab.cluster import Cluster, process
+from mmfleet_lab.twin.serve import Spike
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 kwok makes pods Ready but runs no container, so nothing would serve requests or export metrics.
 This process stands in for the inference servers of every fleet on a local cluster
-(``mmfleet.localcluster``):
+(``mmfleet_lab.cluster``):
 
 - Pods: it lists the pods labelled ``mmfleet.io/inference`` once a second (one API request). A Ready pod
   is a serving replica of its fleet's engine; a pod not yet Ready serves nothing (its model is still
@@ -10,14 +10,14 @@ This process stands in for the inference servers of every fleet on a local clust
   new requests and finishes what it holds, as vLLM does with ``--shutdown-timeout``.
 - Traffic: each fleet (namespace and ``mmfleet.io/inference`` value) gets its own arrivals, on a clock
   that starts when this process starts: Poisson arrivals at ``rate`` with ServeGen's multimodal mix, or a
-  named benchmark scenario (``mmfleet.twin.scenarios``) at that mean rate, times any spikes. A request
+  named benchmark scenario (``mmfleet_lab.twin.scenarios``) at that mean rate, times any spikes. A request
   arriving while its fleet has no serving pod is dropped, as a gateway with no endpoint refuses it.
 - Engine: one ``FastEngine`` per fleet, advanced to the wall clock five times a second; the router sends
   each request to the serving pod with the fewest outstanding requests.
 - Metrics: ``/pods/<namespace>/<pod>/metrics`` is that pod's replica in the text format prometheus_client
   writes, with the names, types, labels and buckets of the pod's backend (``exposition``), and
   ``/healthz``. The serving pods are written as file_sd targets into the cluster's Prometheus
-  (``mmfleet.localcluster.prometheus``), labelled as the rendered PodMonitor labels real pods.
+  (``mmfleet_lab.cluster.prometheus``), labelled as the rendered PodMonitor labels real pods.
 
 It records itself in the cluster's state, so ``mmfleet cluster down`` stops it, and it ends cleanly
 on SIGTERM or SIGINT.
@@ -44,15 +44,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from mmfleet import backends
 from mmfleet.kube import Kube
-from mmfleet.localcluster import ClusterError, attach, get, process
-from mmfleet.localcluster.prometheus import Target, write_targets
 from mmfleet.render import INFERENCE_LABEL
-from mmfleet.twin import scenarios, traffic
-from mmfleet.twin.engine import Engine, Workload
-from mmfleet.twin.fast import FastEngine
-from mmfleet.twin.observe import HISTOGRAMS, LAYOUT
-from mmfleet.twin.replica import PROFILES, ReplicaParams
-from mmfleet.twin.types import Requests
+from mmfleet_lab.cluster import ClusterError, attach, get, process
+from mmfleet_lab.cluster.prometheus import Target, write_targets
+from mmfleet_lab.twin import scenarios, traffic
+from mmfleet_lab.twin.engine import Engine, Workload
+from mmfleet_lab.twin.fast import FastEngine
+from mmfleet_lab.twin.observe import HISTOGRAMS, LAYOUT
+from mmfleet_lab.twin.replica import PROFILES, ReplicaParams
+from mmfleet_lab.twin.types import Requests
 
 COMPONENT = "twin"  # its name in the cluster's state
 POISSON = "poisson"

@@ -25,9 +25,9 @@ import math
 
 import numpy as np
 
-from mmfleet.twin.engine import Outcomes, Workload, least_outstanding
-from mmfleet.twin.observe import LAYOUT, MetricBook
-from mmfleet.twin.replica import ReplicaParams
+from mmfleet_lab.twin.engine import Outcomes, Workload, least_outstanding
+from mmfleet_lab.twin.observe import LAYOUT, MetricBook
+from mmfleet_lab.twin.replica import ReplicaParams
 
 DEFAULT_DT = 0.1  # s; the agreement test runs this value
 

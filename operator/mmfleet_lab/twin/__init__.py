@@ -5,11 +5,11 @@ serving it (the policy sees only what Prometheus and the API server would show),
 ``capacity_at_slo`` gives one replica's sustainable rate at an SLO (the oracle's mu_SLO).
 """
 
-from mmfleet.twin.replica import H100_QWEN25VL7B, H200_QWEN25VL7B, PROFILES, ReplicaParams, derive_profile
-from mmfleet.twin.scenarios import NAMES as SCENARIOS
-from mmfleet.twin.scenarios import scenario
-from mmfleet.twin.sim import capacity_at_slo, simulate
-from mmfleet.twin.types import Requests, RunResult, Scenario, SloConfig
+from mmfleet_lab.twin.replica import H100_QWEN25VL7B, H200_QWEN25VL7B, PROFILES, ReplicaParams, derive_profile
+from mmfleet_lab.twin.scenarios import NAMES as SCENARIOS
+from mmfleet_lab.twin.scenarios import scenario
+from mmfleet_lab.twin.sim import capacity_at_slo, simulate
+from mmfleet_lab.twin.types import Requests, RunResult, Scenario, SloConfig
 
 __all__ = [
     "H100_QWEN25VL7B",

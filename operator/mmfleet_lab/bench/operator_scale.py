@@ -29,8 +29,8 @@ import yaml
 
 from mmfleet import crd
 from mmfleet.api import GROUP, PLURAL, VERSION
-from mmfleet.bench.report import table, write_section
-from mmfleet.localcluster import Cluster, NodePool, down, up
+from mmfleet_lab.bench.report import table, write_section
+from mmfleet_lab.cluster import Cluster, NodePool, down, up
 
 NAMESPACE = "bench"
 CLUSTER = "mmfleet-bench"

@@ -30,9 +30,9 @@ from typing import Any, NamedTuple, TypeVar, cast
 import numba
 import numpy as np
 
-from mmfleet.twin.engine import Outcomes, Workload
-from mmfleet.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
-from mmfleet.twin.replica import ReplicaParams
+from mmfleet_lab.twin.engine import Outcomes, Workload
+from mmfleet_lab.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
+from mmfleet_lab.twin.replica import ReplicaParams
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

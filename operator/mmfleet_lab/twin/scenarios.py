@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfleet.twin import traffic
-from mmfleet.twin.replica import H200_QWEN25VL7B, ReplicaParams
-from mmfleet.twin.sim import capacity_at_slo
-from mmfleet.twin.types import Requests, Scenario, SloConfig
+from mmfleet_lab.twin import traffic
+from mmfleet_lab.twin.replica import H200_QWEN25VL7B, ReplicaParams
+from mmfleet_lab.twin.sim import capacity_at_slo
+from mmfleet_lab.twin.types import Requests, Scenario, SloConfig
 
 AZURE_CONV = "azure2023_AzureLLMInferenceTrace_conv.csv"
 AZURE_CODE = "azure2023_AzureLLMInferenceTrace_code.csv"

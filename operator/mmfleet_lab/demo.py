@@ -18,10 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmfleet import crd, spike
+from mmfleet import crd
 from mmfleet.api import GROUP, PLURAL, VERSION
-from mmfleet.localcluster import Cluster, NodePool, attach, ensure_binaries, up
-from mmfleet.twin.serve import Spike
+from mmfleet_lab import spike
+from mmfleet_lab.cluster import Cluster, NodePool, attach, ensure_binaries, up
+from mmfleet_lab.twin.serve import Spike
 
 CLUSTER = "mmfleet"
 NAMESPACE = "ml"

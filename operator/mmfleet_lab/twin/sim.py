@@ -9,14 +9,14 @@ from typing import Literal
 import numpy as np
 
 from mmfleet.autoscaler import Observation, Policy
-from mmfleet.twin.compiled import CompiledEngine
-from mmfleet.twin.engine import Engine, Workload
-from mmfleet.twin.fast import DEFAULT_DT, FastEngine
-from mmfleet.twin.fine import FineEngine
-from mmfleet.twin.fleet import Fleet
-from mmfleet.twin.observe import Prometheus, query
-from mmfleet.twin.replica import ReplicaParams
-from mmfleet.twin.types import Requests, RunResult, Scenario, SloConfig
+from mmfleet_lab.twin.compiled import CompiledEngine
+from mmfleet_lab.twin.engine import Engine, Workload
+from mmfleet_lab.twin.fast import DEFAULT_DT, FastEngine
+from mmfleet_lab.twin.fine import FineEngine
+from mmfleet_lab.twin.fleet import Fleet
+from mmfleet_lab.twin.observe import Prometheus, query
+from mmfleet_lab.twin.replica import ReplicaParams
+from mmfleet_lab.twin.types import Requests, RunResult, Scenario, SloConfig
 
 EngineKind = Literal["compiled", "fast", "fine"]
 TAIL_S = 300.0  # after the horizon, in-flight requests may finish for this long (no decisions, no GPU billing)

@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from mmfleet.twin.replica import DEFAULT_IMAGE_TOKENS
+from mmfleet_lab.twin.replica import DEFAULT_IMAGE_TOKENS
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from mmfleet.localcluster import process, prometheus
-from mmfleet.localcluster.build import (
+from mmfleet_lab.cluster import process, prometheus
+from mmfleet_lab.cluster.build import (
     ETCD_VERSION,
     K8S_VERSION,
     KWOK_VERSION,
@@ -41,10 +41,10 @@ from mmfleet.localcluster.build import (
     file_lock,
     silent,
 )
-from mmfleet.localcluster.nodes import DEFAULT_POOLS, KWOK_ANNOTATION, NodePool, create_nodes
-from mmfleet.localcluster.pki import CertPair, Pki, write_pki
-from mmfleet.localcluster.process import ClusterError, Proc
-from mmfleet.localcluster.stages import duration_ms, kwok_config
+from mmfleet_lab.cluster.nodes import DEFAULT_POOLS, KWOK_ANNOTATION, NodePool, create_nodes
+from mmfleet_lab.cluster.pki import CertPair, Pki, write_pki
+from mmfleet_lab.cluster.process import ClusterError, Proc
+from mmfleet_lab.cluster.stages import duration_ms, kwok_config
 
 DEFAULT_NAME = "mmfleet"
 SERVICE_CIDR = "10.96.0.0/16"

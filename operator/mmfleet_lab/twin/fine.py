@@ -11,9 +11,9 @@ from collections import deque
 
 import numpy as np
 
-from mmfleet.twin.engine import Outcomes, Workload
-from mmfleet.twin.observe import LAYOUT, MetricBook
-from mmfleet.twin.replica import ReplicaParams
+from mmfleet_lab.twin.engine import Outcomes, Workload
+from mmfleet_lab.twin.observe import LAYOUT, MetricBook
+from mmfleet_lab.twin.replica import ReplicaParams
 
 
 class _Req:

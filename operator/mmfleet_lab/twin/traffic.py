@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfleet.twin.types import Requests
+from mmfleet_lab.twin.types import Requests
 
 IMAGE_PROBABILITY = 0.3  # ASSUMED share of requests that carry images when a text trace is replayed
 MAX_IMAGE_TOKENS = 16384  # Qwen2.5-VL's default max_pixels (12,845,056 px) / (28 x 28)

@@ -1,43 +1,26 @@
-"""The kopf handlers: thin glue between watch events and the pure render/status functions.
+"""The fleet's handlers: reconcile, drift repair and pruning, status from what runs.
 
 One reconcile: parse the spec, resolve the cloud, render, server-side apply every child,
 observe, write status. Children are watched too, so a child deleted or edited by hand is
 re-applied, and pod or Deployment changes refresh the parent's status. kopf indexes keep
 the fleets, Deployments and pods in memory, so a status refresh costs one API request.
-
-The autoscaler is one loop for all fleets (``autoscale_forever``): every cycle it reads the
-indexes, asks Prometheus one batched query per signal, and per fleet decides (the pure
-``autoscaler.cycle``), scales through the Deployment's scale subresource, writes status and
-posts an event for every scale decision.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import math
-import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from mmfleet import clouds, render, status
-from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference, MultimodalInferenceStatus
-from mmfleet.autoscaler import cycle, metrics
-from mmfleet.config import OperatorConfig
-from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube, RetryableError
+from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference
+from mmfleet.handlers.state import STATE, Body, Key, get_kube, log, previous_status, utc_now, write_status
+from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, RetryableError
 from mmfleet.render import INFERENCE_LABEL, SpecError
 from mmfleet.validation import parse
-
-log = logging.getLogger("mmfleet")
 
 CHILD_LABELS: dict[str, Any] = {
     INFERENCE_LABEL: kopf.PRESENT,
@@ -50,40 +33,6 @@ OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonit
 DISCOVERY_CACHE_SECONDS = 600
 # Status is event-driven; this periodic recompute from the indexes only catches a missed event.
 RESYNC_SECONDS = 300
-# Condition transitions a person should hear about, as Warning events: the status that is bad news.
-WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True"}
-Key = tuple[str, str]
-Body = dict[str, Any]
-EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # (object, type, reason, message)
-
-
-@dataclass
-class State:
-    """What the operator keeps between handler calls (created at startup)."""
-
-    config: OperatorConfig = field(default_factory=OperatorConfig)
-    kube: Kube | None = None
-    monitoring_crds: bool = False
-    monitoring_checked_at: float = -math.inf
-    detected_cloud: str = "generic"
-    detected_at: float = -math.inf
-    # Generation or resourceVersion of each child as our last apply left it, to tell hand edits apart.
-    applied: dict[str, tuple[int, str]] = field(default_factory=dict)
-    children: defaultdict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
-    written: dict[Key, MultimodalInferenceStatus] = field(default_factory=dict)
-    locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
-    # The autoscaler's memory of each autoscaled fleet (policy state, attainment, cold start).
-    scaling: dict[Key, cycle.Memory] = field(default_factory=dict)
-    autoscaler: asyncio.Task[None] | None = None
-
-
-STATE = State()
-
-
-def _kube() -> Kube:
-    if STATE.kube is None:
-        STATE.kube = Kube()
-    return STATE.kube
 
 
 def _fingerprint(obj: Body) -> tuple[int, str]:
@@ -108,7 +57,7 @@ def _resolve_cloud(inference: MultimodalInference) -> str:
     if STATE.config.default_cloud != "auto":
         return STATE.config.default_cloud
     if time.monotonic() - STATE.detected_at > DISCOVERY_CACHE_SECONDS:
-        STATE.detected_cloud = clouds.detect(_kube().provider_ids())
+        STATE.detected_cloud = clouds.detect(get_kube().provider_ids())
         STATE.detected_at = time.monotonic()
     return STATE.detected_cloud
 
@@ -116,63 +65,16 @@ def _resolve_cloud(inference: MultimodalInference) -> str:
 def _monitoring_crds() -> bool:
     """Whether the Prometheus Operator's PodMonitor is served (installed later is picked up too)."""
     if time.monotonic() - STATE.monitoring_checked_at > DISCOVERY_CACHE_SECONDS:
-        STATE.monitoring_crds = _kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
+        STATE.monitoring_crds = get_kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
         STATE.monitoring_checked_at = time.monotonic()
     return STATE.monitoring_crds
-
-
-def _previous_status(body: Body) -> MultimodalInferenceStatus | None:
-    try:
-        return MultimodalInferenceStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        return None
-
-
-def _kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    target = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(body)))
-    kopf.event(target, type=type_, reason=reason, message=message)
-
-
-def _write_status(
-    body: kopf.Body | Body,
-    new: MultimodalInferenceStatus,
-    previous: MultimodalInferenceStatus | None,
-    post: EventPoster = _kopf_event,
-) -> None:
-    """Write status only when it changed, and tell the user about transitions as events.
-
-    "Changed" is judged against what this process last wrote (the operator is the only writer),
-    because the watched copy of the resource can lag behind our own last patch. ``post`` posts an
-    event: kopf's poster from handlers, the API server directly from the autoscaler loop.
-    """
-    wire = new.wire()
-    meta = body["metadata"]
-    key = (meta["namespace"], meta["name"])
-    previous = STATE.written.get(key, previous)
-    if previous is not None and previous.wire() == wire:
-        return
-    _kube().patch_status(meta["namespace"], meta["name"], wire)
-    STATE.written[key] = new
-    before = {c.type: c for c in previous.conditions} if previous else {}
-    for condition in new.conditions:
-        old = before.get(condition.type)
-        if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
-            continue
-        if condition.status == WARNING_WHEN.get(condition.type):
-            post(body, "Warning", condition.reason, condition.message)
-        elif condition.type == "Ready" and condition.status == "True":
-            post(body, "Normal", "Ready", condition.message)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC).replace(microsecond=0)
 
 
 def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
     observed = status.Observed(deployment=deployment, pod_problems=status.pod_problems(pods), cloud=cloud)
     meta = inference.metadata
     previous = STATE.written.get((meta.namespace, meta.name), inference.status)
-    _write_status(body, status.compute_status(inference, observed, previous, _now()), previous)
+    write_status(body, status.compute_status(inference, observed, previous, utc_now()), previous)
 
 
 def _clamp_replicas(inference: MultimodalInference, deployment: Body) -> Body:
@@ -180,7 +82,7 @@ def _clamp_replicas(inference: MultimodalInference, deployment: Body) -> Body:
     desired = status.desired_replicas(inference, deployment)
     if deployment.get("spec", {}).get("replicas") != desired:
         meta = inference.metadata
-        _kube().scale(meta.namespace, meta.name, desired)
+        get_kube().scale(meta.namespace, meta.name, desired)
         deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": desired}}
     return deployment
 
@@ -204,23 +106,23 @@ def _hand_over_replicas(inference: MultimodalInference, live: Body | None) -> No
     if live is None or not inference.spec.autoscaled or _scaler_owns_replicas(live):
         return
     meta = inference.metadata
-    _kube().scale(meta.namespace, meta.name, status.desired_replicas(inference, live))
+    get_kube().scale(meta.namespace, meta.name, status.desired_replicas(inference, live))
 
 
 def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> None:
     """Bring the children in line with the spec and write status. Idempotent."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
-    started, requests_before = time.perf_counter(), _kube().thread_requests()
+    started, requests_before = time.perf_counter(), get_kube().thread_requests()
     with STATE.locks[key]:
         try:
             inference = parse(body)
         except SpecError as error:
-            previous = _previous_status(body)
-            invalid = status.invalid_status(error.problems, meta.get("generation"), previous, _now())
-            _write_status(body, invalid, previous)
+            previous = previous_status(body)
+            invalid = status.invalid_status(error.problems, meta.get("generation"), previous, utc_now())
+            write_status(body, invalid, previous)
             raise kopf.PermanentError("; ".join(error.problems)) from None
-        kube = _kube()
+        kube = get_kube()
         cloud = _resolve_cloud(inference)
         children = render.render(inference, cloud, monitoring_crds=_monitoring_crds())
         deployment: Body | None = None
@@ -243,13 +145,13 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
         "reconciled %s/%s in %.1f ms with %d API requests",
         *key,
         (time.perf_counter() - started) * 1000,
-        _kube().thread_requests() - requests_before,
+        get_kube().thread_requests() - requests_before,
     )
 
 
 def _prune(inference: MultimodalInference, children: list[Body]) -> None:
     """Delete optional children the spec no longer asks for, but only ones this resource owns."""
-    kube = _kube()
+    kube = get_kube()
     meta = inference.metadata
     present = {(c["apiVersion"], c["kind"]) for c in children}
     names = {"ConfigMap": f"{meta.name}-config", "PodMonitor": meta.name}
@@ -295,7 +197,7 @@ def _first(kwargs: dict[str, Any], name: str, key: Key) -> Body | None:
 
 @kopf.on.cleanup()
 def report_requests(**_: Any) -> None:
-    log.info("API requests made: %d", _kube().requests)
+    log.info("API requests made: %d", get_kube().requests)
 
 
 # The indexes keep only what status and drift need: at 1,000 fleets, whole bodies (managedFields,
@@ -399,149 +301,6 @@ def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
 def resync_fleet(namespace: str | None, name: str, **kwargs: Any) -> None:
     """A safety net for any missed watch event; costs no request unless the status is wrong."""
     refresh_status((namespace or "", name), kwargs)
-
-
-# --- the autoscaler ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FleetView:
-    """One autoscaled fleet as the indexes showed it at the start of a cycle."""
-
-    key: Key
-    body: Body
-    deployment: Body | None
-    pods: list[Body]
-
-
-def autoscaled_fleets(
-    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
-) -> list[FleetView]:
-    """A snapshot of the fleets with an autoscaling section, taken on the event loop, where kopf updates the indexes."""
-    views = []
-    for key, found in fleets.items():
-        body = next(iter(found), None)
-        if body is None or body["metadata"].get("deletionTimestamp") or not body.get("spec", {}).get("autoscaling"):
-            continue
-        views.append(FleetView(key, body, next(iter(deployments.get(key, [])), None), list(pods.get(key, []))))
-    return views
-
-
-def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, pool: ThreadPoolExecutor) -> None:
-    """One cycle over every autoscaled fleet: one batched read of Prometheus, then the fleets side by side."""
-    started, now = time.perf_counter(), _now()
-    fleets: list[tuple[FleetView, MultimodalInference]] = []
-    for view in views:
-        with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
-            inference = parse(view.body)
-            if inference.spec.autoscaled and view.deployment is not None:
-                fleets.append((view, inference))
-    for gone in STATE.scaling.keys() - {view.key for view, _ in fleets}:
-        STATE.scaling.pop(gone, None)  # autoscaling turned off: start afresh if it comes back
-    if prometheus is None:
-        readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
-    else:
-        readings = prometheus.read([_target(inference) for _, inference in fleets], now.timestamp())
-    scaled = sum(pool.map(lambda fleet: _autoscale_fleet(fleet[0], fleet[1], readings, now), fleets))
-    log.info(
-        "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, in %.0f ms",
-        len(fleets), readings.queries, " (failed)" if readings.outage else "", scaled,
-        (time.perf_counter() - started) * 1000,
-    )  # fmt: skip
-
-
-def _target(inference: MultimodalInference) -> metrics.Target:
-    autoscaling = inference.spec.autoscaling
-    assert autoscaling is not None and autoscaling.slo is not None
-    slo = autoscaling.slo
-    meta = inference.metadata
-    return metrics.Target(
-        meta.namespace, meta.name, inference.spec.backend.name, metrics.Slo(slo.metric, slo.percentile, slo.window)
-    )
-
-
-def _autoscale_fleet(
-    view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime
-) -> bool:
-    """Decide, scale, write status and post the event for one fleet; whether it was scaled."""
-    assert view.deployment is not None
-    replicas = view.deployment.get("spec", {}).get("replicas")
-    if replicas is None:
-        return False
-    meta = inference.metadata
-    config = STATE.config
-    try:
-        with STATE.locks[view.key]:
-            seen = cycle.Seen(
-                int(replicas), cycle.count_pods(view.pods), readings.signals.get(view.key), readings.outage
-            )
-            memory = STATE.scaling.get(view.key, cycle.Memory())
-            outcome = cycle.decide(
-                inference,
-                seen,
-                memory,
-                now,
-                interval=config.autoscale_interval,
-                default_cold_start=config.default_cold_start,
-            )
-            STATE.scaling[view.key] = outcome.memory
-            kube = _kube()
-            if outcome.scaled:
-                kube.scale(meta.namespace, meta.name, outcome.replicas)
-                log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
-            previous = STATE.written.get(view.key, inference.status)
-            _write_status(view.body, cycle.scaled_status(inference, outcome, previous, now), previous, kube.post_event)
-            if outcome.scaled:
-                kube.post_event(view.body, "Normal", outcome.event_reason, outcome.reason)
-    except Exception:  # one fleet's failure (an API error, a bug) must not stop the others
-        log.exception("autoscaling %s/%s failed", meta.namespace, meta.name)
-        return False
-    return outcome.scaled
-
-
-async def autoscale_forever(
-    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
-) -> None:
-    """Every ``autoscale_interval``: a snapshot of the indexes here, the cycle's blocking I/O in a thread."""
-    config = STATE.config
-    prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
-    pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
-    try:
-        while True:
-            started = time.monotonic()
-            views = autoscaled_fleets(fleets, deployments, pods)
-            try:
-                await asyncio.to_thread(autoscale, views, prometheus, pool)
-            except Exception:
-                log.exception("autoscaling cycle failed")
-            await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
-    finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
-        pool.shutdown(wait=False, cancel_futures=True)
-        if prometheus is not None:
-            prometheus.close()
-
-
-@kopf.on.startup()
-async def start_autoscaler(**kwargs: Any) -> None:
-    """Start the loop once kopf's indexes exist (they fill as the watches start; the first cycle waits one interval)."""
-    indexes = (kwargs["fleets"], kwargs["fleet_deployments"], kwargs["fleet_pods"])
-
-    async def run() -> None:
-        await asyncio.sleep(STATE.config.autoscale_interval)
-        await autoscale_forever(*indexes)
-
-    STATE.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")
-    log.info(
-        "autoscaler: every %gs, Prometheus %s", STATE.config.autoscale_interval, STATE.config.prometheus_url or "(none)"
-    )
-
-
-@kopf.on.cleanup()
-async def stop_autoscaler(**_: Any) -> None:
-    if STATE.autoscaler is not None:
-        STATE.autoscaler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await STATE.autoscaler
 
 
 def _child_handler(group: str, version: str, plural: str) -> None:

@@ -1,6 +1,6 @@
 """``mmfleet bench autoscale``: our policy beside the autoscalers users run today, on real traces.
 
-Every policy runs in the same digital twin (``mmfleet.twin``) on the same requests, seeing only
+Every policy runs in the same digital twin (``mmfleet_lab.twin``) on the same requests, seeing only
 what Prometheus and the API server would show, with the same cold start. The oracle is the
 ski-rental schedule with perfect foresight of the per-window need, refined until every window
 passes (reference/autoscaling.md §7), and is the GPU-hours yardstick.
@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 
 from mmfleet.autoscaler import Decision, Observation, Policy
-from mmfleet.autoscaler.baselines import baselines
-from mmfleet.autoscaler.oracle import SchedulePolicy, fluid_replicas, oracle_schedule, refine
 from mmfleet.autoscaler.policy import SloPolicy
-from mmfleet.bench import slo_metrics
-from mmfleet.bench.report import table, write_section
-from mmfleet.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, SloConfig, scenario, simulate
-from mmfleet.twin.scenarios import REFERENCE_SLO, TraceFile
+from mmfleet_lab.bench import slo_metrics
+from mmfleet_lab.bench.baselines import baselines
+from mmfleet_lab.bench.oracle import SchedulePolicy, fluid_replicas, oracle_schedule, refine
+from mmfleet_lab.bench.report import table, write_section
+from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, SloConfig, scenario, simulate
+from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile
 
 WINDOW = 60.0
 STEADY = ("azure-conv", "azure-code", "servegen-mm")

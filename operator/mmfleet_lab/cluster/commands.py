@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mmfleet.localcluster.build import BuildError
-from mmfleet.localcluster.cluster import DEFAULT_NAME, down, env, status, up
-from mmfleet.localcluster.nodes import DEFAULT_POOLS, parse_pool
-from mmfleet.localcluster.process import ClusterError
-from mmfleet.localcluster.prometheus import DEFAULT_SCRAPE_INTERVAL
+from mmfleet_lab.cluster.build import BuildError
+from mmfleet_lab.cluster.cluster import DEFAULT_NAME, down, env, status, up
+from mmfleet_lab.cluster.nodes import DEFAULT_POOLS, parse_pool
+from mmfleet_lab.cluster.process import ClusterError
+from mmfleet_lab.cluster.prometheus import DEFAULT_SCRAPE_INTERVAL
 
 
 def _progress(line: str) -> None:

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from mmfleet.twin.engine import Engine
+from mmfleet_lab.twin.engine import Engine
 
 Phase = Literal["unschedulable", "starting", "ready", "draining", "gone"]
 

@@ -1,8 +1,8 @@
-"""The controller's small judgements: what counts as a hand edit, and who owns a Deployment's replicas."""
+"""The handlers' small judgements: what counts as a hand edit, and who owns a Deployment's replicas."""
 
 from __future__ import annotations
 
-from mmfleet import controller
+from mmfleet.handlers import autoscale, fleet
 
 
 def deployment(uid: str, generation: int) -> dict[str, object]:
@@ -10,18 +10,18 @@ def deployment(uid: str, generation: int) -> dict[str, object]:
 
 
 def test_only_a_newer_generation_than_our_apply_is_a_hand_edit() -> None:
-    controller.STATE.applied["u1"] = controller._fingerprint(deployment("u1", 4))
-    assert not controller._edited_by_hand(deployment("u1", 4))  # status-only updates keep the generation
-    assert not controller._edited_by_hand(deployment("u1", 3))  # a late event about an older generation
-    assert controller._edited_by_hand(deployment("u1", 5))
-    assert not controller._edited_by_hand(deployment("unknown", 9))  # nothing applied yet: nothing to compare
+    fleet.STATE.applied["u1"] = fleet._fingerprint(deployment("u1", 4))
+    assert not fleet._edited_by_hand(deployment("u1", 4))  # status-only updates keep the generation
+    assert not fleet._edited_by_hand(deployment("u1", 3))  # a late event about an older generation
+    assert fleet._edited_by_hand(deployment("u1", 5))
+    assert not fleet._edited_by_hand(deployment("unknown", 9))  # nothing applied yet: nothing to compare
 
 
 def test_kinds_without_generation_compare_resource_versions() -> None:
     account = {"metadata": {"uid": "sa", "resourceVersion": "7"}}
-    controller.STATE.applied["sa"] = controller._fingerprint(account)
-    assert not controller._edited_by_hand(account)
-    assert controller._edited_by_hand({"metadata": {"uid": "sa", "resourceVersion": "8"}})
+    fleet.STATE.applied["sa"] = fleet._fingerprint(account)
+    assert not fleet._edited_by_hand(account)
+    assert fleet._edited_by_hand({"metadata": {"uid": "sa", "resourceVersion": "8"}})
 
 
 def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -> None:
@@ -33,12 +33,12 @@ def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -
             ]
         }
     }
-    assert controller._scaler_owns_replicas(owned)
+    assert fleet._scaler_owns_replicas(owned)
     renderer_only = {
         "metadata": {"managedFields": [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]}
     }
-    assert not controller._scaler_owns_replicas(renderer_only)
-    assert controller._scaler_owns_replicas({"metadata": {"scalerOwnsReplicas": True}})  # as the index keeps it
+    assert not fleet._scaler_owns_replicas(renderer_only)
+    assert fleet._scaler_owns_replicas({"metadata": {"scalerOwnsReplicas": True}})  # as the index keeps it
 
 
 def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_children() -> None:
@@ -52,5 +52,5 @@ def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_childre
     }
     deployments = {("ml", "a"): [{"spec": {"replicas": 3}}], ("ml", "fixed"): [{"spec": {"replicas": 2}}]}
     pods = {("ml", "a"): [{"metadata": {"name": "a-1"}}, {"metadata": {"name": "a-2"}}]}
-    views = controller.autoscaled_fleets(fleets, deployments, pods)  # plain mappings stand in for kopf indexes
+    views = autoscale.autoscaled_fleets(fleets, deployments, pods)  # plain mappings stand in for kopf indexes
     assert [(v.key, v.deployment, len(v.pods)) for v in views] == [(("ml", "a"), {"spec": {"replicas": 3}}, 2)]

@@ -1,0 +1,164 @@
+"""The autoscaling loop: one cycle for all fleets, every ``autoscale_interval``.
+
+Every cycle reads kopf's indexes, asks Prometheus one batched query per signal, and per fleet
+decides (the pure ``autoscaler.cycle``), scales through the Deployment's scale subresource, writes
+status and posts an event for every scale decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import kopf
+
+from mmfleet.api import MultimodalInference
+from mmfleet.autoscaler import cycle, metrics
+from mmfleet.handlers.state import STATE, Body, Key, get_kube, log, utc_now, write_status
+from mmfleet.render import SpecError
+from mmfleet.validation import parse
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """One autoscaled fleet as the indexes showed it at the start of a cycle."""
+
+    key: Key
+    body: Body
+    deployment: Body | None
+    pods: list[Body]
+
+
+def autoscaled_fleets(
+    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
+) -> list[FleetView]:
+    """A snapshot of the fleets with an autoscaling section, taken on the event loop, where kopf updates the indexes."""
+    views = []
+    for key, found in fleets.items():
+        body = next(iter(found), None)
+        if body is None or body["metadata"].get("deletionTimestamp") or not body.get("spec", {}).get("autoscaling"):
+            continue
+        views.append(FleetView(key, body, next(iter(deployments.get(key, [])), None), list(pods.get(key, []))))
+    return views
+
+
+def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, pool: ThreadPoolExecutor) -> None:
+    """One cycle over every autoscaled fleet: one batched read of Prometheus, then the fleets side by side."""
+    started, now = time.perf_counter(), utc_now()
+    fleets: list[tuple[FleetView, MultimodalInference]] = []
+    for view in views:
+        with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
+            inference = parse(view.body)
+            if inference.spec.autoscaled and view.deployment is not None:
+                fleets.append((view, inference))
+    for gone in STATE.scaling.keys() - {view.key for view, _ in fleets}:
+        STATE.scaling.pop(gone, None)  # autoscaling turned off: start afresh if it comes back
+    if prometheus is None:
+        readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
+    else:
+        readings = prometheus.read([_target(inference) for _, inference in fleets], now.timestamp())
+    scaled = sum(pool.map(lambda fleet: _autoscale_fleet(fleet[0], fleet[1], readings, now), fleets))
+    log.info(
+        "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, in %.0f ms",
+        len(fleets), readings.queries, " (failed)" if readings.outage else "", scaled,
+        (time.perf_counter() - started) * 1000,
+    )  # fmt: skip
+
+
+def _target(inference: MultimodalInference) -> metrics.Target:
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None
+    slo = autoscaling.slo
+    meta = inference.metadata
+    return metrics.Target(
+        meta.namespace, meta.name, inference.spec.backend.name, metrics.Slo(slo.metric, slo.percentile, slo.window)
+    )
+
+
+def _autoscale_fleet(
+    view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime
+) -> bool:
+    """Decide, scale, write status and post the event for one fleet; whether it was scaled."""
+    assert view.deployment is not None
+    replicas = view.deployment.get("spec", {}).get("replicas")
+    if replicas is None:
+        return False
+    meta = inference.metadata
+    config = STATE.config
+    try:
+        with STATE.locks[view.key]:
+            seen = cycle.Seen(
+                int(replicas), cycle.count_pods(view.pods), readings.signals.get(view.key), readings.outage
+            )
+            memory = STATE.scaling.get(view.key, cycle.Memory())
+            outcome = cycle.decide(
+                inference,
+                seen,
+                memory,
+                now,
+                interval=config.autoscale_interval,
+                default_cold_start=config.default_cold_start,
+            )
+            STATE.scaling[view.key] = outcome.memory
+            kube = get_kube()
+            if outcome.scaled:
+                kube.scale(meta.namespace, meta.name, outcome.replicas)
+                log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
+            previous = STATE.written.get(view.key, inference.status)
+            write_status(view.body, cycle.scaled_status(inference, outcome, previous, now), previous, kube.post_event)
+            if outcome.scaled:
+                kube.post_event(view.body, "Normal", outcome.event_reason, outcome.reason)
+    except Exception:  # one fleet's failure (an API error, a bug) must not stop the others
+        log.exception("autoscaling %s/%s failed", meta.namespace, meta.name)
+        return False
+    return outcome.scaled
+
+
+async def autoscale_forever(
+    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
+) -> None:
+    """Every ``autoscale_interval``: a snapshot of the indexes here, the cycle's blocking I/O in a thread."""
+    config = STATE.config
+    prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
+    pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
+    try:
+        while True:
+            started = time.monotonic()
+            views = autoscaled_fleets(fleets, deployments, pods)
+            try:
+                await asyncio.to_thread(autoscale, views, prometheus, pool)
+            except Exception:
+                log.exception("autoscaling cycle failed")
+            await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
+    finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
+        pool.shutdown(wait=False, cancel_futures=True)
+        if prometheus is not None:
+            prometheus.close()
+
+
+@kopf.on.startup()
+async def start_autoscaler(**kwargs: Any) -> None:
+    """Start the loop once kopf's indexes exist (they fill as the watches start; the first cycle waits one interval)."""
+    indexes = (kwargs["fleets"], kwargs["fleet_deployments"], kwargs["fleet_pods"])
+
+    async def run() -> None:
+        await asyncio.sleep(STATE.config.autoscale_interval)
+        await autoscale_forever(*indexes)
+
+    STATE.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")
+    log.info(
+        "autoscaler: every %gs, Prometheus %s", STATE.config.autoscale_interval, STATE.config.prometheus_url or "(none)"
+    )
+
+
+@kopf.on.cleanup()
+async def stop_autoscaler(**_: Any) -> None:
+    if STATE.autoscaler is not None:
+        STATE.autoscaler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await STATE.autoscaler

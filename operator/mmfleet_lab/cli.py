@@ -1,0 +1,158 @@
+"""The lab's sub-commands of ``mmfleet``: ``demo``, ``bench``, ``cluster`` and ``twin``.
+
+``mmfleet.cli`` finds ``register`` through the ``mmfleet.commands`` entry point, so the operator
+never imports the lab and ``mmfleet run`` works where the lab is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mmfleet.cli import EXIT_INVALID
+from mmfleet_lab.cluster import register_cli
+
+
+def cmd_demo(_: argparse.Namespace) -> int:
+    from mmfleet_lab.demo import run_demo
+
+    return run_demo()
+
+
+def cmd_bench_operator(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import operator_scale
+
+    return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress)
+
+
+def cmd_bench_autoscale(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import autoscale
+    from mmfleet_lab.twin.scenarios import TraceFile
+
+    trace = None
+    if args.trace:
+        if not args.time_column:
+            print(f"--time-column: required with --trace {args.trace} (the name of its timestamp column)")
+            return 2
+        trace = TraceFile(
+            path=args.trace,
+            time_column=args.time_column,
+            input_column=args.input_column,
+            output_column=args.output_column,
+            images_column=args.images_column,
+            count_column=args.count_column,
+            time_scale=args.time_scale,
+        )
+    default = ["trace"] if trace is not None else list(autoscale.STEADY + autoscale.SPIKY)
+    scenarios = args.scenario or default
+    cold_starts = args.cold_start or list(autoscale.COLD_STARTS)
+    return autoscale.main(scenarios, cold_starts, Path(args.docs), Path(args.plots), _progress, trace=trace)
+
+
+def cmd_twin_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.cluster import ClusterError
+    from mmfleet_lab.twin import serve
+
+    try:
+        spikes = tuple(serve.Spike.parse(text) for text in args.spike)
+        spec = serve.TrafficSpec(
+            name=args.scenario,
+            rate=args.rate,
+            spikes=spikes,
+            duration=args.duration,
+            seed=args.seed,
+            traces=Path(args.traces) if args.traces else None,
+        )
+        return serve.serve(args.cluster, spec, port=args.port, profile=args.profile)
+    except ValueError as error:
+        print(f"mmfleet twin serve: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except (ClusterError, FileNotFoundError, OSError) as error:
+        print(f"mmfleet twin serve: {error}", file=sys.stderr)
+        return 1
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the lab's sub-commands to the ``mmfleet`` parser."""
+    p_demo = sub.add_parser("demo", help="local control plane, operator, examples: watch them become Ready")
+    p_demo.set_defaults(func=cmd_demo)
+
+    p_bench = sub.add_parser("bench", help="benchmarks; each writes its table to docs/benchmarks.md")
+    bench = p_bench.add_subparsers(dest="bench", required=True)
+    p_bop = bench.add_parser("operator", help="N resources on the local control plane: time to Ready, cost, memory")
+    p_bop.add_argument("--count", type=int, action="append", help="resources per run (repeatable; default 100)")
+    p_bop.add_argument("--timeout", type=float, default=300, help="seconds to wait for all Ready after the last apply")
+    p_bop.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
+    p_bop.set_defaults(func=cmd_bench_operator)
+    p_bas = bench.add_parser("autoscale", help="every policy and the oracle in the digital twin, on real traces")
+    p_bas.add_argument("--scenario", action="append", help="scenario (repeatable; default: all)")
+    p_bas.add_argument("--cold-start", type=float, action="append", help="cold start L in s (repeatable)")
+    p_bas.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_bas.add_argument("--plots", default="docs/img", help="where the PNG plots are written")
+    p_bas.add_argument("--trace", help="your own CSV: one row per request, or a request count per window")
+    p_bas.add_argument("--time-column", help="its timestamp column (seconds, or date-times)")
+    p_bas.add_argument("--time-scale", type=float, default=1.0, help="multiply the times by this to get seconds")
+    p_bas.add_argument("--input-column", help="prompt tokens column (default: the ServeGen mix)")
+    p_bas.add_argument("--output-column", help="output tokens column (default: the ServeGen mix)")
+    p_bas.add_argument("--images-column", help="images per request column (default: ServeGen's share)")
+    p_bas.add_argument("--count-column", help="requests per window: the file is a count series, not requests")
+    p_bas.set_defaults(func=cmd_bench_autoscale)
+
+    register_cli(sub)
+    _twin_cli(sub)
+
+
+def _twin_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from mmfleet_lab.cluster.cluster import DEFAULT_NAME
+    from mmfleet_lab.twin.replica import PROFILES
+    from mmfleet_lab.twin.serve import DEFAULT_DURATION, DEFAULT_PROFILE, DEFAULT_RATE, TRAFFIC_NAMES
+
+    p_twin = sub.add_parser("twin", help="the digital twin of a fleet")
+    twin = p_twin.add_subparsers(dest="twin", required=True)
+    p_serve = twin.add_parser(
+        "serve",
+        help="simulate the inference servers of a local cluster's pods in real time, with metrics for Prometheus",
+    )
+    p_serve.add_argument("--cluster", default=DEFAULT_NAME, help=f"local cluster name (default: {DEFAULT_NAME})")
+    p_serve.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (default: any free one)")
+    p_serve.add_argument(
+        "--scenario",
+        default=TRAFFIC_NAMES[0],
+        choices=TRAFFIC_NAMES,
+        help="traffic: Poisson with ServeGen's multimodal mix, or a benchmark scenario (default: poisson)",
+    )
+    p_serve.add_argument(
+        "--rate", type=float, default=DEFAULT_RATE, help=f"mean requests/s per fleet (default: {DEFAULT_RATE:g})"
+    )
+    p_serve.add_argument(
+        "--spike",
+        action="append",
+        default=[],
+        metavar="START:END:FACTOR",
+        help="multiply the rate by FACTOR from START to END seconds after start (repeatable), e.g. 60:180:4",
+    )
+    p_serve.add_argument(
+        "--duration",
+        type=float,
+        default=DEFAULT_DURATION,
+        help=f"seconds of traffic; afterwards nothing arrives (default: {DEFAULT_DURATION:g})",
+    )
+    p_serve.add_argument("--seed", type=int, default=0, help="random seed of the arrivals (default: 0)")
+    p_serve.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        choices=sorted(PROFILES),
+        help=f"replica model (GPU, Qwen2.5-VL-7B) (default: {DEFAULT_PROFILE})",
+    )
+    p_serve.add_argument("--traces", help="folder with the trace files (default: ../shared/traces, $MMFLEET_TRACES)")
+    p_serve.set_defaults(func=cmd_twin_serve)
