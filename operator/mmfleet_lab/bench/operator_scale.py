@@ -7,13 +7,22 @@ per reconcile (from its own log lines), and its peak RSS (VmHWM). Every resource
 the operator reads the cluster's Prometheus, so once all are Ready the autoscaler's cycles are
 timed too: one batched read for all fleets, then a decision, status and (when it changes) a scale
 per fleet. No twin serves these pods, so every fleet takes the "series missing: hold" path.
+
+Where the operator's time and memory go, one run each (tracemalloc slows the operator down, so
+neither run's timings are the benchmark's): ``MMFLEET_BENCH_PYSPY=<dir>`` samples it with py-spy
+(``pip install py-spy``) into ``<dir>/operator-<count>.pyspy`` (collapsed stacks);
+``MMFLEET_BENCH_TRACEMALLOC=<dir>`` writes a tracemalloc snapshot every ``SNAPSHOT_SECONDS`` into
+``<dir>/operator-<count>-<n>.tracemalloc``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +54,9 @@ CYCLE = re.compile(
 AUTOSCALE_INTERVAL = 15.0  # s, the operator's default
 CYCLES = 3  # full cycles timed once every resource is Ready
 TARGET_CYCLE_MS = 1000.0
+PYSPY_ENV = "MMFLEET_BENCH_PYSPY"
+TRACEMALLOC_ENV = "MMFLEET_BENCH_TRACEMALLOC"
+SNAPSHOT_SECONDS = 20.0
 
 Progress = Callable[[str], None]
 
@@ -116,11 +128,33 @@ def _install(cluster: Cluster) -> Any:
     raise TimeoutError("the CRD or the namespace's default ServiceAccount never appeared")
 
 
-def _wait_operator(log: Path, proc: subprocess.Popen[bytes]) -> None:
+@dataclass
+class Operator:
+    """The operator's process, started directly or under py-spy (then its only child)."""
+
+    proc: subprocess.Popen[bytes]
+    spied: bool
+
+    @property
+    def pid(self) -> int:
+        if not self.spied:
+            return self.proc.pid
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        return int(children[0]) if children else self.proc.pid
+
+    def stop(self) -> None:
+        """SIGTERM to the operator: a clean exit, after which py-spy writes its samples and exits too."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+
+def _wait_operator(log: Path, operator: Operator) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
+        if operator.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited with {operator.proc.returncode}; see {log}")
         if log.exists() and "mmfleet operator started" in log.read_text(errors="replace"):
             return
         time.sleep(0.2)
@@ -150,24 +184,51 @@ def run_once(count: int, progress: Progress, timeout: float) -> Result:
             "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
             "MMFLEET_AUTOSCALE_INTERVAL": f"{AUTOSCALE_INTERVAL:g}s",
         }
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""]
+        if os.environ.get(TRACEMALLOC_ENV):
+            prefix = Path(os.environ[TRACEMALLOC_ENV]) / f"operator-{count}"
+            prefix.parent.mkdir(parents=True, exist_ok=True)
+            command = [sys.executable, "-c", "import sys; from mmfleet_lab.bench.operator_scale import "
+                       "traced_operator; traced_operator(sys.argv[1:])", str(prefix), *command[3:]]  # fmt: skip
+        if os.environ.get(PYSPY_ENV):
+            # py-spy starts the operator: attaching to a running process is refused on this machine.
+            out = Path(os.environ[PYSPY_ENV]) / f"operator-{count}.pyspy"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            command = [spy, "record", "--nonblocking", "--rate", "50", "--format", "raw", "--output", str(out),
+                       "--", *command]  # fmt: skip
+        with log.open("ab") as out_file:
+            proc = subprocess.Popen(command, env=env, stdout=out_file, stderr=subprocess.STDOUT)
+        operator = Operator(proc, spied=bool(os.environ.get(PYSPY_ENV)))
         try:
-            _wait_operator(log, proc)
-            return _measure(api, count, proc, log, progress, timeout)
+            _wait_operator(log, operator)
+            return _measure(api, count, operator, log, progress, timeout)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            operator.stop()
     finally:
         down(CLUSTER)
 
 
-def _measure(
-    api: Any, count: int, proc: subprocess.Popen[bytes], log: Path, progress: Progress, timeout: float
-) -> Result:
+def traced_operator(argv: list[str]) -> None:
+    """``mmfleet run`` with tracemalloc, a snapshot every ``SNAPSHOT_SECONDS`` (argv: prefix, then run's args)."""
+    import threading
+    import tracemalloc
+
+    from mmfleet import cli
+
+    prefix, args = argv[0], argv[1:]
+    tracemalloc.start(8)
+
+    def snapshots() -> None:
+        for n in range(10_000):
+            time.sleep(SNAPSHOT_SECONDS)
+            tracemalloc.take_snapshot().dump(f"{prefix}-{n:03d}.tracemalloc")
+
+    threading.Thread(target=snapshots, daemon=True).start()
+    sys.exit(cli.main(args))
+
+
+def _measure(api: Any, count: int, operator: Operator, log: Path, progress: Progress, timeout: float) -> Result:
     from kubernetes import client
 
     custom = client.CustomObjectsApi(api)
@@ -187,9 +248,8 @@ def _measure(
         time.sleep(1.0)
     ready_after = time.monotonic() - last_apply
     cycles = _full_cycles(log, count, progress)
-    rss = _peak_rss_mb(proc.pid)
-    proc.terminate()
-    proc.wait(timeout=30)
+    rss = _peak_rss_mb(operator.pid)
+    operator.stop()
     text = log.read_text(errors="replace")
     reconciles = [(float(ms), int(n)) for ms, n in RECONCILED.findall(text)]
     totals = [int(n) for n in TOTAL_REQUESTS.findall(text)]
