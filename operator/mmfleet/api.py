@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, AliasGenerator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -53,10 +53,18 @@ Quantity = Annotated[str | int, AfterValidator(_quantity), Field(json_schema_ext
 
 
 def seconds(duration: str) -> float:
-    """Parse a Go-style duration ("2s", "500ms", "1m30s"), the form CEL's duration() takes."""
+    """Parse a Go-style duration ("2s", "500ms", "1m30s"), the form CEL's duration() takes.
+
+    The one duration parser: spec fields, operator settings and the lab's flags all go through it.
+    """
     if not re.fullmatch(DURATION_PATTERN, duration):
         raise ValueError(f"{duration!r} is not a duration such as 500ms, 2s, 1m30s")
     return sum(float(n) * _DURATION_UNIT[u] for n, u in _DURATION_PART.findall(duration))
+
+
+def clamp_replicas(replicas: int, low: int, high: int) -> int:
+    """``replicas`` within minReplicas and maxReplicas: the one clamp status, cycle and policy share."""
+    return max(low, min(high, replicas))
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -84,7 +92,11 @@ class Model(BaseModel):
 
 BackendName = Literal["vllm", "tensorrt-llm"]
 Attention = Literal["auto", "flash-attn-3", "flash-attn-2", "flashinfer", "triton"]
-CloudName = Literal["auto", "eks", "aks", "ack", "generic"]
+# The one set of cloud names: the profiles in mmfleet.clouds, and auto (detect one from the nodes).
+ProfileName = Literal["eks", "aks", "ack", "generic"]
+CloudName = Literal["auto", ProfileName]
+PROFILE_NAMES: tuple[ProfileName, ...] = get_args(ProfileName)
+CLOUD_NAMES: tuple[CloudName, ...] = get_args(CloudName)
 GpuType = Literal["T4", "A10", "A10G", "L4", "L40S", "A100", "H100", "H200", "H20", "GH200", "B200"]
 SloMetric = Literal["e2e", "ttft", "itl"]
 

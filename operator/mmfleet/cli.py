@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from mmfleet import apidocs, crd, render
-from mmfleet.api import CloudName
+from mmfleet.api import CLOUD_NAMES, PROFILE_NAMES, CloudName
 from mmfleet.render import SpecError
 from mmfleet.validation import parse
 
@@ -55,13 +55,11 @@ def cmd_crd(_: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import dataclasses
     import logging
 
     import kopf
 
     from mmfleet.config import OperatorConfig
-    from mmfleet.handlers.state import STATE
 
     overrides = {
         "namespaces": tuple(args.namespace) or None,
@@ -71,11 +69,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         "health_address": args.health_address,
     }
     try:
-        config = OperatorConfig.from_env()
-        config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+        config = OperatorConfig.load(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as error:
         print(f"mmfleet run: {error}", file=sys.stderr)
         return EXIT_INVALID
+    # Imported after the check: the handlers' state reads the environment too, and would fail with a traceback.
+    from mmfleet.handlers.state import STATE
+
     STATE.config = config
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
@@ -117,9 +117,7 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
 
     p_render = sub.add_parser("render", help="print the child manifests of a MultimodalInference as YAML")
     p_render.add_argument("-f", "--file", required=True, help="YAML file with one or more resources, or - for stdin")
-    p_render.add_argument(
-        "--cloud", choices=["eks", "aks", "ack", "generic"], help="cloud profile (default: spec.cloud; auto: generic)"
-    )
+    p_render.add_argument("--cloud", choices=PROFILE_NAMES, help="cloud profile (default: spec.cloud; auto: generic)")
     p_render.add_argument(
         "--monitoring-crds", action="store_true", help="render the PodMonitor as if Prometheus Operator were installed"
     )
@@ -130,9 +128,7 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
         "-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable; default: all)"
     )
     p_run.add_argument("--prometheus-url", help="Prometheus the autoscaler queries (env MMFLEET_PROMETHEUS_URL)")
-    p_run.add_argument(
-        "--default-cloud", choices=["auto", "eks", "aks", "ack", "generic"], help="profile for spec.cloud: auto"
-    )
+    p_run.add_argument("--default-cloud", choices=CLOUD_NAMES, help="profile for spec.cloud: auto")
     p_run.add_argument("--log-format", choices=["plain", "json"], help="log format (env MMFLEET_LOG_FORMAT)")
     p_run.add_argument("--health-address", help="host:port of /healthz; empty to disable (env MMFLEET_HEALTH_ADDRESS)")
     p_run.add_argument("-v", "--verbose", action="store_true", help="debug logs")

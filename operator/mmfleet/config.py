@@ -1,77 +1,94 @@
-"""Operator settings, from flags with environment variables as defaults (for the Deployment's env)."""
+"""Operator settings: environment variables (``MMFLEET_<FIELD>``, for the Deployment's env), overridden by flags."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from mmfleet.api import seconds
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from mmfleet.api import CloudName, seconds
 
 LogFormat = Literal["plain", "json"]
-CLOUDS = ("auto", "eks", "aks", "ack", "generic")
+ENV_PREFIX = "MMFLEET_"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    text = env.get(name)
-    if text is None:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name}: {text!r} is not a whole number") from None
+def _seconds(value: Any, at_least: float) -> float:
+    """A duration such as 15s or 2m, or a bare number of seconds, of at least ``at_least`` seconds."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            try:
+                value = seconds(value)
+            except ValueError:
+                raise ValueError("not a duration such as 15s, 2m or 90 (seconds)") from None
+    if value < at_least:
+        raise ValueError(f"{value:g}s is below the least accepted, {at_least:g}s")
+    return float(value)
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A duration such as 15s or 2m, or a bare number of seconds."""
-    text = env.get(name)
-    if text is None:
-        return default
-    try:
-        return float(text) if text.replace(".", "", 1).isdigit() else seconds(text)
-    except ValueError:
-        raise ValueError(f"{name}: {text!r} is not a duration such as 15s, 2m or 90") from None
-
-
-@dataclass(frozen=True)
-class OperatorConfig:
+class OperatorConfig(BaseSettings):
     """How one operator process runs; the defaults suit a cluster-wide install."""
 
-    namespaces: tuple[str, ...] = field(default_factory=tuple)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid", populate_by_name=True)
+
+    # MMFLEET_NAMESPACES=a,b; empty: every namespace.
+    namespaces: Annotated[tuple[str, ...], NoDecode] = ()
     # Empty: no Prometheus, so autoscaled fleets hold their replicas and say why (MetricsAvailable).
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     autoscale_interval: float = 15.0  # s between autoscaling cycles
     # The cold start the autoscaler plans with until one of a fleet's pods has been seen turn Ready.
-    default_cold_start: float = 120.0
-    default_cloud: str = "auto"
+    default_cold_start: float = Field(default=120.0, validation_alias=f"{ENV_PREFIX}COLD_START")
+    default_cloud: CloudName = "auto"
     log_format: LogFormat = "plain"
     workers: int = 16
     # Where kopf serves /healthz for the liveness probe; empty turns it off.
     health_address: str = "0.0.0.0:8080"
 
-    def __post_init__(self) -> None:
-        if self.default_cloud not in CLOUDS:
-            raise ValueError(f"default cloud: {self.default_cloud!r} is not one of {', '.join(CLOUDS)}")
-        if self.workers < 1:
-            raise ValueError(f"workers: {self.workers} must be at least 1")
-        if self.autoscale_interval < 1:
-            raise ValueError(f"autoscale interval: {self.autoscale_interval:g}s must be at least 1s")
-        if self.default_cold_start < 0:
-            raise ValueError(f"default cold start: {self.default_cold_start:g}s must not be negative")
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return tuple(n.strip() for n in value.split(",") if n.strip()) if isinstance(value, str) else value
+
+    @field_validator("autoscale_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> float:
+        return _seconds(value, at_least=1.0)
+
+    @field_validator("default_cold_start", mode="before")
+    @classmethod
+    def _cold_start(cls, value: Any) -> float:
+        return _seconds(value, at_least=0.0)
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"{value} is below the least accepted, 1")
+        return value
 
     @classmethod
-    def from_env(cls) -> OperatorConfig:
-        env = os.environ
-        namespaces = tuple(n for n in env.get("MMFLEET_NAMESPACES", "").split(",") if n)
-        log_format: LogFormat = "json" if env.get("MMFLEET_LOG_FORMAT") == "json" else "plain"
-        return cls(
-            namespaces=namespaces,
-            prometheus_url=env.get("MMFLEET_PROMETHEUS_URL", cls.prometheus_url),
-            autoscale_interval=_seconds(env, "MMFLEET_AUTOSCALE_INTERVAL", cls.autoscale_interval),
-            default_cold_start=_seconds(env, "MMFLEET_COLD_START", cls.default_cold_start),
-            default_cloud=env.get("MMFLEET_DEFAULT_CLOUD", cls.default_cloud),
-            log_format=log_format,
-            workers=_int(env, "MMFLEET_WORKERS", cls.workers),
-            health_address=env.get("MMFLEET_HEALTH_ADDRESS", cls.health_address),
-        )
+    def load(cls, **overrides: Any) -> OperatorConfig:
+        """The environment's settings under ``overrides`` (flags); ValueError names variable, value and rule."""
+        try:
+            return cls(**overrides)
+        except ValidationError as error:
+            raise ValueError("; ".join(_problem(e) for e in error.errors())) from None
+
+
+def env_variables() -> dict[str, str]:
+    """Each setting's environment variable, by field name: ``MMFLEET_<FIELD>`` unless aliased."""
+    return {
+        name: field.validation_alias if isinstance(field.validation_alias, str) else ENV_PREFIX + name.upper()
+        for name, field in OperatorConfig.model_fields.items()
+    }
+
+
+def _problem(error: Any) -> str:
+    """``MMFLEET_X: 'value': why``, whether the value came from the environment or a flag."""
+    where = str(error["loc"][0])
+    variable = env_variables().get(where, where)
+    cause = error.get("ctx", {}).get("error")
+    message = str(cause) if isinstance(cause, ValueError) else error["msg"][:1].lower() + error["msg"][1:]
+    return f"{variable}: {error['input']!r}: {message}"

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from mmfleet import render
-from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, Phase
+from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, Phase, clamp_replicas
 
 # Waiting reasons of a container that will not get better by waiting.
 BROKEN_WAITING_REASONS = frozenset(
@@ -72,7 +72,7 @@ def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] 
         return spec.replicas
     current = (deployment or {}).get("spec", {}).get("replicas")
     low, high = spec.autoscaling.min_replicas, spec.autoscaling.max_replicas
-    return low if current is None else min(max(int(current), low), high)
+    return low if current is None else clamp_replicas(int(current), low, high)
 
 
 def condition(

@@ -1,4 +1,8 @@
-"""Cloud profiles: detection, GPU node selection, identity, tolerations, LB and tracing data."""
+"""Cloud profiles: detection, GPU node selection, identity, tolerations, LB and tracing data.
+
+The local cluster's fake GPU nodes (``mmfleet_lab.cluster.nodes``) are checked here too: each
+cloud's affinity must select them, and ``detect`` must attribute their providerIDs to that cloud.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ from typing import Any, get_args
 import pytest
 
 from mmfleet import clouds
-from mmfleet.api import GpuSpec, GpuType, IdentitySpec
+from mmfleet.api import PROFILE_NAMES, GpuSpec, GpuType, IdentitySpec, ProfileName
 from mmfleet.clouds import ack, aks, eks, generic
+from mmfleet_lab.cluster.nodes import gpu_node_labels, provider_id
 
-CLOUDS = ("eks", "aks", "ack", "generic")
+CLOUDS = PROFILE_NAMES
 GPU_TYPES: tuple[GpuType, ...] = get_args(GpuType)
 
 EKS_ID = "aws:///us-west-2a/i-0cd1c351f3c0d11a1"
@@ -91,14 +96,14 @@ def test_generic_owns_nothing() -> None:
 
 
 @pytest.mark.parametrize("cloud", ["eks", "aks", "ack"])
-def test_provider_id_examples_are_detected_as_their_cloud(cloud: str) -> None:
-    ids = [clouds.provider_id_example(cloud, i) for i in range(3)]
+def test_fake_node_provider_ids_are_detected_as_their_cloud(cloud: ProfileName) -> None:
+    ids = [provider_id(cloud, i) for i in range(3)]
     assert len(set(ids)) == 3
     assert clouds.detect(ids) == cloud
 
 
-def test_generic_example_has_no_provider_id() -> None:
-    assert clouds.provider_id_example("generic", 0) == ""
+def test_fake_generic_node_has_no_provider_id() -> None:
+    assert provider_id("generic", 0) == ""
 
 
 # --- GPU node affinity --------------------------------------------------------------------------
@@ -188,8 +193,8 @@ def test_every_gpu_type_yields_well_formed_terms(cloud: str, gpu: GpuType) -> No
 
 @pytest.mark.parametrize("cloud", CLOUDS)
 @pytest.mark.parametrize("gpu", GPU_TYPES)
-def test_fake_node_labels_are_selected_and_only_for_their_gpu(cloud: str, gpu: GpuType) -> None:
-    labels = clouds.fake_gpu_node_labels(cloud, gpu)
+def test_fake_node_labels_are_selected_and_only_for_their_gpu(cloud: ProfileName, gpu: GpuType) -> None:
+    labels = gpu_node_labels(cloud, gpu)
     assert selects(clouds.get(cloud).gpu_node_affinity(GpuSpec(type=gpu)), labels)
     for other in GPU_TYPES:
         if other != gpu:
@@ -340,6 +345,11 @@ def test_exporter_config_is_a_copy(cloud: str) -> None:
     assert "injected" not in profile.collector_exporter()["exporters"]  # type: ignore[operator]
 
 
-def test_profiles_registry_lists_the_four_clouds() -> None:
-    assert sorted(clouds.profiles()) == sorted(CLOUDS)
-    assert clouds.get("eks") is eks.PROFILE
+def test_profiles_registry_has_one_profile_per_cloud_name() -> None:
+    assert {name: profile.name for name, profile in clouds.profiles().items()} == {n: n for n in PROFILE_NAMES}
+    assert [clouds.get(name) for name in ("eks", "aks", "ack", "generic")] == [
+        eks.PROFILE,
+        aks.PROFILE,
+        ack.PROFILE,
+        generic.PROFILE,
+    ]

@@ -1,34 +1,121 @@
-"""Operator settings from the environment: the autoscaler's, and the errors a user sees."""
+"""Operator settings from the environment and flags: values, defaults, and the errors a user sees."""
 
 from __future__ import annotations
 
 import pytest
 
-from mmfleet.config import OperatorConfig
+from mmfleet import cli
+from mmfleet.config import OperatorConfig, env_variables
+
+VARIABLES = (
+    "MMFLEET_NAMESPACES",
+    "MMFLEET_PROMETHEUS_URL",
+    "MMFLEET_AUTOSCALE_INTERVAL",
+    "MMFLEET_COLD_START",
+    "MMFLEET_DEFAULT_CLOUD",
+    "MMFLEET_LOG_FORMAT",
+    "MMFLEET_WORKERS",
+    "MMFLEET_HEALTH_ADDRESS",
+)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("15s", 15.0), ("1m30s", 90.0), ("90", 90.0), ("2.5", 2.5)])
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("15s", 15.0), ("1m30s", 90.0), ("3m", 180.0), ("90", 90.0), ("2.5", 2.5)]
+)
 def test_autoscale_interval_and_cold_start_take_durations_or_seconds(
     monkeypatch: pytest.MonkeyPatch, text: str, seconds: float
 ) -> None:
     monkeypatch.setenv("MMFLEET_AUTOSCALE_INTERVAL", text)
     monkeypatch.setenv("MMFLEET_COLD_START", text)
-    config = OperatorConfig.from_env()
+    config = OperatorConfig.load()
     assert (config.autoscale_interval, config.default_cold_start) == (seconds, seconds)
 
 
-def test_defaults_and_no_prometheus(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MMFLEET_AUTOSCALE_INTERVAL", "MMFLEET_COLD_START"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MMFLEET_PROMETHEUS_URL", "")
-    config = OperatorConfig.from_env()
-    assert (config.autoscale_interval, config.default_cold_start, config.prometheus_url) == (15.0, 120.0, "")
+def test_defaults() -> None:
+    assert OperatorConfig.load() == OperatorConfig(
+        namespaces=(),
+        prometheus_url="http://prometheus-operated.monitoring.svc:9090",
+        autoscale_interval=15.0,
+        default_cold_start=120.0,
+        default_cloud="auto",
+        log_format="plain",
+        workers=16,
+        health_address="0.0.0.0:8080",
+    )
 
 
-def test_a_bad_duration_names_the_variable_the_value_and_what_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MMFLEET_AUTOSCALE_INTERVAL", "fast")
-    with pytest.raises(ValueError, match=r"MMFLEET_AUTOSCALE_INTERVAL: 'fast' is not a duration such as 15s, 2m or 90"):
-        OperatorConfig.from_env()
-    monkeypatch.setenv("MMFLEET_AUTOSCALE_INTERVAL", "500ms")
-    with pytest.raises(ValueError, match=r"autoscale interval: 0.5s must be at least 1s"):
-        OperatorConfig.from_env()
+def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in zip(VARIABLES, ("a, b,", "", "1m", "0", "aks", "json", "4", ""), strict=True):
+        monkeypatch.setenv(name, value)
+    # Only the prefixed, documented names count: not the field's own name under the prefix.
+    monkeypatch.setenv("MMFLEET_DEFAULT_COLD_START", "5")
+    config = OperatorConfig.load()
+    assert config == OperatorConfig(
+        namespaces=("a", "b"),
+        prometheus_url="",
+        autoscale_interval=60.0,
+        default_cold_start=0.0,
+        default_cloud="aks",
+        log_format="json",
+        workers=4,
+        health_address="",
+    )
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MMFLEET_PROMETHEUS_URL", "http://env:9090")
+    monkeypatch.setenv("MMFLEET_NAMESPACES", "env")
+    monkeypatch.setenv("MMFLEET_WORKERS", "3")
+    config = OperatorConfig.load(prometheus_url="http://flag:9090", namespaces=("flag",))
+    assert (config.prometheus_url, config.namespaces, config.workers) == ("http://flag:9090", ("flag",), 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        (
+            "MMFLEET_AUTOSCALE_INTERVAL",
+            "fast",
+            "MMFLEET_AUTOSCALE_INTERVAL: 'fast': not a duration such as 15s, 2m or 90",
+        ),
+        (
+            "MMFLEET_AUTOSCALE_INTERVAL",
+            "500ms",
+            "MMFLEET_AUTOSCALE_INTERVAL: '500ms': 0.5s is below the least accepted, 1s",
+        ),
+        ("MMFLEET_COLD_START", "-1", "MMFLEET_COLD_START: '-1': -1s is below the least accepted, 0s"),
+        ("MMFLEET_WORKERS", "0", "MMFLEET_WORKERS: '0': 0 is below the least accepted, 1"),
+        ("MMFLEET_WORKERS", "many", "MMFLEET_WORKERS: 'many': input should be a valid integer"),
+        (
+            "MMFLEET_DEFAULT_CLOUD",
+            "gcp",
+            "MMFLEET_DEFAULT_CLOUD: 'gcp': input should be 'auto', 'eks', 'aks', 'ack' or",
+        ),
+        ("MMFLEET_LOG_FORMAT", "text", "MMFLEET_LOG_FORMAT: 'text': input should be 'plain' or 'json'"),
+    ],
+)
+def test_a_bad_value_names_the_variable_the_value_and_what_is_accepted(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as raised:
+        OperatorConfig.load()
+    assert str(raised.value).startswith(message)
+
+
+def test_run_exits_2_on_a_bad_setting_before_starting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MMFLEET_WORKERS", "0")
+    assert cli.main(["run"]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err == "mmfleet run: MMFLEET_WORKERS: '0': 0 is below the least accepted, 1\n"
+
+
+def test_the_variables_are_the_documented_ones() -> None:
+    assert sorted(env_variables().values()) == sorted(VARIABLES)

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from mmfleet import render
-from mmfleet.api import MultimodalInference
+from mmfleet.api import PROFILE_NAMES, MultimodalInference
 from mmfleet.validation import parse
 from tests.conftest import spec_doc
 
-CLOUDS = ["eks", "aks", "ack", "generic"]
+CLOUDS = PROFILE_NAMES
 BACKENDS = ["vllm", "tensorrt-llm"]
 
 

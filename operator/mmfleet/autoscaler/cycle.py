@@ -27,6 +27,7 @@ from mmfleet.api import (
     MultimodalInferenceStatus,
     SloSpec,
     SloStatus,
+    clamp_replicas,
     seconds,
 )
 from mmfleet.autoscaler import Observation
@@ -183,7 +184,7 @@ def decide(
     cold_start = pods.cold_start if pods.cold_start is not None else memory.cold_start
     memory = replace(memory, cold_start=cold_start)
     clock = now.timestamp()
-    held = max(autoscaling.min_replicas, min(autoscaling.max_replicas, seen.current))
+    held = clamp_replicas(seen.current, autoscaling.min_replicas, autoscaling.max_replicas)
     unavailable = _unavailable(seen, inference, held)
     latency: float | None = None
     idle = False

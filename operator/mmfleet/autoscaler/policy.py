@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass, replace
 from itertools import combinations, pairwise
 
+from mmfleet.api import clamp_replicas
 from mmfleet.autoscaler import Decision, Observation
 
 FAST_WINDOW = 60.0  # s, time constant of the demand level: follows a step within about a minute
@@ -183,7 +184,7 @@ class SloPolicy:
             if value is None
         ]
         if missing:
-            held = max(low, min(high, current))
+            held = clamp_replicas(current, low, high)
             return Decision(held, f"metrics missing ({', '.join(missing)}): holding {held}", state)
 
         state, sizing = self._size(obs, state)
@@ -206,10 +207,10 @@ class SloPolicy:
             paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
             worth = current - floor >= max(1, math.ceil(DOWN_MARGIN * current - 1e-9))
             desired = current if paused or not worth else min(current, floor)
-        desired = max(low, min(high, desired))
+        desired = clamp_replicas(desired, low, high)
         blocked = obs.unschedulable > 0 and desired > current
         if blocked:
-            desired = max(low, min(high, current))
+            desired = clamp_replicas(current, low, high)
         orders = tuple((t, n) for t, n in state.orders if t > obs.time - obs.cold_start)
         if desired > current:
             orders = (*orders, (obs.time, desired - current))

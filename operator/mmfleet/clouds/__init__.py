@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from mmfleet.api import GpuSpec, GpuType, IdentitySpec
+from mmfleet.api import PROFILE_NAMES, GpuSpec, GpuType, IdentitySpec, ProfileName
 
 JsonObj = dict[str, object]
 
@@ -79,7 +79,7 @@ class IdentityWiring:
 
 class CloudProfile(Protocol):
     @property
-    def name(self) -> str: ...
+    def name(self) -> ProfileName: ...
 
     @property
     def gpu_resource(self) -> str: ...
@@ -126,11 +126,6 @@ class GpuSelector:
         expressions.append({"key": self.key, "operator": "In", "values": list(values)})
         return {"matchExpressions": expressions}
 
-    def example_labels(self, gpu_type: GpuType) -> dict[str, str]:
-        """Labels a node needs to satisfy ``term``: the first known value is the most common SKU."""
-        values = self.values.get(gpu_type)
-        return {**self.fixed, self.key: values[0]} if values else {}
-
 
 GFD_SELECTOR = GpuSelector(key=GFD_PRODUCT_LABEL, values=NVIDIA_PRODUCTS)
 
@@ -149,10 +144,9 @@ class IdentityRule:
 class Profile:
     """A cloud as data; implements ``CloudProfile``."""
 
-    name: str
+    name: ProfileName
     gpu_selectors: tuple[GpuSelector, ...]
     provider_id_pattern: str | None
-    provider_id_template: str
     exporter: Mapping[str, object]
     storage_class: str | None = None
     internal_lb_annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -188,50 +182,25 @@ class Profile:
     def collector_exporter(self) -> JsonObj:
         return copy.deepcopy(dict(self.exporter))
 
-    def fake_gpu_node_labels(self, gpu_type: GpuType) -> dict[str, str]:
-        """Labels that make a (kwok) node match every term of ``gpu_node_affinity`` for this GPU."""
-        labels: dict[str, str] = {}
-        for selector in self.gpu_selectors:
-            for key, value in selector.example_labels(gpu_type).items():
-                labels.setdefault(key, value)
-        return labels
 
-    def provider_id_example(self, index: int) -> str:
-        """A providerID as this cloud writes it; empty where nodes carry none (bare metal, kwok)."""
-        return self.provider_id_template.format(index=index)
+def profiles() -> dict[str, Profile]:
+    """One profile per name in ``mmfleet.api.ProfileName``, each from the module of that name."""
+    from importlib import import_module
+
+    return {name: import_module(f"{__name__}.{name}").PROFILE for name in PROFILE_NAMES}
 
 
-def _concrete() -> dict[str, Profile]:
-    from mmfleet.clouds import ack, aks, eks, generic
-
-    return {p.name: p for p in (eks.PROFILE, aks.PROFILE, ack.PROFILE, generic.PROFILE)}
-
-
-def profiles() -> dict[str, CloudProfile]:
-    return dict(_concrete())
-
-
-def get(name: str) -> CloudProfile:
+def get(name: str) -> Profile:
     return profiles()[name]
 
 
-def detect(provider_ids: Iterable[str]) -> str:
+def detect(provider_ids: Iterable[str]) -> ProfileName:
     """The cloud most nodes run on; generic when none is recognised (kind, bare metal, kwok)."""
     candidates = [p for p in profiles().values() if p.name != "generic"]
-    votes: Counter[str] = Counter()
+    votes: Counter[ProfileName] = Counter()
     for provider_id in provider_ids:
         for profile in candidates:
             if provider_id and profile.owns_provider_id(provider_id):
                 votes[profile.name] += 1
                 break
     return votes.most_common(1)[0][0] if votes else "generic"
-
-
-def fake_gpu_node_labels(cloud_name: str, gpu_type: GpuType) -> dict[str, str]:
-    """Node labels the named cloud's affinity selects for this GPU; for the local kwok cluster."""
-    return _concrete()[cloud_name].fake_gpu_node_labels(gpu_type)
-
-
-def provider_id_example(cloud_name: str, index: int) -> str:
-    """A providerID ``detect`` attributes to the named cloud; empty for generic."""
-    return _concrete()[cloud_name].provider_id_example(index)

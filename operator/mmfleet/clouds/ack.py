@@ -46,7 +46,6 @@ PROFILE = Profile(
     name="ack",
     gpu_selectors=(NVIDIA_NAME, GFD_SELECTOR),
     provider_id_pattern=r"(alicloud://)?[a-z]{2}(-[a-z0-9]+)+\.i-[a-z0-9]+",
-    provider_id_template="cn-hangzhou.i-mmfleet{index:013d}",
     storage_class="alicloud-disk-topology-alltype",
     internal_lb_annotations=MappingProxyType(
         {"service.beta.kubernetes.io/alibaba-cloud-loadbalancer-address-type": "intranet"}

@@ -60,10 +60,6 @@ PROFILE = Profile(
     name="aks",
     gpu_selectors=(VM_SIZE, GFD_SELECTOR),
     provider_id_pattern=r"azure://.*",
-    provider_id_template=(
-        "azure:///subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/mc_mmfleet_westus2"
-        "/providers/Microsoft.Compute/virtualMachineScaleSets/aks-gpu-00000000-vmss/virtualMachines/{index}"
-    ),
     storage_class="managed-csi-premium",
     internal_lb_annotations=MappingProxyType({"service.beta.kubernetes.io/azure-load-balancer-internal": "true"}),
     extra_tolerations=(MappingProxyType({"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}),),

@@ -68,7 +68,6 @@ PROFILE = Profile(
     name="eks",
     gpu_selectors=(KARPENTER_GPU_NAME, INSTANCE_TYPE, GFD_SELECTOR),
     provider_id_pattern=r"aws://.*",
-    provider_id_template="aws:///us-west-2a/i-{index:017x}",
     storage_class="gp2",
     internal_lb_annotations=MappingProxyType(
         {

@@ -17,6 +17,5 @@ PROFILE = Profile(
     name="generic",
     gpu_selectors=(GFD_SELECTOR,),
     provider_id_pattern=None,
-    provider_id_template="",
     exporter=MappingProxyType({"exporters": {"otlp": {"endpoint": "${env:OTLP_ENDPOINT}"}}, "extensions": {}}),
 )

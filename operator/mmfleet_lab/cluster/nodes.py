@@ -1,8 +1,8 @@
 """Fake GPU nodes that look like each cloud's GPU node pools, for kwok to keep Ready.
 
-Labels come from ``mmfleet.clouds.fake_gpu_node_labels``, i.e. exactly what each cloud profile's
-``gpu_node_affinity`` selects, so a rendered fleet schedules here as it would on EKS, AKS or ACK;
-``providerID``s come from ``provider_id_example`` so ``clouds.detect`` recognises the cloud.
+Labels come from ``gpu_node_labels``, i.e. exactly what each cloud profile's ``gpu_node_affinity``
+selects, so a rendered fleet schedules here as it would on EKS, AKS or ACK; ``providerID``s come
+from ``provider_id`` so ``clouds.detect`` recognises the cloud.
 
 Nodes are created with their status in the POST (the API server keeps status on Node create),
 and kwok's node-initialize stage keeps the capacity, allocatable and addresses given here.
@@ -12,23 +12,56 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, get_args
 
-from mmfleet.api import GpuType
-from mmfleet.clouds import GPU_RESOURCE, fake_gpu_node_labels, provider_id_example
+from mmfleet import clouds
+from mmfleet.api import PROFILE_NAMES, GpuType, ProfileName
+from mmfleet.clouds import GPU_RESOURCE
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # kwok runs with --manage-nodes-with-annotation-selector=<this>=fake
 POOL_LABEL = "mmfleet.io/pool"
 GPU_TAINT = {"key": GPU_RESOURCE, "effect": "NoSchedule"}
+
+# providerIDs in each cloud's format (see the cloud modules' docstrings); generic nodes carry none.
+PROVIDER_ID_TEMPLATES: Mapping[ProfileName, str] = MappingProxyType(
+    {
+        "eks": "aws:///us-west-2a/i-{index:017x}",
+        "aks": (
+            "azure:///subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/mc_mmfleet_westus2"
+            "/providers/Microsoft.Compute/virtualMachineScaleSets/aks-gpu-00000000-vmss/virtualMachines/{index}"
+        ),
+        "ack": "cn-hangzhou.i-mmfleet{index:013d}",
+        "generic": "",
+    }
+)
+
+
+def gpu_node_labels(cloud: ProfileName, gpu_type: GpuType) -> dict[str, str]:
+    """Labels that make a node match every term of the cloud's ``gpu_node_affinity`` for this GPU.
+
+    Each selector's first known value is taken: the cloud modules list the most common SKU first.
+    """
+    labels: dict[str, str] = {}
+    for selector in clouds.get(cloud).gpu_selectors:
+        if values := selector.values.get(gpu_type):
+            for key, value in {**selector.fixed, selector.key: values[0]}.items():
+                labels.setdefault(key, value)
+    return labels
+
+
+def provider_id(cloud: ProfileName, index: int) -> str:
+    """The ``index``-th node's providerID, which ``clouds.detect`` attributes to ``cloud``; empty for generic."""
+    return PROVIDER_ID_TEMPLATES[cloud].format(index=index)
 
 
 @dataclass(frozen=True)
 class NodePool:
     """``count`` identical GPU nodes labelled as ``cloud`` labels nodes carrying ``gpu_type``."""
 
-    cloud: str = "eks"
+    cloud: ProfileName = "eks"
     gpu_type: GpuType = "H100"
     count: int = 2
     gpus_per_node: int = 8
@@ -55,7 +88,11 @@ def parse_pool(text: str) -> NodePool:
     if len(parts) != 3 or not parts[2].isdigit():
         raise ValueError(f"node pool {text!r}: expected CLOUD:GPU:COUNT, e.g. eks:H100:2")
     cloud, gpu, count = parts
-    if not fake_gpu_node_labels(cloud, gpu):  # type: ignore[arg-type]  # checked here at run time
+    if cloud not in PROFILE_NAMES:
+        raise ValueError(f"node pool {text!r}: cloud {cloud!r} is not one of {', '.join(PROFILE_NAMES)}")
+    if gpu not in get_args(GpuType):
+        raise ValueError(f"node pool {text!r}: GPU type {gpu!r} is not one of {', '.join(get_args(GpuType))}")
+    if not gpu_node_labels(cloud, gpu):  # type: ignore[arg-type]  # both checked just above
         raise ValueError(f"node pool {text!r}: cloud {cloud!r} has no label for GPU type {gpu!r}")
     return NodePool(cloud=cloud, gpu_type=gpu, count=int(count))  # type: ignore[arg-type]
 
@@ -65,7 +102,7 @@ def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:
     per_cloud: Counter[str] = Counter()
     nodes: list[dict[str, Any]] = []
     for pool in pools:
-        selected = fake_gpu_node_labels(pool.cloud, pool.gpu_type)
+        selected = gpu_node_labels(pool.cloud, pool.gpu_type)
         if not selected:
             raise ValueError(f"cloud {pool.cloud!r} has no GPU node label for {pool.gpu_type}")
         resources = {
@@ -81,8 +118,8 @@ def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:
             per_cloud[pool.cloud] += 1
             ip = f"10.1.{len(nodes) // 250}.{len(nodes) % 250 + 1}"
             spec: dict[str, Any] = {}
-            if provider_id := provider_id_example(pool.cloud, index):
-                spec["providerID"] = provider_id
+            if node_provider_id := provider_id(pool.cloud, index):
+                spec["providerID"] = node_provider_id
             if pool.gpu_taint:
                 spec["taints"] = [dict(GPU_TAINT)]
             nodes.append(
