@@ -7,25 +7,41 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+# What `pip install .` (no extra) leaves out: the lab and the dependencies only it needs.
+LAB_MODULES = ("mmfleet_lab", "numpy", "numba", "matplotlib", "cryptography", "prometheus_client")
+# `mmfleet ARGS` with the modules in argv[1] (comma-separated) unimportable, as if not installed.
+_WITHOUT = (
+    "import sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(',')));"
+    "from mmfleet.cli import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+def mmfleet_command(without: Sequence[str] = ()) -> list[str]:
+    """The argv that starts the ``mmfleet`` command in this interpreter, with ``without`` blocked."""
+    return [sys.executable, "-c", _WITHOUT, ",".join(without)] if without else [sys.executable, "-m", "mmfleet.cli"]
 
 
 class OperatorProcess:
     """Start, kill and restart `mmfleet run`; its log goes to a file for post-mortems."""
 
-    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None, without: Sequence[str] = ()
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
         self.env = env or {}  # MMFLEET_* settings for the next start
+        self.without = tuple(without)  # modules the process may not import (see LAB_MODULES)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""],
+                [*mmfleet_command(self.without), "run", "--health-address", ""],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
