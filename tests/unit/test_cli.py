@@ -6,14 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, ROOT
+from tests.integration.operator_process import LAB_MODULES, mmfleet_command
 
 
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(*args: str, stdin: str | None = None, without: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mmfleet.cli", *args], input=stdin, capture_output=True, text=True, check=False
+        [*mmfleet_command(without), *args], input=stdin, capture_output=True, text=True, check=False, cwd=ROOT
     )
 
 
@@ -81,3 +83,23 @@ def test_bench_autoscale_on_a_trace_needs_its_timestamp_column(tmp_path: Path) -
     result = run("bench", "autoscale", "--trace", str(trace))
     assert result.returncode == 2
     assert result.stdout.strip() == f"--time-column: required with --trace {trace} (the name of its timestamp column)"
+
+
+@pytest.mark.parametrize("args", [("render", "-f", "examples/minimal.yaml"), ("crd",), ("docs", "api")])
+def test_operator_commands_work_without_the_lab_and_its_dependencies(args: tuple[str, ...]) -> None:
+    """As `pip install .` (no extra) leaves it: the output is the same as with the lab installed."""
+    without = run(*args, without=LAB_MODULES)
+    assert (without.returncode, without.stderr) == (0, ""), without.stderr
+    assert without.stdout == run(*args).stdout
+
+
+def test_help_without_the_lab_lists_the_operator_commands_only() -> None:
+    result = run("--help", without=LAB_MODULES)
+    assert result.returncode == 0, result.stderr
+    assert "{render,run,crd,docs}" in result.stdout
+
+
+def test_the_handlers_import_without_the_lab_and_its_dependencies() -> None:
+    code = f"import sys; sys.modules.update(dict.fromkeys({list(LAB_MODULES)!r})); import mmfleet.handlers"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
