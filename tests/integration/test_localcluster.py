@@ -17,11 +17,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet import clouds
-from mmfleet.api import GpuSpec
+from mmfleet.api import GpuSpec, seconds
 from mmfleet_lab.cluster import READY_DELAY_ANNOTATION, Cluster, attach, env, get, process, up
 from mmfleet_lab.cluster.build import K8S_VERSION
 from mmfleet_lab.cluster.nodes import POOL_LABEL
-from mmfleet_lab.cluster.stages import duration_ms
 from tests.conftest import ROOT
 from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
 
@@ -114,7 +113,7 @@ def test_gpu_deployment_is_scheduled_and_turns_ready_after_the_delay(api: Any, n
         return ready[0] if ready else None
 
     eks_nodes = {n.metadata.name for n in core.list_node(label_selector=f"{POOL_LABEL}=eks-h100").items}
-    for app, delay in (("default-delay", duration_ms(POD_READY_DELAY) / 1000), ("own-delay", 5.0)):
+    for app, delay in (("default-delay", seconds(POD_READY_DELAY)), ("own-delay", 5.0)):
         pod = wait_for(f"pod of {app} Ready", partial(ready_pod, app), timeout=60)
         assert pod.spec.node_name in eks_nodes
         assert pod.status.phase == "Running"

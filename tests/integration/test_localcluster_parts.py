@@ -16,18 +16,26 @@ from mmfleet.api import GpuSpec
 from mmfleet_lab.cluster.build import COMPONENTS
 from mmfleet_lab.cluster.nodes import NodePool, node_manifests, parse_pool
 from mmfleet_lab.cluster.pki import write_pki
-from mmfleet_lab.cluster.stages import READY_DELAY_ANNOTATION, duration_ms, kwok_config
+from mmfleet_lab.cluster.stages import READY_DELAY_ANNOTATION, STAGE_FILES, kwok_config, ready_delay_ms, stage
 
 
-@pytest.mark.parametrize(("text", "ms"), [("5s", 5000), ("500ms", 500), ("1m30s", 90_000), ("1.5s", 1500), ("0", 0)])
-def test_go_durations(text: str, ms: int) -> None:
-    assert duration_ms(text) == ms
+@pytest.mark.parametrize(("text", "ms"), [("5s", 5000), ("500ms", 500), ("1m30s", 90_000), ("1.5s", 1500), ("0s", 0)])
+def test_ready_delays_are_durations(text: str, ms: int) -> None:
+    assert ready_delay_ms(text) == ms
 
 
 @pytest.mark.parametrize("text", ["5", "", "5 s", "s", "1d"])
-def test_bad_durations_are_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="not a Go duration"):
-        duration_ms(text)
+def test_bad_ready_delays_are_refused_naming_the_value(text: str) -> None:
+    with pytest.raises(ValueError, match=f"pod-ready delay: {text!r} is not a duration such as 500ms, 2s"):
+        ready_delay_ms(text)
+
+
+@pytest.mark.parametrize("file", STAGE_FILES)
+def test_stage_templates_are_kwok_stages_with_their_source(file: str) -> None:
+    text = stage(file)
+    assert text.startswith("# Copied verbatim from kubernetes-sigs/kwok kustomize/stage/")
+    assert "at tag v0.8.0" in text.splitlines()[0]
+    assert yaml.safe_load(text)["metadata"]["name"] == file.removesuffix(".yaml")
 
 
 def test_kwok_config_has_the_stages_and_the_ready_delay() -> None:
@@ -73,6 +81,10 @@ def test_pool_syntax() -> None:
     assert parse_pool("aks:A100:3") == NodePool(cloud="aks", gpu_type="A100", count=3)
     with pytest.raises(ValueError, match="CLOUD:GPU:COUNT"):
         parse_pool("aks:A100")
+    with pytest.raises(ValueError, match="cloud 'gcp' is not one of eks, aks, ack, generic"):
+        parse_pool("gcp:A100:1")
+    with pytest.raises(ValueError, match="GPU type 'V100' is not one of T4, "):
+        parse_pool("aks:V100:1")
 
 
 def test_certificates(tmp_path: Path) -> None:

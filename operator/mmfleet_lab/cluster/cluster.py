@@ -44,7 +44,7 @@ from mmfleet_lab.cluster.build import (
 from mmfleet_lab.cluster.nodes import DEFAULT_POOLS, KWOK_ANNOTATION, NodePool, create_nodes
 from mmfleet_lab.cluster.pki import CertPair, Pki, write_pki
 from mmfleet_lab.cluster.process import ClusterError, Proc
-from mmfleet_lab.cluster.stages import duration_ms, kwok_config
+from mmfleet_lab.cluster.stages import kwok_config, ready_delay_ms
 
 DEFAULT_NAME = "mmfleet"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -194,13 +194,13 @@ def up(
 ) -> Cluster:
     """Start the cluster (building binaries the first time) or return it if it already runs.
 
-    ``pod_ready_delay`` (a Go duration) is how long after binding a pod turns Ready unless it carries
-    the ``mmfleet.io/ready-delay`` annotation. ``timeout`` bounds each component's health wait.
-    Prometheus scrapes and evaluates every ``scrape_interval`` (a Prometheus duration); a running
+    ``pod_ready_delay`` (a duration such as ``5s``) is how long after binding a pod turns Ready unless it
+    carries the ``mmfleet.io/ready-delay`` annotation. ``timeout`` bounds each component's health wait.
+    Prometheus scrapes and evaluates every ``scrape_interval`` (a duration such as ``15s``); a running
     cluster whose Prometheus was stopped (``stop_prometheus``) gets it started again.
     """
     _check_name(name)
-    duration_ms(pod_ready_delay)  # reject a bad value before starting anything
+    ready_delay_ms(pod_ready_delay)  # reject a bad value before starting anything
     if with_prometheus:
         prometheus.interval_ms(scrape_interval)
         prometheus.binary()

@@ -81,7 +81,9 @@ def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p_up = named("up", "start the cluster (builds the binaries on first use), or reuse a running one")
     p_up.add_argument("--state-dir", help="where state and logs go (default: ~/.cache/mmfleet/clusters/NAME)")
     p_up.add_argument(
-        "--pod-ready-delay", default="5s", help="how long a bound pod takes to turn Ready, a Go duration (default: 5s)"
+        "--pod-ready-delay",
+        default="5s",
+        help="how long a bound pod takes to turn Ready, e.g. 5s or 500ms (default: 5s)",
     )
     p_up.add_argument(
         "--pool",
@@ -93,7 +95,7 @@ def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p_up.add_argument(
         "--scrape-interval",
         default=DEFAULT_SCRAPE_INTERVAL,
-        help=f"Prometheus' scrape and evaluation interval, a Prometheus duration (default: {DEFAULT_SCRAPE_INTERVAL})",
+        help=f"Prometheus' scrape and evaluation interval, e.g. 15s or 500ms (default: {DEFAULT_SCRAPE_INTERVAL})",
     )
     p_up.add_argument("--no-prometheus", action="store_true", help="start no Prometheus")
     p_up.set_defaults(func=_cmd_up)

@@ -92,9 +92,7 @@ def parse_pool(text: str) -> NodePool:
         raise ValueError(f"node pool {text!r}: cloud {cloud!r} is not one of {', '.join(PROFILE_NAMES)}")
     if gpu not in get_args(GpuType):
         raise ValueError(f"node pool {text!r}: GPU type {gpu!r} is not one of {', '.join(get_args(GpuType))}")
-    if not gpu_node_labels(cloud, gpu):  # type: ignore[arg-type]  # both checked just above
-        raise ValueError(f"node pool {text!r}: cloud {cloud!r} has no label for GPU type {gpu!r}")
-    return NodePool(cloud=cloud, gpu_type=gpu, count=int(count))  # type: ignore[arg-type]
+    return NodePool(cloud=cloud, gpu_type=gpu, count=int(count))  # type: ignore[arg-type]  # both checked above
 
 
 def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ works here works there. ``--web.enable-lifecycle`` is on, for ``/-/reload`` and 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from mmfleet.api import seconds
+from mmfleet.autoscaler.metrics import promql_duration
 from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster.process import ClusterError, Proc
 
@@ -28,9 +29,6 @@ JOB = "mmfleet-pods"
 DEFAULT_SCRAPE_INTERVAL = "15s"
 TARGETS_REFRESH = "3s"  # file_sd also watches with inotify; this is the fallback re-read
 _MAX_SCRAPE_TIMEOUT_MS = 10_000  # Prometheus' default timeout, which may not exceed the interval
-# Prometheus durations (model.ParseDuration): units in this order, each at most once, integers only.
-_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
-_UNIT_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
 
 
 @dataclass(frozen=True)
@@ -44,11 +42,11 @@ class Target:
 
 
 def interval_ms(text: str) -> int:
-    """Milliseconds of a Prometheus duration such as ``15s``, ``1m`` or ``500ms``; it must be positive."""
-    match = _DURATION.match(text)
-    if not text or match is None:
-        raise ValueError(f"scrape interval {text!r}: not a Prometheus duration; use e.g. 15s, 1m or 500ms")
-    ms = sum(int(n) * unit for n, unit in zip(match.groups(), _UNIT_MS, strict=True) if n)
+    """Milliseconds of a duration such as ``15s``, ``1m`` or ``500ms``; it must be positive."""
+    try:
+        ms = round(seconds(text) * 1000)
+    except ValueError as error:
+        raise ValueError(f"scrape interval {text!r}: {error}") from None
     if ms <= 0:
         raise ValueError(f"scrape interval {text!r}: must be more than 0")
     return ms
@@ -65,12 +63,13 @@ def targets_dir(state: Path) -> Path:
 
 def config(scrape_interval: str, targets: Path) -> dict[str, Any]:
     """The configuration: the global intervals, and the file_sd job of the simulated pods."""
-    timeout = scrape_interval if interval_ms(scrape_interval) < _MAX_SCRAPE_TIMEOUT_MS else "10s"
+    interval = promql_duration(scrape_interval)  # in the form Prometheus parses: whole seconds or milliseconds
+    timeout = interval if interval_ms(scrape_interval) < _MAX_SCRAPE_TIMEOUT_MS else "10s"
     return {
         "global": {
-            "scrape_interval": scrape_interval,
+            "scrape_interval": interval,
             "scrape_timeout": timeout,
-            "evaluation_interval": scrape_interval,
+            "evaluation_interval": interval,
         },
         "scrape_configs": [
             {
