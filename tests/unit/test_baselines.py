@@ -9,22 +9,21 @@ from typing import Any
 import pytest
 
 from mmfleet.autoscaler import Decision, Observation, Policy
-from mmfleet_lab.bench.baselines import (
-    AibrixApaPolicy,
-    DynamoPlannerPolicy,
+from mmfleet_lab.bench.baselines import baselines
+from mmfleet_lab.bench.baselines.aibrix import AibrixApaPolicy
+from mmfleet_lab.bench.baselines.dynamo import DynamoPlannerPolicy
+from mmfleet_lab.bench.baselines.hpa import (
     HpaPolicy,
     HpaState,
-    KedaPolicy,
-    KedaState,
-    KpaPolicy,
-    KubeAiPolicy,
-    StaticPolicy,
-    WvaSaturationPolicy,
-    baselines,
     external_average_replicas,
     hpa_normalize,
     pods_metric_replicas,
 )
+from mmfleet_lab.bench.baselines.keda import KedaPolicy, KedaState
+from mmfleet_lab.bench.baselines.knative import KpaPolicy
+from mmfleet_lab.bench.baselines.kubeai import KubeAiPolicy
+from mmfleet_lab.bench.baselines.static import StaticPolicy
+from mmfleet_lab.bench.baselines.wva import WvaSaturationPolicy
 
 
 def obs(**kw: Any) -> Observation:

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmfleet_lab.twin import H100_QWEN25VL7B, H200_QWEN25VL7B, SloConfig, capacity_at_slo, scenario, traffic
+from mmfleet.api import SloSpec
+from mmfleet_lab.twin import H100_QWEN25VL7B, H200_QWEN25VL7B, capacity_at_slo, scenario, traffic
 from mmfleet_lab.twin.scenarios import traces_dir
 from mmfleet_lab.twin.sim import probe_latency
 from mmfleet_lab.twin.types import Requests
@@ -25,24 +26,24 @@ def mix() -> Requests:
 
 def test_capacity_is_monotone_in_the_target() -> None:
     req = mix()
-    caps = [capacity_at_slo(H200_QWEN25VL7B, req, SloConfig(target=t)) for t in (3.0, 8.0, 15.0)]
+    caps = [capacity_at_slo(H200_QWEN25VL7B, req, SloSpec(target=t)) for t in ("3s", "8s", "15s")]
     print("mu_SLO (req/s) at e2e P90 3/8/15 s:", [round(c, 2) for c in caps])
     assert caps[0] > 0
     assert all(a <= b for a, b in itertools.pairwise(caps)), caps
     assert caps[-1] > caps[0]
     # the answer holds: at mu the percentile meets the target, 25% above it does not
     mu = caps[1]
-    assert probe_latency(H200_QWEN25VL7B, req, SloConfig(target=8.0), mu) <= 8.0
-    assert probe_latency(H200_QWEN25VL7B, req, SloConfig(target=8.0), mu * 1.25) > 8.0
+    assert probe_latency(H200_QWEN25VL7B, req, SloSpec(target="8s"), mu) <= 8.0
+    assert probe_latency(H200_QWEN25VL7B, req, SloSpec(target="8s"), mu * 1.25) > 8.0
 
 
 def test_capacity_depends_on_the_gpu_and_the_metric() -> None:
     req = mix()
-    slo = SloConfig(target=8.0)
+    slo = SloSpec(target="8s")
     h200 = capacity_at_slo(H200_QWEN25VL7B, req, slo)
     h100 = capacity_at_slo(H100_QWEN25VL7B, req, slo)
     assert h100 < h200
-    assert capacity_at_slo(H200_QWEN25VL7B, req, SloConfig(metric="ttft", target=0.001)) == 0.0
+    assert capacity_at_slo(H200_QWEN25VL7B, req, SloSpec(metric="ttft", target="1ms")) == 0.0
 
 
 def test_scenarios_from_slices() -> None:

@@ -1,4 +1,5 @@
-"""The compiled engine reproduces the fine engine: per-request latencies, metric books, gauges, scaling.
+"""The compiled engine reproduces the reference engine (``tests/twin_reference.py``): per-request
+latencies, metric books, gauges, scaling.
 
 The comparisons allow 1e-9 relative: on x86-64 the two are bit-identical, but a platform whose C
 compiler fuses multiply-adds (numpy's ``interp`` on aarch64) may differ in the last bits. Speed is
@@ -9,22 +10,31 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate, traffic
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Engine, Workload
-from mmfleet_lab.twin.fine import FineEngine, ReplicaEngine
 from mmfleet_lab.twin.observe import HISTOGRAMS
 from mmfleet_lab.twin.replica import GIB, ReplicaParams
-from tests.unit.test_twin_engines import workload
+from tests.twin_reference import FineEngine, ReplicaEngine
 from tests.unit.test_twin_fleet import SLO, Script, steady
 
+DATA = Path(__file__).resolve().parents[1] / "data"
 P = H200_QWEN25VL7B
 RTOL = 1e-9
 HIST_SUMS = [off + len(bounds) + 1 for off, bounds in HISTOGRAMS.values()]
+
+
+def workload(factor: float, seconds: float = 150.0, seed: int = 1) -> Requests:
+    """The Azure conversation trace's first ``seconds`` with ServeGen's images, ``factor`` times as fast."""
+    rng = np.random.default_rng(seed)
+    req = traffic.load_azure(DATA / "azure2023_AzureLLMInferenceTrace_conv.csv").window(0.0, seconds)
+    stats = traffic.load_token_stats(DATA / "servegen_client_token_stats_6h.csv")
+    return traffic.scale_rate(traffic.add_images(req, stats, rng), factor, seconds, rng)
 
 
 def assert_same_outcomes(fine: Engine, comp: Engine) -> None:
@@ -118,9 +128,9 @@ def test_simulate_with_scaling_matches_fine() -> None:
             min_replicas=0,
             engine=kind,
         )
-        for kind in ("fine", "compiled")
+        for kind in (FineEngine, CompiledEngine)
     }
-    a, b = runs["fine"], runs["compiled"]
+    a, b = runs[FineEngine], runs[CompiledEngine]
     assert a.ready.max() == 10 and a.decisions == b.decisions
     assert np.array_equal(a.ready, b.ready) and np.array_equal(a.draining, b.draining)
     for metric in ("e2e", "ttft", "itl"):
@@ -128,3 +138,19 @@ def test_simulate_with_scaling_matches_fine() -> None:
         assert np.array_equal(np.isfinite(x), np.isfinite(y))
         np.testing.assert_allclose(y[np.isfinite(x)], x[np.isfinite(x)], rtol=RTOL)
     assert a.gpu_seconds == b.gpu_seconds
+
+
+def test_speed_at_fleet_scale() -> None:
+    """A 20-replica fleet near mu_SLO for 120 s: printed as simulated seconds per wall second."""
+    req = workload(60.0, seconds=120.0)  # ~330 req/s, the scaled Azure conv hour's mean
+    work = Workload.build(req, P)
+    eng = CompiledEngine(P, work)
+    for _ in range(20):
+        eng.add_replica()
+    t0 = time.perf_counter()
+    for s in range(120):
+        idx = np.nonzero((work.arrival >= s) & (work.arrival < s + 1))[0]
+        eng.run(float(s), float(s + 1), idx, np.arange(20))
+    wall = time.perf_counter() - t0
+    print(f"{len(req)} requests, 20 replicas, 120 simulated s in {wall:.2f} s wall ({120 / wall:.0f}x real time)")
+    assert np.isfinite(eng.outcomes.e2e).mean() > 0.9

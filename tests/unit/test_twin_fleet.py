@@ -8,13 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mmfleet.api import SloSpec
 from mmfleet.autoscaler import Decision, Observation
-from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, SloConfig, simulate
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
+from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Workload
-from mmfleet_lab.twin.fine import FineEngine
 from mmfleet_lab.twin.fleet import Fleet
 
-SLO = SloConfig(target=10.0)
+SLO = SloSpec(target="10s")
 
 
 @dataclass
@@ -49,6 +50,22 @@ def steady(rate: float, seconds: float, *, inp: int = 500, out: int = 200, seed:
 def run(req: Requests, policy: Script, duration: float, **kw: Any) -> Any:
     kw.setdefault("cold_start", 30.0)
     return simulate(Scenario("t", req, duration), policy, params=H200_QWEN25VL7B, slo=SLO, **kw)
+
+
+def test_cold_start_is_measured_from_creation_to_ready_pending_included() -> None:
+    """What the operator measures (``cycle.count_pods``); the warm pods were created one cold start ago."""
+    req = Requests(np.zeros(8), np.full(8, 500), np.full(8, 200), np.zeros(8))
+    fleet = Fleet(CompiledEngine(H200_QWEN25VL7B, Workload.build(req, H200_QWEN25VL7B)), cold_start=30.0, initial=2,
+                  gpus_available=2)  # fmt: skip
+    assert fleet.measured_cold_start() == 30.0
+    fleet.run(0.0, 1.0, np.arange(8))
+    fleet.scale(1, 5.0)  # one pod drains what it holds
+    fleet.scale(2, 5.0)  # so the new one waits for its GPU
+    assert fleet.count("unschedulable") == 1
+    fleet.run(5.0, 60.0, np.zeros(0, dtype=np.int64))
+    fleet.transitions(60.0)  # drained: the new pod gets the GPU at 60 and is Ready at 90
+    fleet.transitions(90.0)
+    assert fleet.count("ready") == 2 and fleet.measured_cold_start() == (30.0 + 85.0) / 2
 
 
 def test_cold_start_delays_readiness_and_is_billed() -> None:
@@ -105,12 +122,12 @@ def test_decisions_are_clamped_and_recorded() -> None:
 
 def test_router_sends_to_fewest_outstanding() -> None:
     req = Requests(np.zeros(10), np.full(10, 100), np.full(10, 50), np.zeros(10))
-    eng = FineEngine(H200_QWEN25VL7B, Workload.build(req, H200_QWEN25VL7B))
+    eng = CompiledEngine(H200_QWEN25VL7B, Workload.build(req, H200_QWEN25VL7B))
     fleet = Fleet(eng, cold_start=0.0, initial=4)
     fleet.run(0.0, 0.001, np.arange(10))
     assert sorted(eng.outstanding().tolist()) == [2, 2, 3, 3]
     # a busy replica gets nothing until the others catch up
-    eng2 = FineEngine(H200_QWEN25VL7B, Workload.build(req, H200_QWEN25VL7B))
+    eng2 = CompiledEngine(H200_QWEN25VL7B, Workload.build(req, H200_QWEN25VL7B))
     for _ in range(3):
         eng2.add_replica()
     eng2.run(0.0, 0.0001, np.arange(6), np.array([0]))

@@ -12,6 +12,7 @@ from mmfleet_lab.twin.observe import (
     E2E_BUCKETS,
     LAYOUT,
     MetricBook,
+    MetricView,
     Prometheus,
     extrapolated_rate,
     histogram_quantile,
@@ -62,6 +63,27 @@ def test_book_and_prometheus_sum_over_pods() -> None:
     # half the observations in (0.3, 0.5], half in (2.5, 5]: the median is the top of the (0.3, 0.5] bucket
     assert view.latency == pytest.approx(0.5)
     assert E2E_BUCKETS[1] == 0.5
+
+
+def test_missing_names_the_absent_series_as_the_operator_does() -> None:
+    """A NaN latency (series present, nothing finished) is not missing; no series is."""
+    book = MetricBook()
+    pod = book.add_replica()
+    prom = Prometheus()
+
+    def ask(t: float) -> MetricView:
+        return query(prom, t, slo_metric="e2e", slo_percentile=90, slo_window=60.0, rate_window=60.0)
+
+    assert ask(0.0).missing == (
+        "vllm:e2e_request_latency_seconds_bucket", "vllm:request_success_total", "vllm:num_requests_waiting",
+        "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+    )  # fmt: skip
+    prom.scrape(0.0, [(pod, book.export(pod), (0.0, 0.0, 0.0))])
+    one = ask(0.0)  # gauges from the first scrape; a rate needs two
+    assert one.missing == ("vllm:e2e_request_latency_seconds_bucket", "vllm:request_success_total")
+    prom.scrape(15.0, [(pod, book.export(pod), (0.0, 0.0, 0.0))])
+    idle = ask(15.0)
+    assert idle.missing == () and idle.latency is None and idle.request_rate == 0.0
 
 
 def test_missing_until_two_scrapes_and_outage() -> None:

@@ -23,7 +23,7 @@ def book_with_traffic() -> np.ndarray:
     rid = book.add_replica()
     book.observe("e2e", rid, np.array([0.2, 0.9, 1.7, 12.0, 9000.0]))
     book.observe("ttft", rid, np.array([0.05, 0.3]))
-    book.observe("itl", rid, np.array([0.02, 0.04]), weight=np.array([10.0, 5.0]))
+    book.observe("itl", rid, np.repeat([0.02, 0.04], [10, 5]))  # one per generated token
     book.add(LAYOUT.success, rid, 5.0)
     book.add(LAYOUT.prompt, rid, 4321.0)
     book.add(LAYOUT.generation, rid, 99.5)
@@ -74,7 +74,7 @@ def test_vllm_exposition_has_the_names_types_labels_and_buckets_of_vllm_0_33() -
     e2e = [s.value for s in samples(found[m.e2e], "_bucket")]
     assert e2e[0] == 1.0 and e2e[3] == 2.0 and e2e[-2] == 4.0 and e2e[-1] == 5.0  # le=0.3, le=1, le=7680, +Inf
     assert samples(found[m.e2e], "_sum")[0].value == pytest.approx(0.2 + 0.9 + 1.7 + 12.0 + 9000.0)
-    assert samples(found[m.itl], "_count")[0].value == 15.0  # token-weighted
+    assert samples(found[m.itl], "_count")[0].value == 15.0
 
 
 def test_tensorrt_llm_exposition_uses_its_own_names_and_labels() -> None:

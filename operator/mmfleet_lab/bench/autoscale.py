@@ -1,7 +1,10 @@
-"""``mmfleet bench autoscale``: our policy beside the autoscalers users run today, on real traces.
+"""``mmfleet bench autoscale``: our autoscaler beside the autoscalers users run today, on real traces.
 
 Every policy runs in the same digital twin (``mmfleet_lab.twin``) on the same requests, seeing only
-what Prometheus and the API server would show, with the same cold start. The oracle is the
+what Prometheus and the API server would show, with the same cold start. The ``mmfleet`` row is the
+configuration that ships (``twin.Shipped``: ``autoscaler.cycle.decide`` with the operator's defaults,
+learning the capacity per replica online); the baselines are given the twin's μ_SLO where they need
+a per-replica target. The oracle is the
 ski-rental schedule with perfect foresight of the per-window need, refined until every window
 passes (reference/autoscaling.md §7), and is the GPU-hours yardstick.
 """
@@ -20,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from mmfleet.autoscaler import Decision, Observation, Policy
-from mmfleet.autoscaler.policy import SloPolicy
+from mmfleet.api import SloSpec, seconds
+from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench import slo_metrics
 from mmfleet_lab.bench.baselines import baselines
 from mmfleet_lab.bench.oracle import SchedulePolicy, fluid_replicas, oracle_schedule, refine
 from mmfleet_lab.bench.report import table, write_section
-from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, SloConfig, scenario, simulate
+from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile
 
 WINDOW = 60.0
@@ -37,10 +40,10 @@ REACTIVE = ("hpa-waiting", "keda", "knative-kpa")
 ORACLE_ROUNDS = 8
 # Every run starts from a fleet that has served for this long at its initial size: Prometheus' rate
 # windows are full by then, so no policy mistakes the first minute's half-empty windows for a ramp.
-# Windows and GPU-hours are scored from here on, for every policy and the oracle alike.
+# Windows and GPU-hours are scored from here on, for every policy and the oracle alike. The shipped
+# autoscaler starts then too, as an operator (re)started on a serving fleet: its memory empty, its
+# own warm-up hold ahead.
 WARMUP = 120.0
-# The twin's engine: the fine engine's exact per-step schedule, compiled (docs/twin.md).
-ENGINE = "compiled"
 
 Progress = Callable[[str], None]
 
@@ -62,42 +65,18 @@ class Row:
     seconds: float  # wall time of the simulation
 
 
-@dataclass(frozen=True)
-class Warm:
-    """Holds the fleet at its initial size until ``until``, then hands over to ``policy``."""
-
-    policy: Policy
-    until: float = WARMUP
-
-    @property
-    def name(self) -> str:
-        return self.policy.name
-
-    @property
-    def interval(self) -> float:
-        return self.policy.interval
-
-    def initial_state(self) -> Any:
-        return self.policy.initial_state()
-
-    def decide(self, observation: Observation, state: Any) -> Decision:
-        if observation.time < self.until - 1e-9:
-            return Decision(observation.current, f"warm-up: holding {observation.current}", state)
-        return self.policy.decide(observation, state)
-
-
-def _scored(result: RunResult, slo: SloConfig) -> tuple[np.ndarray, np.ndarray]:
+def _scored(result: RunResult, slo: SloSpec) -> tuple[np.ndarray, np.ndarray]:
     """Arrivals and latencies after the warm-up."""
     keep = result.arrival >= WARMUP
     return result.arrival[keep], result.latency(slo.metric)[keep]
 
 
 def _evaluate(
-    name: str, cold_start: float, policy: str, scn: Scenario, result: RunResult, slo: SloConfig, wall: float,
+    name: str, cold_start: float, policy: str, scn: Scenario, result: RunResult, slo: SloSpec, wall: float,
     initial: int,
 ) -> Row:  # fmt: skip
     arrival, latency = _scored(result, slo)
-    verdicts = slo_metrics.windows(arrival, latency, slo.target, slo.percentile, WINDOW)
+    verdicts = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, WINDOW)
     spike_mask = slo_metrics.in_spikes(verdicts, scn.spikes)
     actions, reversals = slo_metrics.actions_and_reversals(
         result.decisions, scn.duration, horizon=max(600.0, 2 * cold_start)
@@ -109,7 +88,7 @@ def _evaluate(
         policy=policy,
         attainment=slo_metrics.attainment(verdicts),
         spike_attainment=slo_metrics.attainment(verdicts, spike_mask) if scn.spikes else float("nan"),
-        over_share=slo_metrics.share_over(latency, slo.target),
+        over_share=slo_metrics.share_over(latency, seconds(slo.target)),
         gpu_hours=(result.gpu_seconds - initial * min(WARMUP, scn.duration)) / 3600.0,
         oracle_ratio=float("nan"),
         actions_per_hour=actions,
@@ -128,14 +107,14 @@ def _demand(scn: Scenario, capacity: float) -> np.ndarray:
     return result
 
 
-def _failing_windows(result: RunResult, slo: SloConfig) -> list[int]:
+def _failing_windows(result: RunResult, slo: SloSpec) -> list[int]:
     arrival, latency = _scored(result, slo)
-    verdicts = slo_metrics.windows(arrival, latency, slo.target, slo.percentile, WINDOW)
+    verdicts = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, WINDOW)
     return [round(start / WINDOW) for start, ok in zip(verdicts.start, verdicts.passed, strict=True) if not ok]
 
 
 @functools.lru_cache(maxsize=4)
-def _scenario(name: str, params: ReplicaParams, slo: SloConfig, trace: TraceFile | None = None) -> Scenario:
+def _scenario(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None) -> Scenario:
     """Built once per process: workers get a name, not megabytes of arrays."""
     return scenario(name, params=params, reference_slo=slo, trace=trace)
 
@@ -149,7 +128,7 @@ def _run_oracle(
 
     def run_schedule(c: np.ndarray) -> RunResult:
         plan = SchedulePolicy.from_schedule(oracle_schedule(c, WINDOW, cold_start), WINDOW)
-        return simulate(scn, Warm(plan), **common)
+        return simulate(scn, plan, **common)
 
     slo = common["slo"]
     refined = refine(
@@ -161,11 +140,11 @@ def _run_oracle(
 
 
 def _run_policy(
-    name: str, cold_start: float, policy: Policy, common: dict[str, Any], trace: TraceFile | None = None
+    name: str, cold_start: float, policy: Policy | Shipped, common: dict[str, Any], trace: TraceFile | None = None
 ) -> tuple[Row, RunResult]:
     scn = _scenario(name, common["params"], common["slo"], trace)
     started = time.monotonic()
-    result = simulate(scn, Warm(policy), **common)
+    result = simulate(scn, policy, **common)
     wall = time.monotonic() - started
     return _evaluate(
         name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"]
@@ -173,7 +152,7 @@ def _run_policy(
 
 
 def cell(
-    name: str, cold_start: float, params: ReplicaParams, slo: SloConfig, trace: TraceFile | None = None
+    name: str, cold_start: float, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
     """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments."""
     scn = _scenario(name, params, slo, trace)
@@ -186,7 +165,7 @@ def cell(
         "min_replicas": 1,
         "max_replicas": int(max(4 * demand.max(), 8)),
         "initial_replicas": max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max())),
-        "engine": ENGINE,
+        "start": WARMUP,
     }
     return capacity, demand, common
 
@@ -195,16 +174,15 @@ def run_cell(
     name: str,
     cold_start: float,
     params: ReplicaParams,
-    slo: SloConfig,
+    slo: SloSpec,
     progress: Progress,
     workers: int,
     trace: TraceFile | None = None,
 ) -> tuple[list[Row], dict[str, RunResult]]:
-    """Every policy and the oracle on one scenario at one cold start, spread over ``workers`` processes."""
+    """The shipped autoscaler, every baseline and the oracle on one scenario at one cold start, spread over
+    ``workers`` processes. Only the baselines and the oracle are told the capacity per replica."""
     capacity, demand, common = cell(name, cold_start, params, slo, trace)
-    policies: list[Policy] = [SloPolicy(capacity_per_replica=capacity), *baselines(
-        capacity, params.max_num_seqs, demand_replicas=demand
-    )]  # fmt: skip
+    policies: list[Policy | Shipped] = [Shipped(), *baselines(capacity, params.max_num_seqs, demand_replicas=demand)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         jobs = {pool.submit(_run_oracle, name, cold_start, common, trace): "oracle"}
         jobs.update({pool.submit(_run_policy, name, cold_start, p, common, trace): p.name for p in policies})
@@ -281,18 +259,19 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def plot_spike(results: dict[str, RunResult], slo: SloConfig, title: str, path: Path) -> None:
+def plot_spike(results: dict[str, RunResult], slo: SloSpec, title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    target = seconds(slo.target)
     for name, result in results.items():
         top.plot(result.times / 60, result.ready + result.starting, label=name, linewidth=1.2)
-        verdict = slo_metrics.windows(result.arrival, result.latency(slo.metric), slo.target, slo.percentile, WINDOW)
-        bottom.step(verdict.start / 60, np.minimum(verdict.quantile, 10 * slo.target), where="post", label=name)
-    bottom.axhline(slo.target, color="black", linestyle="--", label=f"target {slo.target:g}s")
+        verdict = slo_metrics.windows(result.arrival, result.latency(slo.metric), target, slo.percentile, WINDOW)
+        bottom.step(verdict.start / 60, np.minimum(verdict.quantile, 10 * target), where="post", label=name)
+    bottom.axhline(target, color="black", linestyle="--", label=f"target {slo.target}")
     top.set_ylabel("replicas holding GPUs")
     bottom.set_ylabel(f"P{slo.percentile:g} {slo.metric} per minute (s)")
     bottom.set_yscale("log")
@@ -338,6 +317,7 @@ def main(
 ) -> int:
     slo = REFERENCE_SLO
     params = H200_QWEN25VL7B
+    shipped = Shipped()
     all_rows: list[Row] = []
     sections = []
     started = time.monotonic()
@@ -362,12 +342,17 @@ def main(
         [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts)]
     )
     body = (
-        f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores, twin engine {ENGINE}). "
-        f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target:g} s over {WINDOW:.0f} s windows; "
+        f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores). "
+        f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target} over {WINDOW:.0f} s windows; "
         "each scenario scaled so its mean load needs 20 replicas. Every fleet (and the oracle) serves the first "
         f"{WARMUP:.0f} s at the oracle's need for the warm-up plus one cold start, with no decisions, so the "
         "rate windows are full when policies start; windows and GPU-hours are scored from then on. Policies see "
-        "only scraped metrics (15 s scrape, 1 m rate window).\n\n"
+        "only scraped metrics (15 s scrape, 1 m rate window). The `mmfleet` row is the autoscaler `mmfleet run` "
+        f"ships: `autoscaler.cycle.decide` every {shipped.interval:g} s with the operator's default cold start "
+        f"({shipped.default_cold_start:g} s until a pod has been seen turn Ready), learning the capacity per replica "
+        "online; it starts at the end of the warm-up with an empty memory, as a restarted operator does, so it "
+        "first holds for its own warm-up (one rate window). The baselines that need a per-replica target are "
+        "given the twin's measured capacity at the SLO.\n\n"
         "Against the issue's targets (measured, met or not):\n\n" + "\n".join(summary) + "\n\n"
         f"![replicas and P90 through a spike](img/autoscale{stem}-spike.png)\n\n"
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)

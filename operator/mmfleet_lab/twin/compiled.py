@@ -1,7 +1,7 @@
-"""The compiled engine: the fine engine's exact step-by-step schedule, compiled with numba.
+"""The twin's engine: each replica advanced one vLLM engine step at a time, compiled with numba.
 
-``fine.FineEngine`` is the reference but costs Python time per step and per request; the fast
-engine's ticks bias latency. This engine runs the same algorithm as ``fine.py`` (the same
+A plain-Python version of the same algorithm (``tests/twin_reference.py``) is the oracle it is tested
+against, but costs Python time per step and per request. This engine runs that algorithm (the same
 scheduling, preemption, dropping, routing at each arrival, and float operations in the same order),
 in numba-compiled code over preallocated arrays:
 
@@ -17,9 +17,9 @@ in numba-compiled code over preallocated arrays:
   its seat without moving the others.
 
 The metric counters are bucketed inside the compiled code and folded into ``book`` whenever it is
-read (a scrape, a new replica), exactly when the fine engine's book folds its queued observations:
+read (a scrape, a new replica), exactly when the reference engine's book folds its queued observations:
 so even the histograms' float ``_sum`` columns are added in the same grouping and come out
-bit-identical. ``tests/unit/test_twin_compiled.py`` checks outcomes and books against ``fine.py``.
+bit-identical. ``tests/unit/test_twin_compiled.py`` checks outcomes and books against the reference.
 """
 
 from __future__ import annotations
@@ -131,9 +131,9 @@ def _bucket(bounds: tuple[float, ...], v: float) -> int:
 def _run(
     s: _State, w: _Work, c: _Const, n_rep: int, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray
 ) -> None:
-    """``FineEngine.run``: before each arrival every replica is advanced to it (``ReplicaEngine.advance``,
-    ``step_once``, ``_preempt``), then it goes to the eligible replica with the fewest outstanding
-    requests (``submit``); at the end every replica is advanced to ``t1``.
+    """The reference's ``FineEngine.run``: before each arrival every replica is advanced to it
+    (``ReplicaEngine.advance``, ``step_once``, ``_preempt``), then it goes to the eligible replica
+    with the fewest outstanding requests (``submit``); at the end every replica is advanced to ``t1``.
 
     One function on purpose: numba reference-counts each array handed to a helper, with atomic
     operations that cost more than a decode's bookkeeping; helpers here take scalars and tuples only.
@@ -442,7 +442,7 @@ class _Book(MetricBook):
 
 
 class CompiledEngine:
-    """``FineEngine``'s results at compiled speed (see the module docstring)."""
+    """The reference engine's results at compiled speed (see the module docstring)."""
 
     def __init__(self, params: ReplicaParams, work: Workload) -> None:
         self.params = params

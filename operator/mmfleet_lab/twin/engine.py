@@ -1,15 +1,12 @@
-"""What the replica engines share: the per-request work, the outcomes, routing, the interface.
+"""What an engine is given and gives back: the per-request work, the outcomes, the interface.
 
-Three engines implement ``Engine``: ``fine.FineEngine`` (one vLLM step at a time, exact routing at
-each arrival; pure Python, the reference), ``compiled.CompiledEngine`` (the same schedule compiled
-with numba, equal to the fine engine's results; what the benchmark uses) and ``fast.FastEngine``
-(all replicas advanced together in fixed ticks with numpy; what ``twin serve`` steps in real time).
-``tests/unit/test_twin_engines.py`` and ``test_twin_compiled.py`` check that they agree.
+``compiled.CompiledEngine`` implements ``Engine``: one vLLM step at a time, exact routing at each
+arrival, compiled with numba. ``tests/twin_reference.py`` is the same algorithm in plain Python, the
+oracle ``tests/unit/test_twin_compiled.py`` checks it against.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,41 +90,3 @@ class Engine(Protocol):
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
         """Route requests ``idx`` (arriving in [t0, t1), or held earlier) among ``eligible`` replicas
         by least outstanding requests, and advance every replica to ``t1``."""
-
-
-def least_outstanding(counts: np.ndarray, k: int) -> np.ndarray:
-    """Positions (into ``counts``) that k successive arrivals go to under least-outstanding routing.
-
-    Equal to assigning one at a time to the argmin of (count + already assigned), ties to the lowest
-    position, when nothing finishes in between; computed by water-filling.
-    """
-    if k <= 0:
-        return np.zeros(0, dtype=np.int64)
-    if k <= 64:  # a heap is cheaper than numpy for the usual handful per tick
-        heap = [(int(n), i) for i, n in enumerate(counts)]
-        heapq.heapify(heap)
-        out = np.empty(k, dtype=np.int64)
-        for j in range(k):
-            n, i = heap[0]
-            out[j] = i
-            heapq.heapreplace(heap, (n + 1, i))
-        return out
-    c = np.asarray(counts, dtype=np.int64)
-    lo, hi = int(c.min()), int(c.min()) + k
-    while lo < hi:  # the least level L with sum(max(0, L - c)) >= k slots below it
-        mid = (lo + hi) // 2
-        if int(np.clip(mid - c, 0, None).sum()) >= k:
-            hi = mid
-        else:
-            lo = mid + 1
-    level = lo
-    below = np.clip(level - 1 - c, 0, None)  # slots strictly below level - 1: all taken
-    rest = k - int(below.sum())
-    at = np.nonzero(c <= level - 1)[0][:rest]  # one more slot at level - 1, lowest positions first
-    take = below.copy()
-    take[at] += 1
-    pos = np.repeat(np.arange(c.size), take)
-    starts = np.cumsum(take) - take
-    lev = c[pos] + (np.arange(pos.size) - np.repeat(starts, take))
-    order = np.lexsort((pos, lev))
-    return pos[order]

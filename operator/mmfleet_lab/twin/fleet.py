@@ -2,7 +2,8 @@
 
 - A pod is created when the desired count rises. If a GPU slot is free it is scheduled at once and
   holds its GPUs from then (``starting``), becoming Ready ``cold_start`` seconds later; otherwise it
-  stays Pending (``unschedulable``) until GPUs free up (FIFO).
+  stays Pending (``unschedulable``) until GPUs free up (FIFO). Its creation -> Ready, Pending time
+  included, is what the operator measures as the cold start.
 - On scale-down pods go in the order a ReplicaSet deletes them: Pending first, then not-Ready
   (newest first), then Ready (most recently Ready first). A deleted starting pod frees its GPUs at
   once. A deleted Ready pod *drains*: the router stops sending to it, it finishes everything already
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,16 +60,21 @@ class Fleet:
         self.pods: list[Pod] = []
         self.desired = 0
         self.held = np.zeros(0, dtype=np.int64)  # requests waiting at the gateway for a Ready pod
-        for _ in range(initial):  # the run starts with a warm fleet
+        for _ in range(initial):  # the run starts with a warm fleet, its pods created one cold start ago
             pod = self._new_pod(0.0)
             if pod.phase == "starting":
-                pod.ready_at = 0.0
+                pod.created, pod.ready_at = -cold_start, 0.0
         self.desired = initial
         self.transitions(0.0)
 
     # ---------------------------------------------------------------- counts
     def count(self, phase: Phase) -> int:
         return sum(1 for p in self.pods if p.phase == phase)
+
+    def measured_cold_start(self) -> float | None:
+        """The median creation -> Ready of the Ready pods, as the operator measures it (``cycle.count_pods``)."""
+        spans = [p.ready_at - p.created for p in self.pods if p.phase == "ready" and p.ready_at is not None]
+        return statistics.median(spans) if spans else None
 
     def _holding(self) -> int:
         return sum(1 for p in self.pods if p.phase in ("starting", "ready", "draining"))

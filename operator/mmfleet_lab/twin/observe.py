@@ -26,10 +26,16 @@ query (Prometheus down) yields None for every metric field.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
+
+from mmfleet.api import SloMetric
+from mmfleet.autoscaler.metrics import SIGNALS
+from mmfleet.backends import Signal
+from mmfleet.backends.vllm import BACKEND as VLLM
 
 # vLLM 0.33 default buckets (backends.md 1.5, v1/metrics/buckets.py).
 E2E_BUCKETS: Final = (
@@ -86,13 +92,13 @@ class MetricBook:
     """Cumulative vLLM counters of every simulated pod (rows), written by the engines.
 
     Engines call ``observe``/``add`` many times per simulated second; the updates are queued and
-    folded into the counters in one pass when someone reads them (a scrape), which keeps the fast
-    engine's per-tick cost low.
+    folded into the counters in one pass when someone reads them (a scrape), which keeps an
+    engine step cheap.
     """
 
     def __init__(self) -> None:
         self._rows = np.zeros((0, LAYOUT.width))
-        self._obs: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {h: [] for h in HISTOGRAMS}
+        self._obs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {h: [] for h in HISTOGRAMS}
         self._adds: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add_replica(self) -> int:
@@ -105,16 +111,11 @@ class MetricBook:
         self._flush()
         return self._rows
 
-    def observe(
-        self, hist: str, rid: np.ndarray | int, values: np.ndarray | float, weight: np.ndarray | float = 1.0
-    ) -> None:
-        """Add observations (optionally weighted: a fluid engine observes fractional token counts)."""
+    def observe(self, hist: str, rid: np.ndarray | int, values: np.ndarray | float) -> None:
         v = np.atleast_1d(np.asarray(values, dtype=float))
         if v.size == 0:
             return
-        r = np.broadcast_to(np.asarray(rid, dtype=np.int64), v.shape)
-        w = np.broadcast_to(np.asarray(weight, dtype=float), v.shape)
-        self._obs[hist].append((r, v, w))
+        self._obs[hist].append((np.broadcast_to(np.asarray(rid, dtype=np.int64), v.shape), v))
 
     def add(self, column: int, rid: np.ndarray | int, amount: np.ndarray | float) -> None:
         r = np.atleast_1d(np.asarray(rid, dtype=np.int64))
@@ -133,11 +134,11 @@ class MetricBook:
             nb = len(bounds)
             r = np.concatenate([x[0] for x in items])
             v = np.concatenate([x[1] for x in items])
-            w = np.concatenate([x[2] for x in items])
+            ones = np.ones_like(v)
             base = r * LAYOUT.width + off
             b = np.searchsorted(bounds, v, side="left")  # le semantics: value <= bound
             flats += [base + b, base + nb + 1, base + nb + 2]
-            wts += [w, w * v, w]
+            wts += [ones, v, ones]
             items.clear()
         for f, a in self._adds:
             flats.append(f)
@@ -318,6 +319,16 @@ class MetricView:
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    # The series Prometheus has none of, named as the operator names them (``metrics.signals_for``):
+    # a missing series is not the same as a NaN latency (series present, no request finished).
+    missing: tuple[str, ...] = ()
+
+
+def _names(latency_metric: SloMetric | None, signals: Iterable[Signal]) -> tuple[str, ...]:
+    """vLLM's names for a missing latency histogram and missing signals, in the operator's order."""
+    names = VLLM.metrics
+    histogram = () if latency_metric is None else (f"{names.histogram(latency_metric)}_bucket",)
+    return (*histogram, *(names.series(s) for s in signals))
 
 
 def _finite(x: float) -> float | None:
@@ -328,7 +339,7 @@ def query(
     prom: Prometheus,
     t: float,
     *,
-    slo_metric: str,
+    slo_metric: SloMetric,
     slo_percentile: float,
     slo_window: float,
     rate_window: float,
@@ -342,7 +353,7 @@ def query(
     finished in the window) are None: the policy must hold rather than read silence as zero latency.
     """
     if not up:
-        return MetricView(extra={"prometheus_up": 0.0})
+        return MetricView(extra={"prometheus_up": 0.0}, missing=_names(slo_metric, SIGNALS))
     rates = prom.sum_rate(t, rate_window)
     slo_rates = rates if slo_window == rate_window else prom.sum_rate(t, slo_window)
     gauges = prom.gauges(t)
@@ -366,6 +377,8 @@ def query(
         running = float(sum(g[0] for g in gauges))
         waiting = float(sum(g[1] for g in gauges))
         kv = float(sum(g[2] for g in gauges) / len(gauges))
+    absent = [s for s in SIGNALS if (rates is None if s == "request_rate" else not gauges)]
+    missing = _names(slo_metric if slo_rates is None else None, absent)
     return MetricView(
         request_rate=request_rate,
         arrival_rate=arrival_rate,
@@ -376,4 +389,5 @@ def query(
         prompt_tokens_rate=prompt_rate,
         generation_tokens_rate=gen_rate,
         extra=extra,
+        missing=missing,
     )

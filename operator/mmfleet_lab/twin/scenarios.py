@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mmfleet.api import SloSpec
 from mmfleet_lab.twin import traffic
 from mmfleet_lab.twin.replica import H200_QWEN25VL7B, ReplicaParams
 from mmfleet_lab.twin.sim import capacity_at_slo
-from mmfleet_lab.twin.types import Requests, Scenario, SloConfig
+from mmfleet_lab.twin.types import Requests, Scenario
 
 AZURE_CONV = "azure2023_AzureLLMInferenceTrace_conv.csv"
 AZURE_CODE = "azure2023_AzureLLMInferenceTrace_code.csv"
@@ -23,7 +24,7 @@ WHERE = (
     "traces_dir=, or set MMFLEET_TRACES"
 )
 # The SLO that "needs N replicas" is measured against when scenario() scales a trace (ASSUMED default).
-REFERENCE_SLO = SloConfig(metric="e2e", percentile=90, target=10.0)
+REFERENCE_SLO = SloSpec(metric="e2e", percentile=90, target="10s", window="60s")
 SPIKE_ONSET = 1200.0  # s into the trace
 SPIKES: dict[str, tuple[str, float, float, float]] = {
     # name: (kind, height, ramp seconds, length seconds)
@@ -133,7 +134,7 @@ def scenario(
     seed: int = 0,
     traces_dir: Path | None = None,
     params: ReplicaParams = H200_QWEN25VL7B,
-    reference_slo: SloConfig = REFERENCE_SLO,
+    reference_slo: SloSpec = REFERENCE_SLO,
     rate: float | None = None,
     trace: TraceFile | None = None,
 ) -> Scenario:

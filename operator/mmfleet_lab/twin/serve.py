@@ -12,7 +12,7 @@ This process stands in for the inference servers of every fleet on a local clust
   that starts when this process starts: Poisson arrivals at ``rate`` with ServeGen's multimodal mix, or a
   named benchmark scenario (``mmfleet_lab.twin.scenarios``) at that mean rate, times any spikes. A request
   arriving while its fleet has no serving pod is dropped, as a gateway with no endpoint refuses it.
-- Engine: one ``FastEngine`` per fleet, advanced to the wall clock five times a second; the router sends
+- Engine: one ``CompiledEngine`` per fleet, advanced to the wall clock five times a second; the router sends
   each request to the serving pod with the fewest outstanding requests.
 - Metrics: ``/pods/<namespace>/<pod>/metrics`` is that pod's replica in the text format prometheus_client
   writes, with the names, types, labels and buckets of the pod's backend (``exposition``), and
@@ -48,8 +48,8 @@ from mmfleet.render import INFERENCE_LABEL
 from mmfleet_lab.cluster import ClusterError, attach, get, process
 from mmfleet_lab.cluster.prometheus import Target, write_targets
 from mmfleet_lab.twin import scenarios, traffic
+from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Engine, Workload
-from mmfleet_lab.twin.fast import FastEngine
 from mmfleet_lab.twin.observe import HISTOGRAMS, LAYOUT
 from mmfleet_lab.twin.replica import PROFILES, ReplicaParams
 from mmfleet_lab.twin.types import Requests
@@ -291,14 +291,14 @@ def exposition(backend: str, model_name: str, counters: np.ndarray, gauges: tupl
 
 # ------------------------------------------------------------------------------------ fleets
 class FleetTwin:
-    """One fleet's replicas in a ``FastEngine``, advanced in wall-clock time (seconds since the twin started)."""
+    """One fleet's replicas in a ``CompiledEngine``, advanced in wall-clock time (seconds since the twin started)."""
 
     def __init__(self, namespace: str, inference: str, requests: Requests, params: ReplicaParams, now: float) -> None:
         self.namespace = namespace
         self.inference = inference
         work = Workload.build(requests, params)
         self.arrival = work.arrival
-        self.engine: Engine = FastEngine(params, work)
+        self.engine: Engine = CompiledEngine(params, work)
         self.clock = now
         self.next = int(np.searchsorted(self.arrival, now, side="left"))  # earlier arrivals had nowhere to go
         self.pods: dict[str, PodView] = {}  # by name, as the API lists them now

@@ -1,32 +1,27 @@
-"""``simulate``: a policy driving a simulated fleet through a scenario; ``capacity_at_slo``: mu_SLO."""
+"""``simulate``: a policy, or the shipped autoscaler, driving a simulated fleet through a scenario;
+``capacity_at_slo``: mu_SLO."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import Literal
+from collections.abc import Callable
 
 import numpy as np
 
-from mmfleet.autoscaler import Observation, Policy
+from mmfleet.api import SloSpec, seconds
+from mmfleet.autoscaler import Observation, Policy, cycle
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Engine, Workload
-from mmfleet_lab.twin.fast import DEFAULT_DT, FastEngine
-from mmfleet_lab.twin.fine import FineEngine
 from mmfleet_lab.twin.fleet import Fleet
 from mmfleet_lab.twin.observe import Prometheus, query
 from mmfleet_lab.twin.replica import ReplicaParams
-from mmfleet_lab.twin.types import Requests, RunResult, Scenario, SloConfig
+from mmfleet_lab.twin.shipped import Shipped, fleet, signals
+from mmfleet_lab.twin.types import Requests, RunResult, Scenario
 
-EngineKind = Literal["compiled", "fast", "fine"]
 TAIL_S = 300.0  # after the horizon, in-flight requests may finish for this long (no decisions, no GPU billing)
-
-
-def make_engine(kind: EngineKind, params: ReplicaParams, work: Workload, dt: float = DEFAULT_DT) -> Engine:
-    """``compiled``: the fine engine's results at speed (the default); ``fast``: ticks of ``dt``; ``fine``: Python."""
-    if kind == "compiled":
-        return CompiledEngine(params, work)
-    return FastEngine(params, work, dt) if kind == "fast" else FineEngine(params, work)
+OUTAGE = "Prometheus unreachable (the twin's metrics outage)"
+EngineFactory = Callable[[ReplicaParams, Workload], Engine]
 
 
 def _on_grid(t: float, step: float, phase: float = 0.0) -> float:
@@ -37,11 +32,11 @@ def _on_grid(t: float, step: float, phase: float = 0.0) -> float:
 
 def simulate(
     scenario: Scenario,
-    policy: Policy,
+    policy: Policy | Shipped,
     *,
     params: ReplicaParams,
     cold_start: float,
-    slo: SloConfig,
+    slo: SloSpec,
     min_replicas: int = 1,
     max_replicas: int = 64,
     initial_replicas: int | None = None,
@@ -51,54 +46,101 @@ def simulate(
     metrics_outage: tuple[float, float] | None = None,
     seed: int = 0,
     rate_window: float = 60.0,
-    engine: EngineKind = "compiled",
-    dt: float = DEFAULT_DT,
-    record_observations: bool = False,
+    start: float = 0.0,
+    engine: EngineFactory = CompiledEngine,
 ) -> RunResult:
     """Run ``policy`` on a fleet serving ``scenario`` and return what happened.
 
-    The policy is called every ``policy.interval`` seconds (first at t = interval) with an
-    ``Observation`` built only from scraped metrics and API-server counts; its ``Decision.replicas``
-    is clamped to [min_replicas, max_replicas] and applied at once. The run starts with
-    ``initial_replicas`` (default ``min_replicas``) Ready pods. ``seed`` sets the phase of the
-    scrape grid (Prometheus spreads scrapes over the interval); the engines are deterministic.
-    After ``scenario.duration`` in-flight requests may finish for up to ``TAIL_S`` s; GPU time is
-    counted up to the duration only. Requests never finished have latency ``np.inf``. ``engine``
-    picks the replica engine (``make_engine``); ``dt`` is the fast engine's tick.
+    The policy is called every ``policy.interval`` seconds, from the first multiple of it that is
+    at least ``start`` (and past 0): until then the fleet serves at its initial size. A ``Policy``
+    sees an ``Observation`` built only from scraped metrics and API-server counts; ``Shipped`` (the
+    operator's ``cycle.decide``) sees what the operator's loop reads, for a fleet with ``slo`` and
+    these replica bounds. The replicas decided are clamped to [min_replicas, max_replicas] and
+    applied at once. The run starts with ``initial_replicas`` (default ``min_replicas``) Ready pods.
+    ``seed`` sets the phase of the scrape grid (Prometheus spreads scrapes over the interval); the
+    engine is deterministic (``engine`` builds it; tests pass the reference engine). After
+    ``scenario.duration`` in-flight requests may finish for up to ``TAIL_S`` s; GPU time is counted
+    up to the duration only. Requests never finished have latency ``np.inf``.
     """
     req = scenario.requests
     horizon = float(scenario.duration)
     work = Workload.build(req, params)
-    eng = make_engine(engine, params, work, dt)
+    eng = engine(params, work)
     initial = min_replicas if initial_replicas is None else initial_replicas
     initial = max(min(initial, max_replicas), min_replicas)
-    fleet = Fleet(
+    pods = Fleet(
         eng, cold_start=cold_start, initial=initial, gpus_per_replica=gpus_per_replica, gpus_available=gpus_available
     )
     prom = Prometheus()
     phase = float(np.random.default_rng(seed).uniform(0.0, scrape_interval)) if seed else 0.0
+    inference = fleet(slo, min_replicas, max_replicas) if isinstance(policy, Shipped) else None
     state = policy.initial_state()
     decisions: list[tuple[float, int, str]] = []
-    observations: list[object] = []
     n_sec = math.ceil(horizon)
     times = np.arange(n_sec, dtype=float)
     tl = {k: np.zeros(n_sec) for k in ("ready", "starting", "desired", "unschedulable", "draining")}
+    target, window = seconds(slo.target), seconds(slo.window)
 
     def down(t: float) -> bool:
         return metrics_outage is not None and metrics_outage[0] <= t < metrics_outage[1]
 
     def sample(k: int) -> None:
-        tl["ready"][k] = fleet.count("ready")
-        tl["starting"][k] = fleet.count("starting")
-        tl["unschedulable"][k] = fleet.count("unschedulable")
-        tl["draining"][k] = fleet.count("draining")
-        tl["desired"][k] = fleet.desired
+        tl["ready"][k] = pods.count("ready")
+        tl["starting"][k] = pods.count("starting")
+        tl["unschedulable"][k] = pods.count("unschedulable")
+        tl["draining"][k] = pods.count("draining")
+        tl["desired"][k] = pods.desired
+
+    def decide(t: float) -> tuple[int, str]:
+        """Ask the policy, with what it would see at ``t``; keeps its memory in ``state``."""
+        nonlocal state
+        up = not down(t)
+        view = query(
+            prom, t, slo_metric=slo.metric, slo_percentile=slo.percentile, slo_window=window,
+            rate_window=rate_window, up=up,
+        )  # fmt: skip
+        ready, starting, unschedulable = pods.count("ready"), pods.count("starting"), pods.count("unschedulable")
+        if isinstance(policy, Shipped):
+            assert inference is not None
+            seen = cycle.Seen(
+                pods.desired,
+                cycle.Pods(ready, starting, unschedulable, cold_start=pods.measured_cold_start()),
+                signals(view) if up else None,
+                None if up else OUTAGE,
+            )
+            outcome = policy.decide(inference, seen, t, state)
+            state = outcome.memory
+            return outcome.replicas, outcome.reason
+        obs = Observation(
+            time=t,
+            ready=ready,
+            starting=starting,
+            unschedulable=unschedulable,
+            current=pods.desired,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+            slo_target=target,
+            slo_percentile=slo.percentile,
+            cold_start=cold_start,
+            request_rate=view.request_rate,
+            arrival_rate=view.arrival_rate,
+            latency=view.latency,
+            waiting=view.waiting,
+            running=view.running,
+            kv_cache_usage=view.kv_cache_usage,
+            prompt_tokens_rate=view.prompt_tokens_rate,
+            generation_tokens_rate=view.generation_tokens_rate,
+            extra=view.extra,
+        )
+        decision = policy.decide(obs, state)
+        state = decision.state
+        return decision.replicas, decision.reason
 
     arrivals = work.arrival
     pos = 0
     t = 0.0
     next_scrape = phase
-    next_decision = float(policy.interval)
+    next_decision = policy.interval * max(1, math.ceil(start / policy.interval - 1e-9))
     next_second = 0.0
     while True:
         if next_scrape <= t + 1e-9:
@@ -107,50 +149,17 @@ def simulate(
                     t,
                     [
                         (p.pid, eng.book.export(p.rid), eng.gauges(p.rid))
-                        for p in fleet.scrape_targets()
+                        for p in pods.scrape_targets()
                         if p.rid is not None
                     ],
                 )
             next_scrape = _on_grid(t, scrape_interval, phase)
         if next_decision <= t + 1e-9:
-            view = query(
-                prom,
-                t,
-                slo_metric=slo.metric,
-                slo_percentile=slo.percentile,
-                slo_window=slo.window,
-                rate_window=rate_window,
-                up=not down(t),
-            )
-            obs = Observation(
-                time=t,
-                ready=fleet.count("ready"),
-                starting=fleet.count("starting"),
-                unschedulable=fleet.count("unschedulable"),
-                current=fleet.desired,
-                min_replicas=min_replicas,
-                max_replicas=max_replicas,
-                slo_target=slo.target,
-                slo_percentile=slo.percentile,
-                cold_start=cold_start,
-                request_rate=view.request_rate,
-                arrival_rate=view.arrival_rate,
-                latency=view.latency,
-                waiting=view.waiting,
-                running=view.running,
-                kv_cache_usage=view.kv_cache_usage,
-                prompt_tokens_rate=view.prompt_tokens_rate,
-                generation_tokens_rate=view.generation_tokens_rate,
-                extra=view.extra,
-            )
-            if record_observations:
-                observations.append(obs)
-            dec = policy.decide(obs, state)
-            state = dec.state
-            want = max(min(int(dec.replicas), max_replicas), min_replicas)
-            if want != fleet.desired:
-                fleet.scale(want, t)
-                decisions.append((t, want, dec.reason))
+            replicas, reason = decide(t)
+            want = max(min(int(replicas), max_replicas), min_replicas)
+            if want != pods.desired:
+                pods.scale(want, t)
+                decisions.append((t, want, reason))
             next_decision = t + float(policy.interval)
         if next_second <= t + 1e-9:
             k = round(next_second)
@@ -159,20 +168,20 @@ def simulate(
             next_second = k + 1.0
         if t >= horizon - 1e-9:
             break
-        t_next = min(next_scrape, next_decision, next_second, fleet.next_event(), horizon)
+        t_next = min(next_scrape, next_decision, next_second, pods.next_event(), horizon)
         end = int(np.searchsorted(arrivals, t_next, side="left"))
-        fleet.run(t, t_next, np.arange(pos, end, dtype=np.int64))
+        pods.run(t, t_next, np.arange(pos, end, dtype=np.int64))
         pos = end
         t = t_next
-        fleet.transitions(t)
-    gpu_s, start_s = fleet.gpu_seconds(horizon)
+        pods.transitions(t)
+    gpu_s, start_s = pods.gpu_seconds(horizon)
     # let in-flight requests finish (arrivals after the horizon, if any, are never served)
     t_end = horizon + TAIL_S
-    while t < t_end and (fleet.held.size or int(eng.outstanding().sum()) > 0):
+    while t < t_end and (pods.held.size or int(eng.outstanding().sum()) > 0):
         t_next = min(t + 10.0, t_end)
-        fleet.run(t, t_next, np.zeros(0, dtype=np.int64))
+        pods.run(t, t_next, np.zeros(0, dtype=np.int64))
         t = t_next
-        fleet.transitions(t)
+        pods.transitions(t)
     out = eng.outcomes
     return RunResult(
         arrival=arrivals.copy(),
@@ -188,7 +197,6 @@ def simulate(
         unschedulable=tl["unschedulable"],
         draining=tl["draining"],
         starting_gpu_seconds=start_s,
-        observations=observations,
     )
 
 
@@ -207,15 +215,7 @@ def mix_key(requests: Requests) -> str:
     return h.hexdigest()
 
 
-def probe_latency(
-    params: ReplicaParams,
-    requests: Requests,
-    slo: SloConfig,
-    rate: float,
-    *,
-    seed: int = 0,
-    engine: EngineKind = "compiled",
-) -> float:
+def probe_latency(params: ReplicaParams, requests: Requests, slo: SloSpec, rate: float, *, seed: int = 0) -> float:
     """The SLO percentile of one replica fed Poisson arrivals at ``rate`` from the mix (steady part)."""
     rng = np.random.default_rng(seed)
     n = len(requests)
@@ -225,7 +225,7 @@ def probe_latency(
     arrival = np.cumsum(gaps) / rate
     probe = requests.take(pick, arrival)
     work = Workload.build(probe, params)
-    eng = make_engine(engine, params, work)
+    eng = CompiledEngine(params, work)
     eng.add_replica()
     horizon = float(arrival[-1]) + 1.0
     eng.run(0.0, horizon, np.arange(count, dtype=np.int64), np.array([0]))
@@ -239,7 +239,7 @@ def probe_latency(
     return float(np.percentile(sel, slo.percentile)) if sel.size else math.inf
 
 
-def capacity_at_slo(params: ReplicaParams, requests: Requests, slo: SloConfig) -> float:
+def capacity_at_slo(params: ReplicaParams, requests: Requests, slo: SloSpec) -> float:
     """mu_SLO: the highest steady arrival rate (req/s) one replica sustains with the SLO met.
 
     Probes a single replica with Poisson arrivals drawn from the mix (the same random numbers at
@@ -250,6 +250,7 @@ def capacity_at_slo(params: ReplicaParams, requests: Requests, slo: SloConfig) -
     """
     key = (params, mix_key(requests), slo.metric, slo.percentile)
     probes = _CAPACITY_CACHE.setdefault(key, {})
+    target = seconds(slo.target)
 
     def f(rate: float) -> float:
         r = round(rate, 6)
@@ -258,17 +259,17 @@ def capacity_at_slo(params: ReplicaParams, requests: Requests, slo: SloConfig) -
         return probes[r]
 
     lo, hi = 0.0, 1.0
-    if f(hi) > slo.target:
-        while hi > 1e-3 and f(hi) > slo.target:
+    if f(hi) > target:
+        while hi > 1e-3 and f(hi) > target:
             lo, hi = 0.0, hi / 2.0
-        if f(hi) > slo.target:
+        if f(hi) > target:
             return 0.0
-    while f(hi) <= slo.target and hi < 1e4:
+    while f(hi) <= target and hi < 1e4:
         lo, hi = hi, hi * 2.0
-    lo = max(lo, hi / 2.0) if f(hi / 2.0) <= slo.target else lo
+    lo = max(lo, hi / 2.0) if f(hi / 2.0) <= target else lo
     while hi - lo > 0.03 * hi:
         mid = (lo + hi) / 2.0
-        if f(mid) <= slo.target:
+        if f(mid) <= target:
             lo = mid
         else:
             hi = mid
@@ -278,7 +279,7 @@ def capacity_at_slo(params: ReplicaParams, requests: Requests, slo: SloConfig) -
     worst = -math.inf
     for r in rates:
         worst = max(worst, probes[r])
-        if worst > slo.target:
+        if worst > target:
             break
         best = r
     return best

@@ -1,9 +1,8 @@
-"""The twin's data: requests, scenarios, the SLO, and a run's result."""
+"""The twin's data: requests, scenarios and a run's result (the SLO is the API's ``mmfleet.api.SloSpec``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -93,16 +92,6 @@ class Scenario:
     info: dict[str, float | str] = field(default_factory=dict)  # added: how it was built (rate scale, source)
 
 
-@dataclass(frozen=True, kw_only=True)
-class SloConfig:
-    """The latency SLO: ``percentile`` of ``metric`` under ``target`` seconds, per ``window`` seconds."""
-
-    metric: Literal["e2e", "ttft", "itl"] = "e2e"
-    percentile: float = 90
-    target: float
-    window: float = 60
-
-
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """What one simulated run produced."""
@@ -120,7 +109,6 @@ class RunResult:
     unschedulable: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of Pending pods
     draining: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of draining pods
     starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
-    observations: list[object] = field(default_factory=list)  # added: every Observation the policy saw
 
     def latency(self, metric: str) -> np.ndarray:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]

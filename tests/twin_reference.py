@@ -1,7 +1,9 @@
-"""The fine engine: each replica advanced one vLLM engine step at a time.
+"""The reference engine: each replica advanced one vLLM engine step at a time, in plain Python.
 
-It is the reference the fast engine is checked against, and it is slow (pure Python per step and
-per request): use it for tests and short runs.
+It is the oracle the twin's compiled engine (``mmfleet_lab.twin.compiled``) is tested against
+(``tests/unit/test_twin_compiled.py``): the same algorithm written for reading rather than speed, so
+a change to the compiled code that alters any schedule shows up as a mismatch. Too slow for the
+benchmark (Python time per step and per request), so it lives with the tests.
 """
 
 from __future__ import annotations

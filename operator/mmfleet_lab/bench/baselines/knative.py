@@ -1,0 +1,111 @@
+"""B3: the Knative Pod Autoscaler (KPA): stable and panic windows over concurrency."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from mmfleet.api import clamp_replicas
+from mmfleet.autoscaler import Decision, Observation
+from mmfleet_lab.bench.baselines._shared import (
+    Samples,
+    _hold,
+    _inflight,
+    _mean,
+    _recent,
+    _v,
+    _verdict,
+)
+
+
+@dataclass(frozen=True)
+class KpaState:
+    started: bool = False
+    samples: Samples = ()
+    panic_time: float | None = None
+    max_panic_pods: int = 0
+    zero_since: float | None = None
+
+
+@dataclass(frozen=True)
+class KpaPolicy:
+    """B3, Knative's KPA decider on concurrency (§3.1-§3.2, knative/serving autoscaler.go).
+
+    Law, every 2 s: target = max(0.01, 0.7 × containerConcurrency) with containerConcurrency =
+    max_num_seqs; dspc = ceil(stable avg / target) over 60 s and dppc = ceil(panic avg / target)
+    over 6 s, each kept within [floor(ready / 2), ceil(1000 × ready)]. Panic starts or extends when
+    dppc / ready >= 2.0 and ends once 60 s pass without that; in panic the count is the max of both
+    and never decreases. Concurrency is running + waiting (the queue-proxy sees both). A new decider
+    starts in panic at the ready count when more than one pod is ready. Scale to zero (only with a
+    fleet minimum of 0) waits the 30 s grace period. The Activator's buffering is routing, not
+    sizing, and is left to the simulator.
+    """
+
+    name: str = "knative-kpa"
+    interval: float = 2.0  # tickInterval
+    container_concurrency: int = 256  # max_num_seqs
+    target_utilization: float = 0.7
+    stable_window: float = 60.0
+    panic_window_percentage: float = 10.0
+    panic_threshold: float = 2.0
+    max_scale_up_rate: float = 1000.0
+    max_scale_down_rate: float = 2.0
+    scale_to_zero_grace: float = 30.0
+    enable_scale_to_zero: bool = True
+
+    def initial_state(self) -> KpaState:
+        return KpaState()
+
+    @property
+    def panic_window(self) -> float:
+        return max(1.0, round(self.stable_window * self.panic_window_percentage / 100.0))
+
+    def decide(self, observation: Observation, state: KpaState) -> Decision:
+        obs = observation
+        if not state.started:
+            state = KpaState(started=True)
+            if obs.ready > 1:
+                state = replace(state, panic_time=obs.time, max_panic_pods=obs.ready)
+        value = _inflight(obs)
+        if value is None:
+            return _hold(obs, "no concurrency data yet (ErrNoData)", state)
+        samples = (*_recent(state.samples, obs.time, self.stable_window), (obs.time, value))
+        stable = _mean(samples)
+        panic = _mean(_recent(samples, obs.time, self.panic_window))
+        ready = max(1.0, float(obs.ready))
+        target = max(0.01, self.container_concurrency * self.target_utilization)
+        max_up = math.ceil(self.max_scale_up_rate * ready)
+        max_down = math.floor(ready / self.max_scale_down_rate)
+        dspc = math.ceil(stable / target)
+        dppc = math.ceil(panic / target)
+        desired_stable = int(min(max(dspc, max_down), max_up))
+        desired_panic = int(min(max(dppc, max_down), max_up))
+        over = dppc / ready >= self.panic_threshold
+
+        panic_time, max_panic = state.panic_time, state.max_panic_pods
+        if over:
+            panic_time = obs.time
+        elif panic_time is not None and panic_time + self.stable_window < obs.time:
+            panic_time, max_panic = None, 0
+        desired = desired_stable
+        if panic_time is not None:
+            desired = max(desired, desired_panic)
+            max_panic = max(max_panic, desired)
+            desired = max_panic
+        mode = "panic" if panic_time is not None else "stable"
+        state = replace(state, samples=samples, panic_time=panic_time, max_panic_pods=max_panic)
+
+        low = obs.min_replicas if self.enable_scale_to_zero else max(1, obs.min_replicas)
+        wanted = clamp_replicas(desired, low, obs.max_replicas)
+        if wanted == 0 and obs.current > 0:
+            since = state.zero_since if state.zero_since is not None else obs.time
+            state = replace(state, zero_since=since)
+            if obs.time - since < self.scale_to_zero_grace:
+                wanted = obs.current
+        else:
+            state = replace(state, zero_since=None)
+        text = (
+            f"{mode}: concurrency stable {_v(stable)} / panic {_v(panic)} vs target {_v(target)} per pod, "
+            f"{obs.ready} ready"
+        )
+        return _verdict(obs, wanted, text, state)

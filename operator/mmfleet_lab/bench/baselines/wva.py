@@ -1,0 +1,106 @@
+"""B6: the llm-d workload variant autoscaler (WVA), saturation mode (v1), actuated by an HPA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from mmfleet.autoscaler import Decision, Observation
+from mmfleet_lab.bench.baselines._shared import (
+    _hold,
+    _v,
+)
+from mmfleet_lab.bench.baselines.hpa import (
+    HpaScalingPolicy,
+    HpaScalingRules,
+    HpaState,
+    external_average_replicas,
+    hpa_decide,
+    hpa_range_check,
+)
+
+WVA_HPA = HpaScalingRules(240.0, (HpaScalingPolicy("Pods", 10, 150.0),))  # the WVA chart's default behavior
+
+
+@dataclass(frozen=True)
+class WvaState:
+    hpa: HpaState = field(default_factory=HpaState)
+    desired: int | None = None  # the last wva_desired_replicas emitted
+    last_analysis: float | None = None
+
+
+@dataclass(frozen=True)
+class WvaSaturationPolicy:
+    """B6, llm-d WVA saturation analyzer v1 behind its HPA (§4.1, WVA docs/saturation-analyzer.md).
+
+    Law, every 60 s: a replica is saturated when KV >= 0.80 or queue >= 5; over the non-saturated
+    ones, scale up +1 when mean spare KV < 0.10 or mean spare queue < 3 (every replica saturated
+    counts as no spare), except while pods are pending; scale down -1 only if spreading the load over
+    one replica fewer still leaves spare >= both triggers and at least 2 replicas are non-saturated.
+    The result, ``wva_desired_replicas``, reaches the Deployment through an HPA on an External
+    AverageValue metric with target 1 (tolerance 0.1) and the chart's behavior: 240 s stabilisation
+    both ways, 10 pods per 150 s. WVA reads each pod's peak KV and queue; the Observation has the
+    fleet's mean KV and summed queue, so every ready replica is taken to carry the mean.
+    """
+
+    name: str = "wva-saturation"
+    interval: float = 15.0  # the HPA's sync; the analyzer runs every analyzer_interval
+    analyzer_interval: float = 60.0  # GLOBAL_OPT_INTERVAL
+    kv_threshold: float = 0.80
+    queue_threshold: float = 5.0
+    kv_spare_trigger: float = 0.10
+    queue_spare_trigger: float = 3.0
+    tolerance: float = 0.1
+    hpa_behavior: HpaScalingRules = WVA_HPA
+
+    def initial_state(self) -> WvaState:
+        return WvaState()
+
+    def analyze(self, obs: Observation) -> tuple[int, str] | None:
+        """One saturation analysis: the replicas WVA would emit and why; None without metrics."""
+        if obs.kv_cache_usage is None or obs.waiting is None or obs.ready == 0:
+            return None
+        kv, queue = obs.kv_cache_usage, obs.waiting / obs.ready
+        non_saturated = obs.ready if (kv < self.kv_threshold and queue < self.queue_threshold) else 0
+        spare_kv = self.kv_threshold - kv if non_saturated else 0.0
+        spare_queue = self.queue_threshold - queue if non_saturated else 0.0
+        scale_up = spare_kv < self.kv_spare_trigger or spare_queue < self.queue_spare_trigger
+        down_safe = False
+        if non_saturated >= 2:
+            left = non_saturated - 1
+            down_safe = (
+                self.kv_threshold - kv * non_saturated / left >= self.kv_spare_trigger
+                and self.queue_threshold - queue * non_saturated / left >= self.queue_spare_trigger
+            )
+        pending = obs.starting + obs.unschedulable
+        text = f"KV {_v(kv)}, queue {_v(queue)}/replica, spare KV {_v(spare_kv)} / queue {_v(spare_queue)}"
+        if scale_up:
+            if pending:
+                return obs.current, f"{text}: saturated but {pending} pods pending, no scale-up"
+            return obs.current + 1, f"{text}: saturated, +1"
+        if down_safe:
+            return max(1, obs.current - 1), f"{text}: spare after removing one, -1"
+        return obs.current, f"{text}: no capacity action"
+
+    def decide(self, observation: Observation, state: WvaState) -> Decision:
+        obs = observation
+        note = ""
+        if state.last_analysis is None or obs.time - state.last_analysis >= self.analyzer_interval:
+            result = self.analyze(obs)
+            if result is not None:
+                state = replace(state, desired=result[0], last_analysis=obs.time)
+                note = f"WVA: {result[1]}; "
+            else:
+                state = replace(state, last_analysis=obs.time)
+                note = "WVA: KV or queue metrics missing, keeps its last value; "
+        if state.desired is None:
+            return _hold(obs, f"{note}no wva_desired_replicas yet (HPA metric error)", state)
+        forced = hpa_range_check(obs, obs.min_replicas, obs.max_replicas, state)
+        if forced is not None:
+            return forced
+        pods = obs.ready + obs.starting + obs.unschedulable
+        desired = external_average_replicas(float(state.desired), 1.0, pods, self.tolerance)
+        text = f"{note}HPA on wva_desired_replicas {state.desired} over {pods} pods"
+        d = hpa_decide(
+            obs, state.hpa, desired, text, obs.min_replicas, obs.max_replicas, self.hpa_behavior, self.hpa_behavior
+        )
+        return replace(d, state=replace(state, hpa=d.state))
