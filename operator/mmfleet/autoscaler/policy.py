@@ -2,7 +2,9 @@
 
 Why not a proportional controller like the HPA: a GPU pod serves only a cold start L after it is
 asked for, so a controller that sizes for today's load is L late, and then too small to drain what
-queued meanwhile (autoscaling.md §0, §6.2). This is the §8.2 B8 design, with few knobs:
+queued meanwhile. The answer to such a dead time is a feed-forward predictor with a feedback
+correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computing Systems*, Wiley
+2004); this policy is one, with few knobs:
 
 - feed-forward: the demand forecast over L plus one interval, over the capacity of a replica at the
   SLO, μ_SLO, times a utilisation headroom. The forecast is an upper quantile: a fast EWMA level
@@ -10,16 +12,20 @@ queued meanwhile (autoscaling.md §0, §6.2). This is the §8.2 B8 design, with 
   five minutes), which a sustained ramp has and a step does not;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
-  ``drain_time`` by extra replicas (§6.2 "backlog-aware recovery"), at most as many again as the
-  demand needs: queues stay on the pods they were sent to, so new pods serve new arrivals, not the
-  queue itself;
+  ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
+  again as the demand needs: queues stay on the pods they were sent to, so new pods serve new
+  arrivals, not the queue itself;
 - the trend is extrapolated over L, but never beyond the five minutes it was fitted on;
 - feedback: when the observed percentile is over target although the Ready count has not changed
   for a whole latency window, the queue is not draining and the replicas are busy, at least
   ready × observed / target;
 - pods still starting are capacity on the way: every number above is an absolute replica count,
   set as the Deployment's replicas, which already include them, so nothing is asked for twice;
-- up at once; down only to the highest recommendation of the last max(300 s, L) (ski rental, §6.3),
+- up at once; down only to the highest recommendation of the last max(300 s, L): the HPA's default
+  downscale stabilization window (kubernetes/kubernetes
+  ``pkg/controller/podautoscaler/config/v1alpha1/defaults.go`` @85643c0f), and at least L, because
+  removing a pod that is needed again within L costs a cold start (ski rental: Lin, Wierman, Andrew
+  and Thereska, "Dynamic right-sizing for power-proportional data centers", INFOCOM 2011);
   never while the percentile is over target and the queue is not shrinking (a shrinking queue is
   the past being served), only when it frees a tenth of the fleet, and at most
   once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
