@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
@@ -22,7 +23,9 @@ def _seconds(value: Any, at_least: float) -> float:
             try:
                 value = seconds(value)
             except ValueError:
-                raise ValueError("not a duration such as 15s, 2m or 90 (seconds)") from None
+                value = math.nan
+    if not math.isfinite(value):
+        raise ValueError("not a duration such as 15s, 2m or 90 (seconds)")
     if value < at_least:
         raise ValueError(f"{value:g}s is below the least accepted, {at_least:g}s")
     return float(value)
@@ -31,6 +34,8 @@ def _seconds(value: Any, at_least: float) -> float:
 class OperatorConfig(BaseSettings):
     """How one operator process runs; the defaults suit a cluster-wide install."""
 
+    # populate_by_name: code may write OperatorConfig(default_cold_start=...) (the environment then also takes
+    # MMFLEET_DEFAULT_COLD_START beside the documented MMFLEET_COLD_START).
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid", populate_by_name=True)
 
     # MMFLEET_NAMESPACES=a,b; empty: every namespace.

@@ -50,22 +50,24 @@ def test_defaults() -> None:
     )
 
 
-def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in zip(VARIABLES, ("a, b,", "", "1m", "0", "aks", "json", "4", ""), strict=True):
-        monkeypatch.setenv(name, value)
-    # Only the prefixed, documented names count: not the field's own name under the prefix.
-    monkeypatch.setenv("MMFLEET_DEFAULT_COLD_START", "5")
-    config = OperatorConfig.load()
-    assert config == OperatorConfig(
-        namespaces=("a", "b"),
-        prometheus_url="",
-        autoscale_interval=60.0,
-        default_cold_start=0.0,
-        default_cloud="aks",
-        log_format="json",
-        workers=4,
-        health_address="",
-    )
+@pytest.mark.parametrize(
+    ("name", "text", "field", "value"),
+    [
+        ("MMFLEET_NAMESPACES", "a, b,", "namespaces", ("a", "b")),
+        ("MMFLEET_PROMETHEUS_URL", "", "prometheus_url", ""),
+        ("MMFLEET_AUTOSCALE_INTERVAL", "1m", "autoscale_interval", 60.0),
+        ("MMFLEET_COLD_START", "0", "default_cold_start", 0.0),
+        ("MMFLEET_DEFAULT_CLOUD", "aks", "default_cloud", "aks"),
+        ("MMFLEET_LOG_FORMAT", "json", "log_format", "json"),
+        ("MMFLEET_WORKERS", "4", "workers", 4),
+        ("MMFLEET_HEALTH_ADDRESS", "", "health_address", ""),
+    ],
+)
+def test_each_variable_sets_its_setting(
+    monkeypatch: pytest.MonkeyPatch, name: str, text: str, field: str, value: object
+) -> None:
+    monkeypatch.setenv(name, text)
+    assert getattr(OperatorConfig.load(), field) == value
 
 
 def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,6 +91,7 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
             "500ms",
             "MMFLEET_AUTOSCALE_INTERVAL: '500ms': 0.5s is below the least accepted, 1s",
         ),
+        ("MMFLEET_COLD_START", "inf", "MMFLEET_COLD_START: 'inf': not a duration such as 15s, 2m or 90"),
         ("MMFLEET_COLD_START", "-1", "MMFLEET_COLD_START: '-1': -1s is below the least accepted, 0s"),
         ("MMFLEET_WORKERS", "0", "MMFLEET_WORKERS: '0': 0 is below the least accepted, 1"),
         ("MMFLEET_WORKERS", "many", "MMFLEET_WORKERS: 'many': input should be a valid integer"),
