@@ -32,6 +32,8 @@ MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^/\s]+(/\S*)?$"
 
 # The name becomes a Service name, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# PersistentVolumeClaim names are DNS-1123 subdomains.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -371,19 +373,70 @@ class PlacementSpec(Model):
 
 
 class ModelCacheSpec(Model):
-    """Where downloaded weights are kept on each replica."""
+    """Where downloaded weights (and, with shared, compiled kernels) are kept."""
 
-    size: Quantity = Field(default="200Gi", description="Size of the cache volume, e.g. 200Gi.")
-    volume: Literal["emptyDir", "ephemeral"] = Field(
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.volume) || self.volume != 'shared' || has(self.claimName)",
+                    "claimName is required when volume is shared: the name of an existing ReadWriteMany "
+                    "PersistentVolumeClaim in the same namespace",
+                    ".claimName",
+                ),
+                cel(
+                    "!has(self.claimName) || (has(self.volume) && self.volume == 'shared')",
+                    "claimName is only read when volume is shared; set volume: shared or remove claimName",
+                    ".claimName",
+                ),
+            ]
+        }
+    )
+
+    size: Quantity = Field(
+        default="200Gi",
+        description=(
+            "Size limit of each replica's own cache volume, e.g. 200Gi. With shared it bounds only the "
+            "replica's scratch space (HOME); the claim has its own size."
+        ),
+    )
+    volume: Literal["emptyDir", "ephemeral", "shared"] = Field(
         default="emptyDir",
         description=(
             "emptyDir: the node's local disk. ephemeral: a generic ephemeral volume, a PVC per pod on the "
-            "cloud's disk class, for weights larger than the node's disk; it is deleted with its pod."
+            "cloud's disk class, for weights larger than the node's disk; it is deleted with its pod. "
+            "shared: the existing ReadWriteMany claim named in claimName (EFS, Azure Files, NAS), mounted "
+            "by every replica; it holds the Hugging Face download cache and vLLM's compile cache, so a "
+            "new replica neither downloads nor compiles what an earlier one did."
+        ),
+    )
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "With volume shared: the PersistentVolumeClaim in the same namespace, ReadWriteMany, that "
+            "every replica mounts. Required then, and rejected with the other volumes."
         ),
     )
     storage_class_name: str | None = Field(
         default=None, description="Storage class of the ephemeral volume. Default: the cloud profile's."
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelCacheSpec:
+        if self.volume == "shared" and self.claim_name is None:
+            raise ValueError(
+                "claimName: required when spec.modelCache.volume is shared (the name of an existing "
+                "ReadWriteMany PersistentVolumeClaim in the same namespace)"
+            )
+        if self.volume != "shared" and self.claim_name is not None:
+            raise ValueError(
+                f"claimName: {self.claim_name} is only read when spec.modelCache.volume is shared, "
+                f"but volume is {self.volume}; set volume: shared or remove claimName"
+            )
+        return self
 
 
 class IdentitySpec(Model):
@@ -485,7 +538,9 @@ class MultimodalInferenceSpec(Model):
     autoscaling: AutoscalingSpec | None = Field(default=None, description="SLO-driven autoscaling.")
     tracing: TracingSpec = Field(default_factory=TracingSpec, description="OTLP request tracing.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Extra scheduling constraints.")
-    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, description="Per-replica weight cache.")
+    model_cache: ModelCacheSpec = Field(
+        default_factory=ModelCacheSpec, description="Weight cache: per replica, or one claim shared by all."
+    )
     identity: IdentitySpec = Field(default_factory=IdentitySpec, description="Cloud workload identity.")
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="How clients reach the fleet.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus Operator objects.")

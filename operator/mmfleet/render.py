@@ -25,6 +25,9 @@ COMPONENT = "inference-server"
 CONTAINER = "server"
 
 CACHE_DIR = "/cache"
+# The shared claim's mount (spec.modelCache.volume shared). HOME stays on the replica's own volume:
+# only caches whose concurrent writers upstream handles (docs/backends.md) go on the shared one.
+SHARED_CACHE_DIR = "/shared-cache"
 CONFIG_DIR = "/etc/mmfleet"
 PVC_MOUNT = "/models"
 # Weight download, model load and CUDA graph capture can take many minutes; the startup probe
@@ -130,13 +133,17 @@ def _model_placement(inference: MultimodalInference) -> Placement:
 
 
 def server_context(inference: MultimodalInference, cloud: CloudProfile) -> ServerContext:
+    shared = inference.spec.model_cache.volume == "shared"
+    cache_dir = SHARED_CACHE_DIR if shared else CACHE_DIR
     return ServerContext(
         inference=inference,
         model_ref=_model_placement(inference).model_ref,
         port=backends.get(inference.spec.backend.name).port,
         config_dir=CONFIG_DIR,
         tracing_endpoint=tracing_endpoint(inference, cloud),
-        download_dir=f"{CACHE_DIR}/models",
+        cache_dir=cache_dir,
+        download_dir=f"{cache_dir}/models",
+        shared_cache_dir=SHARED_CACHE_DIR if shared else None,
     )
 
 
@@ -146,7 +153,8 @@ def _gi(value: int) -> str:
 
 def _cache_volume(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
     cache = inference.spec.model_cache
-    if cache.volume == "emptyDir":
+    # With shared, the replica's own volume holds only HOME and scratch: the node's disk will do.
+    if cache.volume != "ephemeral":
         return {"name": "cache", "emptyDir": {"sizeLimit": str(cache.size)}}
     claim: Manifest = {
         "accessModes": ["ReadWriteOnce"],
@@ -262,6 +270,10 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile) -> Man
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "cache", "mountPath": CACHE_DIR},
     ]
+    claim = spec.model_cache.claim_name  # set exactly when volume is shared
+    if claim is not None:
+        volumes.append({"name": "shared-cache", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "shared-cache", "mountPath": SHARED_CACHE_DIR})
     if placement.volume is not None and placement.mount is not None:
         volumes.append(placement.volume)
         mounts.append(placement.mount)
@@ -312,7 +324,7 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile) -> Man
                 "labelSelector": {"matchLabels": selector_labels(inference)},
             }
         ],
-        "securityContext": _pod_security(backend),
+        "securityContext": _pod_security(backend, shared_cache=spec.model_cache.volume == "shared"),
     }
     if spec.placement.node_selector:
         pod_spec["nodeSelector"] = dict(spec.placement.node_selector)
@@ -352,11 +364,15 @@ def _container_security(backend: Backend) -> Manifest:
     return context
 
 
-def _pod_security(backend: Backend) -> Manifest:
+def _pod_security(backend: Backend, *, shared_cache: bool) -> Manifest:
     context: Manifest = {"seccompProfile": {"type": "RuntimeDefault"}}
     if backend.run_as_user is not None:
         # Makes the model cache (emptyDir or PVC) writable by the image's user.
         context["fsGroup"] = backend.run_as_user
+        if shared_cache:
+            # Where the volume's driver applies fsGroup, the default (Always) re-owns every file of the
+            # shared claim at each pod start; once its root is right, nothing needs changing.
+            context["fsGroupChangePolicy"] = "OnRootMismatch"
     return context
 
 

@@ -85,7 +85,7 @@ def test_affinity_is_the_only_free_form_field() -> None:
 def test_cross_field_rules_are_cel() -> None:
     rules = [rule for _, node in walk(schema()) for rule in node.get("x-kubernetes-validations", [])]
     messages = " ".join(rule["message"] for rule in rules)
-    for needle in ("minReplicas", "gpu.count", "limitPerPrompt", "Hopper", "kvCacheDtype"):
+    for needle in ("minReplicas", "gpu.count", "limitPerPrompt", "Hopper", "kvCacheDtype", "claimName"):
         assert needle in messages
 
 

@@ -129,3 +129,28 @@ def test_bad_source_scheme_is_rejected() -> None:
 def test_wire_round_trip_keeps_camel_case() -> None:
     inference = MultimodalInference.model_validate(spec_doc(backend={"maxNumSeqs": 64}))
     assert inference.spec.wire()["backend"]["maxNumSeqs"] == 64
+
+
+def test_shared_cache_needs_a_claim_name() -> None:
+    assert problems_of(spec_doc(modelCache={"volume": "shared"})) == [
+        "spec.modelCache.claimName: required when spec.modelCache.volume is shared (the name of an existing "
+        "ReadWriteMany PersistentVolumeClaim in the same namespace)"
+    ]
+
+
+def test_claim_name_without_shared_volume_is_rejected() -> None:
+    assert problems_of(spec_doc(modelCache={"claimName": "models"})) == [
+        "spec.modelCache.claimName: models is only read when spec.modelCache.volume is shared, but volume is "
+        "emptyDir; set volume: shared or remove claimName"
+    ]
+
+
+def test_claim_name_must_be_a_kubernetes_name() -> None:
+    lines = problems_of(spec_doc(modelCache={"volume": "shared", "claimName": "Models_RWX"}))
+    assert len(lines) == 1
+    assert lines[0].startswith("spec.modelCache.claimName: 'Models_RWX' is not accepted: string should match pattern")
+
+
+def test_shared_cache_with_claim_parses() -> None:
+    cache = parse(spec_doc(modelCache={"volume": "shared", "claimName": "models-rwx"})).spec.model_cache
+    assert (cache.volume, cache.claim_name) == ("shared", "models-rwx")

@@ -26,7 +26,9 @@ def context(tracing_endpoint: str | None = None, **spec: Any) -> ServerContext:
         port=8000,
         config_dir=CONFIG_DIR,
         tracing_endpoint=tracing_endpoint,
+        cache_dir="/cache",
         download_dir="/cache/models",
+        shared_cache_dir=None,
     )
 
 

@@ -24,7 +24,9 @@ def context(
         port=8000,
         config_dir="/etc/mmfleet",
         tracing_endpoint=tracing_endpoint,
+        cache_dir="/cache",
         download_dir=DOWNLOAD_DIR,
+        shared_cache_dir=None,
     )
 
 

@@ -65,7 +65,12 @@ specs = st.fixed_dictionaries(
         ),
         "tracing": st.fixed_dictionaries({}, optional={"enabled": st.booleans(), "sampleRatio": st.floats(-1, 2)}),
         "modelCache": st.fixed_dictionaries(
-            {}, optional={"size": quantities, "volume": st.sampled_from(["emptyDir", "ephemeral", "hostPath"])}
+            {},
+            optional={
+                "size": quantities,
+                "volume": st.sampled_from(["emptyDir", "ephemeral", "shared", "hostPath"]),
+                "claimName": st.sampled_from(["models-rwx", "Models_RWX", ""]),
+            },
         ),
         "service": st.fixed_dictionaries(
             {}, optional={"type": st.sampled_from(["ClusterIP", "LoadBalancer", "NodePort"])}

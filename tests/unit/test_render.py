@@ -239,3 +239,44 @@ def test_extra_args_are_appended_and_clashes_rejected() -> None:
 
 def test_service_links_are_off() -> None:
     assert pod(spec_doc())["enableServiceLinks"] is False
+
+
+def shared_cache_doc(backend: str = "vllm") -> dict[str, Any]:
+    return spec_doc(backend={"name": backend}, modelCache={"volume": "shared", "claimName": "models-rwx"})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shared_cache_mounts_the_claim_and_keeps_hf_downloads_on_it(backend: str) -> None:
+    spec = pod(shared_cache_doc(backend))
+    container = spec["containers"][0]
+    assert {"name": "shared-cache", "persistentVolumeClaim": {"claimName": "models-rwx"}} in spec["volumes"]
+    assert {"name": "shared-cache", "mountPath": "/shared-cache"} in container["volumeMounts"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["HF_HOME"] == "/shared-cache/huggingface"
+    # HOME and scratch stay on the replica's own disk; only the caches go on the claim.
+    assert env["HOME"] == "/cache"
+    assert next(v for v in spec["volumes"] if v["name"] == "cache") == {
+        "name": "cache",
+        "emptyDir": {"sizeLimit": "200Gi"},
+    }
+
+
+def test_shared_cache_holds_vllm_downloads_and_compile_cache() -> None:
+    container = server(shared_cache_doc())
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["VLLM_CACHE_ROOT"] == "/shared-cache/vllm"
+    command = container["command"]
+    assert command[command.index("--download-dir") + 1] == "/shared-cache/models"
+    # Re-owning every file of a large shared volume at each pod start would cost the cold start it saves.
+    assert pod(shared_cache_doc())["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+@pytest.mark.parametrize("volume", ["emptyDir", "ephemeral"])
+def test_per_replica_cache_renders_as_before(volume: str) -> None:
+    """Existing fleets see no change in their pod template, so upgrading the operator rolls nothing."""
+    spec = pod(spec_doc(modelCache={"volume": volume}))
+    container = spec["containers"][0]
+    assert "VLLM_CACHE_ROOT" not in {e["name"] for e in container["env"]}
+    assert "shared-cache" not in {v["name"] for v in spec["volumes"]}
+    assert "fsGroupChangePolicy" not in spec["securityContext"]
+    assert container["command"][container["command"].index("--download-dir") + 1] == "/cache/models"

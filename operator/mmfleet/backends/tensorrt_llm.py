@@ -42,6 +42,10 @@ and still present on that ``main`` is taken to be in the pin.
   model has loaded. Names come from ``metrics/collector.py`` (@050f80de, ``metric_prefix = "trtllm_"``).
   ``trtllm_request_success_total`` is a Counter. ``trtllm_time_per_output_token_seconds`` is each request's
   mean TPOT, so our "itl" here is a per-request average, unlike vLLM's per-token inter-token latency.
+- Shared cache: the LLM API downloads HF checkpoints through huggingface_hub, so ``HF_HOME`` on the shared
+  claim is all a new replica needs to skip the download. There is no compile cache to share: mmfleet sets no
+  ``torch_compile_config``, and its default is None (``llmapi/llm_args.py``, read in the code index, whose
+  hit did not report the commit), so nothing is torch.compiled at startup.
 - Tracing: ``llmapi/tracing.py`` (@0fb7f758) builds ``TracerProvider()`` with no sampler or resource. The
   OTel SDK then reads ``OTEL_TRACES_SAMPLER``/``_ARG`` and ``OTEL_SERVICE_NAME``. The exporter protocol comes
   from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (grpc by default), and the exporter gets only ``endpoint=``,
@@ -65,12 +69,6 @@ VERSION = "1.3.0rc29"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
 # The LLM-API options file handed to --config, mounted at ctx.config_dir.
 CONFIG_FILE = "llm-api-options.yaml"
-
-
-def _cache_root(download_dir: str) -> str:
-    """The cache volume: the download dir's parent, unless that is the filesystem root."""
-    parent = PurePosixPath(download_dir).parent
-    return download_dir if str(parent) == "/" else str(parent)
 
 
 class TensorRtLlmBackend:
@@ -157,7 +155,7 @@ class TensorRtLlmBackend:
     def env(self, ctx: ServerContext) -> list[dict[str, object]]:
         # The LLM API downloads HF checkpoints through huggingface_hub, so weights land under HF_HOME too.
         env: list[dict[str, object]] = [
-            {"name": "HF_HOME", "value": f"{_cache_root(ctx.download_dir)}/huggingface"},
+            {"name": "HF_HOME", "value": f"{ctx.cache_dir}/huggingface"},
         ]
         if ctx.tracing_endpoint:
             tracing = ctx.inference.spec.tracing

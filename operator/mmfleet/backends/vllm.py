@@ -56,6 +56,20 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   (``opentelemetry/sdk/trace/sampling.py`` ``_get_from_env_or_default``); ``Resource.create`` merges
   ``OTEL_SERVICE_NAME``. The exporter protocol comes from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
   (grpc by default, and vLLM's gRPC exporter is always ``insecure=True``).
+- Shared cache (spec.modelCache.volume shared). ``VLLM_CACHE_ROOT`` (``envs.py``; default
+  ``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``) roots every vLLM cache. The torch.compile cache is
+  ``$VLLM_CACHE_ROOT/torch_compile_cache/<hash>/rank_<r>_<dp>/`` where the hash covers the env factors
+  (``envs.compile_factors``, which leaves ``VLLM_CACHE_ROOT`` itself out), ``vllm_config.compute_hash()``,
+  the traced source files and the compiler's hash (``compilation/backends.py`` ``VllmBackend.__call__``);
+  with torch >= 2.10 (the wheel pins 2.14) the AOT artifact goes to
+  ``torch_compile_cache/torch_aot_compile/<hash>/rank_<r>_<dp>/model`` (``compilation/decorators.py``), and
+  Inductor's and Triton's caches are pointed inside the same directory (``compiler_interface.py``
+  ``initialize_inductor_cache``). Concurrent writers: there is no lock. The AOT artifact is written to
+  ``model.<pid>.tmp`` and ``os.replace``d (``save_aot_compiled_function``), and a load that fails falls
+  back to compiling (``_try_load_aot_compiled_fn`` returns None); ``vllm_compile_cache.py`` is written in
+  place (``CompilerManager.save_to_file``). Downloads: with a ``--download-dir``, vLLM holds a
+  ``filelock.FileLock`` in that directory around every ``snapshot_download``
+  (``model_executor/model_loader/weight_utils.py`` ``get_lock``), so replicas take turns downloading.
 - Drain: ``--shutdown-timeout N`` (``engine/arg_utils.py``; ``VllmConfig.shutdown_timeout`` in
   ``config/vllm.py``): on SIGTERM the engine stops taking requests and lets running ones finish for up
   to N seconds (``v1/engine/core.py`` mode "drain"; 0, the default, aborts them). ``drain_args()`` spells
@@ -65,7 +79,6 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
 
 from mmfleet.api import Attention
 from mmfleet.backends import MetricNames, OwnedFlag, ServerContext
@@ -96,12 +109,6 @@ def vllm_model_ref(model_ref: str) -> str:
         if model_ref.startswith(scheme):
             return "s3://" + model_ref[len(scheme) :]
     return model_ref
-
-
-def _cache_root(download_dir: str) -> str:
-    """The cache volume: the download dir's parent, unless that is the filesystem root."""
-    parent = PurePosixPath(download_dir).parent
-    return download_dir if str(parent) == "/" else str(parent)
 
 
 class VllmBackend:
@@ -187,11 +194,16 @@ class VllmBackend:
     def env(self, ctx: ServerContext) -> list[dict[str, object]]:
         env: list[dict[str, object]] = [
             # Tokenizer, processor and config files land here; the weights go to --download-dir.
-            {"name": "HF_HOME", "value": f"{_cache_root(ctx.download_dir)}/huggingface"},
+            {"name": "HF_HOME", "value": f"{ctx.cache_dir}/huggingface"},
             # getpass.getuser() reads USER before the passwd lookup that fails for a UID the image
             # does not list (docker/entrypoints/vllm-nonroot-entrypoint.sh does the same).
             {"name": "USER", "value": "vllm"},
         ]
+        if ctx.shared_cache_dir:
+            # torch.compile artifacts go to $VLLM_CACHE_ROOT/torch_compile_cache/<hash of config, env,
+            # traced source and compiler> (compilation/backends.py, decorators.py), so replicas of one
+            # spec share them and a changed spec gets a new directory.
+            env.append({"name": "VLLM_CACHE_ROOT", "value": f"{ctx.shared_cache_dir}/vllm"})
         if ctx.tracing_endpoint:
             tracing = ctx.inference.spec.tracing
             # vLLM passes no sampler to TracerProvider, so the SDK takes it from these
