@@ -50,7 +50,7 @@ class ServerContext:
     port: int
     config_dir: str
     tracing_endpoint: str | None
-    # The cache volume's mount: caches the backend points elsewhere (HF_HOME) go under it.
+    # Where the backend keeps its download caches (HF_HOME): the replica's volume, or the shared claim.
     cache_dir: str
     download_dir: str
     # The shared claim's mount (spec.modelCache.volume shared), for caches that outlive the pod; else None.
