@@ -1,8 +1,21 @@
-"""The handlers' small judgements: what counts as a hand edit, and who owns a Deployment's replicas."""
+"""The handlers' judgements: hand edits, replicas ownership, caching, status writes, liveness."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
+import time
+from typing import Any, cast
+
+import kopf
+
+from mmfleet.api import MultimodalInferenceStatus
 from mmfleet.handlers import autoscale, fleet
+from mmfleet.handlers.state import STATE, parse_spec, render_children, write_status
+from mmfleet.kube import Kube
+
+NOW = "2026-12-01T00:00:00Z"
 
 
 def deployment(uid: str, generation: int) -> dict[str, object]:
@@ -54,3 +67,116 @@ def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_childre
     pods = {("ml", "a"): [{"metadata": {"name": "a-1"}}, {"metadata": {"name": "a-2"}}]}
     views = autoscale.autoscaled_fleets(fleets, deployments, pods)  # plain mappings stand in for kopf indexes
     assert [(v.key, v.deployment, len(v.pods)) for v in views] == [(("ml", "a"), {"spec": {"replicas": 3}}, 2)]
+
+
+async def _healthz(port: int) -> int:
+    """The status of kopf's liveness endpoint, served with the operator's probe handlers registered."""
+    import aiohttp
+    from kopf._core.engines.probing import health_reporter
+
+    ready = asyncio.Event()
+    reporter = asyncio.create_task(
+        health_reporter(
+            f"http://127.0.0.1:{port}/healthz",
+            memo=cast(Any, kopf.Memo()),
+            indices=cast(Any, {}),
+            registry=kopf.get_default_registry(),
+            settings=kopf.OperatorSettings(),
+            ready_flag=ready,
+        )
+    )
+    try:
+        await ready.wait()
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
+            return response.status
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_liveness_turns_red_when_the_autoscaling_loop_stops_cycling() -> None:
+    async def loop() -> None:
+        await asyncio.Event().wait()
+
+    async def scenario() -> list[int]:
+        STATE.autoscaler = asyncio.create_task(loop())  # alive
+        interval = STATE.config.autoscale_interval
+        try:
+            STATE.autoscaler_cycled = time.monotonic() - interval  # cycling
+            cycling = await _healthz(_free_port())
+            STATE.autoscaler_cycled = time.monotonic() - 3 * interval - autoscale.STALL_MARGIN - 1  # stuck
+            stuck = await _healthz(_free_port())
+            STATE.autoscaler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await STATE.autoscaler
+            STATE.autoscaler_cycled = time.monotonic()
+            ended = await _healthz(_free_port())
+        finally:
+            STATE.autoscaler = None
+        return [cycling, stuck, ended]
+
+    assert asyncio.run(scenario()) == [200, 500, 500]
+
+
+def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> None:
+    def body(generation: int, replicas: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "mmfleet.io/v1alpha1",
+            "kind": "MultimodalInference",
+            "metadata": {"name": "a", "namespace": "ml", "uid": "u-parse", "generation": generation},
+            "spec": {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": replicas},
+        }
+
+    first = parse_spec(body(1, 2))
+    assert parse_spec(body(1, 2)) is first  # the autoscaler's every cycle, a status refresh
+    assert render_children(first, "eks", False) is render_children(first, "eks", False)
+    changed = parse_spec(body(2, 3))
+    assert changed.spec.replicas == 3
+    deployment = next(c for c in render_children(changed, "eks", False) if c["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+
+
+class RecordingKube(Kube):
+    """Records status writes instead of sending them."""
+
+    def __init__(self) -> None:
+        self.written: list[dict[str, Any]] = []
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.written.append(status)
+
+
+def test_status_is_written_only_when_it_changes_whatever_the_order_of_conditions() -> None:
+    def status(*conditions: tuple[str, str, str]) -> MultimodalInferenceStatus:
+        return MultimodalInferenceStatus.model_validate(
+            {
+                "conditions": [
+                    {"type": t, "status": s, "message": m, "lastTransitionTime": NOW} for t, s, m in conditions
+                ]
+            }
+        )
+
+    body = {"metadata": {"name": "order", "namespace": "ml"}}
+    kube = RecordingKube()
+    STATE.kube = kube
+    try:
+        reconciled = status(("Ready", "False", "0/1 ready"), ("MetricsAvailable", "Unknown", "no pod is Ready"))
+        assert write_status(body, reconciled, None)
+        autoscaled = status(("MetricsAvailable", "Unknown", "no pod is Ready"), ("Ready", "False", "0/1 ready"))
+        assert not write_status(body, autoscaled, None)  # the autoscaler lists its conditions first
+        assert write_status(body, status(("Ready", "False", "1/2 ready")), None)
+        assert [[c["type"] for c in w["conditions"]] for w in kube.written] == [
+            ["Ready", "MetricsAvailable"],
+            ["Ready"],
+        ]
+    finally:
+        STATE.kube = None
+        STATE.written.pop(("ml", "order"), None)

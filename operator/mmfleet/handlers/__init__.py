@@ -1,9 +1,10 @@
 """The kopf handlers, one module per concern; importing this package registers them all.
 
 ``fleet``: reconcile, drift repair, pruning and status. ``autoscale``: the autoscaling loop and
-its liveness probe. ``state``: what they share.
+its liveness probe. ``connection``: kopf's login, with a bounded connection pool. ``state``: what
+they share.
 """
 
-from mmfleet.handlers import autoscale, fleet
+from mmfleet.handlers import autoscale, connection, fleet
 
-__all__ = ["autoscale", "fleet"]
+__all__ = ["autoscale", "connection", "fleet"]

@@ -1,14 +1,15 @@
-"""The autoscaling loop: one cycle for all fleets, every ``autoscale_interval``.
+"""The autoscaling loop: one cycle for all fleets, every ``autoscale_interval``, and its liveness probe.
 
 Every cycle reads kopf's indexes, asks Prometheus one batched query per signal, and per fleet
 decides (the pure ``autoscaler.cycle``), scales through the Deployment's scale subresource, writes
-status and posts an event for every scale decision.
+status and posts an event (``kopf.event``) for every scale decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,9 +20,23 @@ import kopf
 
 from mmfleet.api import MultimodalInference
 from mmfleet.autoscaler import cycle, metrics
-from mmfleet.handlers.state import STATE, Body, Key, get_kube, log, utc_now, write_status
+from mmfleet.handlers.state import (
+    STATE,
+    Body,
+    Key,
+    get_kube,
+    kopf_event,
+    last_status,
+    log,
+    parse_spec,
+    utc_now,
+    write_status,
+)
 from mmfleet.render import SpecError
-from mmfleet.validation import parse
+
+# The liveness probe fails when no cycle has finished for this many intervals, plus STALL_MARGIN seconds.
+STALL_INTERVALS = 3
+STALL_MARGIN = 30.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,7 @@ def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, poo
     fleets: list[tuple[FleetView, MultimodalInference]] = []
     for view in views:
         with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
-            inference = parse(view.body)
+            inference = parse_spec(view.body)
             if inference.spec.autoscaled and view.deployment is not None:
                 fleets.append((view, inference))
     for gone in STATE.scaling.keys() - {view.key for view, _ in fleets}:
@@ -62,10 +77,13 @@ def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, poo
         readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
     else:
         readings = prometheus.read([_target(inference) for _, inference in fleets], now.timestamp())
-    scaled = sum(pool.map(lambda fleet: _autoscale_fleet(fleet[0], fleet[1], readings, now), fleets))
+    # An empty context when no fleet was indexed yet, so there is nothing to post about.
+    context = STATE.kopf_context or contextvars.Context()
+    done = list(pool.map(lambda fleet: context.copy().run(_autoscale_fleet, fleet[0], fleet[1], readings, now), fleets))
     log.info(
-        "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, in %.0f ms",
-        len(fleets), readings.queries, " (failed)" if readings.outage else "", scaled,
+        "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, %d status writes, in %.0f ms",
+        len(fleets), readings.queries, " (failed)" if readings.outage else "", sum(s for s, _ in done),
+        sum(w for _, w in done),
         (time.perf_counter() - started) * 1000,
     )  # fmt: skip
 
@@ -82,12 +100,12 @@ def _target(inference: MultimodalInference) -> metrics.Target:
 
 def _autoscale_fleet(
     view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime
-) -> bool:
-    """Decide, scale, write status and post the event for one fleet; whether it was scaled."""
+) -> tuple[bool, bool]:
+    """Decide, scale, write status and post the event for one fleet; whether it scaled, and wrote status."""
     assert view.deployment is not None
     replicas = view.deployment.get("spec", {}).get("replicas")
     if replicas is None:
-        return False
+        return False, False
     meta = inference.metadata
     config = STATE.config
     try:
@@ -109,14 +127,14 @@ def _autoscale_fleet(
             if outcome.scaled:
                 kube.scale(meta.namespace, meta.name, outcome.replicas)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
-            previous = STATE.written.get(view.key, inference.status)
-            write_status(view.body, cycle.scaled_status(inference, outcome, previous, now), previous, kube.post_event)
+            previous = last_status(view.key, view.body)
+            wrote = write_status(view.body, cycle.scaled_status(inference, outcome, previous, now), previous)
             if outcome.scaled:
-                kube.post_event(view.body, "Normal", outcome.event_reason, outcome.reason)
+                kopf_event(view.body, "Normal", outcome.event_reason, outcome.reason)
     except Exception:  # one fleet's failure (an API error, a bug) must not stop the others
         log.exception("autoscaling %s/%s failed", meta.namespace, meta.name)
-        return False
-    return outcome.scaled
+        return False, False
+    return outcome.scaled, wrote
 
 
 async def autoscale_forever(
@@ -134,6 +152,8 @@ async def autoscale_forever(
                 await asyncio.to_thread(autoscale, views, prometheus, pool)
             except Exception:
                 log.exception("autoscaling cycle failed")
+            else:
+                STATE.autoscaler_cycled = time.monotonic()
             await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
     finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
         pool.shutdown(wait=False, cancel_futures=True)
@@ -150,6 +170,7 @@ async def start_autoscaler(**kwargs: Any) -> None:
         await asyncio.sleep(STATE.config.autoscale_interval)
         await autoscale_forever(*indexes)
 
+    STATE.autoscaler_cycled = time.monotonic()
     STATE.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")
     log.info(
         "autoscaler: every %gs, Prometheus %s", STATE.config.autoscale_interval, STATE.config.prometheus_url or "(none)"
@@ -162,3 +183,23 @@ async def stop_autoscaler(**_: Any) -> None:
         STATE.autoscaler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await STATE.autoscaler
+
+
+@kopf.on.probe(id="autoscaler")
+async def check_autoscaler(**_: Any) -> str:
+    """Turn kopf's liveness endpoint red when the autoscaling loop has stopped cycling.
+
+    A probe that raises ``PermanentError`` fails kopf's probing activity, and /healthz answers 500
+    (kopf 1.45.2, ``kopf/_core/engines/probing.py``); any other exception would be retried after a
+    backoff, holding the probe's request open instead.
+    """
+    loop = STATE.autoscaler
+    if loop is None:
+        return "not started"
+    if loop.done():
+        raise kopf.PermanentError("the autoscaling loop has ended")
+    silent = time.monotonic() - STATE.autoscaler_cycled
+    limit = STALL_INTERVALS * STATE.config.autoscale_interval + STALL_MARGIN
+    if silent > limit:
+        raise kopf.PermanentError(f"no autoscaling cycle finished for {silent:.0f}s (limit {limit:.0f}s)")
+    return f"last cycle {silent:.0f}s ago"

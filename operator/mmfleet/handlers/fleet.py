@@ -15,12 +15,24 @@ from typing import Any
 
 import kopf
 
-from mmfleet import clouds, render, status
+from mmfleet import clouds, status
 from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference
-from mmfleet.handlers.state import STATE, Body, Key, get_kube, log, previous_status, utc_now, write_status
+from mmfleet.handlers.state import (
+    STATE,
+    Body,
+    Key,
+    get_kube,
+    last_status,
+    log,
+    parse_spec,
+    previous_status,
+    remember_kopf_context,
+    render_children,
+    utc_now,
+    write_status,
+)
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, RetryableError
 from mmfleet.render import INFERENCE_LABEL, SpecError
-from mmfleet.validation import parse
 
 CHILD_LABELS: dict[str, Any] = {
     INFERENCE_LABEL: kopf.PRESENT,
@@ -73,7 +85,7 @@ def _monitoring_crds() -> bool:
 def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
     observed = status.Observed(deployment=deployment, pod_problems=status.pod_problems(pods), cloud=cloud)
     meta = inference.metadata
-    previous = STATE.written.get((meta.namespace, meta.name), inference.status)
+    previous = last_status((meta.namespace, meta.name), body)
     write_status(body, status.compute_status(inference, observed, previous, utc_now()), previous)
 
 
@@ -116,7 +128,7 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
     started, requests_before = time.perf_counter(), get_kube().thread_requests()
     with STATE.locks[key]:
         try:
-            inference = parse(body)
+            inference = parse_spec(body)
         except SpecError as error:
             previous = previous_status(body)
             invalid = status.invalid_status(error.problems, meta.get("generation"), previous, utc_now())
@@ -124,7 +136,7 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
             raise kopf.PermanentError("; ".join(error.problems)) from None
         kube = get_kube()
         cloud = _resolve_cloud(inference)
-        children = render.render(inference, cloud, monitoring_crds=_monitoring_crds())
+        children = render_children(inference, cloud, _monitoring_crds())
         deployment: Body | None = None
         try:
             _hand_over_replicas(inference, live)
@@ -201,19 +213,21 @@ def report_requests(**_: Any) -> None:
 
 
 # The indexes keep only what status and drift need: at 1,000 fleets, whole bodies (managedFields,
-# kopf's annotations, pod specs) would be most of the operator's memory.
+# kopf's annotations, pod specs) would be most of the operator's memory. They are async, so kopf
+# calls them on its event loop: a sync one costs a hop to a worker thread on every watch event.
 def _slim_meta(meta: kopf.Meta, *keys: str) -> Body:
     return {k: meta[k] for k in ("name", "namespace", "uid", "generation", "deletionTimestamp", *keys) if k in meta}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def fleets(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+async def fleets(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+    remember_kopf_context()  # indexed before the autoscaler sees a fleet
     slim = {k: body[k] for k in ("apiVersion", "kind", "spec", "status") if k in body}
     return {(namespace or "", name): {**slim, "metadata": _slim_meta(body.meta, "labels")}}
 
 
 @kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
-def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+async def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     meta = _slim_meta(body.meta)
     meta["scalerOwnsReplicas"] = _scaler_owns_replicas(dict(body))
     slim = {"metadata": meta, "spec": {"replicas": body.spec.get("replicas")}, "status": dict(body.status)}
@@ -221,7 +235,7 @@ def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Bod
 
 
 @kopf.index("", "v1", "pods", labels=POD_LABELS)
-def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
+async def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     pod_status = body.status
     slim = {
         "metadata": _slim_meta(body.meta, "creationTimestamp"),  # the autoscaler measures cold starts from it
@@ -244,14 +258,15 @@ def update_fleet(body: kopf.Body, namespace: str | None, name: str, **kwargs: An
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def delete_fleet(namespace: str | None, name: str, **_: Any) -> None:
+def delete_fleet(namespace: str | None, name: str, uid: str, **_: Any) -> None:
     """Children go with the owner references; only our own bookkeeping needs dropping."""
     key = (namespace or "", name)
+    STATE.parsed.pop(uid, None)
     STATE.locks.pop(key, None)
     STATE.written.pop(key, None)
     STATE.scaling.pop(key, None)
-    for uid in STATE.children.pop(key, set()):
-        STATE.applied.pop(uid, None)
+    for child in STATE.children.pop(key, set()):
+        STATE.applied.pop(child, None)
 
 
 def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, kwargs: dict[str, Any]) -> None:
@@ -290,7 +305,7 @@ def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
         if not found or found[0].get("metadata", {}).get("deletionTimestamp"):
             return
         try:
-            inference = parse(found[0])
+            inference = parse_spec(found[0])
         except SpecError:
             return
         deployment = _first(kwargs, "fleet_deployments", key)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -15,10 +16,12 @@ from typing import Any, cast
 import kopf
 from pydantic import ValidationError
 
-from mmfleet.api import MultimodalInferenceStatus
+from mmfleet import render
+from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
+from mmfleet.validation import parse
 
 log = logging.getLogger("mmfleet")
 
@@ -26,7 +29,15 @@ Key = tuple[str, str]
 Body = dict[str, Any]
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
 WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True"}
-EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # (object, type, reason, message)
+
+
+@dataclass
+class Parsed:
+    """One generation of a fleet's spec, parsed, and its children as rendered for each (cloud, monitoring CRDs)."""
+
+    generation: int | None
+    inference: MultimodalInference
+    rendered: dict[tuple[str, bool], list[Body]] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,6 +58,12 @@ class State:
     # The autoscaler's memory of each autoscaled fleet (policy state, attainment, cold start).
     scaling: dict[Key, cycle.Memory] = field(default_factory=dict)
     autoscaler: asyncio.Task[None] | None = None
+    # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
+    autoscaler_cycled: float = -math.inf
+    # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
+    parsed: dict[str, Parsed] = field(default_factory=dict)
+    # A context of kopf's handlers, for kopf.event outside them (see kopf_context).
+    kopf_context: contextvars.Context | None = None
 
 
 STATE = State()
@@ -58,11 +75,55 @@ def get_kube() -> Kube:
     return STATE.kube
 
 
+def parse_spec(body: Body) -> MultimodalInference:
+    """``validation.parse``, once per uid and generation; raises ``SpecError`` as it does.
+
+    The spec, name, namespace and uid (all that rendering and the autoscaler read) only change with
+    the generation. The status in the result is the one first parsed: read it with ``last_status``.
+    """
+    uid, generation = body["metadata"].get("uid"), body["metadata"].get("generation")
+    cached = STATE.parsed.get(uid) if uid else None
+    if cached is not None and cached.generation == generation:
+        return cached.inference
+    inference = parse(body)
+    if uid:
+        STATE.parsed[uid] = Parsed(generation, inference)
+    return inference
+
+
+def render_children(inference: MultimodalInference, cloud: str, monitoring_crds: bool) -> list[Body]:
+    """``render.render``, once per uid, generation, cloud and monitoring CRDs; callers must not change the result."""
+    cached = STATE.parsed.get(inference.metadata.uid or "")
+    if cached is None or cached.inference is not inference:
+        return render.render(inference, cloud, monitoring_crds=monitoring_crds)
+    key = (cloud, monitoring_crds)
+    if key not in cached.rendered:
+        cached.rendered[key] = render.render(inference, cloud, monitoring_crds=monitoring_crds)
+    return cached.rendered[key]
+
+
 def previous_status(body: Body) -> MultimodalInferenceStatus | None:
     try:
         return MultimodalInferenceStatus.model_validate(body.get("status") or {})
     except ValidationError:
         return None
+
+
+def last_status(key: Key, body: Body) -> MultimodalInferenceStatus | None:
+    """The status as this process last judged it, else as the resource shows it (after a restart)."""
+    written = STATE.written.get(key)
+    return written if written is not None else previous_status(body)
+
+
+def remember_kopf_context() -> None:
+    """Keep the context of a kopf handler, for ``kopf.event`` from the autoscaler loop, which is none.
+
+    ``kopf.event`` reads the operator's settings, its event queue and that queue's event loop from
+    context variables that kopf sets only around its handlers (kopf 1.45.2,
+    ``kopf/_core/engines/posting.py``); events posted in this context join kopf's own queue.
+    """
+    if STATE.kopf_context is None:
+        STATE.kopf_context = contextvars.copy_context()
 
 
 def kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -71,23 +132,25 @@ def kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
 
 
 def write_status(
-    body: kopf.Body | Body,
-    new: MultimodalInferenceStatus,
-    previous: MultimodalInferenceStatus | None,
-    post: EventPoster = kopf_event,
-) -> None:
-    """Write status only when it changed, and tell the user about transitions as events.
+    body: kopf.Body | Body, new: MultimodalInferenceStatus, previous: MultimodalInferenceStatus | None
+) -> bool:
+    """Write status only when it changed, and tell the user about transitions as events; whether it wrote.
 
-    "Changed" is judged against what this process last wrote (the operator is the only writer),
-    because the watched copy of the resource can lag behind our own last patch. ``post`` posts an
-    event: kopf's poster from handlers, the API server directly from the autoscaler loop.
+    "Changed" is judged against what this process last judged (the operator is the only writer),
+    because the watched copy of the resource can lag behind our own last patch. Conditions are kept
+    in one order: the reconcile and the autoscaler each list their own first, and would otherwise
+    rewrite each other's status on every cycle without changing a thing.
     """
-    wire = new.wire()
+    new = new.model_copy(update={"conditions": sorted(new.conditions, key=lambda c: CONDITION_TYPES.index(c.type))})
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     previous = STATE.written.get(key, previous)
+    if previous == new:
+        return False
+    wire = new.wire()
     if previous is not None and previous.wire() == wire:
-        return
+        STATE.written[key] = new
+        return False
     get_kube().patch_status(meta["namespace"], meta["name"], wire)
     STATE.written[key] = new
     before = {c.type: c for c in previous.conditions} if previous else {}
@@ -96,9 +159,10 @@ def write_status(
         if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
             continue
         if condition.status == WARNING_WHEN.get(condition.type):
-            post(body, "Warning", condition.reason, condition.message)
+            kopf_event(body, "Warning", condition.reason, condition.message)
         elif condition.type == "Ready" and condition.status == "True":
-            post(body, "Normal", "Ready", condition.message)
+            kopf_event(body, "Normal", "Ready", condition.message)
+    return True
 
 
 def utc_now() -> datetime:

@@ -49,7 +49,8 @@ TARGET_RSS_MB = 200.0
 RECONCILED = re.compile(r"reconciled \S+ in ([0-9.]+) ms with (\d+) API requests")
 TOTAL_REQUESTS = re.compile(r"API requests made: (\d+)")
 CYCLE = re.compile(
-    r"autoscaling cycle: (\d+) fleets, (\d+) Prometheus queries(?: \(failed\))?, \d+ scaled, in ([0-9.]+) ms"
+    r"autoscaling cycle: (\d+) fleets, (\d+) Prometheus queries(?: \(failed\))?, \d+ scaled, "
+    r"(?:(\d+) status writes, )?in ([0-9.]+) ms"
 )
 AUTOSCALE_INTERVAL = 15.0  # s, the operator's default
 CYCLES = 3  # full cycles timed once every resource is Ready
@@ -77,6 +78,7 @@ class Result:
     cycle_p50_ms: float  # autoscaler cycles over all fleets
     cycle_max_ms: float
     queries_per_cycle: float
+    writes_per_cycle: str  # status writes in each timed cycle, e.g. "1000/0/0"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -275,18 +277,30 @@ def _measure(api: Any, count: int, operator: Operator, log: Path, progress: Prog
         requests_per_resource=(totals[-1] / count) if totals else math.nan,
         peak_rss_mb=rss,
         all_ready=ready == count,
-        cycle_p50_ms=_percentile([ms for _, ms in cycles], 0.5),
-        cycle_max_ms=max((ms for _, ms in cycles), default=math.nan),
-        queries_per_cycle=statistics.fmean(q for q, _ in cycles) if cycles else math.nan,
+        cycle_p50_ms=_percentile([c.ms for c in cycles], 0.5),
+        cycle_max_ms=max((c.ms for c in cycles), default=math.nan),
+        queries_per_cycle=statistics.fmean(c.queries for c in cycles) if cycles else math.nan,
+        writes_per_cycle="/".join(c.writes for c in cycles),
     )
 
 
-def _full_cycles(log: Path, count: int, progress: Progress) -> list[tuple[int, float]]:
-    """(queries, ms) of the first ``CYCLES`` autoscaling cycles that saw every fleet."""
+@dataclass(frozen=True)
+class Cycle:
+    queries: int
+    writes: str  # "?" from an operator that did not log them
+    ms: float
+
+
+def _full_cycles(log: Path, count: int, progress: Progress) -> list[Cycle]:
+    """The first ``CYCLES`` autoscaling cycles that saw every fleet."""
     deadline = time.monotonic() + (CYCLES + 2) * AUTOSCALE_INTERVAL
-    found: list[tuple[int, float]] = []
+    found: list[Cycle] = []
     while time.monotonic() < deadline:
-        found = [(int(q), float(ms)) for n, q, ms in CYCLE.findall(log.read_text(errors="replace")) if int(n) == count]
+        found = [
+            Cycle(int(q), w or "?", float(ms))
+            for n, q, w, ms in CYCLE.findall(log.read_text(errors="replace"))
+            if int(n) == count
+        ]
         if len(found) >= CYCLES:
             break
         time.sleep(1.0)
@@ -300,6 +314,7 @@ def render_results(results: list[Result]) -> str:
         "create→Ready p50 / p99 (s)", "reconcile p50 / p99 (ms)", "API req / reconcile",
         "operator API req / resource", "peak RSS (MB)", "vs 200 MB target",
         "autoscaler cycle p50 / max (ms)", "vs 1 s target", "Prometheus queries / cycle",
+        "status writes per timed cycle",
     ]  # fmt: skip
     rows = [
         [
@@ -316,6 +331,7 @@ def render_results(results: list[Result]) -> str:
             f"{r.cycle_p50_ms:.0f} / {r.cycle_max_ms:.0f}",
             f"{r.cycle_p50_ms / TARGET_CYCLE_MS:.2f}x",
             f"{r.queries_per_cycle:.0f}",
+            r.writes_per_cycle,
         ]
         for r in results
     ]
