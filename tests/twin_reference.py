@@ -19,7 +19,7 @@ from mmfleet_lab.twin.replica import ReplicaParams
 
 
 class _Req:
-    __slots__ = ("first", "gen", "i", "kv", "last_tok", "out", "pdone", "prompt", "vision_done")
+    __slots__ = ("first", "gen", "gone", "i", "kv", "last_tok", "out", "pdone", "prompt", "vision_done")
 
     def __init__(self, i: int, prompt: int, out: int, vision_done: bool) -> None:
         self.i = i
@@ -31,6 +31,7 @@ class _Req:
         self.first = False
         self.vision_done = vision_done
         self.last_tok = 0.0
+        self.gone = False  # finished, dropped or abandoned
 
 
 class ReplicaEngine:
@@ -41,6 +42,8 @@ class ReplicaEngine:
     waiting requests are admitted FCFS while seats (``max_num_seqs``), budget and KV cache allow.
     A request's images run through the encoder in the step of its first chunk. When decodes cannot
     get a KV slot, the newest running request is preempted and later recomputed (vLLM's default).
+    Before each step, requests whose client has given up (past their deadline) leave the queue or
+    their seat.
     """
 
     def __init__(self, rid: int, params: ReplicaParams, work: Workload, book: MetricBook, outcomes: Outcomes) -> None:
@@ -52,6 +55,7 @@ class ReplicaEngine:
         self.clock = 0.0
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
+        self.assigned: deque[_Req] = deque()  # sent here, in arrival order (so in deadline order)
         self.kv_cap = params.kv_capacity_tokens
         self.kv_used = 0
 
@@ -67,6 +71,24 @@ class ReplicaEngine:
         while pos > 0 and avail[self.waiting[pos - 1].i] > avail[i]:
             pos -= 1
         self.waiting.insert(pos, r)
+        self.assigned.append(r)
+
+    def _abandon(self) -> None:
+        """Requests past their deadline leave: from the queue, or from their seat with their KV."""
+        deadline = self.w.deadline
+        while self.assigned:
+            r = self.assigned[0]
+            if not r.gone and deadline[r.i] > self.clock:
+                return
+            self.assigned.popleft()
+            if r.gone:
+                continue
+            if r in self.running:
+                self.running.remove(r)
+                self.kv_used -= r.kv
+            else:
+                self.waiting.remove(r)
+            r.gone = True
 
     def _preempt(self) -> None:
         while self.running:
@@ -85,6 +107,7 @@ class ReplicaEngine:
         """One engine step from ``clock``; False when nothing can be scheduled."""
         p = self.p
         w = self.w
+        self._abandon()
         self._preempt()
         budget = p.max_num_batched_tokens
         decodes: list[_Req] = []
@@ -106,7 +129,7 @@ class ReplicaEngine:
             tc = min(r.prompt, budget)
             if self.kv_used + tc > self.kv_cap:
                 if not self.running:  # can never fit: drop it (it stays at np.inf)
-                    self.waiting.popleft()
+                    self.waiting.popleft().gone = True
                     continue
                 break
             self.waiting.popleft()
@@ -153,6 +176,7 @@ class ReplicaEngine:
             self.book.observe("itl", self.rid, np.asarray(gaps))
         self.book.add(LAYOUT.generation, self.rid, float(new_tokens))
         for r in done:
+            r.gone = True
             self.running.remove(r)
             self.kv_used -= r.kv
             self.outcomes.finish(r.i, now, w.arrival[r.i], w.out[r.i])
@@ -203,6 +227,8 @@ class FineEngine:
             t = max(float(self.work.arrival[i]), t0)
             for r in self.replicas:
                 r.advance(t)
+            if self.work.deadline[i] <= t:  # its client gave up at the gateway
+                continue
             counts = [self.replicas[e].outstanding for e in eligible]
             target = self.replicas[int(eligible[int(np.argmin(counts))])]
             target.submit(int(i))

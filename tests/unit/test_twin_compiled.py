@@ -8,6 +8,7 @@ printed, not asserted.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -53,9 +54,11 @@ def assert_same_counters(a: np.ndarray, b: np.ndarray) -> None:
     np.testing.assert_allclose(b[..., sums], a[..., sums], rtol=RTOL)
 
 
-def lockstep(params: ReplicaParams, req: Requests, replicas: int, seconds: float) -> tuple[FineEngine, CompiledEngine]:
+def lockstep(
+    params: ReplicaParams, req: Requests, replicas: int, seconds: float, timeout: float = math.inf
+) -> tuple[FineEngine, CompiledEngine]:
     """Both engines through the same arrivals; every 15 s the scraped counters and gauges must agree."""
-    work = Workload.build(req, params)
+    work = Workload.build(req, params, timeout)
     fine, comp = FineEngine(params, work), CompiledEngine(params, work)
     for eng in (fine, comp):
         for _ in range(replicas):
@@ -109,6 +112,18 @@ def test_compiled_matches_fine_under_kv_pressure(monkeypatch: pytest.MonkeyPatch
     assert preempted > 1000
     too_big = Workload.build(req, params).prompt > params.kv_capacity_tokens
     assert too_big.any() and np.all(np.isinf(comp.outcomes.e2e[too_big]))
+    assert_same_outcomes(fine, comp)
+    assert_same_counters(fine.book.rows, comp.book.rows)
+
+
+def test_compiled_matches_fine_with_timeouts() -> None:
+    """Overload with a 4 s client timeout: requests abandoned while queued and after their first token."""
+    req = workload(25.0, seconds=60.0)
+    fine, comp = lockstep(P, req, 2, 60.0, timeout=4.0)
+    e2e, ttft = comp.outcomes.e2e, comp.outcomes.ttft
+    assert np.isinf(e2e).sum() > 1000  # abandoned ...
+    assert (np.isfinite(ttft) & np.isinf(e2e)).sum() > 100  # ... some after their first token
+    assert np.all(e2e[np.isfinite(e2e)] < 4.0 + 0.5)  # nothing finishes long after its deadline
     assert_same_outcomes(fine, comp)
     assert_same_counters(fine.book.rows, comp.book.rows)
 

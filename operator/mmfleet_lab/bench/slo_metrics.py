@@ -2,8 +2,8 @@
 
 Definitions follow the benchmark bar (reference/autoscaling.md §8.1): windows group requests by
 arrival; a window passes when at least the SLO's percentile of its requests met the target;
-windows with fewer than ``n_min`` requests are merged into the next one; a dropped or unfinished
-request counts as a violation.
+windows with fewer than ``n_min`` requests are merged into the next one; a dropped, unfinished or
+abandoned request (its client timed out: the twin's latency ``inf``) counts as a violation.
 """
 
 from __future__ import annotations

@@ -6,10 +6,12 @@ scheduling, preemption, dropping, routing at each arrival, and float operations 
 in numba-compiled code over preallocated arrays:
 
 - per request (indexed by request number): what a waiting request carries (effective prompt,
-  tokens generated before a preemption, last token time, first-token and encoder flags) and the
-  links of the waiting queues;
-- per replica: clock, KV used, and the waiting queue as a doubly linked list through the request
-  links, so a queue of any length costs nothing per step;
+  tokens generated before a preemption, last token time, first-token and encoder flags), where it
+  is (waiting, in a seat, or gone), and the links of the waiting queues and of the assigned lists;
+- per replica: clock, KV used, the waiting queue as a doubly linked list through the request
+  links, so a queue of any length costs nothing per step, and the requests sent to it in arrival
+  order (so in deadline order), a singly linked list from which abandoned requests are taken at the
+  head and finished ones dropped when they get there;
 - per running seat (replica x ``max_num_seqs``): the running request and its hot fields (prompt,
   prefilled, generated, KV held, output length, last token time), the admission order as a list
   of seats, the free seats as a stack. A step reads one cache line per running request instead of
@@ -50,6 +52,7 @@ class _Work(NamedTuple):
     prompt: np.ndarray
     out: np.ndarray
     vis_ms: np.ndarray
+    deadline: np.ndarray
     dense_ms: np.ndarray  # ReplicaParams.dense_ms_at(n) for n < dense_tokens[-1] (np.interp, bit for bit)
 
 
@@ -63,7 +66,6 @@ class _Const(NamedTuple):
     logits_row_ms: float
     host_ms_base: float
     host_ms_per_seq: float
-    host_ms_max: float
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_cap: int
@@ -81,6 +83,9 @@ class _Const(NamedTuple):
 # A running seat's integer fields, side by side so that a step touches one cache line per request.
 _REQ, _PROMPT, _PDONE, _GEN, _KV, _OUT = range(6)
 _SEAT_FIELDS = 6
+# Where a request is, besides its seat number when running.
+_WAITING = -1
+_GONE = -2  # finished, dropped or abandoned (or never sent)
 
 
 class _State(NamedTuple):
@@ -94,6 +99,8 @@ class _State(NamedTuple):
     vision_done: np.ndarray
     next: np.ndarray  # waiting-queue links (-1: none)
     prev: np.ndarray
+    where: np.ndarray  # _WAITING, _GONE or the running seat
+    anext: np.ndarray  # assigned-list link (-1: none)
     ttft: np.ndarray  # the Outcomes arrays, written in place
     e2e: np.ndarray
     itl: np.ndarray
@@ -104,6 +111,8 @@ class _State(NamedTuple):
     head: np.ndarray
     tail: np.ndarray
     n_wait: np.ndarray
+    ahead: np.ndarray  # assigned list: oldest request sent to the replica not yet taken off it
+    atail: np.ndarray
     counters: np.ndarray  # replicas x LAYOUT.width, accrued since the book last read them
     # per running seat: replicas x max_num_seqs
     order: np.ndarray  # the running requests' seats in admission order (first n_run)
@@ -139,8 +148,10 @@ def _run(
     operations that cost more than a decode's bookkeeping; helpers here take scalars and tuples only.
     """
     arrival, avail, w_prompt, out, vis_ms, dense_ms = w.arrival, w.avail, w.prompt, w.out, w.vis_ms, w.dense_ms
+    deadline = w.deadline
     prompt, gen, last_tok, first, vision_done = s.prompt, s.gen, s.last_tok, s.first, s.vision_done
     nxt, prv, ttft_of, e2e_of, itl_of = s.next, s.prev, s.ttft, s.e2e, s.itl
+    where, anext, ahead, atail = s.where, s.anext, s.ahead, s.atail
     clock, kv_used, n_run, head, tail, n_wait = s.clock, s.kv_used, s.n_run, s.head, s.tail, s.n_wait
     counters, order, free = s.counters, s.order, s.free
     seat, seat_last = s.seat, s.seat_last
@@ -170,6 +181,39 @@ def _run(
         while q < n_active:
             r = active[q]
             while clock[r] < until:
+                # --- _abandon: requests past their deadline leave the queue or their seat
+                while ahead[r] >= 0:
+                    v = ahead[r]
+                    if where[v] != _GONE and deadline[v] > clock[r]:
+                        break
+                    ahead[r] = anext[v]
+                    if ahead[r] < 0:
+                        atail[r] = -1
+                    if where[v] == _WAITING:
+                        h = nxt[v]
+                        g = prv[v]
+                        if g >= 0:
+                            nxt[g] = h
+                        else:
+                            head[r] = h
+                        if h >= 0:
+                            prv[h] = g
+                        else:
+                            tail[r] = g
+                        n_wait[r] -= 1
+                    elif where[v] >= 0:
+                        gone = np.uintp(where[v])  # its seat, typed as the seat lists are
+                        kv_used[r] -= seat[r, gone, _KV]
+                        n = n_run[r]
+                        free[r, seats - n] = gone
+                        j = 0
+                        while order[r, j] != gone:
+                            j += 1
+                        while j < n - 1:
+                            order[r, j] = order[r, j + 1]
+                            j += 1
+                        n_run[r] = n - 1
+                    where[v] = _GONE
                 if n_run[r] == 0 and n_wait[r] == 0:  # nothing to step or wait for
                     clock[r] = until
                     break
@@ -187,6 +231,7 @@ def _run(
                         k = order[r, n]
                         free[r, seats - n - 1] = k
                         v = seat[r, k, _REQ]
+                        where[v] = _WAITING
                         if seat[r, k, _PDONE] >= seat[r, k, _PROMPT]:
                             need -= 1
                         kv_used[r] -= seat[r, k, _KV]
@@ -240,8 +285,10 @@ def _run(
                         tail[r] = -1
                     n_wait[r] -= 1
                     if not fits:  # can never fit: dropped (its latencies stay inf)
+                        where[i] = _GONE
                         continue
                     k = free[r, seats - n_run[r] - 1]
+                    where[i] = k
                     order[r, n_run[r]] = k
                     n_run[r] += 1
                     seat[r, k, _REQ] = i
@@ -287,7 +334,7 @@ def _run(
                     + c.logits_row_ms * (n_dec + sampling)
                 )
                 gpu += vision
-                host = min(c.host_ms_base + c.host_ms_per_seq * (n_dec + n_chunk), c.host_ms_max)
+                host = c.host_ms_base + c.host_ms_per_seq * (n_dec + n_chunk)
                 clock[r] += (gpu + host) / 1000.0
                 now = clock[r]
                 # decodes make a token each (histogram sums accumulate one value at a time, as the
@@ -350,6 +397,7 @@ def _run(
                     k = done[j]
                     i = seat[r, k, _REQ]
                     kv_used[r] -= seat[r, k, _KV]
+                    where[i] = _GONE
                     e2e = now - arrival[i]
                     e2e_of[i] = e2e
                     o = float(out[i])
@@ -378,8 +426,11 @@ def _run(
         if a == idx.size:
             break
         # route to the least outstanding eligible replica (ties: the first), then submit: the queue is
-        # ordered by readiness, a new request after every one ready no later
+        # ordered by readiness, a new request after every one ready no later. A request whose client
+        # has already given up (held at the gateway past its deadline) is not sent.
         i = idx[a]
+        if deadline[i] <= until:
+            continue
         best = eligible[0]
         fewest = n_wait[best] + n_run[best]
         for q in range(1, eligible.size):
@@ -395,6 +446,13 @@ def _run(
         last_tok[i] = 0.0
         first[i] = False
         vision_done[i] = vis_ms[i] <= 0
+        where[i] = _WAITING
+        anext[i] = -1
+        if atail[best] >= 0:
+            anext[atail[best]] = i
+        else:
+            ahead[best] = i
+        atail[best] = i
         node = tail[best]
         while node >= 0 and avail[node] > avail[i]:
             node = prv[node]
@@ -421,6 +479,8 @@ def _replica_arrays(n: int, seats: int) -> dict[str, np.ndarray]:
         "head": np.full(n, -1, dtype=np.int64),
         "tail": np.full(n, -1, dtype=np.int64),
         "n_wait": np.zeros(n, dtype=np.int64),
+        "ahead": np.full(n, -1, dtype=np.int64),
+        "atail": np.full(n, -1, dtype=np.int64),
         "counters": np.zeros((n, LAYOUT.width)),
         "seat": np.zeros((n, seats, _SEAT_FIELDS), dtype=np.int64),
         "seat_last": np.zeros((n, seats)),
@@ -458,6 +518,7 @@ class CompiledEngine:
             prompt=work.prompt.astype(np.int64),
             out=work.out.astype(np.int64),
             vis_ms=np.ascontiguousarray(work.vis_ms, dtype=float),
+            deadline=np.ascontiguousarray(work.deadline, dtype=float),
             dense_ms=params.dense_ms_vec(np.arange(int(params.dense_tokens[-1]), dtype=float)),
         )
         self._c = _Const(
@@ -468,7 +529,6 @@ class CompiledEngine:
             logits_row_ms=float(params.logits_row_ms),
             host_ms_base=float(params.host_ms_base),
             host_ms_per_seq=float(params.host_ms_per_seq),
-            host_ms_max=float(params.host_ms_max),
             max_num_seqs=int(seats),
             max_num_batched_tokens=int(params.max_num_batched_tokens),
             kv_cap=int(params.kv_capacity_tokens),
@@ -490,6 +550,8 @@ class CompiledEngine:
             vision_done=np.zeros(n, dtype=np.bool_),
             next=np.full(n, -1, dtype=np.int64),
             prev=np.full(n, -1, dtype=np.int64),
+            where=np.full(n, _GONE, dtype=np.int64),
+            anext=np.full(n, -1, dtype=np.int64),
             ttft=self.outcomes.ttft,
             e2e=self.outcomes.e2e,
             itl=self.outcomes.itl,

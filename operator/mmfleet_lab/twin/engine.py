@@ -8,7 +8,7 @@ oracle ``tests/unit/test_twin_compiled.py`` checks it against.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -16,19 +16,31 @@ from mmfleet_lab.twin.observe import MetricBook
 from mmfleet_lab.twin.replica import ReplicaParams
 from mmfleet_lab.twin.types import Requests
 
+# A client gives up on a request after this many seconds: the OpenAI Python client's default timeout
+# (openai/openai-python @d63ff655, src/openai/_constants.py: DEFAULT_TIMEOUT = httpx.Timeout(timeout=600.0,
+# connect=5.0)), the client most callers of an OpenAI-compatible server use. httpx applies it to each
+# read, so it bounds the whole request for a non-streaming call, which is what the twin models; a
+# gateway may cut sooner (Envoy's route timeout defaults to 15 s: RouteAction.timeout in envoyproxy/envoy
+# @33048638, api/envoy/config/route/v3/route_components.proto): pass ``timeout``.
+CLIENT_TIMEOUT_S: Final = 600.0
+
 
 @dataclass(frozen=True, eq=False)
 class Workload:
     """Per-request engine inputs derived once from ``Requests`` and a replica profile."""
 
     arrival: np.ndarray  # s
-    avail: np.ndarray  # arrival + CPU image preprocessing: when the engine may schedule it
+    avail: np.ndarray  # arrival + request overhead + CPU image preprocessing: when the engine may schedule it
     prompt: np.ndarray  # tokens to prefill (text + image tokens), >= 1
     out: np.ndarray  # output tokens, >= 1
     vis_ms: np.ndarray  # encoder time of the request's images
+    deadline: np.ndarray  # arrival + timeout: the client abandons the request if it has not finished by then
 
     @staticmethod
-    def build(req: Requests, params: ReplicaParams) -> Workload:
+    def build(req: Requests, params: ReplicaParams, timeout: float = CLIENT_TIMEOUT_S) -> Workload:
+        """The engine inputs of ``req`` on ``params``; ``timeout`` (s, > 0; ``math.inf``: never) is the client's."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
         images = np.asarray(req.images, dtype=float)
         per_image = req.tokens_per_image
         prompt = np.maximum(np.rint(np.asarray(req.input_tokens, dtype=float) + images * np.rint(per_image)), 1.0)
@@ -44,12 +56,14 @@ class Workload:
                 a, b = params.vision_eager_floor_ms
                 t = np.maximum(t, a + b * n)
             vis[has] = t
+        arrival = np.asarray(req.arrival, dtype=float)
         return Workload(
-            arrival=np.asarray(req.arrival, dtype=float),
-            avail=np.asarray(req.arrival, dtype=float) + images * params.image_preprocess_s,
+            arrival=arrival,
+            avail=arrival + params.request_overhead_s + images * params.image_preprocess_s,
             prompt=prompt,
             out=np.maximum(np.rint(np.asarray(req.output_tokens, dtype=float)), 1.0),
             vis_ms=vis,
+            deadline=arrival + timeout,
         )
 
 
@@ -88,5 +102,12 @@ class Engine(Protocol):
         """``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` now."""
 
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
-        """Route requests ``idx`` (arriving in [t0, t1), or held earlier) among ``eligible`` replicas
-        by least outstanding requests, and advance every replica to ``t1``."""
+        """Route requests ``idx`` (arriving in [t0, t1), or held earlier, in arrival order) among
+        ``eligible`` replicas by least outstanding requests, and advance every replica to ``t1``.
+
+        A request whose deadline has passed when it would be routed never reaches a replica; one
+        whose deadline passes on a replica is abandoned at the next step boundary: it leaves the
+        queue or frees its seat and KV, and its latencies stay ``np.inf`` (a TTFT already seen
+        stays). As vLLM counts a client's abort: no ``request_success``, no e2e observation
+        (``OutputProcessor.abort_requests`` in ``vllm/v1/engine/output_processor.py``,
+        vllm-project/vllm @d0782260, drops the request's state without recording finished stats)."""

@@ -1,23 +1,30 @@
 """One vLLM-style replica: the calibrated step-time model, KV capacity and batch limits (``ReplicaParams``).
 
-What is calibrated and what is assumed (see also ``docs/twin.md``):
+What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
 
-- **Calibrated** (H200, Qwen2.5-VL-7B, bf16, TP1): the GPU time of one engine step, from the
-  least-squares fit in ``shared/calibration/README.md`` ("How a simulator should use these
-  numbers"), which ``h200_calibrate.py --fit h200_qwen25vl7b.csv`` reproduces: ``T_dense(N)`` knots,
-  ``a_dec`` = 12.49 ns per cached token read by a decode, ``a_pre`` = 0.843 us per causal query-key
-  pair of a prompt chunk, ``b_lm`` = 0.44 us per sampled row, and the windowed vision encoder
-  ``1.089 + 3.597 P/1000 + 0.042 (P/1000)^2`` ms. The eager-encoder floor (``16.0 + 1.83 n`` ms for
-  n images) is our fit to the CSV rows ``vision_window_eager``. The test
-  ``tests/unit/test_twin_calibration.py`` replays every decode, prefill, mixed and vision row.
-- **Assumed**: the host overhead per step (scheduling, sampling, detokenisation), which the
-  calibration README puts at "about 0.5 to 3 ms per step depending on batch size" without
-  measuring it: we take ``HOST_MS_BASE + HOST_MS_PER_SEQ * seqs``, capped at ``HOST_MS_MAX``.
-  The CPU image preprocessing delay per image (README: "often 5 to 50 ms per image") is
-  ``IMAGE_PREPROCESS_S``; it delays a request but does not occupy the GPU.
+- **Calibrated** on kernels (H200, Qwen2.5-VL-7B, bf16, TP1): the GPU time of one engine step, the
+  least-squares fit to ``tests/data/h200_qwen25vl7b.csv`` (method in ``tests/data/README.md``):
+  ``T_dense(N)`` knots, ``a_dec`` = 12.49 ns per cached token read by a decode, ``a_pre`` = 0.843 us
+  per causal query-key pair of a prompt chunk, ``b_lm`` = 0.44 us per sampled row, and the windowed
+  vision encoder ``1.089 + 3.597 P/1000 + 0.042 (P/1000)^2`` ms. ``tests/unit/test_twin_calibration.py``
+  replays every decode, prefill, mixed and vision row.
+- **Image encoder as vLLM runs it**: eagerly. vLLM compiles and graph-captures only the text model
+  unless ``--compilation-config`` sets ``compile_mm_encoder`` / ``cudagraph_mm_encoder`` (both
+  default False: ``vllm/config/compilation.py`` in vllm-project/vllm @002284db; the encoder CUDA
+  graph of Qwen2.5-VL came in PR 40830 as an opt-in), and mmfleet sets neither. So a call costs at
+  least the eager-launch floor ``15.97 + 1.83 n`` ms for n images, our fit to the CSV rows
+  ``vision_window_eager`` (17.8 ms for one image, where the kernels take 4.8 ms in a graph).
+- **Fitted** on a real vLLM 0.33.0 server on one H200 (``tests/data/vllm_h200_*.csv``, described in
+  ``tests/data/README.md``; ``tests/unit/test_twin_real_server.py`` replays it):
+  ``HOST_MS_BASE`` from the batch-1 decode (4.75 ms per token against 4.57 ms of modelled GPU time);
+  ``HOST_MS_PER_SEQ`` and ``REQUEST_OVERHEAD_S`` by least squares on the open-loop runs (TTFT
+  medians and P90s at 2-10 req/s, e2e medians and P90s at all six rates). The per-sequence term is
+  whatever grows with the batch in the real server and not in the kernel table (host work per
+  request, paged attention over mixed lengths); the data cannot tell which.
+- **Assumed**: the CPU image preprocessing per image (``IMAGE_PREPROCESS_S``, off the GPU: it delays
+  a request without occupying the replica) and the activation reserve; nothing we have measured them.
 - **Derived**, not measured: the H100 profile (``H100_QWEN25VL7B``), scaled from the H200 fit by
-  datasheet ratios (see ``derive_profile``).
-"""
+  datasheet ratios (see ``derive_profile``)."""
 
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from typing import Final
 
 import numpy as np
 
-# --- calibrated constants (shared/calibration/README.md, fit over the 73 decode/prefill/mixed rows) ---
+# --- calibrated constants (the fit to tests/data/h200_qwen25vl7b.csv, its 73 decode/prefill/mixed rows) ---
 DENSE_TOKENS: Final = (1.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 DENSE_MS_H200: Final = (4.566, 4.694, 5.215, 7.227, 12.772, 22.731, 44.620, 88.696, 170.916, 328.316)
 A_DEC_MS: Final = 12.4896e-6  # ms per cached KV token read by a decode (= 12.49 ns)
@@ -36,15 +43,16 @@ VISION_WINDOW_MS: Final = (1.089, 3.597, 0.042)  # v0, per 1000 patches, per (10
 VISION_FULL_MS: Final = (0.955, 3.535, 0.412)  # all-full-attention variant (an upper bound, not Qwen's layout)
 # Our fit to the vision_window_eager rows: an eagerly launched encoder takes at least this long.
 VISION_EAGER_FLOOR_MS: Final = (15.97, 1.83)  # base, per image
-KV_BYTES_PER_TOKEN: Final = 57_344  # 28 layers x K,V x 4 heads x 128 x 2 bytes (calibration README)
-WEIGHTS_BYTES: Final = 16.6e9  # text 15.2 GB + vision 1.35 GB (calibration README)
+KV_BYTES_PER_TOKEN: Final = 57_344  # 28 layers x K,V x 4 heads x 128 x 2 bytes (Qwen2.5-7B's config)
+WEIGHTS_BYTES: Final = 16.6e9  # text 15.2 GB + vision 1.35 GB (the parameter counts x 2 bytes)
 GIB: Final = 1024.0**3
 
-# --- ASSUMED constants (not measured anywhere we read; the README gives only the ranges quoted) ---
-HOST_MS_BASE: Final = 1.0  # host work per engine step at batch 1 (README: "about 0.5 to 3 ms per step")
-HOST_MS_PER_SEQ: Final = 0.008  # growth with the batch (sampling over 152k logits, detokenisation)
-HOST_MS_MAX: Final = 3.0  # the top of the README's range
-IMAGE_PREPROCESS_S: Final = 0.010  # CPU decode + resize per image, off the GPU (README: 5 to 50 ms)
+# --- FITTED on the real vLLM 0.33.0 server (tests/data/vllm_h200_*.csv; see the module docstring) ---
+HOST_MS_BASE: Final = 0.18  # per engine step: batch-1 decode 4.75 ms/token measured - 4.57 ms modelled GPU time
+HOST_MS_PER_SEQ: Final = 0.015  # per sequence in the step (least squares over the six open-loop rates)
+REQUEST_OVERHEAD_S: Final = 0.0225  # per request before it can be scheduled (TTFT at 2-10 req/s)
+# --- ASSUMED constants (nothing we have measured them) ---
+IMAGE_PREPROCESS_S: Final = 0.010  # CPU decode + resize per image, off the GPU
 ACTIVATION_RESERVE_BYTES: Final = 4.0 * GIB  # activations, CUDA graphs, encoder cache: assumed
 DEFAULT_IMAGE_TOKENS: Final = 360  # tokens per image when a trace gives only a count (ServeGen mm-image median)
 
@@ -67,14 +75,14 @@ class ReplicaParams:
     vision_eager_floor_ms: tuple[float, float] = VISION_EAGER_FLOOR_MS
     host_ms_base: float = HOST_MS_BASE
     host_ms_per_seq: float = HOST_MS_PER_SEQ
-    host_ms_max: float = HOST_MS_MAX
+    request_overhead_s: float = REQUEST_OVERHEAD_S
     image_preprocess_s: float = IMAGE_PREPROCESS_S
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
-    gpu_memory_bytes: float = 139.8 * GIB  # usable memory of one H200 (calibration README)
-    gpu_memory_utilization: float = 0.92  # vLLM 0.33 default (backends.md 1.2)
+    gpu_memory_bytes: float = 139.8 * GIB  # usable memory of one H200 (what torch reported when measuring)
+    gpu_memory_utilization: float = 0.92  # vLLM 0.33.0's default, as the real server ran (tests/data/README.md)
     weights_bytes: float = WEIGHTS_BYTES
     reserve_bytes: float = ACTIVATION_RESERVE_BYTES
-    # vLLM 0.33 defaults for H100/H200 when unset (backends.md 1.2, EngineArgs.get_batch_defaults).
+    # vLLM 0.33.0's defaults on an H200 when unset, as the real server ran (tests/data/README.md).
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
 
@@ -85,7 +93,7 @@ class ReplicaParams:
         return max(int(free // self.kv_bytes_per_token), 0)
 
     def dense_ms_at(self, n: float) -> float:
-        """``T_dense(N)``: linear between knots; proportional beyond the last one (README: ~20 us/token)."""
+        """``T_dense(N)``: linear between knots; proportional beyond the last one (about 20 us per token)."""
         if n >= self.dense_tokens[-1]:
             return self.dense_ms[-1] * n / self.dense_tokens[-1]
         return float(np.interp(n, self.dense_tokens, self.dense_ms))
@@ -99,8 +107,8 @@ class ReplicaParams:
         return np.asarray(out)
 
     def host_ms(self, seqs: float) -> float:
-        """ASSUMED host overhead of one step with ``seqs`` sequences scheduled."""
-        return min(self.host_ms_base + self.host_ms_per_seq * seqs, self.host_ms_max)
+        """What a real server adds to the modelled GPU time of a step with ``seqs`` sequences (fitted)."""
+        return self.host_ms_base + self.host_ms_per_seq * seqs
 
     def vision_graph_ms(self, patches: list[float] | np.ndarray) -> float:
         """GPU time of one encoder call over images of ``patches`` patches each (calibrated fit)."""
@@ -133,7 +141,7 @@ class ReplicaParams:
         chunks: list[tuple[int, int]] = (),  # type: ignore[assignment]
         sampling_prefills: int | None = None,
     ) -> float:
-        """GPU time of one step (the README's formula), without host overhead or vision.
+        """GPU time of one step (the calibrated formula), without host overhead or vision.
 
         ``decode_contexts``: context of each decode *before* this step (it attends over context + 1).
         ``chunks``: (new tokens Tc, tokens of the same prompt already cached Cp) per prompt chunk.
@@ -161,7 +169,7 @@ def derive_profile(
 
     ``bandwidth_ratio`` / ``flops_ratio`` are base-GPU over target-GPU (>1: the target is slower).
     The dense part is treated as a roofline: up to ``memory_bound_tokens`` tokens a step is bound by
-    reading the weights (README: "up to about 64 sequences"), so it scales by bandwidth; beyond, the
+    reading the weights (the decode rows: up to about 64 sequences), so it scales by bandwidth; beyond, the
     larger of the bandwidth-scaled floor and the FLOPs-scaled time. KV reads scale by bandwidth,
     prompt attention and the vision encoder by FLOPs.
     """

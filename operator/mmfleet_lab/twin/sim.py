@@ -12,7 +12,7 @@ import numpy as np
 from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Observation, Policy, cycle
 from mmfleet_lab.twin.compiled import CompiledEngine
-from mmfleet_lab.twin.engine import Engine, Workload
+from mmfleet_lab.twin.engine import CLIENT_TIMEOUT_S, Engine, Workload
 from mmfleet_lab.twin.fleet import Fleet
 from mmfleet_lab.twin.observe import Prometheus, query
 from mmfleet_lab.twin.replica import ReplicaParams
@@ -47,6 +47,7 @@ def simulate(
     seed: int = 0,
     rate_window: float = 60.0,
     start: float = 0.0,
+    timeout: float = CLIENT_TIMEOUT_S,
     engine: EngineFactory = CompiledEngine,
 ) -> RunResult:
     """Run ``policy`` on a fleet serving ``scenario`` and return what happened.
@@ -60,11 +61,12 @@ def simulate(
     ``seed`` sets the phase of the scrape grid (Prometheus spreads scrapes over the interval); the
     engine is deterministic (``engine`` builds it; tests pass the reference engine). After
     ``scenario.duration`` in-flight requests may finish for up to ``TAIL_S`` s; GPU time is counted
-    up to the duration only. Requests never finished have latency ``np.inf``.
+    up to the duration only. A request not finished ``timeout`` s after its arrival is abandoned by
+    its client (``Engine.run``). Requests abandoned or never finished have latency ``np.inf``.
     """
     req = scenario.requests
     horizon = float(scenario.duration)
-    work = Workload.build(req, params)
+    work = Workload.build(req, params, timeout)
     eng = engine(params, work)
     initial = min_replicas if initial_replicas is None else initial_replicas
     initial = max(min(initial, max_replicas), min_replicas)
