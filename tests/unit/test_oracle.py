@@ -1,92 +1,181 @@
-"""The offline oracle (autoscaling.md §7): schedules solvable by hand, the bound, replay and refinement."""
+"""The benchmark's oracle (``mmfleet_lab.bench.oracle``): it meets every window it reports, sits above the
+fluid bound and above the zero-cold-start oracle, keeps replicas through short gaps, and fails loudly."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 import pytest
 
+from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Observation
+from mmfleet_lab.bench import slo_metrics
 from mmfleet_lab.bench.oracle import (
+    Cell,
+    Oracle,
+    OracleError,
     SchedulePolicy,
+    _smallest,
     fluid_lower_bound,
     fluid_replicas,
-    oracle_schedule,
-    refine,
+    held_plan,
+    true_oracle,
 )
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, capacity_at_slo, simulate
+
+SLO = SloSpec(target="10s")
+WINDOW = 60.0
+START = 60.0
+RATES = (60.0, 60.0, 135.0, 210.0, 210.0, 60.0, 15.0, 90.0, 180.0, 45.0)  # req/s per minute; the first: warm-up
+
+
+def piecewise(rates: tuple[float, ...], seed: int = 0) -> Requests:
+    """Poisson arrivals at ``rates[k]`` in minute k, 500 prompt and 200 output tokens each."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for k, rate in enumerate(rates):
+        t = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * WINDOW * 1.5)))
+        parts.append(k * WINDOW + t[t < WINDOW])
+    arrival = np.concatenate(parts)
+    n = arrival.size
+    return Requests(arrival, np.full(n, 500), np.full(n, 200), np.zeros(n))
+
+
+def make_cell(max_replicas: int = 16, rates: tuple[float, ...] = RATES) -> Cell:
+    scn = Scenario("synthetic", piecewise(rates), WINDOW * len(rates))
+    return Cell(scn, H200_QWEN25VL7B, SLO, initial=2, max_replicas=max_replicas, start=START, window=WINDOW,
+                label="synthetic")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cell() -> Cell:
+    return make_cell()
+
+
+@pytest.fixture(scope="module")
+def oracles(cell: Cell) -> tuple[Oracle, Oracle]:
+    return true_oracle(cell, 60.0)
+
+
+def scored_hours(cell: Cell, oracle: Oracle) -> float:
+    """GPU-hours after the warm-up, as the benchmark scores them."""
+    return (oracle.result.gpu_seconds - cell.initial * cell.start) / 3600.0
+
+
+def test_the_oracle_meets_every_window_it_reports(cell: Cell, oracles: tuple[Oracle, Oracle]) -> None:
+    for oracle in oracles:
+        keep = oracle.result.arrival >= START
+        verdicts = slo_metrics.windows(
+            oracle.result.arrival[keep], oracle.result.e2e[keep], seconds(SLO.target), SLO.percentile, WINDOW
+        )
+        assert verdicts.passed.size == len(RATES) - 1
+        assert verdicts.passed.all()
+    ready = oracles[0].ready
+    assert ready.size == len(RATES) - 1
+    assert ready.max() < cell.max_replicas  # it found counts, not the limit
+    assert ready[2] > ready[5]  # and follows the load (70 req/s against 5 req/s)
+    assert oracles[0].evaluations >= ready.size
+
+
+def test_the_oracle_is_minimal_window_by_window(cell: Cell, oracles: tuple[Oracle, Oracle]) -> None:
+    # one replica fewer in the busiest window, everything else kept, fails that window
+    oracle = oracles[1]  # zero cold start: the plan is the Ready counts
+    busiest = int(np.argmax(oracle.ready))
+    fewer = oracle.ready.copy()
+    fewer[busiest] -= 1
+    plan = held_plan(fewer, initial=cell.initial, start=START, window=WINDOW, cold_start=0.0, horizon=600.0)
+    result = simulate(
+        cell.scenario, SchedulePolicy.from_schedule(plan, WINDOW), params=cell.params, cold_start=0.0, slo=SLO,
+        max_replicas=cell.max_replicas, initial_replicas=cell.initial,
+    )  # fmt: skip
+    keep = (result.arrival >= START + busiest * WINDOW) & (result.arrival < START + (busiest + 1) * WINDOW)
+    met = np.count_nonzero(result.e2e[keep] <= seconds(SLO.target))
+    assert met < 0.9 * np.count_nonzero(keep)
+
+
+def test_the_oracle_is_never_below_the_fluid_bound(cell: Cell, oracles: tuple[Oracle, Oracle]) -> None:
+    mu = capacity_at_slo(cell.params, cell.scenario.requests, SLO)
+    bound = fluid_lower_bound(np.asarray(RATES[1:]), mu, WINDOW)
+    for oracle in oracles:
+        assert scored_hours(cell, oracle) >= bound
+
+
+def test_zero_cold_start_is_never_above_the_cold_start_oracle(cell: Cell, oracles: tuple[Oracle, Oracle]) -> None:
+    with_cold, without = oracles
+    assert scored_hours(cell, without) <= scored_hours(cell, with_cold)
+    assert with_cold.result.starting_gpu_seconds > 0.0  # billed from the order
+    assert without.result.starting_gpu_seconds == 0.0
+
+
+def test_replicas_are_ordered_one_cold_start_ahead_and_billed_from_then(oracles: tuple[Oracle, Oracle]) -> None:
+    oracle = oracles[0]
+    for w, need in enumerate(oracle.ready):  # the replay has the counts Ready through each window
+        second = int(START + w * WINDOW)
+        assert (oracle.result.ready[second : second + int(WINDOW)] >= need).all()
+    assert oracle.result.ready.max() == oracle.ready.max()
+    # every pod ordered is billed its whole cold start (60 s), none is cancelled while starting
+    desired = [2, *(n for _, n, _ in oracle.result.decisions)]
+    orders = sum(max(0, b - a) for a, b in itertools.pairwise(desired))
+    assert orders > 0
+    assert oracle.result.starting_gpu_seconds == pytest.approx(60.0 * orders)
+
+
+def test_a_replica_is_kept_through_an_idle_gap_no_longer_than_the_cold_start() -> None:
+    kw: dict[str, Any] = {"initial": 1, "start": 0.0, "window": 60.0, "horizon": 660.0}
+    # replica 2 is needed in windows 3, 5 and 8: its 60 s gap is bridged with L = 60 s, its 120 s gap is not
+    ready = [1, 1, 1, 2, 1, 2, 1, 1, 2, 1, 1]
+    assert held_plan(ready, cold_start=60.0, **kw).tolist() == [1, 1, 2, 2, 2, 2, 1, 2, 2, 1, 1]
+    assert held_plan(ready, cold_start=120.0, **kw).tolist() == [1, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]
+    assert held_plan(ready, cold_start=0.0, **kw).tolist() == ready
+
+
+def test_orders_lead_by_exactly_the_cold_start_on_a_finer_step() -> None:
+    # L = 90 s, 60 s windows: the plan steps by 30 s and orders replica 2 at 90 s for Ready at 180 s
+    plan = held_plan([1, 1, 1, 2], initial=1, start=0.0, window=60.0, cold_start=90.0, horizon=240.0)
+    assert plan.tolist() == [1, 1, 1, 2, 2, 2, 2, 2]
+    with pytest.raises(ValueError, match="before it can be ordered"):  # Ready at 60 s needs an order at -30 s
+        held_plan([1, 2], initial=1, start=0.0, window=60.0, cold_start=90.0, horizon=120.0)
+    with pytest.raises(ValueError, match="whole seconds"):
+        held_plan([1], initial=1, start=0.0, window=60.0, cold_start=90.5, horizon=60.0)
+
+
+def test_the_initial_fleet_is_ready_from_the_start() -> None:
+    plan = held_plan([1, 1], initial=3, start=120.0, window=60.0, cold_start=60.0, horizon=240.0)
+    assert plan.tolist() == [3, 3, 1, 1]
+
+
+def test_it_raises_when_no_count_up_to_the_limit_meets_a_window() -> None:
+    with pytest.raises(OracleError, match=r"synthetic, cold start 60 s: window 2 \(180-240 s\).* up to 3 replicas"):
+        true_oracle(make_cell(max_replicas=3), 60.0)
+
+
+def test_smallest_searches_out_from_the_guess_then_bisects() -> None:
+    for need in (1, 4, 9, 17, 30):
+        for guess in (1, 8, 40):
+            asked: list[int] = []
+
+            def passes(k: int, need: int = need, asked: list[int] = asked) -> bool:
+                asked.append(k)
+                return k >= need
+
+            assert _smallest(passes, guess, 1, 30) == need
+            assert len(asked) <= 12
+    assert _smallest(lambda k: k >= 31, 5, 1, 30) is None
 
 
 def obs(time: float, **kw: Any) -> Observation:
     base: dict[str, Any] = {
-        "time": time,
-        "ready": 1,
-        "starting": 0,
-        "unschedulable": 0,
-        "current": 1,
-        "min_replicas": 1,
-        "max_replicas": 100,
-        "slo_target": 2.0,
-        "slo_percentile": 90.0,
-        "cold_start": 60.0,
-    }
+        "time": time, "ready": 1, "starting": 0, "unschedulable": 0, "current": 1, "min_replicas": 1,
+        "max_replicas": 100, "slo_target": 2.0, "slo_percentile": 90.0, "cold_start": 60.0,
+    }  # fmt: skip
     base.update(kw)
     return Observation(**base)
 
 
-def test_units_start_one_cold_start_before_their_window() -> None:
-    # replicas 2 and 3 are needed in windows 2-3: started at 60 s (window 1), stopped after window 3
-    assert oracle_schedule(np.array([1, 1, 3, 3, 1]), 60.0, 60.0).tolist() == [1, 3, 3, 3, 1]
-
-
-def test_ski_rental_keeps_a_replica_through_a_gap_no_longer_than_the_cold_start() -> None:
-    assert oracle_schedule([2, 1, 2], 60.0, 60.0).tolist() == [2, 2, 2]  # gap 60 s <= L: keep
-    assert oracle_schedule([2, 1, 1, 2], 60.0, 60.0).tolist() == [2, 1, 2, 2]  # gap 120 s > L: stop, restart
-    assert oracle_schedule([2, 1, 1, 2], 60.0, 120.0).tolist() == [2, 2, 2, 2]  # gap 120 s <= L = 120 s
-
-
-def test_without_cold_start_the_schedule_is_the_demand() -> None:
-    demand = [0, 2, 0, 5, 5, 1, 0, 3]
-    assert oracle_schedule(demand, 60.0, 0.0).tolist() == demand
-
-
-def test_a_cold_start_between_windows_rounds_the_start_down() -> None:
-    # L = 90 s on 60 s windows: start 2 windows ahead, i.e. at 60 s for a need at 180 s
-    assert oracle_schedule([1, 1, 1, 3], 60.0, 90.0).tolist() == [1, 3, 3, 3]
-
-
-def test_needs_at_the_start_of_the_trace_are_the_initial_fleet() -> None:
-    assert oracle_schedule([3, 1, 1, 1], 60.0, 120.0).tolist() == [3, 1, 1, 1]
-
-
-def test_every_need_is_covered_from_a_cold_start_ahead() -> None:
-    rng = np.random.default_rng(7)
-    for _ in range(50):
-        demand = rng.integers(0, 6, size=40)
-        lead = int(rng.integers(0, 4))
-        plan = oracle_schedule(demand, 30.0, 30.0 * lead)
-        for w, need in enumerate(demand):
-            assert (plan[max(0, w - lead) : w + 1] >= need).all()
-        assert plan.sum() >= demand.sum()
-
-
-def test_bad_input_is_rejected() -> None:
-    with pytest.raises(ValueError):
-        oracle_schedule([1, -1], 60.0, 60.0)
-    with pytest.raises(ValueError):
-        oracle_schedule([1, 1], 0.0, 60.0)
-    with pytest.raises(ValueError):
-        fluid_replicas([1.0], 0.0)
-
-
-def test_fluid_bound_is_ceil_of_rate_over_capacity_times_window() -> None:
-    assert fluid_replicas([3.0, 4.1, 0.0, 4.0], 2.0).tolist() == [2, 3, 0, 2]
-    assert fluid_lower_bound([3.0, 4.1, 0.0, 4.0], 2.0, 60.0) == pytest.approx(7 * 60 / 3600)
-    assert fluid_lower_bound([3.0, 4.1], [1.0, 4.1], 60.0, gpus_per_replica=2) == pytest.approx(4 * 2 * 60 / 3600)
-
-
 def test_schedule_policy_replays_the_plan_and_ignores_what_it_sees() -> None:
-    policy = SchedulePolicy.from_schedule(oracle_schedule([1, 1, 3, 3, 1], 60.0, 60.0), 60.0)
+    policy = SchedulePolicy.from_schedule([1, 3, 3, 3, 1], 60.0)
     assert policy.name == "oracle"
     assert policy.interval == 60.0
     seen = [policy.decide(obs(t), None).replicas for t in (0.0, 59.9, 60.0, 180.0, 240.0, 1000.0)]
@@ -96,40 +185,10 @@ def test_schedule_policy_replays_the_plan_and_ignores_what_it_sees() -> None:
     assert policy.decide(obs(60.0, max_replicas=2), None).replicas == 2
 
 
-def test_refine_raises_failing_windows_until_they_pass() -> None:
-    truth = np.array([1, 2, 4, 2])
-    calls: list[list[int]] = []
-
-    def simulate(c: np.ndarray) -> list[int]:
-        calls.append(c.tolist())
-        return [w for w in range(len(c)) if c[w] < truth[w]]
-
-    out = refine([1, 1, 1, 1], simulate, lambda failing: failing, max_rounds=10, carry_over=False)
-    assert out.passed
-    assert out.demand.tolist() == [1, 2, 4, 2]
-    assert out.rounds == 3
-    assert calls == [[1, 1, 1, 1], [1, 2, 2, 2], [1, 2, 3, 2], [1, 2, 4, 2]]
-    # with carry-over, window 2's second failure also raises window 1
-    assert refine([1, 1, 1, 1], simulate, lambda failing: failing).demand.tolist() == [1, 3, 4, 2]
-
-
-def test_refine_raises_the_previous_window_when_a_window_keeps_failing() -> None:
-    # window 2 passes only once window 1 has a third replica (the queue it carries over)
-    def simulate(c: np.ndarray) -> list[int]:
-        return [2] if c[1] < 3 else []
-
-    out = refine([2, 2, 2], simulate, lambda failing: failing, max_rounds=5)
-    assert out.passed
-    assert out.demand.tolist() == [2, 3, 4]  # round 1 raised window 2; round 2 raised 2 and 1
-
-
-def test_refine_stops_after_max_rounds_or_at_the_cap() -> None:
-    out = refine([1, 1], lambda c: [0], lambda failing: failing, max_rounds=3)
-    assert not out.passed
-    assert out.rounds == 3
-    assert out.failing == (0,)
-    capped = refine([1, 1], lambda c: [0], lambda failing: failing, max_rounds=50, max_replicas=4)
-    assert not capped.passed
-    assert capped.demand.tolist() == [4, 1]
-    with pytest.raises(IndexError):
-        refine([1, 1], lambda c: [5], lambda failing: failing)
+def test_fluid_bound_is_ceil_of_rate_over_capacity_times_window() -> None:
+    assert fluid_replicas([3.0, 4.1, 0.0, 4.0], 2.0).tolist() == [2, 3, 0, 2]
+    assert fluid_lower_bound([3.0, 4.1, 0.0, 4.0], 2.0, 60.0) == pytest.approx(7 * 60 / 3600)
+    assert fluid_lower_bound([3.0, 4.1], [1.0, 4.1], 60.0, gpus_per_replica=2) == pytest.approx(4 * 2 * 60 / 3600)
+    assert fluid_lower_bound([3.0, 4.0], 2.0, [60.0, 30.0]) == pytest.approx((2 * 60 + 2 * 30) / 3600)
+    with pytest.raises(ValueError):
+        fluid_replicas([1.0], 0.0)

@@ -4,9 +4,9 @@ Every policy runs in the same digital twin (``mmfleet_lab.twin``) on the same re
 what Prometheus and the API server would show, with the same cold start. The ``mmfleet`` row is the
 configuration that ships (``twin.Shipped``: ``autoscaler.cycle.decide`` with the operator's defaults,
 learning the capacity per replica online); the baselines are given the twin's μ_SLO where they need
-a per-replica target. The oracle is the
-ski-rental schedule with perfect foresight of the per-window need, refined until every window
-passes (reference/autoscaling.md §7), and is the GPU-hours yardstick.
+a per-replica target. The GPU-hours yardstick is the true oracle (``bench.oracle.true_oracle``): the
+fewest replicas window by window, searched in the twin, ordered a cold start ahead and checked to meet
+every window; the zero-cold-start oracle and the fluid bound are reported beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench import slo_metrics
 from mmfleet_lab.bench.baselines import baselines
-from mmfleet_lab.bench.oracle import SchedulePolicy, fluid_replicas, oracle_schedule, refine
+from mmfleet_lab.bench.oracle import Cell, fluid_lower_bound, fluid_replicas, true_oracle
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile
@@ -37,7 +37,7 @@ STEADY = ("azure-conv", "azure-code", "servegen-mm")
 SPIKY = ("spike-x2", "spike-x4", "spike-x8", "ramp-x4", "flash-x8")
 COLD_STARTS = (30.0, 90.0, 180.0, 420.0)
 REACTIVE = ("hpa-waiting", "keda", "knative-kpa")
-ORACLE_ROUNDS = 8
+REFERENCES = ("oracle", "oracle-L0", "fluid-bound")  # yardsticks, not policies
 # Every run starts from a fleet that has served for this long at its initial size: Prometheus' rate
 # windows are full by then, so no policy mistakes the first minute's half-empty windows for a ramp.
 # Windows and GPU-hours are scored from here on, for every policy and the oracle alike. The shipped
@@ -63,6 +63,7 @@ class Row:
     recover_seconds: float
     violation_minutes: float
     seconds: float  # wall time of the simulation
+    note: str = ""  # how a yardstick was computed
 
 
 def _scored(result: RunResult, slo: SloSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -107,48 +108,46 @@ def _demand(scn: Scenario, capacity: float) -> np.ndarray:
     return result
 
 
-def _failing_windows(result: RunResult, slo: SloSpec) -> list[int]:
-    arrival, latency = _scored(result, slo)
-    verdicts = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, WINDOW)
-    return [round(start / WINDOW) for start, ok in zip(verdicts.start, verdicts.passed, strict=True) if not ok]
-
-
 @functools.lru_cache(maxsize=4)
 def _scenario(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None) -> Scenario:
     """Built once per process: workers get a name, not megabytes of arrays."""
     return scenario(name, params=params, reference_slo=slo, trace=trace)
 
 
+def _fluid_hours(scn: Scenario, capacity: float) -> float:
+    """The fluid bound over the scored windows (the last one as long as the trace leaves it)."""
+    edges = np.r_[np.arange(WARMUP, scn.duration, WINDOW), scn.duration]
+    counts, _ = np.histogram(scn.requests.arrival, bins=edges)
+    lengths = np.diff(edges)
+    return fluid_lower_bound(counts / lengths, capacity, lengths)
+
+
 def _run_oracle(
     name: str, cold_start: float, common: dict[str, Any], trace: TraceFile | None = None
-) -> tuple[Row, RunResult]:
+) -> list[tuple[Row, RunResult]]:
+    """The true oracle and the zero-cold-start oracle, scored like every policy, and the fluid bound."""
     scn = _scenario(name, common["params"], common["slo"], trace)
-    demand = _demand(scn, float(scn.info["mu_slo"]))
-    started = time.monotonic()
-
-    def run_schedule(c: np.ndarray) -> RunResult:
-        plan = SchedulePolicy.from_schedule(oracle_schedule(c, WINDOW, cold_start), WINDOW)
-        return simulate(scn, plan, **common)
-
-    slo = common["slo"]
-    refined = refine(
-        demand, run_schedule, lambda r: _failing_windows(r, slo), ORACLE_ROUNDS, max_replicas=common["max_replicas"]
-    )
-    wall = time.monotonic() - started
-    row = _evaluate(name, cold_start, "oracle", scn, refined.result, slo, wall, common["initial_replicas"])
-    return row, refined.result
+    slo, initial = common["slo"], common["initial_replicas"]
+    oracle_cell = Cell(scn, common["params"], slo, initial, common["max_replicas"], WARMUP, WINDOW, name)
+    rows = []
+    for oracle in true_oracle(oracle_cell, cold_start):
+        row = _evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
+        note = (f"{oracle.evaluations} window simulations in the search, {oracle.repairs} windows raised after "
+                f"replay, {oracle.seconds:.0f} s")  # fmt: skip
+        rows.append((replace(row, note=note), oracle.result))
+    return rows
 
 
 def _run_policy(
     name: str, cold_start: float, policy: Policy | Shipped, common: dict[str, Any], trace: TraceFile | None = None
-) -> tuple[Row, RunResult]:
+) -> list[tuple[Row, RunResult]]:
+    """One run of ``policy``, as a list like ``_run_oracle``'s."""
     scn = _scenario(name, common["params"], common["slo"], trace)
     started = time.monotonic()
     result = simulate(scn, policy, **common)
     wall = time.monotonic() - started
-    return _evaluate(
-        name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"]
-    ), result
+    row = _evaluate(name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"])
+    return [(row, result)]
 
 
 def cell(
@@ -179,27 +178,33 @@ def run_cell(
     workers: int,
     trace: TraceFile | None = None,
 ) -> tuple[list[Row], dict[str, RunResult]]:
-    """The shipped autoscaler, every baseline and the oracle on one scenario at one cold start, spread over
-    ``workers`` processes. Only the baselines and the oracle are told the capacity per replica."""
+    """The shipped autoscaler, every baseline and the oracles on one scenario at one cold start, spread over
+    ``workers`` processes, with the fluid bound. Only the baselines and the oracles are told the capacity
+    per replica."""
     capacity, demand, common = cell(name, cold_start, params, slo, trace)
     policies: list[Policy | Shipped] = [Shipped(), *baselines(capacity, params.max_num_seqs, demand_replicas=demand)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        jobs = {pool.submit(_run_oracle, name, cold_start, common, trace): "oracle"}
-        jobs.update({pool.submit(_run_policy, name, cold_start, p, common, trace): p.name for p in policies})
+        jobs = [pool.submit(_run_oracle, name, cold_start, common, trace)]
+        jobs += [pool.submit(_run_policy, name, cold_start, p, common, trace) for p in policies]
         done = {}
         for job in as_completed(jobs):
-            row, result = job.result()
-            done[jobs[job]] = (row, result)
-            progress(f"   {name} L={cold_start:.0f}s {row.policy}: {row.attainment:.1%} windows, "
-                     f"{row.gpu_hours:.1f} GPU-h ({row.seconds:.0f}s)")  # fmt: skip
-    order = ["oracle", *(p.name for p in policies)]
+            for row, result in job.result():
+                done[row.policy] = (row, result)
+                progress(f"   {name} L={cold_start:.0f}s {row.policy}: {row.attainment:.1%} windows, "
+                         f"{row.gpu_hours:.1f} GPU-h ({row.seconds:.0f}s)")  # fmt: skip
+    nan = math.nan
+    hours = _fluid_hours(_scenario(name, params, slo, trace), capacity)
+    note = f"ceil(λ_w / μ_SLO) replicas per window, μ_SLO = {capacity:.1f} req/s"
+    fluid = Row(name, cold_start, "fluid-bound", nan, nan, nan, hours, nan, nan, nan, nan, nan, 0.0, note)
+    order = ["oracle", "oracle-L0", *(p.name for p in policies)]
     oracle_hours = done["oracle"][0].gpu_hours
-    rows = [_with_ratio(done[n][0], oracle_hours) for n in order]
+    rows = [_with_ratio(r, oracle_hours) for r in (done["oracle"][0], done["oracle-L0"][0], fluid)]
+    rows += [_with_ratio(done[n][0], oracle_hours) for n in order[2:]]
     return rows, {n: done[n][1] for n in order}
 
 
 def _with_ratio(row: Row, oracle_gpu_hours: float) -> Row:
-    return Row(**{**row.__dict__, "oracle_ratio": row.gpu_hours / oracle_gpu_hours if oracle_gpu_hours else math.nan})
+    return replace(row, oracle_ratio=row.gpu_hours / oracle_gpu_hours if oracle_gpu_hours else math.nan)
 
 
 def _pct(value: float) -> str:
@@ -210,13 +215,17 @@ def _secs(value: float) -> str:
     return "-" if math.isnan(value) else ("never" if math.isinf(value) else f"{value:.0f}")
 
 
+def _num(value: float, digits: int) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def cell_table(rows: Sequence[Row]) -> str:
     headers = ["policy", "windows met %", "spike windows met %", "requests over SLO %", "GPU-h", "× oracle",
                "actions/h", "reversals/h", "recovery (s)", "violation-min"]  # fmt: skip
     body = [
-        [r.policy, _pct(r.attainment), _pct(r.spike_attainment), _pct(r.over_share), f"{r.gpu_hours:.1f}",
-         f"{r.oracle_ratio:.2f}", f"{r.actions_per_hour:.0f}", f"{r.reversals_per_hour:.1f}",
-         _secs(r.recover_seconds), f"{r.violation_minutes:.0f}"]
+        [r.policy, _pct(r.attainment), _pct(r.spike_attainment), _pct(r.over_share), _num(r.gpu_hours, 1),
+         _num(r.oracle_ratio, 2), _num(r.actions_per_hour, 0), _num(r.reversals_per_hour, 1),
+         _secs(r.recover_seconds), _num(r.violation_minutes, 0)]
         for r in rows
     ]  # fmt: skip
     return table(headers, body)
@@ -227,7 +236,7 @@ def dominated_by(ours: Row, rows: Sequence[Row]) -> list[str]:
     return [
         r.policy
         for r in rows
-        if r.policy not in (ours.policy, "oracle")
+        if r.policy not in (ours.policy, *REFERENCES)
         and r.gpu_hours <= ours.gpu_hours
         and r.attainment >= ours.attainment
         and (r.gpu_hours < ours.gpu_hours or r.attainment > ours.attainment)
@@ -291,8 +300,8 @@ def plot_pareto(rows: Sequence[Row], title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for row in rows:
-        marker = "*" if row.policy == "mmfleet" else ("D" if row.policy == "oracle" else "o")
+    for row in (r for r in rows if not math.isnan(r.attainment)):
+        marker = "*" if row.policy == "mmfleet" else ("D" if row.policy in REFERENCES else "o")
         ax.scatter(row.oracle_ratio, 100 * row.attainment, marker=marker, s=120 if marker == "*" else 40)
         ax.annotate(row.policy, (row.oracle_ratio, 100 * row.attainment), fontsize=7, xytext=(4, 2),
                     textcoords="offset points")  # fmt: skip

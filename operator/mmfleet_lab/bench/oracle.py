@@ -1,31 +1,45 @@
-"""The perfect-foresight oracle that every policy's GPU-hours are normalised to (autoscaling.md §7).
+"""The yardstick every policy's GPU-hours are divided by: a true oracle, computed in the twin.
 
-Three pieces, all pure:
+The benchmark's section of ``docs/benchmarks.md`` reports it beside two relaxations:
 
-- ``fluid_replicas`` / ``fluid_lower_bound``: c_w = ceil(λ_w / μ_SLO) per window and its GPU-hours,
-  a bound that ignores cold starts and carried-over queues (§7.2 step 1);
-- ``oracle_schedule``: a feasible plan from c_w that starts each needed replica L before its window
-  and keeps a replica through idle gaps no longer than L, since restarting would bill L anyway
-  (ski rental, §6.3, §7.2 step 2); ``SchedulePolicy`` replays such a plan through the same
-  simulator as every other policy, ignoring what it observes;
-- ``refine``: simulate, raise c_w where windows still fail, re-plan, repeat, with the simulator and
-  the check passed in as callables so this module never needs the twin.
+- ``fluid_replicas`` / ``fluid_lower_bound``: c_w = ceil(λ_w / μ_SLO) per window and its GPU-hours, which
+  bill no cold start and no queue carried between windows;
+- the zero-cold-start oracle: ``true_oracle``'s schedule with replicas Ready the moment they are ordered.
+
+``true_oracle`` knows the whole trace. ``ready_counts`` walks the scored windows in order and, for each,
+searches the fewest Ready replicas that meet the SLO in that window given the counts already fixed for
+the windows before it, each candidate simulated from a copy of the twin taken at the window's start
+(``twin.replay.Replay``). ``held_plan`` orders every replica one cold start before it must be Ready,
+billed from the order (a fleet pays from the moment its pod holds GPUs), and keeps a replica through an
+idle gap of at most one cold start (ski rental: releasing and re-ordering it would bill a whole cold
+start). The plan is then replayed through ``simulate`` with the cold start, as every policy is scored,
+and each window must pass: a failing window gets one more replica and the plan is replayed again (the
+search judged each window before the counts after it were fixed); if windows still fail, or no count up
+to the limit meets one, ``OracleError`` says which.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Decision, Observation
+from mmfleet_lab.bench import slo_metrics
+from mmfleet_lab.twin import ReplicaParams, RunResult, Scenario, simulate
+from mmfleet_lab.twin.replay import Replay
 
-R = TypeVar("R")
 IntArray = npt.NDArray[np.int64]
+REPAIR_ROUNDS = 3  # replays of the plan with failing windows raised, before giving up
+
+
+class OracleError(RuntimeError):
+    """No schedule the oracle can build meets every window."""
 
 
 def _as_counts(values: Sequence[float] | npt.NDArray[np.generic], what: str) -> IntArray:
@@ -52,49 +66,18 @@ def fluid_replicas(
 def fluid_lower_bound(
     arrival_rate: Sequence[float] | npt.NDArray[np.floating],
     capacity_per_replica: float | Sequence[float] | npt.NDArray[np.floating],
-    window: float,
+    window: float | Sequence[float] | npt.NDArray[np.floating],
     gpus_per_replica: int = 1,
 ) -> float:
-    """LB = Σ_w c_w · W · g in GPU-hours (§7.2 step 1).
+    """LB = Σ_w c_w · W_w · g in GPU-hours (``window``: one length, or one per window for a short last one).
 
     Only approximately a lower bound: it holds when the steady-state μ_SLO bounds what a replica can
     sustain within one window, and it bills no cold start and no queue carried between windows.
     """
-    return float(fluid_replicas(arrival_rate, capacity_per_replica).sum()) * window * gpus_per_replica / 3600.0
-
-
-def oracle_schedule(
-    demand_replicas_per_window: Sequence[float] | npt.NDArray[np.generic], window: float, cold_start: float
-) -> IntArray:
-    """The replicas to hold (starting or Ready) in each window so that c_w are Ready in window w.
-
-    Replica j is needed wherever c_w >= j. Each of its busy runs is started ``lead`` =
-    ceil(L / window) windows early (a run at the start of the trace is taken as already Ready, like
-    every policy's initial fleet); an idle gap of at most ``lead`` windows is bridged, because a
-    restart would bill as many windows of cold start. Exact when L is a multiple of the window;
-    otherwise starts round down to a window boundary, a little early. Use a finer window (the
-    demand upsampled) for a finer plan.
-    """
-    if window <= 0 or cold_start < 0:
-        raise ValueError("window must be positive and cold_start non-negative")
-    need = _as_counts(demand_replicas_per_window, "demand_replicas_per_window")
-    lead = math.ceil(cold_start / window - 1e-9)
-    plan = np.zeros(need.shape, dtype=np.int64)
-    for level in range(1, int(need.max(initial=0)) + 1):
-        busy = np.flatnonzero(need >= level)
-        # runs of consecutive busy windows: [start, end)
-        breaks = np.flatnonzero(np.diff(busy) > 1)
-        starts = np.concatenate(([busy[0]], busy[breaks + 1]))
-        ends = np.concatenate((busy[breaks] + 1, [busy[-1] + 1]))
-        held_from, held_to = max(0, int(starts[0]) - lead), int(ends[0])
-        for start, end in zip(starts[1:], ends[1:], strict=True):
-            if start - held_to <= lead:  # bridging the gap costs no more than restarting
-                held_to = int(end)
-                continue
-            plan[held_from:held_to] += 1
-            held_from, held_to = int(start) - lead, int(end)
-        plan[held_from:held_to] += 1
-    return plan
+    replicas = fluid_replicas(arrival_rate, capacity_per_replica)
+    return float((replicas * np.broadcast_to(np.asarray(window, dtype=float), replicas.shape)).sum()) * (
+        gpus_per_replica / 3600.0
+    )
 
 
 @dataclass(frozen=True)
@@ -115,7 +98,7 @@ class SchedulePolicy:
     def from_schedule(
         cls, schedule: Sequence[int] | npt.NDArray[np.integer], step: float, *, name: str = "oracle"
     ) -> SchedulePolicy:
-        """From ``oracle_schedule``'s output; decides once per step, on the step boundaries."""
+        """From ``held_plan``'s output; decides once per step, on the step boundaries."""
         return cls(tuple(int(n) for n in schedule), step, name=name, interval=step)
 
     def initial_state(self) -> None:
@@ -132,54 +115,215 @@ class SchedulePolicy:
         return Decision(n, f"schedule step {index}: {n} replicas{bounded}", state)
 
 
-@dataclass(frozen=True, eq=False)
-class Refinement(Generic[R]):
-    """The outcome of ``refine``: the raised demand, its last simulation, and whether it passed."""
-
-    demand: IntArray
-    result: R
-    rounds: int  # bump rounds applied
-    passed: bool
-    failing: tuple[int, ...]  # windows failing in the last simulation
+def plan_step(window: float, cold_start: float, start: float) -> float:
+    """The plan's time step: the largest whole number of seconds that divides all three."""
+    values = (window, cold_start, start)
+    if any(v < 0 or abs(v - round(v)) > 1e-9 for v in values) or window <= 0:
+        raise ValueError(f"the oracle plans in whole seconds: window, cold start and start were {values}")
+    return float(math.gcd(*(round(v) for v in values)))
 
 
-def refine(
-    demand: Sequence[float] | npt.NDArray[np.generic],
-    simulate_fn: Callable[[IntArray], R],
-    check_fn: Callable[[R], Iterable[int]],
-    max_rounds: int = 10,
-    *,
-    carry_over: bool = True,
-    max_replicas: int | None = None,
-) -> Refinement[R]:
-    """§7.2 step 2's loop: simulate, give failing windows one more replica, re-simulate.
+def held_plan(
+    ready: Sequence[int] | IntArray, *, initial: int, start: float, window: float, cold_start: float,
+    horizon: float,
+) -> IntArray:  # fmt: skip
+    """Replicas holding GPUs in each ``plan_step`` from t = 0, so that ``ready[w]`` are Ready from
+    ``start + w × window`` (and ``initial`` before ``start``, Ready at t = 0 like every policy's fleet).
 
-    ``demand`` is c_w; ``simulate_fn(c)`` plans and runs it (usually ``oracle_schedule`` then the
-    twin's ``simulate`` with a ``SchedulePolicy``); ``check_fn(result)`` returns the failing window
-    indices. With ``carry_over``, a window that fails a second round in a row also raises, once, the
-    window before it, where the queue it inherits builds up (this may leave that window one replica
-    above its need). Stops when all pass, after ``max_rounds`` raises, or when nothing can be raised below
-    ``max_replicas``; ``simulate_fn`` runs at most ``max_rounds + 1`` times.
+    Replica j is needed wherever the Ready count is at least j. It is ordered ``cold_start`` before each
+    of its busy runs and held from then; a gap of at most ``cold_start`` between two runs is bridged,
+    since re-ordering would bill as long. ``ValueError`` if a replica beyond ``initial`` would have to be
+    ordered before the first step, when no decision can be taken yet.
     """
-    c = _as_counts(demand, "demand").copy()
-    streak: dict[int, int] = {}
-    rounds = 0
-    while True:
-        result = simulate_fn(c.copy())
-        failing = tuple(sorted({int(w) for w in check_fn(result)}))
+    step = plan_step(window, cold_start, start)
+    counts = _as_counts(ready, "ready")
+    if counts.size == 0:
+        raise ValueError("ready must name at least one window")
+    t = np.arange(math.ceil(horizon / step - 1e-9)) * step
+    index = np.clip(np.floor((t - start) / window + 1e-9).astype(np.int64), 0, counts.size - 1)
+    need = np.where(t < start - 1e-9, initial, counts[index])
+    lead = round(cold_start / step)
+    plan = np.zeros(need.shape, dtype=np.int64)
+    for level in range(1, int(need.max(initial=0)) + 1):
+        busy = np.flatnonzero(need >= level)
+        breaks = np.flatnonzero(np.diff(busy) > lead + 1)  # a gap of more than ``lead`` steps
+        starts = np.concatenate(([busy[0]], busy[breaks + 1]))
+        ends = np.concatenate((busy[breaks] + 1, [busy[-1] + 1]))
+        for first, end in zip(starts, ends, strict=True):
+            warm = first == 0 and level <= initial  # Ready since t = 0
+            ordered = 0 if warm else int(first) - lead
+            if not warm and ordered < 1:
+                raise ValueError(f"replica {level} must be Ready at {first * step:g} s, before it can be ordered")
+            plan[ordered:end] += 1
+    return plan
+
+
+def _smallest(passes: Callable[[int], bool], guess: int, lowest: int, highest: int) -> int | None:
+    """The smallest count in [lowest, highest] that passes, searched from ``guess`` outwards then bisected
+    (passing is taken to be monotone in the count); None if ``highest`` fails."""
+    guess = min(max(guess, lowest), highest)
+    failed, passed = lowest - 1, None
+    if passes(guess):
+        passed, stride = guess, 1
+        while passed - stride > failed:
+            if not passes(passed - stride):
+                failed = passed - stride
+                break
+            passed, stride = passed - stride, 2 * stride
+    else:
+        failed, stride = guess, 1
+        while passed is None:
+            k = min(failed + stride, highest)
+            if passes(k):
+                passed = k
+            elif k == highest:
+                return None
+            else:
+                failed, stride = k, 2 * stride
+    while passed - failed > 1:
+        mid = (failed + passed) // 2
+        if passes(mid):
+            passed = mid
+        else:
+            failed = mid
+    return passed
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What the oracle needs of one benchmark cell; ``label`` names it in errors."""
+
+    scenario: Scenario
+    params: ReplicaParams
+    slo: SloSpec
+    initial: int  # Ready replicas from t = 0 until ``start``
+    max_replicas: int  # the limit of the search
+    start: float  # scoring starts here (the benchmark's warm-up)
+    window: float
+    label: str
+
+
+def _window_passes(arrival: np.ndarray, latency: np.ndarray, slo: SloSpec, window: float) -> bool:
+    verdict = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, window)
+    return bool(verdict.passed.all())
+
+
+def ready_counts(cell: Cell, cold_start: float) -> tuple[IntArray, int]:
+    """Ready replicas per scored window, fewest first window by window (see the module docstring), and
+    the number of window simulations it took.
+
+    A window is judged on the requests arriving in it, each simulated until it has finished or has been
+    in flight longer than the target, with the candidate count held until then. Before the first step
+    plus ``cold_start`` no replica beyond ``initial`` can be Ready, so the count is capped there.
+    """
+    scn, slo = cell.scenario, cell.slo
+    arrival = scn.requests.arrival
+    target = seconds(slo.target)
+    first = int(np.searchsorted(arrival, cell.start, side="left"))
+    if first == arrival.size:
+        raise ValueError(f"{cell.label}: no request arrives after {cell.start:g} s")
+    origin = float(arrival[first])  # the scoring grid starts at the first scored arrival
+    earliest = plan_step(cell.window, cold_start, cell.start) + cold_start
+    run = Replay(scn, cell.params, cell.initial)
+    run.advance(cell.start)
+    counts: list[int] = []
+    evaluations = 0
+    n = cell.initial
+    for w in range(math.ceil((scn.duration - cell.start) / cell.window - 1e-9)):
+        t0 = cell.start + w * cell.window
+        t1 = min(t0 + cell.window, scn.duration)
+        lo, hi = np.searchsorted(arrival, [origin + w * cell.window, origin + (w + 1) * cell.window], side="left")
+        tried: dict[int, bool] = {}
+
+        def passes(k: int, lo: int = lo, hi: int = hi, t1: float = t1, tried: dict[int, bool] = tried) -> bool:
+            nonlocal evaluations
+            if k not in tried:
+                trial = run.copy()
+                trial.scale(k)
+                trial.advance(t1 + target)
+                evaluations += 1
+                tried[k] = _window_passes(arrival[lo:hi], trial.latency(slo.metric)[lo:hi], slo, cell.window)
+            return tried[k]
+
+        limit = cell.initial if t0 < earliest - 1e-9 else cell.max_replicas
+        found = _smallest(passes, n, 1, limit) if hi > lo else 1
+        if found is None:
+            raise OracleError(
+                f"{cell.label}, cold start {cold_start:g} s: window {w} ({t0:g}-{t1:g} s) misses the SLO "
+                f"with every count up to {limit} replicas"
+            )
+        n = found
+        run.scale(n)
+        run.advance(t1)
+        counts.append(n)
+    return np.asarray(counts, dtype=np.int64), evaluations
+
+
+@dataclass(frozen=True, eq=False)
+class Oracle:
+    """A schedule that meets every scored window, and its replay through ``simulate``."""
+
+    name: str
+    ready: IntArray  # Ready replicas per scored window
+    plan: IntArray  # replicas holding GPUs per ``step`` from t = 0
+    step: float
+    result: RunResult
+    evaluations: int  # window simulations of the search
+    repairs: int  # windows raised after a replay
+    seconds: float  # wall time
+
+
+def _failing(cell: Cell, result: RunResult) -> list[int]:
+    keep = result.arrival >= cell.start
+    arrival = result.arrival[keep]
+    verdicts = slo_metrics.windows(
+        arrival, result.latency(cell.slo.metric)[keep], seconds(cell.slo.target), cell.slo.percentile, cell.window
+    )
+    origin = float(arrival.min()) if arrival.size else cell.start
+    return [round((s - origin) / cell.window) for s, ok in zip(verdicts.start, verdicts.passed, strict=True) if not ok]
+
+
+def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple[IntArray, IntArray, RunResult, int]:
+    """``held_plan`` of ``ready`` replayed through ``simulate``; failing windows raised (see the module
+    docstring) until every window passes. Returns the raised counts, the plan, its run and the raises."""
+    step = plan_step(cell.window, cold_start, cell.start)
+    counts = ready.copy()
+    repairs = 0
+    for _ in range(REPAIR_ROUNDS + 1):
+        plan = held_plan(
+            counts, initial=cell.initial, start=cell.start, window=cell.window, cold_start=cold_start,
+            horizon=cell.scenario.duration,
+        )  # fmt: skip
+        result = simulate(
+            cell.scenario, SchedulePolicy.from_schedule(plan, step, name=name), params=cell.params,
+            cold_start=cold_start, slo=cell.slo, min_replicas=1, max_replicas=max(cell.max_replicas, int(plan.max())),
+            initial_replicas=cell.initial, start=0.0,
+        )  # fmt: skip
+        failing = [w for w in _failing(cell, result) if 0 <= w < counts.size]
         if not failing:
-            return Refinement(c, result, rounds, True, ())
-        if rounds >= max_rounds:
-            return Refinement(c, result, rounds, False, failing)
-        streak = {w: streak.get(w, 0) + 1 for w in failing}
-        raised = False
-        for w in failing:
-            if not 0 <= w < len(c):
-                raise IndexError(f"check_fn returned window {w}, outside 0..{len(c) - 1}")
-            for i in (w, w - 1) if carry_over and streak[w] == 2 and w > 0 else (w,):
-                if max_replicas is None or c[i] < max_replicas:
-                    c[i] += 1
-                    raised = True
-        if not raised:
-            return Refinement(c, result, rounds, False, failing)
-        rounds += 1
+            return counts, plan, result, repairs
+        if any(counts[w] >= cell.max_replicas for w in failing):
+            break
+        counts[failing] += 1
+        repairs += len(failing)
+    raise OracleError(
+        f"{cell.label}, cold start {cold_start:g} s: the oracle's plan still misses windows {failing} "
+        f"after {repairs} raises"
+    )
+
+
+def true_oracle(cell: Cell, cold_start: float) -> tuple[Oracle, Oracle]:
+    """The oracle at ``cold_start`` and at zero cold start, both from one search (the cap on early
+    windows, the only place the search depends on the cold start, can only bind for the larger one)."""
+    began = time.monotonic()
+    ready, evaluations = ready_counts(cell, cold_start)
+    searched = time.monotonic() - began
+    oracles = []
+    for cold, name in ((cold_start, "oracle"), (0.0, "oracle-L0")):
+        began = time.monotonic()
+        counts, plan, result, repairs = verified(cell, ready, cold, name)
+        wall = time.monotonic() - began + searched
+        oracles.append(
+            Oracle(name, counts, plan, plan_step(cell.window, cold, cell.start), result, evaluations, repairs, wall)
+        )
+    return oracles[0], oracles[1]
