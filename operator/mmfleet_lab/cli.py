@@ -154,5 +154,7 @@ def _twin_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=sorted(PROFILES),
         help=f"replica model (GPU, Qwen2.5-VL-7B) (default: {DEFAULT_PROFILE})",
     )
-    p_serve.add_argument("--traces", help="folder with the trace files (default: ../shared/traces, $MMFLEET_TRACES)")
+    p_serve.add_argument(
+        "--traces", help="folder with the trace files (default: $MMFLEET_TRACES, else the twin's own copies)"
+    )
     p_serve.set_defaults(func=cmd_twin_serve)

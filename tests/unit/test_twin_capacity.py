@@ -10,7 +10,7 @@ import pytest
 
 from mmfleet.api import SloSpec
 from mmfleet_lab.twin import H100_QWEN25VL7B, H200_QWEN25VL7B, capacity_at_slo, scenario, traffic
-from mmfleet_lab.twin.scenarios import traces_dir
+from mmfleet_lab.twin.scenarios import AZURE_CODE, AZURE_CONV, TRACES, traces_dir
 from mmfleet_lab.twin.sim import probe_latency
 from mmfleet_lab.twin.types import Requests
 
@@ -70,5 +70,12 @@ def test_scenarios_from_slices() -> None:
         scenario("azure-code", traces_dir=DATA / "missing")
 
 
-def test_traces_dir_default_points_beside_the_repo() -> None:
-    assert traces_dir().parts[-2:] == ("shared", "traces")
+def test_traces_default_to_the_packages_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the repository: the 300 s slices in tests/data are the first rows of the package's hour."""
+    monkeypatch.delenv("MMFLEET_TRACES", raising=False)
+    assert traces_dir() == TRACES and TRACES.is_relative_to(Path(__file__).resolve().parents[2])
+    for name in (AZURE_CONV, AZURE_CODE):
+        whole, head = (traffic.load_azure(d / name) for d in (TRACES, DATA))
+        assert len(whole) > 10 * len(head) and np.array_equal(whole.arrival[: len(head)], head.arrival)
+    monkeypatch.setenv("MMFLEET_TRACES", str(DATA))
+    assert traces_dir() == DATA and traces_dir(Path("/x")) == Path("/x")

@@ -234,3 +234,17 @@ def test_twin_serve_refuses_bad_input_in_one_line(
     assert main(["twin", "serve", "--traces", str(DATA), *argv]) == code
     err = capsys.readouterr().err
     assert err.startswith("mmfleet twin serve: ") and says in err and len(err.splitlines()) == 1, err
+
+
+def test_vllm_exposition_matches_the_real_servers() -> None:
+    """Every series the twin exports for vLLM is in the real 0.33.0 server's /metrics with the same
+    type, label names, finish reasons and bucket bounds (``tests/data/vllm_h200_metrics_0.33.0.txt``)."""
+    real = families((DATA / "vllm_h200_metrics_0.33.0.txt").read_bytes())
+    twin = families(exposition("vllm", "qwen", book_with_traffic(), (1.0, 2.0, 0.5)))
+    assert len(twin) == 9
+    for name, fam in twin.items():
+        assert real[name].type == fam.type, name
+        for suffix in {s.name[len(name) :] for s in fam.samples}:
+            keys = {tuple(sorted(s.labels.items())) for s in samples(fam, suffix)}
+            real_keys = {tuple(sorted(s.labels.items())) for s in samples(real[name], suffix)}
+            assert keys == real_keys, (name, suffix)

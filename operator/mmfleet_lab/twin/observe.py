@@ -1,10 +1,10 @@
 """The observation pipeline as in production: vLLM /metrics per pod -> Prometheus scrapes -> PromQL.
 
 Each simulated pod exports the vLLM 0.33 series the autoscaler reads (``BACKEND.metrics`` in
-``mmfleet.backends.vllm``; names, types and default buckets from ``v1/metrics/loggers.py`` and
-``v1/metrics/buckets.py`` as summarised in backends.md 1.5). ``Prometheus`` keeps the scraped
-samples per pod and answers the queries a policy's ``Observation`` is built from, with the
-semantics of Prometheus' ``rate()`` (``extrapolatedRate`` in promql/functions.go) and
+``mmfleet.backends.vllm``; names and types as ``docs/backends.md``, "Metrics", gives them, default
+buckets as the real 0.33.0 server exposed them: ``tests/data/vllm_h200_metrics_0.33.0.txt``).
+``Prometheus`` keeps the scraped samples per pod and answers the queries a policy's ``Observation``
+is built from, with the semantics of Prometheus' ``rate()`` (``extrapolatedRate`` in promql/functions.go) and
 ``histogram_quantile()`` (``bucketQuantile`` in promql/quantile.go), written from our knowledge of
 that code (not re-read for this work):
 
@@ -37,7 +37,7 @@ from mmfleet.autoscaler.metrics import SIGNALS
 from mmfleet.backends import Signal
 from mmfleet.backends.vllm import BACKEND as VLLM
 
-# vLLM 0.33 default buckets (backends.md 1.5, v1/metrics/buckets.py).
+# vLLM 0.33's default buckets, as the real server exposed them (tests/data/vllm_h200_metrics_0.33.0.txt).
 E2E_BUCKETS: Final = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
     960.0, 1920.0, 7680.0,

@@ -1,10 +1,11 @@
-"""The named benchmark scenarios (autoscaling.md 8.3), built from the traces in ``shared/traces``."""
+"""The named benchmark scenarios (``docs/twin.md``), built from the traces in ``traces/`` beside this module."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -20,8 +21,8 @@ SERVEGEN_RATE = "servegen_aggregate_rate_10min.csv"
 SERVEGEN_TOKENS = "servegen_client_token_stats_6h.csv"
 WHERE = (
     "Azure/AzurePublicDataset data/AzureLLMInferenceTrace_{conv,code}.csv (CC-BY 4.0) and alibaba/ServeGen "
-    "(Apache-2.0; aggregated as described in shared/traces/README.md); put them in a folder and pass "
-    "traces_dir=, or set MMFLEET_TRACES"
+    "(Apache-2.0; aggregated as operator/mmfleet_lab/twin/traces/README.md describes), whose copies are "
+    "the default; or put them in a folder and pass traces_dir= or --traces, or set MMFLEET_TRACES"
 )
 # The SLO that "needs N replicas" is measured against when scenario() scales a trace (ASSUMED default).
 REFERENCE_SLO = SloSpec(metric="e2e", percentile=90, target="10s", window="60s")
@@ -81,14 +82,17 @@ class TraceFile:
         return (req if self.images_column is not None else traffic.add_images(req, stats, rng)), duration
 
 
+TRACES: Final = Path(__file__).resolve().parent / "traces"  # the package's copies (traces/README.md)
+
+
 def traces_dir(given: Path | None = None) -> Path:
-    """``given``, else $MMFLEET_TRACES, else ``../shared/traces`` beside the repository."""
+    """``given``, else $MMFLEET_TRACES, else the package's own copies (``TRACES``)."""
     if given is not None:
         return Path(given)
     env = os.environ.get("MMFLEET_TRACES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+    return TRACES
 
 
 def _need(d: Path, name: str) -> Path:

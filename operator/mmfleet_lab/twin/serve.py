@@ -41,6 +41,7 @@ from typing import Any, Final
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from mmfleet import backends
 from mmfleet.kube import Kube
@@ -63,7 +64,7 @@ DEFAULT_PROFILE = "h100"  # the local cluster's default node pool is eks:H100
 POLL_S = 1.0
 STEP_S = 0.2
 TARGETS_FILE = "twin.json"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what vLLM's /metrics answers (backends.md 1.4)
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format that every Prometheus version reads
 _BACKEND_LABEL = "app.kubernetes.io/name"  # rendered pods carry the backend's name here
 _SERVED_NAME_FLAGS = ("--served-model-name", "--served_model_name")  # vLLM's, TensorRT-LLM's
 
@@ -206,11 +207,12 @@ class _Family:
     finished_reasons: tuple[str, ...]
 
 
-# vLLM 0.33 (v1/metrics/loggers.py; shared/reference/backends.md 1.5): labels model_name and engine (the
-# DP rank, "0"); request_success has a series per FinishReason from the start. TensorRT-LLM 1.3
-# (metrics/collector.py; backends.md 2.3): labels model_name and engine_type (the --backend), a series
-# per finished_reason as requests finish. Both served through prometheus_client; with its multiprocess
-# collector (which both use) no ``_created`` series appear.
+# vLLM 0.33 (v1/metrics/loggers.py; docs/backends.md, "Metrics"): labels model_name and engine (the DP
+# rank, "0"); request_success has a series per FinishReason from the start, as the real 0.33.0 server's
+# /metrics shows (tests/data/vllm_h200_metrics_0.33.0.txt; test_twin_serve checks the twin against it).
+# TensorRT-LLM 1.3 (metrics/collector.py @050f80de; docs/backends.md, "Metrics"): labels model_name and
+# engine_type (the --backend), a series per finished_reason as requests finish. The twin leaves out the
+# ``_created`` series that real server also exposes: no PromQL the autoscaler runs reads them.
 _FAMILIES: Final = {
     "vllm": _Family(
         names=backends.get("vllm").metrics,

@@ -1,6 +1,6 @@
 """Workloads: trace loading, arrival synthesis, multimodal mixes, rate scaling and synthetic spikes.
 
-Sources (see ``shared/traces/README.md``; slices with attribution in ``tests/data/README.md``):
+Sources (with attribution in ``traces/README.md`` beside this module, and in ``tests/data/README.md``):
 - Azure LLM inference trace 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``; CC-BY 4.0).
 - ServeGen (Apache-2.0): the per-10-minute aggregate rate of ``multimodal_mm-image`` and the
   per-client token statistics (mean, p50, p90, p99 of text tokens, tokens per image, images per
