@@ -78,7 +78,7 @@ class ReplicaParams:
     request_overhead_s: float = REQUEST_OVERHEAD_S
     image_preprocess_s: float = IMAGE_PREPROCESS_S
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
-    gpu_memory_bytes: float = 139.8 * GIB  # usable memory of one H200 (what torch reported when measuring)
+    gpu_memory_bytes: float = 139.8 * GIB  # usable memory of one H200, as the GPU reported it (tests/data/README.md)
     gpu_memory_utilization: float = 0.92  # vLLM 0.33.0's default, as the real server ran (tests/data/README.md)
     weights_bytes: float = WEIGHTS_BYTES
     reserve_bytes: float = ACTIVATION_RESERVE_BYTES
