@@ -339,7 +339,8 @@ def main(
             all_rows += rows
             text = cell_table(rows)
             print(f"\n{name}, cold start {cold:.0f}s\n{text}\n", flush=True)
-            sections.append(f"### {name}, cold start {cold:.0f} s\n\n{text}\n")
+            notes = "".join(f"- {r.policy}: {r.note}\n" for r in rows if r.note)
+            sections.append(f"### {name}, cold start {cold:.0f} s\n\n{text}\n\n{notes}")
             if name == shown_spike and cold == sorted(cold_starts)[len(cold_starts) // 2]:
                 shown = {k: v for k, v in results.items() if k in ("oracle", "mmfleet", *REACTIVE)}
                 title = f"{name}{stem}, cold start {cold:.0f}s"
@@ -353,15 +354,24 @@ def main(
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores). "
         f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target} over {WINDOW:.0f} s windows; "
-        "each scenario scaled so its mean load needs 20 replicas. Every fleet (and the oracle) serves the first "
-        f"{WARMUP:.0f} s at the oracle's need for the warm-up plus one cold start, with no decisions, so the "
-        "rate windows are full when policies start; windows and GPU-hours are scored from then on. Policies see "
+        "each scenario scaled so its mean load needs 20 replicas. Every fleet (the oracles' too) serves the first "
+        f"{WARMUP:.0f} s at the fluid bound's largest need over the warm-up plus one cold start, with no decisions "
+        "(the oracles may order replicas then, billed, to be Ready when scoring starts), so the rate windows are "
+        "full when policies start; windows and GPU-hours are scored from then on. Policies see "
         "only scraped metrics (15 s scrape, 1 m rate window). The `mmfleet` row is the autoscaler `mmfleet run` "
         f"ships: `autoscaler.cycle.decide` every {shipped.interval:g} s with the operator's default cold start "
         f"({shipped.default_cold_start:g} s until a pod has been seen turn Ready), learning the capacity per replica "
         "online; it starts at the end of the warm-up with an empty memory, as a restarted operator does, so it "
         "first holds for its own warm-up (one rate window). The baselines that need a per-replica target are "
         "given the twin's measured capacity at the SLO.\n\n"
+        "The yardstick (`× oracle`) is the true oracle, computed in the twin with the whole trace known: window by "
+        "window, the fewest Ready replicas that meet the SLO in that window given the windows before it (each count "
+        "tried from a copy of the fleet at the window's start), each replica ordered one cold start before it must "
+        "be Ready and billed from the order, kept through idle gaps of at most one cold start; the plan is replayed "
+        "like every policy and must meet every window, else the benchmark stops. `oracle-L0` is the same with "
+        "replicas Ready the moment they are ordered; `fluid-bound` bills ceil(λ_w / μ_SLO) replicas per window and "
+        "nothing else, a bound only as far as one replica's steady rate μ_SLO bounds what a replica of a fleet "
+        "sustains within a window.\n\n"
         "Against the issue's targets (measured, met or not):\n\n" + "\n".join(summary) + "\n\n"
         f"![replicas and P90 through a spike](img/autoscale{stem}-spike.png)\n\n"
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)

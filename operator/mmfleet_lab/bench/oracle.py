@@ -20,6 +20,7 @@ to the limit meets one, ``OracleError`` says which.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -229,33 +230,42 @@ def ready_counts(cell: Cell, cold_start: float) -> tuple[IntArray, int]:
     counts: list[int] = []
     evaluations = 0
     n = cell.initial
-    for w in range(math.ceil((scn.duration - cell.start) / cell.window - 1e-9)):
-        t0 = cell.start + w * cell.window
-        t1 = min(t0 + cell.window, scn.duration)
-        lo, hi = np.searchsorted(arrival, [origin + w * cell.window, origin + (w + 1) * cell.window], side="left")
-        tried: dict[int, bool] = {}
+    gc.freeze()
+    try:
+        for w in range(math.ceil((scn.duration - cell.start) / cell.window - 1e-9)):
+            t0 = cell.start + w * cell.window
+            t1 = min(t0 + cell.window, scn.duration)
+            lo, hi = np.searchsorted(arrival, [origin + w * cell.window, origin + (w + 1) * cell.window], side="left")
+            tried: dict[int, bool] = {}
 
-        def passes(k: int, lo: int = lo, hi: int = hi, t1: float = t1, tried: dict[int, bool] = tried) -> bool:
-            nonlocal evaluations
-            if k not in tried:
-                trial = run.copy()
-                trial.scale(k)
-                trial.advance(t1 + target)
-                evaluations += 1
-                tried[k] = _window_passes(arrival[lo:hi], trial.latency(slo.metric)[lo:hi], slo, cell.window)
-            return tried[k]
+            def passes(k: int, lo: int = lo, hi: int = hi, t1: float = t1, tried: dict[int, bool] = tried) -> bool:
+                nonlocal evaluations
+                if k not in tried:
+                    trial = run.copy()
+                    trial.scale(k)
+                    trial.advance(t1 + target)
+                    evaluations += 1
+                    tried[k] = _window_passes(arrival[lo:hi], trial.latency(slo.metric)[lo:hi], slo, cell.window)
+                    # The engine and its metric book refer to each other, so only the cycle collector frees a
+                    # copy: collect now (what existed before the search is frozen, so this is quick), or
+                    # copies of the whole run's state pile up by the gigabyte.
+                    del trial
+                    gc.collect()
+                return tried[k]
 
-        limit = cell.initial if t0 < earliest - 1e-9 else cell.max_replicas
-        found = _smallest(passes, n, 1, limit) if hi > lo else 1
-        if found is None:
-            raise OracleError(
-                f"{cell.label}, cold start {cold_start:g} s: window {w} ({t0:g}-{t1:g} s) misses the SLO "
-                f"with every count up to {limit} replicas"
-            )
-        n = found
-        run.scale(n)
-        run.advance(t1)
-        counts.append(n)
+            limit = cell.initial if t0 < earliest - 1e-9 else cell.max_replicas
+            found = _smallest(passes, n, 1, limit) if hi > lo else 1
+            if found is None:
+                raise OracleError(
+                    f"{cell.label}, cold start {cold_start:g} s: window {w} ({t0:g}-{t1:g} s) misses the SLO "
+                    f"with every count up to {limit} replicas"
+                )
+            n = found
+            run.scale(n)
+            run.advance(t1)
+            counts.append(n)
+    finally:
+        gc.unfreeze()
     return np.asarray(counts, dtype=np.int64), evaluations
 
 
