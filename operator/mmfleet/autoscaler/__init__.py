@@ -37,8 +37,9 @@ class Observation:
     kv_cache_usage: float | None = None  # mean over ready pods, 0..1
     prompt_tokens_rate: float | None = None  # tokens/s
     generation_tokens_rate: float | None = None  # tokens/s
-    # Added for the Dynamo planner baseline (autoscaling.md §4.2), whose correction factors compare the
-    # observed mean TTFT and ITL with the profiled ones: means over the rate window, seconds.
+    # Added for the Dynamo planner baseline (ai-dynamo/dynamo docs/planner/sla_planner.md @240df6a), whose
+    # correction factors compare the observed mean TTFT and ITL with the profiled ones: means over the
+    # rate window, seconds.
     mean_ttft: float | None = None
     mean_itl: float | None = None
     extra: dict[str, float] = field(default_factory=dict)

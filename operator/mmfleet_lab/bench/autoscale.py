@@ -353,7 +353,9 @@ def main(
     )
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores). "
-        f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target} over {WINDOW:.0f} s windows; "
+        f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target} over {WINDOW:.0f} s windows (a "
+        "window groups requests by arrival and passes when that share of them met the target; one with fewer than "
+        "20 requests joins the next; a request never finished counts as a miss); "
         "each scenario scaled so its mean load needs 20 replicas. Every fleet (the oracles' too) serves the first "
         f"{WARMUP:.0f} s at the fluid bound's largest need over the warm-up plus one cold start, with no decisions "
         "(the oracles may order replicas then, billed, to be Ready when scoring starts), so the rate windows are "

@@ -1,6 +1,6 @@
 """How a run is judged: window SLO attainment, requests over the SLO, churn, recovery after spikes.
 
-Definitions follow the benchmark bar (reference/autoscaling.md §8.1): windows group requests by
+Definitions as docs/benchmarks.md states them (the autoscale section): windows group requests by
 arrival; a window passes when at least the SLO's percentile of its requests met the target;
 windows with fewer than ``n_min`` requests are merged into the next one; a dropped, unfinished or
 abandoned request (its client timed out: the twin's latency ``inf``) counts as a violation.

@@ -1,8 +1,8 @@
 """The autoscalers users run today, re-implemented exactly enough to race ours on the same trace;
 one module per competitor, and ``baselines`` for the set the benchmark runs.
 
-Each class reproduces one real control law with its shipped defaults, as read from source and
-documented in ``shared/reference/autoscaling.md`` (cited per class as §n). They are pure: the
+Each class reproduces one real control law with its shipped defaults, as read from the upstream
+source its docstring names (repository, path and commit). They are pure: the
 memory each one keeps between cycles (stabilisation windows, moving averages, panic mode) lives
 in the frozen state it returns. They see only what an ``Observation`` carries, so where the real
 system reads per-pod series we say how the fleet-wide sums stand in for them.
@@ -35,8 +35,8 @@ def baselines(
     output_tokens_per_request: float = 150.0,
     demand_replicas: Sequence[int] | np.ndarray | None = None,
 ) -> list[Policy]:
-    """B0-B7 as the benchmark runs them (§8.2), for replicas that each sustain ``capacity_per_replica``
-    req/s at the SLO and admit ``max_num_seqs`` sequences.
+    """B0-B7 as the benchmark runs them (docs/benchmarks.md, the autoscale section), for replicas that
+    each sustain ``capacity_per_replica`` req/s at the SLO and admit ``max_num_seqs`` sequences.
 
     ``inflight_per_replica``: the in-flight count per replica at that capacity (Little: μ_SLO × mean
     E2E); None takes μ_SLO × the SLO target, right for an E2E SLO. The token sizes turn μ_SLO into the

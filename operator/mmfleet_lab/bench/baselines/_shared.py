@@ -32,7 +32,10 @@ def _milli(value: float) -> int:
 
 
 def _within(ratio: float, tolerance: float) -> bool:
-    """``tolerances.isWithin``: 1 - down <= ratio <= 1 + up (§1.1)."""
+    """``tolerances.isWithin``: 1 - down <= ratio <= 1 + up.
+
+    From kubernetes/kubernetes pkg/controller/podautoscaler/replica_calculator.go @19e8ce76.
+    """
     return 1.0 - tolerance <= ratio <= 1.0 + tolerance
 
 
@@ -43,7 +46,7 @@ def _inflight(obs: Observation) -> float | None:
 
 
 def _little_target(target: float | None, capacity: float | None, obs: Observation) -> float:
-    """A per-replica in-flight target: given, or Little's law at the SLO, μ_SLO × target latency (§6.1)."""
+    """A per-replica in-flight target: given, or Little's law at the SLO, μ_SLO × target latency."""
     if target is not None:
         return target
     if capacity is None:

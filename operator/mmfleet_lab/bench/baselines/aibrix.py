@@ -28,14 +28,15 @@ class AibrixApaState:
 
 @dataclass(frozen=True)
 class AibrixApaPolicy:
-    """B4, AIBrix's APA (§4.1, §4.3, aibrix algorithm/apa.go and podautoscaler_controller.go).
+    """B4, AIBrix's APA (vllm-project/aibrix @e3e10f9: pkg/controller/podautoscaler/algorithm/apa.go and
+    pkg/controller/podautoscaler/podautoscaler_controller.go).
 
     Law, every 10 s: r = per-pod metric averaged over the 180 s window / target. If r > 1 + 0.1:
     ceil(current × r) capped at ceil(2 × current); if r < 1 - 0.1: ceil(current × r) floored at
     floor(current / 2); else hold; then clamp to [min, max] and stabilise with a 0 s scale-up and a
     300 s scale-down cooldown, HPA-style (up: min over the up window, down: max over the down
     window). ``inverted_stabilization=True`` is AIBrix's code as shipped, which keeps the max in
-    the up window and the *min* in the down window (§4.3), so it scales down early.
+    the up window and the *min* in the down window (``stabilizeRecommendation``), so it scales down early.
 
     ``metric``: ``kv_cache_usage`` (mean over ready pods, AIBrix's examples use target 0.5) or
     ``running+waiting`` per ready pod (``target=None``: Little's law, μ_SLO × slo_target).

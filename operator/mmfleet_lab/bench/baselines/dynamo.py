@@ -19,7 +19,8 @@ from mmfleet_lab.bench.baselines._shared import (
 
 @dataclass(frozen=True)
 class DynamoPlannerPolicy:
-    """B7, Dynamo's SLA planner in throughput mode with the constant predictor (§4.1, §4.2).
+    """B7, Dynamo's SLA planner in throughput mode with the constant predictor (ai-dynamo/dynamo
+    docs/planner/sla_planner.md @240df6a; defaults in components/src/dynamo/planner/config/defaults.py @1ca6015).
 
     Law, every 180 s, with next = the last interval (constant predictor), requests/s = arrivals (the
     frontend's count) and ISL/OSL = tokens per finished request:

@@ -39,8 +39,9 @@ class HpaScalingRules:
     select: Literal["Max", "Min", "Disabled"] = "Max"
 
 
-# The v2 defaults (§1.2, pkg/apis/autoscaling/v2/defaults.go): up max(+4, x2) per 15 s at once, down to
-# the floor per 15 s after a 300 s window.
+# The v2 defaults (kubernetes/kubernetes pkg/apis/autoscaling/v2/defaults.go @1adaa753; the 300 s
+# window and the 15 s sync from pkg/controller/podautoscaler/config/v1alpha1/defaults.go @85643c0f):
+# up max(+4, x2) per 15 s at once, down to the floor per 15 s after a 300 s window.
 HPA_SCALE_UP = HpaScalingRules(0.0, (HpaScalingPolicy("Pods", 4, 15.0), HpaScalingPolicy("Percent", 100, 15.0)))
 HPA_SCALE_DOWN = HpaScalingRules(300.0, (HpaScalingPolicy("Percent", 100, 15.0),))
 
@@ -57,7 +58,8 @@ class HpaState:
 def pods_metric_replicas(
     total: float, target: float, ready: int, missing: int, unready: int, current: int, tolerance: float = 0.1
 ) -> int | None:
-    """``calcPlainMetricReplicas`` for a Pods metric with an AverageValue target (§1.1, §1.3).
+    """``calcPlainMetricReplicas`` for a Pods metric with an AverageValue target (kubernetes/kubernetes
+    pkg/controller/podautoscaler/replica_calculator.go @19e8ce76).
 
     ``ready`` pods report the metric (its sum is ``total``); ``missing`` are Running without a sample
     (a vLLM pod still loading has no /metrics); ``unready`` are Pending. Missing pods count as 0 when
@@ -93,7 +95,8 @@ def pods_metric_replicas(
 
 
 def external_average_replicas(total: float, target: float, status_replicas: int, tolerance: float = 0.1) -> int:
-    """``GetExternalPerPodMetricReplicas`` (§1.1): ceil(total / target) unless within tolerance of the pods.
+    """``GetExternalPerPodMetricReplicas`` (replica_calculator.go, above): ceil(total / target) unless within
+    tolerance of the pods.
 
     No readiness damping: pods still starting simply do not lower ``total``.
     """
@@ -150,7 +153,8 @@ def hpa_normalize(
     up: HpaScalingRules = HPA_SCALE_UP,
     down: HpaScalingRules = HPA_SCALE_DOWN,
 ) -> tuple[int, HpaState]:
-    """``normalizeDesiredReplicasWithBehaviors`` (§1.1): stabilise, then rate-limit and clamp.
+    """``normalizeDesiredReplicasWithBehaviors`` (kubernetes/kubernetes
+    pkg/controller/podautoscaler/horizontal.go @bba5ea77): stabilise, then rate-limit and clamp.
 
     Stabilisation bounds the change by the min recommendation over the up window and the max over the
     down window, so the HPA always takes the most conservative move; the first call seeds the history
@@ -221,13 +225,14 @@ def hpa_decide(
 
 @dataclass(frozen=True)
 class HpaPolicy:
-    """B1, the Kubernetes HPA with default behavior on a vLLM Pods metric (§1.1-§1.3, §8.2).
+    """B1, the Kubernetes HPA with default behavior on a vLLM Pods metric (replica_calculator.go and
+    horizontal.go, above).
 
     Law: ``desired = ceil(mean_per_pod / target × ready)`` with tolerance 0.1 and the not-ready rules
-    of §1.3, then the v2 default behavior: scale-up stabilisation 0 s and at most max(+4, ×2) per 15 s;
-    scale-down to the max recommendation of the last 300 s, 100 % per 15 s. A missing metric is an
-    error: the HPA keeps the current count. Pods still starting count as Running-without-metrics
-    (missing), unschedulable ones as Pending.
+    of ``calcPlainMetricReplicas``, then the v2 default behavior: scale-up stabilisation 0 s and at most
+    max(+4, ×2) per 15 s; scale-down to the max recommendation of the last 300 s, 100 % per 15 s. A
+    missing metric is an error: the HPA keeps the current count. Pods still starting count as
+    Running-without-metrics (missing), unschedulable ones as Pending.
 
     ``metric="waiting"``: num_requests_waiting per pod, target 5 (vLLM production-stack).
     ``metric="running+waiting"``: in-flight per pod; ``target=None`` takes Little's law,

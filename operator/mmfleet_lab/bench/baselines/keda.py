@@ -30,7 +30,8 @@ class KedaState:
 
 @dataclass(frozen=True)
 class KedaPolicy:
-    """B2, KEDA's Prometheus scaler feeding its HPA (§2.1-§2.2, §8.2).
+    """B2, KEDA's Prometheus scaler feeding its HPA (kedacore/keda pkg/scalers/prometheus_scaler.go @0805d72;
+    defaults from kedacore/keda-docs content/docs/2.18/reference/scaledobject-spec.md @02c81a5).
 
     Law: query ``sum(vllm:num_requests_waiting)``; the HPA (sync 15 s, default behavior) gets it as an
     External AverageValue metric with target ``threshold`` = 5: ``desired = ceil(sum / 5)`` unless
@@ -40,7 +41,8 @@ class KedaPolicy:
     reads as 0 (``ignoreNullValues`` = true); only a dead Prometheus (every series absent) is an error.
 
     ``keep_alive`` adds production-stack's second trigger for scale-to-zero,
-    ``sum(rate(vllm:num_incoming_requests_total[1m]) > bool 0)`` with threshold 1 (§4.1), read from
+    ``sum(rate(vllm:num_incoming_requests_total[1m]) > bool 0)`` with threshold 1 (vllm-project/production-stack
+    docs/source/use_cases/autoscaling-keda.rst @183a136), read from
     ``arrival_rate`` (the router sees arrivals when no pod exists).
     """
 

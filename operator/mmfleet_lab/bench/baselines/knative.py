@@ -29,7 +29,8 @@ class KpaState:
 
 @dataclass(frozen=True)
 class KpaPolicy:
-    """B3, Knative's KPA decider on concurrency (§3.1-§3.2, knative/serving autoscaler.go).
+    """B3, Knative's KPA decider on concurrency (knative/serving @98e5ef9: pkg/autoscaler/scaling/autoscaler.go,
+    defaults in pkg/autoscaler/config/config.go).
 
     Law, every 2 s: target = max(0.01, 0.7 × containerConcurrency) with containerConcurrency =
     max_num_seqs; dspc = ceil(stable avg / target) over 60 s and dppc = ceil(panic avg / target)

@@ -24,7 +24,8 @@ class KubeAiState:
 
 @dataclass(frozen=True)
 class KubeAiPolicy:
-    """B5, KubeAI's model autoscaler (§4.1, kubeai modelautoscaler/autoscaler.go, modelclient/scale.go).
+    """B5, KubeAI's model autoscaler (substratusai/kubeai @2f32ef4: internal/modelautoscaler/autoscaler.go,
+    internal/modelclient/scale.go, defaults in internal/config/system.go).
 
     Law, every 10 s: push the in-flight requests (running + waiting) into a simple moving average of
     ceil(600 s / 10 s) = 60 samples; desired = ceil(avg / targetRequests) clamped to [min, max]. A

@@ -10,7 +10,7 @@ from mmfleet.autoscaler import Decision, Observation
 
 @dataclass(frozen=True)
 class StaticPolicy:
-    """B0a static-peak / B0b static-mean (§8.2): a fixed count, the cost and SLO ceilings of no scaling."""
+    """B0a static-peak / B0b static-mean: a fixed count, the cost and SLO ceilings of no scaling."""
 
     replicas: int
     name: str = "static"

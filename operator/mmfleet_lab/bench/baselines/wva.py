@@ -30,7 +30,8 @@ class WvaState:
 
 @dataclass(frozen=True)
 class WvaSaturationPolicy:
-    """B6, llm-d WVA saturation analyzer v1 behind its HPA (§4.1, WVA docs/saturation-analyzer.md).
+    """B6, llm-d WVA saturation analyzer v1 behind its HPA (llm-d/llm-d-workload-variant-autoscaler @b08b1c7:
+    docs/saturation-analyzer.md, docs/saturation-scaling-config.md, docs/integrations/hpa-integration.md).
 
     Law, every 60 s: a replica is saturated when KV >= 0.80 or queue >= 5; over the non-saturated
     ones, scale up +1 when mean spare KV < 0.10 or mean spare queue < 3 (every replica saturated
