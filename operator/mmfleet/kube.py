@@ -35,7 +35,11 @@ class RetryableError(Exception):
 
 
 def _json(response: Any) -> Obj:
-    """The body of a raw response (``serialize=False``) as plain dicts and lists."""
+    """The body of a raw response (``serialize=False``) as plain dicts and lists.
+
+    Every response must be read: only a response read to its end gives its connection back to
+    urllib3's pool; an unread one costs the next request a new TLS handshake.
+    """
     data: Obj = json.loads(response.data)
     return data
 
@@ -114,7 +118,7 @@ class Kube:
         resource = self._resource(api_version, kind)
         self._count()
         with self._errors(), contextlib.suppress(NotFoundError):
-            self.dynamic.delete(resource, name=name, namespace=namespace, serialize=False)
+            _json(self.dynamic.delete(resource, name=name, namespace=namespace, serialize=False))
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = AUTOSCALER_FIELD_MANAGER) -> None:
         """Set a Deployment's replicas through its scale subresource, as their owner.
@@ -133,7 +137,7 @@ class Kube:
         }
         self._count()
         with self._errors():
-            self.dynamic.patch(
+            response = self.dynamic.patch(
                 resource,
                 body=body,
                 name=name,
@@ -143,13 +147,14 @@ class Kube:
                 force_conflicts=True,
                 serialize=False,
             )
+        _json(response)
 
     def patch_status(self, namespace: str, name: str, status: Obj) -> None:
         """Replace the fields of a MultimodalInference's status; never touches its spec."""
         resource = self._resource(API_VERSION, KIND).subresources["status"]
         self._count()
         with self._errors():
-            self.dynamic.patch(
+            response = self.dynamic.patch(
                 resource,
                 body={"status": status},
                 name=name,
@@ -158,6 +163,7 @@ class Kube:
                 field_manager=FIELD_MANAGER,
                 serialize=False,
             )
+        _json(response)
 
     def provider_ids(self) -> list[str]:
         nodes = self.list_objects("v1", "Node")

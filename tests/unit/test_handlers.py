@@ -180,3 +180,29 @@ def test_status_is_written_only_when_it_changes_whatever_the_order_of_conditions
     finally:
         STATE.kube = None
         STATE.written.pop(("ml", "order"), None)
+
+
+def test_the_diff_base_is_kopfs_essence() -> None:
+    """Update handlers fire on the same changes as with kopf's own storage."""
+    body = kopf.Body(
+        cast(
+            kopf.RawBody,
+            {
+                "apiVersion": "mmfleet.io/v1alpha1",
+                "kind": "MultimodalInference",
+                "metadata": {
+                    "name": "a",
+                    "labels": {"team": "vision"},
+                    "annotations": {"note": "x", "mmfleet.io/last-handled-configuration": "{}"},
+                    "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+                    "resourceVersion": "7",
+                },
+                "spec": {"model": {"name": "m"}, "replicas": 2},
+                "status": {"phase": "Ready"},
+            },
+        )
+    )
+    ours = fleet.DiffBaseStorage(prefix="mmfleet.io", key="last-handled-configuration")
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix="mmfleet.io", key="last-handled-configuration")
+    assert ours.build(body=body) == kopfs.build(body=body)
+    assert ours.build(body=body, extra_fields=["status.phase"]) == kopfs.build(body=body, extra_fields=["status.phase"])
