@@ -132,8 +132,8 @@ def _run_oracle(
     rows = []
     for oracle in true_oracle(oracle_cell, cold_start):
         row = _evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
-        note = (f"{oracle.evaluations} window simulations in the search, {oracle.repairs} windows raised after "
-                f"replay, {oracle.seconds:.0f} s")  # fmt: skip
+        note = (f"{oracle.evaluations} window simulations in the search, windows raised after the replay: "
+                f"{oracle.repairs}, {oracle.seconds:.0f} s")  # fmt: skip
         rows.append((replace(row, note=note), oracle.result))
     return rows
 
