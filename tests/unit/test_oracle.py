@@ -4,6 +4,7 @@ fluid bound and above the zero-cold-start oracle, keeps replicas through short g
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Observation
-from mmfleet_lab.bench import slo_metrics
+from mmfleet_lab.bench import autoscale, slo_metrics
 from mmfleet_lab.bench.oracle import (
     Cell,
     Oracle,
@@ -192,3 +193,27 @@ def test_fluid_bound_is_ceil_of_rate_over_capacity_times_window() -> None:
     assert fluid_lower_bound([3.0, 4.0], 2.0, [60.0, 30.0]) == pytest.approx((2 * 60 + 2 * 30) / 3600)
     with pytest.raises(ValueError):
         fluid_replicas([1.0], 0.0)
+
+
+def row(policy: str, gpu_hours: float, attainment: float = 1.0) -> autoscale.Row:
+    nan = float("nan")
+    return autoscale.Row("s", 90.0, policy, attainment, nan, 0.0, gpu_hours, nan, 0.0, 0.0, nan, 0.0, 0.0)
+
+
+def test_the_tables_show_the_references_beside_the_oracle_and_never_as_policies() -> None:
+    fluid = replace(row("fluid-bound", 8.0), attainment=float("nan"), over_share=float("nan"))
+    rows = [autoscale._with_ratio(r, 10.0) for r in (row("oracle", 10.0), row("oracle-L0", 9.0), fluid)]
+    text = autoscale.cell_table([*rows, autoscale._with_ratio(row("mmfleet", 12.0, 0.95), 10.0)])
+    assert "| fluid-bound | -" in text.replace("  ", "")
+    assert [line.split("|")[6].strip() for line in text.splitlines()[2:]] == ["1.00", "0.90", "0.80", "1.20"]
+    # references cheaper and better than ours do not make it Pareto-dominated
+    assert autoscale.dominated_by(row("mmfleet", 12.0, 0.95), [*rows, row("static", 11.0)]) == ["static"]
+
+
+def test_the_fluid_bound_covers_the_scored_windows_the_last_one_as_long_as_it_is() -> None:
+    # 150 s scored after the 120 s warm-up: windows of 60, 60 and 30 s with 40, 0 and 35 arrivals
+    arrival = np.r_[np.linspace(0.0, 100.0, 50), np.linspace(120.0, 179.0, 40), np.linspace(240.0, 269.0, 35)]
+    n = arrival.size
+    scn = Scenario("s", Requests(arrival, np.ones(n), np.ones(n), np.zeros(n)), 270.0)
+    # c = ceil(40/60 / 0.5) = 2, ceil(0) = 0, ceil(35/30 / 0.5) = 3
+    assert autoscale._fluid_hours(scn, 0.5) == pytest.approx((2 * 60 + 0 * 60 + 3 * 30) / 3600)
