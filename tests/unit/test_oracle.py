@@ -23,6 +23,7 @@ from mmfleet_lab.bench.oracle import (
     fluid_replicas,
     held_plan,
     true_oracle,
+    verified,
 )
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, capacity_at_slo, simulate
 
@@ -150,6 +151,20 @@ def test_the_initial_fleet_is_ready_from_the_start() -> None:
 def test_it_raises_when_no_count_up_to_the_limit_meets_a_window() -> None:
     with pytest.raises(OracleError, match=r"synthetic, cold start 60 s: window 2 \(180-240 s\).* up to 3 replicas"):
         true_oracle(make_cell(max_replicas=3), 60.0)
+
+
+def test_a_replayed_plan_that_misses_windows_is_raised_there_or_fails_loudly(
+    cell: Cell, oracles: tuple[Oracle, Oracle]
+) -> None:
+    short = np.maximum(oracles[1].ready - 1, 1)
+    counts, result, repairs = verified(cell, short, 0.0, "short")
+    assert repairs > 0
+    assert (counts >= short).all()
+    keep = result.arrival >= START
+    verdicts = slo_metrics.windows(result.arrival[keep], result.e2e[keep], seconds(SLO.target), 90.0, WINDOW)
+    assert verdicts.passed.all()
+    with pytest.raises(OracleError, match="synthetic, cold start 0 s: the oracle's plan still misses windows"):
+        verified(make_cell(max_replicas=3), np.ones(len(RATES) - 1, dtype=np.int64), 0.0, "ones")
 
 
 def test_smallest_searches_out_from_the_guess_then_bisects() -> None:

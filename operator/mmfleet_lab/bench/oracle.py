@@ -275,8 +275,6 @@ class Oracle:
 
     name: str
     ready: IntArray  # Ready replicas per scored window
-    plan: IntArray  # replicas holding GPUs per ``step`` from t = 0
-    step: float
     result: RunResult
     evaluations: int  # window simulations of the search
     repairs: int  # windows raised after a replay
@@ -293,33 +291,34 @@ def _failing(cell: Cell, result: RunResult) -> list[int]:
     return [round((s - origin) / cell.window) for s, ok in zip(verdicts.start, verdicts.passed, strict=True) if not ok]
 
 
-def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple[IntArray, IntArray, RunResult, int]:
+def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple[IntArray, RunResult, int]:
     """``held_plan`` of ``ready`` replayed through ``simulate``; failing windows raised (see the module
-    docstring) until every window passes. Returns the raised counts, the plan, its run and the raises."""
+    docstring) until every window passes. Returns the raised counts, their run and the raises."""
     step = plan_step(cell.window, cold_start, cell.start)
     counts = ready.copy()
     repairs = 0
+    where = f"{cell.label}, cold start {cold_start:g} s"
     for _ in range(REPAIR_ROUNDS + 1):
-        plan = held_plan(
-            counts, initial=cell.initial, start=cell.start, window=cell.window, cold_start=cold_start,
-            horizon=cell.scenario.duration,
-        )  # fmt: skip
+        try:
+            plan = held_plan(
+                counts, initial=cell.initial, start=cell.start, window=cell.window, cold_start=cold_start,
+                horizon=cell.scenario.duration,
+            )  # fmt: skip
+        except ValueError as err:  # a raise that would need a replica before it can be ordered
+            raise OracleError(f"{where}: {err}") from err
         result = simulate(
             cell.scenario, SchedulePolicy.from_schedule(plan, step, name=name), params=cell.params,
             cold_start=cold_start, slo=cell.slo, min_replicas=1, max_replicas=max(cell.max_replicas, int(plan.max())),
             initial_replicas=cell.initial, start=0.0,
         )  # fmt: skip
-        failing = [w for w in _failing(cell, result) if 0 <= w < counts.size]
+        failing = _failing(cell, result)
         if not failing:
-            return counts, plan, result, repairs
-        if any(counts[w] >= cell.max_replicas for w in failing):
+            return counts, result, repairs
+        if any(not 0 <= w < counts.size or counts[w] >= cell.max_replicas for w in failing):
             break
         counts[failing] += 1
         repairs += len(failing)
-    raise OracleError(
-        f"{cell.label}, cold start {cold_start:g} s: the oracle's plan still misses windows {failing} "
-        f"after {repairs} raises"
-    )
+    raise OracleError(f"{where}: the oracle's plan still misses windows {failing} after {repairs} raises")
 
 
 def true_oracle(cell: Cell, cold_start: float) -> tuple[Oracle, Oracle]:
@@ -331,9 +330,7 @@ def true_oracle(cell: Cell, cold_start: float) -> tuple[Oracle, Oracle]:
     oracles = []
     for cold, name in ((cold_start, "oracle"), (0.0, "oracle-L0")):
         began = time.monotonic()
-        counts, plan, result, repairs = verified(cell, ready, cold, name)
+        counts, result, repairs = verified(cell, ready, cold, name)
         wall = time.monotonic() - began + searched
-        oracles.append(
-            Oracle(name, counts, plan, plan_step(cell.window, cold, cell.start), result, evaluations, repairs, wall)
-        )
+        oracles.append(Oracle(name, counts, result, evaluations, repairs, wall))
     return oracles[0], oracles[1]
