@@ -12,7 +12,9 @@ Where the operator's time and memory go, one run each (tracemalloc slows the ope
 neither run's timings are the benchmark's): ``MMFLEET_BENCH_PYSPY=<dir>`` samples it with py-spy
 (``pip install py-spy``) into ``<dir>/operator-<count>.pyspy`` (collapsed stacks);
 ``MMFLEET_BENCH_TRACEMALLOC=<dir>`` writes a tracemalloc snapshot every ``SNAPSHOT_SECONDS`` into
-``<dir>/operator-<count>-<n>.tracemalloc``.
+``<dir>/operator-<count>-<n>.tracemalloc``; ``MMFLEET_BENCH_MEMRAY=<dir>`` runs the operator under
+memray (``pip install memray``) with native frames into ``<dir>/operator-<count>.memray``, which
+also sees the memory Python's allocator holds outside live objects (tracemalloc does not).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ CYCLES = 3  # full cycles timed once every resource is Ready
 TARGET_CYCLE_MS = 1000.0
 PYSPY_ENV = "MMFLEET_BENCH_PYSPY"
 TRACEMALLOC_ENV = "MMFLEET_BENCH_TRACEMALLOC"
+MEMRAY_ENV = "MMFLEET_BENCH_MEMRAY"
 SNAPSHOT_SECONDS = 20.0
 
 Progress = Callable[[str], None]
@@ -192,6 +195,11 @@ def run_once(count: int, progress: Progress, timeout: float) -> Result:
             prefix.parent.mkdir(parents=True, exist_ok=True)
             command = [sys.executable, "-c", "import sys; from mmfleet_lab.bench.operator_scale import "
                        "traced_operator; traced_operator(sys.argv[1:])", str(prefix), *command[3:]]  # fmt: skip
+        if os.environ.get(MEMRAY_ENV):
+            out = Path(os.environ[MEMRAY_ENV]) / f"operator-{count}.memray"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            memray = shutil.which("memray") or str(Path(sys.executable).parent / "memray")
+            command = [memray, "run", "--native", "-q", "-o", str(out), "-m", *command[2:]]
         if os.environ.get(PYSPY_ENV):
             # py-spy starts the operator: attaching to a running process is refused on this machine.
             out = Path(os.environ[PYSPY_ENV]) / f"operator-{count}.pyspy"
