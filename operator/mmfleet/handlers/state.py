@@ -62,7 +62,7 @@ class State:
     autoscaler_cycled: float = -math.inf
     # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
     parsed: dict[str, Parsed] = field(default_factory=dict)
-    # A context of kopf's handlers, for kopf.event outside them (see kopf_context).
+    # A context of kopf's handlers, for kopf.event outside them (see remember_kopf_context).
     kopf_context: contextvars.Context | None = None
 
 
