@@ -138,6 +138,26 @@ def test_delete_removes_children_through_owner_references(fleet: Fleet) -> None:
     )
 
 
+def test_fleet_deletes_while_the_operator_is_down(fleet: Fleet, operator: OperatorProcess) -> None:
+    fleet.create(mmi("orphan"))
+    fleet.wait_ready("orphan")
+    assert not fleet.get("orphan")["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, fleet.namespace, PLURAL, "orphan")
+
+        def gone() -> bool:
+            try:
+                fleet.get("orphan")
+            except ApiException as error:
+                return error.status == 404
+            return False
+
+        wait_for(gone, 20, "the fleet to be deleted with no operator running (no finalizer holds it)")
+    finally:
+        operator.start()
+
+
 def test_scale_subresource_sets_replicas(cluster: Cluster, fleet: Fleet) -> None:
     fleet.create(mmi("scaled"))
     fleet.wait_ready("scaled")

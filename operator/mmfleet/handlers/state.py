@@ -58,6 +58,7 @@ class State:
     # The autoscaler's memory of each autoscaled fleet (policy state, attainment, cold start).
     scaling: dict[Key, cycle.Memory] = field(default_factory=dict)
     autoscaler: asyncio.Task[None] | None = None
+    resync: asyncio.Task[None] | None = None  # the status safety net (handlers.fleet.resync_forever)
     # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
     autoscaler_cycled: float = -math.inf
     # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
