@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from mmfleet import render
-from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, Phase, clamp_replicas
+from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, Phase, SloStatus, clamp_replicas
 
 # Waiting reasons of a container that will not get better by waiting.
 BROKEN_WAITING_REASONS = frozenset(
@@ -29,13 +29,35 @@ class PodProblem:
     message: str
 
 
+# A condition before it meets the previous status: (type, True/False/None for Unknown, reason, message).
+ConditionRow = tuple[str, bool | None, str, str]
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """What one autoscaling cycle concluded (``autoscaler.cycle.Outcome.scaling``), as the status shows it."""
+
+    replicas: int  # set, or held
+    scaled: bool
+    reason: str
+    latency: float | None  # the measured percentile, None when nothing was measured
+    idle: bool  # no request finished and none in flight: nothing to measure, the target met
+    attainment: float | None
+    conditions: tuple[ConditionRow, ...]
+
+
 @dataclass(frozen=True)
 class Observed:
-    """What the operator saw of the children in one reconcile."""
+    """What the operator saw of the children, and, from the autoscaling loop, what its cycle concluded.
+
+    ``scaling`` None (a reconcile or a status refresh): the autoscaler's part of the status is
+    carried over from the previous status while autoscaling is on.
+    """
 
     deployment: dict[str, Any] | None = None
     pod_problems: list[PodProblem] = field(default_factory=list)
     cloud: str | None = None
+    scaling: Scaling | None = None
 
 
 def scheduling_failure(pod: dict[str, Any]) -> PodProblem | None:
@@ -108,23 +130,68 @@ def _deployment_progress(deployment: dict[str, Any]) -> tuple[bool, str]:
     return False, ""
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.3g}s"
+
+
+def _scaling_part(
+    inference: MultimodalInference,
+    scaling: Scaling | None,
+    previous: MultimodalInferenceStatus | None,
+    before: dict[str, Condition],
+    now: datetime,
+) -> tuple[dict[str, Any], list[Condition]]:
+    """The autoscaler's fields and conditions: from this cycle's ``scaling``, else as last written.
+
+    They go when autoscaling goes (no stale SLOMet after it is turned off). ``slo.observed`` and
+    ``slo.lastEvaluated`` keep the last measurement while nothing is measured (their age shows),
+    and an idle fleet has no percentile to show.
+    """
+    autoscaling = inference.spec.autoscaling
+    slo = autoscaling.slo if autoscaling is not None and inference.spec.autoscaled else None
+    if slo is None or (scaling is None and previous is None):
+        return {}, []
+    if scaling is None:
+        assert previous is not None
+        fields = {
+            "slo": previous.slo,
+            "lastScaleTime": previous.last_scale_time,
+            "lastScaleReason": previous.last_scale_reason,
+        }
+        return fields, [before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before]
+    previous = previous or MultimodalInferenceStatus()
+    generation = inference.metadata.generation
+    last = previous.slo or SloStatus()
+    if scaling.latency is not None or scaling.idle:
+        observed = None if scaling.latency is None else _seconds(scaling.latency)
+        last = SloStatus(observed=observed, last_evaluated=now)
+    fields = {
+        "slo": SloStatus(
+            observed=last.observed,
+            target=slo.target,
+            attainment=scaling.attainment,
+            last_evaluated=last.last_evaluated,
+        ),
+        "lastScaleTime": now if scaling.scaled else previous.last_scale_time,
+        "lastScaleReason": scaling.reason if scaling.scaled else previous.last_scale_reason,
+    }
+    conditions = [condition(kind, ok, why, text, before, now, generation) for kind, ok, why, text in scaling.conditions]
+    return fields, conditions
+
+
 def compute_status(
     inference: MultimodalInference, observed: Observed, previous: MultimodalInferenceStatus | None, now: datetime
 ) -> MultimodalInferenceStatus:
+    """The whole status, the autoscaler's part included, from the spec and what was observed."""
     generation = inference.metadata.generation
     before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
-    # What the autoscaler wrote stays while it is on, and goes with it (no stale SLOMet after it is off).
-    scaler = previous if previous is not None and inference.spec.autoscaled else None
-    kept = [before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before] if scaler else []
-    base = {
+    base, kept = _scaling_part(inference, observed.scaling, previous, before, now)
+    base |= {
         "observedGeneration": generation,
         "selector": render.selector_string(inference),
         "endpoint": render.endpoint(inference),
         "cloud": observed.cloud,
         "backend": inference.spec.backend.name,
-        "slo": scaler.slo if scaler else None,
-        "lastScaleTime": scaler.last_scale_time if scaler else None,
-        "lastScaleReason": scaler.last_scale_reason if scaler else None,
     }
 
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
@@ -132,7 +199,7 @@ def compute_status(
         return MultimodalInferenceStatus.model_validate({k: v for k, v in body.items() if v is not None})
 
     deployment = observed.deployment
-    desired = desired_replicas(inference, deployment)
+    desired = observed.scaling.replicas if observed.scaling else desired_replicas(inference, deployment)
     if deployment is None:
         return status(
             "Pending",

@@ -22,23 +22,18 @@ from typing import Any
 
 from mmfleet.api import (
     AutoscalingSpec,
-    Condition,
     MultimodalInference,
-    MultimodalInferenceStatus,
     SloSpec,
-    SloStatus,
     clamp_replicas,
     seconds,
 )
 from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.metrics import RATE_WINDOW, Signals
 from mmfleet.autoscaler.policy import SloPolicy
-from mmfleet.status import AUTOSCALER_CONDITIONS, condition, scheduling_failure
+from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
 ATTAINMENT_WINDOW = 3600.0  # s
 WARM_UP_S = seconds(RATE_WINDOW)  # the policy is asked once a fleet's series cover a whole rate window
-# A condition before it meets the previous status: (type, True/False/None for Unknown, reason, message).
-ConditionRow = tuple[str, bool | None, str, str]
 
 
 @dataclass(frozen=True)
@@ -128,6 +123,18 @@ class Outcome:
     @property
     def event_reason(self) -> str:
         return "ScaledUp" if self.replicas > self.current else "ScaledDown"
+
+    def scaling(self) -> Scaling:
+        """What ``status.compute_status`` shows of this cycle."""
+        return Scaling(
+            replicas=self.replicas,
+            scaled=self.scaled,
+            reason=self.reason,
+            latency=self.latency,
+            idle=self.idle,
+            attainment=attainment(self.memory.verdicts),
+            conditions=self.conditions,
+        )
 
 
 def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> SloPolicy:
@@ -301,40 +308,3 @@ def _limits(
 
 def attainment(verdicts: tuple[tuple[float, bool], ...]) -> float | None:
     return round(sum(met for _, met in verdicts) / len(verdicts), 3) if verdicts else None
-
-
-def scaled_status(
-    inference: MultimodalInference,
-    outcome: Outcome,
-    previous: MultimodalInferenceStatus | None,
-    now: datetime,
-) -> MultimodalInferenceStatus:
-    """The status after a cycle: the autoscaler's fields and conditions replaced, the rest kept.
-
-    ``slo.observed`` and ``slo.lastEvaluated`` keep the last measurement while nothing is measured
-    (their age shows), and an idle fleet has no percentile to show.
-    """
-    autoscaling = inference.spec.autoscaling
-    assert autoscaling is not None and autoscaling.slo is not None
-    previous = previous or MultimodalInferenceStatus()
-    before: dict[str, Condition] = {c.type: c for c in previous.conditions}
-    generation = inference.metadata.generation
-    ours = [condition(kind, ok, why, message, before, now, generation) for kind, ok, why, message in outcome.conditions]
-    last = previous.slo or SloStatus()
-    if outcome.latency is not None or outcome.idle:
-        observed = None if outcome.latency is None else _seconds(outcome.latency)
-        last = SloStatus(observed=observed, last_evaluated=now)
-    slo = SloStatus(
-        observed=last.observed,
-        target=autoscaling.slo.target,
-        attainment=attainment(outcome.memory.verdicts),
-        last_evaluated=last.last_evaluated,
-    )
-    update: dict[str, Any] = {
-        "desired_replicas": outcome.replicas,
-        "slo": slo,
-        "conditions": [*(c for c in previous.conditions if c.type not in AUTOSCALER_CONDITIONS), *ours],
-    }
-    if outcome.scaled:
-        update |= {"last_scale_time": now, "last_scale_reason": outcome.reason}
-    return previous.model_copy(update=update)

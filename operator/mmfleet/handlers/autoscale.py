@@ -18,8 +18,10 @@ from typing import Any
 
 import kopf
 
+from mmfleet import status
 from mmfleet.api import MultimodalInference
 from mmfleet.autoscaler import cycle, metrics
+from mmfleet.handlers.fleet import resolve_cloud
 from mmfleet.handlers.state import (
     STATE,
     Body,
@@ -128,7 +130,13 @@ def _autoscale_fleet(
                 kube.scale(meta.namespace, meta.name, outcome.replicas)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
             previous = last_status(view.key, view.body)
-            wrote = write_status(view.body, cycle.scaled_status(inference, outcome, previous, now), previous)
+            observed = status.Observed(
+                deployment=view.deployment,
+                pod_problems=status.pod_problems(view.pods),
+                cloud=resolve_cloud(inference),
+                scaling=outcome.scaling(),
+            )
+            wrote = write_status(view.body, status.compute_status(inference, observed, previous, now), previous)
             if outcome.scaled:
                 kopf_event(view.body, "Normal", outcome.event_reason, outcome.reason)
     except Exception:  # one fleet's failure (an API error, a bug) must not stop the others

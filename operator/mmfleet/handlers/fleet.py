@@ -65,7 +65,7 @@ def _edited_by_hand(obj: Body) -> bool:
     return current[0] > applied[0] if applied[0] else current[1] != applied[1]
 
 
-def _resolve_cloud(inference: MultimodalInference) -> str:
+def resolve_cloud(inference: MultimodalInference) -> str:
     if inference.spec.cloud != "auto":
         return inference.spec.cloud
     if STATE.config.default_cloud != "auto":
@@ -137,7 +137,7 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
             write_status(body, invalid, previous)
             raise kopf.PermanentError("; ".join(error.problems)) from None
         kube = get_kube()
-        cloud = _resolve_cloud(inference)
+        cloud = resolve_cloud(inference)
         children = render_children(inference, cloud, _monitoring_crds())
         deployment: Body | None = None
         try:
@@ -328,7 +328,7 @@ def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
         except SpecError:
             return
         deployment = _first(kwargs, "fleet_deployments", key)
-        _observe(found[0], inference, deployment, _index(kwargs, "fleet_pods", key), _resolve_cloud(inference))
+        _observe(found[0], inference, deployment, _index(kwargs, "fleet_pods", key), resolve_cloud(inference))
 
 
 async def resync_forever(indexes: dict[str, Any]) -> None:
