@@ -64,6 +64,11 @@ def seconds(duration: str) -> float:
     return sum(float(n) * _DURATION_UNIT[u] for n, u in _DURATION_PART.findall(duration))
 
 
+def duration_text(value: float) -> str:
+    """Seconds as status and events show them, e.g. 2.35s: the one formatter, the inverse of ``seconds``."""
+    return f"{value:.3g}s"
+
+
 def clamp_replicas(replicas: int, low: int, high: int) -> int:
     """``replicas`` within minReplicas and maxReplicas: the one clamp status, cycle and policy share."""
     return max(low, min(high, replicas))
@@ -105,16 +110,6 @@ SloMetric = Literal["e2e", "ttft", "itl"]
 # Hopper (SM 9.x) is where FlashAttention 3 runs; vLLM 0.33 refuses FA3 elsewhere.
 HOPPER_GPUS: tuple[str, ...] = ("H100", "H200", "H20", "GH200")
 
-# The union of what the pinned backends accept; the per-backend subset is a CEL rule.
-KV_CACHE_DTYPES: tuple[str, ...] = (
-    "auto",
-    "float16",
-    "bfloat16",
-    "fp8",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "nvfp4",
-)
 TRTLLM_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "nvfp4")
 KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]
 

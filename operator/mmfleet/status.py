@@ -12,7 +12,15 @@ from datetime import datetime
 from typing import Any
 
 from mmfleet import render
-from mmfleet.api import Condition, MultimodalInference, MultimodalInferenceStatus, Phase, SloStatus, clamp_replicas
+from mmfleet.api import (
+    Condition,
+    MultimodalInference,
+    MultimodalInferenceStatus,
+    Phase,
+    SloStatus,
+    clamp_replicas,
+    duration_text,
+)
 
 # Waiting reasons of a container that will not get better by waiting.
 BROKEN_WAITING_REASONS = frozenset(
@@ -130,10 +138,6 @@ def _deployment_progress(deployment: dict[str, Any]) -> tuple[bool, str]:
     return False, ""
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.3g}s"
-
-
 def _scaling_part(
     inference: MultimodalInference,
     scaling: Scaling | None,
@@ -163,7 +167,7 @@ def _scaling_part(
     generation = inference.metadata.generation
     last = previous.slo or SloStatus()
     if scaling.latency is not None or scaling.idle:
-        observed = None if scaling.latency is None else _seconds(scaling.latency)
+        observed = None if scaling.latency is None else duration_text(scaling.latency)
         last = SloStatus(observed=observed, last_evaluated=now)
     fields = {
         "slo": SloStatus(

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mmfleet.autoscaler import Decision, Observation, Policy
 from mmfleet.autoscaler.policy import SloPolicy, SloState, projected_backlog, robust_trend
 
 MU = 2.0  # req/s per replica at the SLO
-POLICY = SloPolicy(capacity_per_replica=MU)  # utilisation 0.9: a replica plans for 1.8 req/s
+
+
+@dataclass(frozen=True)
+class Learned(SloPolicy):
+    """The shipped policy once it has learned μ_SLO = MU, so each test reads one rule at a time."""
+
+    def initial_state(self) -> SloState:
+        return SloState(learned_capacity=MU)
+
+
+POLICY = Learned()
 
 
 def obs(**kw: Any) -> Observation:
@@ -79,22 +89,22 @@ def test_silence_never_scales_to_the_minimum_and_keeps_the_memory() -> None:
 # ---------------------------------------------------------------- feed-forward and scale-up
 
 
-def test_steady_demand_gets_forecast_over_capacity_times_headroom() -> None:
+def test_steady_demand_gets_forecast_over_capacity() -> None:
     _, decisions = steady(POLICY, 600)
-    assert decisions[-1].replicas == math.ceil(8.0 / (MU * 0.9)) == 5
+    assert decisions[-1].replicas == math.ceil(8.0 / MU) == 4
 
 
 def test_scale_up_is_immediate_on_a_step_and_sized_for_the_queue_it_will_meet() -> None:
     state, decisions = steady(POLICY, 600)
-    assert decisions[-1].replicas == 5
-    d = POLICY.decide(obs(time=600.0, arrival_rate=32.0), state)
-    # the first observation of the step: 32 req/s needs 32 / 1.8 = 17.8, and while the new pods start
-    # the 5 Ready ones fall behind by 32 - 10 req/s for 120 s: 2640 requests to drain in 60 s at 2 req/s
-    # each would be 22 more, but the backlog adds at most as many again as the demand needs: 17.8
-    assert d.replicas == math.ceil(2 * 32.0 / 1.8) == 36
-    assert "5 -> 36" in d.reason
-    smaller = POLICY.decide(obs(time=600.0, arrival_rate=12.0), state)  # a backlog under the cap counts in full
-    assert smaller.replicas == math.ceil(12.0 / 1.8 + (12.0 - 5 * MU) * 120.0 / (MU * 60.0)) == 9
+    assert decisions[-1].replicas == 4
+    d = POLICY.decide(obs(time=600.0, current=4, ready=4, arrival_rate=32.0), state)
+    # the first observation of the step: 32 req/s needs 32 / 2 = 16, and while the new pods start
+    # the 4 Ready ones fall behind by 32 - 8 req/s for 120 s: 2880 requests to drain in 60 s at 2 req/s
+    # each would be 24 more, but the backlog adds at most as many again as the demand needs: 16
+    assert d.replicas == math.ceil(2 * 32.0 / MU) == 32
+    assert "4 -> 32" in d.reason
+    smaller = POLICY.decide(obs(time=600.0, current=4, ready=4, arrival_rate=10.0), state)  # under the cap: in full
+    assert smaller.replicas == math.ceil(10.0 / MU + (10.0 - 4 * MU) * 120.0 / (MU * 60.0)) == 7
 
 
 def test_pods_still_starting_are_not_requested_again() -> None:
@@ -131,7 +141,7 @@ def test_projected_backlog_counts_pods_on_their_way() -> None:
 
 
 def test_without_arrival_rate_demand_is_completions_plus_growth_in_flight() -> None:
-    policy = SloPolicy(capacity_per_replica=MU, utilization=1.0)
+    policy = Learned()
     first = policy.decide(obs(arrival_rate=None, request_rate=8.0, running=8.0, waiting=0.0), SloState())
     d = policy.decide(obs(time=15.0, arrival_rate=None, request_rate=8.0, running=8.0, waiting=30.0), first.state)
     assert "demand 10 req/s" in d.reason  # 8 finished + 30 more in flight over 15 s
@@ -141,7 +151,7 @@ def test_without_arrival_rate_demand_is_completions_plus_growth_in_flight() -> N
 
 
 def test_bounds_are_respected() -> None:
-    up = POLICY.decide(obs(arrival_rate=500.0, max_replicas=20), SloState())
+    up = POLICY.decide(obs(arrival_rate=500.0, max_replicas=20), POLICY.initial_state())
     assert up.replicas == 20
     assert "capped at max" in up.reason
     _, idle = steady(POLICY, 900, arrival_rate=0.0, request_rate=0.0, running=0.0, min_replicas=2)
@@ -160,20 +170,20 @@ def test_unschedulable_pods_stop_growth() -> None:
 
 def test_scale_down_waits_for_the_window_and_never_goes_below_the_forecast() -> None:
     state, high = steady(POLICY, 900, arrival_rate=30.0, request_rate=30.0)
-    assert high[-1].replicas == math.ceil(30.0 / 1.8) == 17
-    _, low = steady(POLICY, 1200, time=900.0, state=state, current=17, ready=17, arrival_rate=8.0, request_rate=8.0)
+    assert high[-1].replicas == math.ceil(30.0 / MU) == 15
+    _, low = steady(POLICY, 1200, time=900.0, state=state, current=15, ready=15, arrival_rate=7.0, request_rate=7.0)
     times = [900.0 + 15.0 * i for i in range(len(low))]
     window = POLICY.down_window(obs())
     assert window == 300.0
-    # the recommendation of 17 made at t=885 holds everything before 885 + 300
-    assert all(d.replicas == 17 for t, d in zip(times, low, strict=True) if t < 885.0 + window)
-    assert "holding 17 until demand stays lower for 300s" in low[3].reason
-    assert low[-1].replicas == math.ceil(8.0 / 1.8) == 5  # down to what the forecast needs, not below
-    assert min(d.replicas for d in low) == 5
+    # the recommendation of 15 made at t=885 holds everything before 885 + 300
+    assert all(d.replicas == 15 for t, d in zip(times, low, strict=True) if t < 885.0 + window)
+    assert "holding 15 until demand stays lower for 300s" in low[3].reason
+    assert low[-1].replicas == math.ceil(7.0 / MU) == 4  # down to what the forecast needs, not below
+    assert min(d.replicas for d in low) == 4
 
 
 def test_a_slow_decline_is_followed_in_few_steps_not_one_pod_at_a_time() -> None:
-    policy = SloPolicy(capacity_per_replica=MU, stabilization=60.0)
+    policy = Learned(stabilization=60.0)
     state, _ = steady(policy, 300, arrival_rate=36.0, request_rate=36.0)  # 20 replicas
     t, current, times, sizes = 300.0, 20, [], [20]
     for k in range(80):  # demand falls by 0.2 req/s every 15 s: the need drops by a pod per ~2 cycles
@@ -191,9 +201,9 @@ def test_a_slow_decline_is_followed_in_few_steps_not_one_pod_at_a_time() -> None
 
 
 def test_a_scale_down_that_frees_less_than_a_tenth_of_the_fleet_is_not_worth_a_cold_start() -> None:
-    policy = SloPolicy(capacity_per_replica=MU, stabilization=30.0)
+    policy = Learned(stabilization=30.0)
     # 19 pods' worth of demand on a fleet of 20: 5% idle, held
-    _, ds = steady(policy, 600, current=20, ready=20, arrival_rate=34.0, request_rate=34.0)
+    _, ds = steady(policy, 600, current=20, ready=20, arrival_rate=38.0, request_rate=38.0)
     assert all(d.replicas == 20 for d in ds)
 
 
@@ -203,7 +213,7 @@ def test_down_window_is_at_least_the_cold_start() -> None:
 
 
 def test_no_scale_down_while_over_target() -> None:
-    policy = SloPolicy(capacity_per_replica=MU, stabilization=30.0)
+    policy = Learned(stabilization=30.0)
     state, _ = steady(policy, 600, arrival_rate=30.0, request_rate=30.0)
     _, ds = steady(
         policy, 120, time=600.0, state=state, current=17, ready=17, arrival_rate=8.0, request_rate=8.0, latency=3.0
@@ -252,7 +262,7 @@ def test_a_heavier_mix_than_profiled_lowers_the_capacity_used() -> None:
 
 def test_the_first_decision_never_scales_down() -> None:
     # the first rate windows are often half filled; the current size counts as a recommendation
-    d = POLICY.decide(obs(current=10, ready=10, arrival_rate=2.0, request_rate=2.0), SloState())
+    d = POLICY.decide(obs(current=10, ready=10, arrival_rate=2.0, request_rate=2.0), POLICY.initial_state())
     assert d.replicas == 10
     assert "holding 10 until demand stays lower for 300s" in d.reason
 
@@ -270,7 +280,7 @@ def test_a_latency_window_that_is_not_a_multiple_of_the_interval_still_settles()
 def test_an_over_target_fleet_whose_queue_shrinks_may_scale_down() -> None:
     # After a spike, the queues left on the old pods drain at their own pace and keep the percentile
     # over target; pods added for the spike do not speed that up, so they may go once demand is low.
-    policy = SloPolicy(capacity_per_replica=MU, stabilization=60.0)
+    policy = Learned(stabilization=60.0)
     state, _ = steady(policy, 300, arrival_rate=36.0, request_rate=36.0)  # 20 replicas
     queue, t, current = 5000.0, 300.0, 20
     for _ in range(12):

@@ -10,7 +10,6 @@ import pytest
 from mmfleet.autoscaler import Decision, Observation, cycle
 from mmfleet.autoscaler.cycle import WARM_UP_S
 from mmfleet.autoscaler.policy import SloPolicy, SloState
-from mmfleet.config import OperatorConfig
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, Shipped, simulate
 from mmfleet_lab.twin.shipped import EPOCH
 from tests.unit.test_twin_fleet import SLO, steady
@@ -19,14 +18,6 @@ from tests.unit.test_twin_fleet import SLO, steady
 def run(req: Requests, policy: Shipped | SloPolicy, duration: float, **kw: Any) -> Any:
     return simulate(
         Scenario("t", req, duration), policy, params=H200_QWEN25VL7B, slo=SLO, cold_start=30.0, **kw
-    )  # fmt: skip
-
-
-def test_it_runs_with_the_operators_default_interval_and_cold_start() -> None:
-    defaults = OperatorConfig.model_construct()
-    shipped = Shipped()
-    assert (shipped.name, shipped.interval, shipped.default_cold_start) == (
-        "mmfleet", defaults.autoscale_interval, defaults.default_cold_start,
     )  # fmt: skip
 
 
@@ -52,8 +43,7 @@ def test_each_cycle_sees_what_the_operators_loop_reads(monkeypatch: pytest.Monke
 
 
 def test_the_policy_is_not_asked_within_the_first_rate_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The warm-up hold of ``cycle.decide``; the old benchmark row (a profiled capacity, asked directly)
-    scaled at its first cycle."""
+    """The warm-up hold of ``cycle.decide``: the policy is first asked one rate window after the first cycle."""
     asked: list[float] = []
     decide = SloPolicy.decide
 
@@ -62,8 +52,6 @@ def test_the_policy_is_not_asked_within_the_first_rate_window(monkeypatch: pytes
         return decide(self, observation, state)
 
     overload = steady(60.0, 300.0)  # far beyond what one replica serves within 10 s
-    old = run(overload, SloPolicy(capacity_per_replica=10.0), 300.0, initial_replicas=1, max_replicas=8)
-    assert old.decisions[0][0] == 15.0
     monkeypatch.setattr(SloPolicy, "decide", spy)
     shipped = run(overload, Shipped(), 300.0, initial_replicas=1, max_replicas=8)
     assert asked[0] == 15.0 + WARM_UP_S  # first cycle at 15 s, then one rate window of holding

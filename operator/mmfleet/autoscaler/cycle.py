@@ -25,6 +25,7 @@ from mmfleet.api import (
     MultimodalInference,
     SloSpec,
     clamp_replicas,
+    duration_text,
     seconds,
 )
 from mmfleet.autoscaler import Observation
@@ -145,10 +146,6 @@ def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> S
     )
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.3g}s"
-
-
 def _unavailable(seen: Seen, inference: MultimodalInference, held: int) -> ConditionRow | None:
     """MetricsAvailable when the signals cannot be used (then the fleet holds), or None when they can.
 
@@ -254,7 +251,7 @@ def decide(
                 "SLOMet",
                 met,
                 "TargetMet" if met else "TargetMissed",
-                f"{label} {_seconds(latency)} {op} target {slo.target} over the last {slo.window}",
+                f"{label} {duration_text(latency)} {op} target {slo.target} over the last {slo.window}",
             )
         elif idle:
             slo_met = ("SLOMet", True, "NoRequests", f"no requests over the last {slo.window}")
@@ -291,7 +288,9 @@ def _limits(
             "not adding more until they start",
         )
     if replicas >= autoscaling.max_replicas:
-        over = f" while {label} {_seconds(latency)} > target {_seconds(target)}" if latency and latency > target else ""
+        over = ""
+        if latency and latency > target:
+            over = f" while {label} {duration_text(latency)} > target {duration_text(target)}"
         return (
             "ScalingLimited",
             True,

@@ -7,7 +7,7 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
 2004); this policy is one, with few knobs:
 
 - feed-forward: the demand forecast over L plus one interval, over the capacity of a replica at the
-  SLO, μ_SLO, times a utilisation headroom. The forecast is an upper quantile: a fast EWMA level
+  SLO, μ_SLO, learned online. The forecast is an upper quantile: a fast EWMA level
   plus z × a robust noise estimate, plus a robust trend (Theil-Sen on both halves of the last
   five minutes), which a sustained ramp has and a step does not;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
@@ -40,7 +40,7 @@ import statistics
 from dataclasses import dataclass, replace
 from itertools import combinations, pairwise
 
-from mmfleet.api import clamp_replicas
+from mmfleet.api import clamp_replicas, duration_text
 from mmfleet.autoscaler import Decision, Observation
 
 FAST_WINDOW = 60.0  # s, time constant of the demand level: follows a step within about a minute
@@ -87,10 +87,6 @@ class Sizing:
     backlog: float  # requests projected to be queued when a pod asked for now is Ready
     feedback: int | None
     draining: bool  # the queue is shorter than a latency window ago
-
-
-def _s(seconds: float) -> str:
-    return f"{seconds:.3g}s"
 
 
 def _v(value: float) -> str:
@@ -155,18 +151,15 @@ def projected_backlog(
 class SloPolicy:
     """Scale so the SLO percentile stays under target through spikes, on as few GPUs as that allows.
 
-    ``capacity_per_replica`` is μ_SLO in req/s (the benchmark takes it from the twin's
-    ``capacity_at_slo``, the operator from a profile); None learns it online, conservatively, as the
-    best throughput per Ready replica seen while the SLO held, and then adds no headroom.
-    ``utilization``: the share of μ_SLO the forecast may use. ``drain_time``: seconds in which a
-    backlog should clear once new pods are Ready. ``stabilization``: the scale-down window, default
-    max(300 s, L). ``settle``: how far back the latency and rate signals reach (the SLO window).
+    μ_SLO is learned online, conservatively, as the best throughput per Ready replica seen while the
+    SLO held; being what a replica did within the SLO, it gets no headroom. ``drain_time``: seconds
+    in which a backlog should clear once new pods are Ready. ``stabilization``: the scale-down
+    window, default max(300 s, L). ``settle``: how far back the latency and rate signals reach (the
+    SLO window).
     """
 
     name: str = "mmfleet"
     interval: float = 15.0
-    capacity_per_replica: float | None = None
-    utilization: float = 0.9
     drain_time: float = 60.0
     stabilization: float | None = None
     settle: float = 60.0
@@ -272,34 +265,31 @@ class SloPolicy:
         learned = state.learned_capacity
         if obs.latency <= target and ready_steady and obs.request_rate > 0:
             learned = max(learned or 0.0, obs.request_rate / obs.ready)
-        base = self.capacity_per_replica if self.capacity_per_replica is not None else learned
-        # A learned capacity is already a lower bound (what a replica did within the SLO): no headroom.
-        headroom = self.utilization if self.capacity_per_replica is not None else 1.0
 
         scale = state.capacity_scale
         capacity: float | None = None
         backlog = 0.0
         feedforward: int | None = None
         needed = obs.current  # nothing to size with yet: only the feedback below may move it
-        if base is not None and base > 0:
+        if learned is not None and learned > 0:
             # Replicas whose queue stood for a whole window serve at their true capacity; below μ means
             # a heavier mix than profiled, which is believed until the SLO has held for a while.
-            clears = base * scale * obs.ready * target  # what the Ready replicas clear within the target
+            clears = learned * scale * obs.ready * target  # what the Ready replicas clear within the target
             standing = spans and all(h[2] > clears for h in history)
             # A queue that shrinks is served faster than it grows: an over-provisioned fleet draining a
             # backlog says nothing about slow replicas (seen: the estimate fell to 0.29 x mu after a spike).
             if obs.latency > target and standing and ready_steady and obs.waiting >= history[0][2]:
-                scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / base))
+                scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / learned))
             elif obs.latency <= target and dt is not None:
                 scale = _ewma(scale, 1.0, dt, CAPACITY_RECOVERY)
-            capacity = base * scale
+            capacity = learned * scale
             queued = max(0.0, obs.waiting - capacity * obs.ready * target)
             starting = self._starting_ready_at(obs, state)
             # The queue builds from what arrives now; the trend is already in the forecast, and counting
             # it twice ordered a backlog that never came (azure-conv: 38 pods for a need of 22).
             arriving = max(demand, level)  # what the queue will see
             backlog = projected_backlog(queued, arriving, obs.ready, starting, obs.time, obs.cold_start, capacity)
-            sized = forecast / (capacity * headroom)
+            sized = forecast / capacity
             # At most as many again for the backlog: pods that arrive after a cold start to drain a queue of
             # requests already late win few windows back (spike-x8, L=420 s: 924 pods for a need of 230).
             drain = min(backlog / (capacity * self.drain_time), BACKLOG_RATIO * sized)
@@ -334,10 +324,10 @@ class SloPolicy:
         """One sentence for a Kubernetes event: what was seen, what it needs, what is done."""
         assert obs.latency is not None
         op = ">" if obs.latency > obs.slo_target else "<="
-        parts = [f"P{obs.slo_percentile:g} {_s(obs.latency)} {op} target {_s(obs.slo_target)}"]
+        parts = [f"P{obs.slo_percentile:g} {duration_text(obs.latency)} {op} target {duration_text(obs.slo_target)}"]
         if sz.capacity is not None:
             parts.append(
-                f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {_s(sz.horizon)} "
+                f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {duration_text(sz.horizon)} "
                 f"at {_v(sz.capacity)} req/s per replica"
             )
         else:
@@ -361,5 +351,5 @@ class SloPolicy:
         if sz.needed < current and obs.latency > obs.slo_target:
             return f"{text}: holding {current} while over target"
         if sz.needed < current and not blocked:
-            return f"{text}: holding {current} until demand stays lower for {_s(window)}"
+            return f"{text}: holding {current} until demand stays lower for {duration_text(window)}"
         return f"{text}: holding {current}"
