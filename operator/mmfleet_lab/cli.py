@@ -47,10 +47,56 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
             count_column=args.count_column,
             time_scale=args.time_scale,
         )
-    default = ["trace"] if trace is not None else list(autoscale.STEADY + autoscale.SPIKY)
-    scenarios = args.scenario or default
-    cold_starts = args.cold_start or list(autoscale.COLD_STARTS)
-    return autoscale.main(scenarios, cold_starts, Path(args.docs), Path(args.plots), _progress, trace=trace)
+    from mmfleet_lab.bench import traces, tune
+    from mmfleet_lab.twin import Shipped
+
+    if args.quick:
+        default, colds = [QUICK_CELL], [tune.COLD_START]
+    else:
+        default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
+    scenarios = args.scenario or (["trace"] if trace is not None else default)
+    baselines, record = tune.frozen(Path(args.tuned))
+    return autoscale.main(
+        scenarios,
+        args.cold_start or colds,
+        Path(args.docs),
+        Path(args.plots),
+        _progress,
+        [Shipped(), *baselines],
+        seeds=args.seed or list(autoscale.SEEDS),
+        trace=trace,
+        oracle=not args.no_oracle,
+        tuned_from=f"`{record['command']}`, {args.tuned}",
+    )
+
+
+QUICK_CELL = "spike-x4@azure-code"
+
+
+def cmd_bench_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import tune
+    from mmfleet_lab.bench.baselines import FAMILIES
+    from mmfleet_lab.bench.traces import TRAIN, HeldOutError
+
+    families = args.family or list(FAMILIES)
+    seeds = args.seed or list(tune.SWEEP_SEEDS)
+    flags = [*(f"--family {f}" for f in args.family or ()), *(f"--seed {s}" for s in seeds)]
+    if args.report_on:
+        command = " ".join(["mmfleet bench tune", f"--report-on {args.report_on}", *flags])
+        return tune.report_test_tuned(
+            args.report_on, families, seeds, Path(args.docs), Path(args.plots), _progress, command
+        )
+    scenarios = args.scenario or list(TRAIN)
+    command = " ".join(["mmfleet bench tune", *(f"--scenario {s}" for s in scenarios), *flags])
+    try:
+        record = tune.tune(families, scenarios, seeds, _progress, command, path=Path(args.tuned))
+    except HeldOutError as error:
+        print(f"mmfleet bench tune: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    tune.write_docs(record, Path(args.docs), Path(args.plots))
+    return 0
 
 
 def cmd_twin_serve(args: argparse.Namespace) -> int:
@@ -76,6 +122,13 @@ def cmd_twin_serve(args: argparse.Namespace) -> int:
     except (ClusterError, FileNotFoundError, OSError) as error:
         print(f"mmfleet twin serve: {error}", file=sys.stderr)
         return 1
+
+
+def _tuned() -> str:
+    """``bench/tuned.json`` beside ``bench.tune`` (``tune.TUNED``), without importing the benchmark."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parent / "bench" / "tuned.json")
 
 
 def _progress(line: str) -> None:
@@ -106,7 +159,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bas.add_argument("--output-column", help="output tokens column (default: the ServeGen mix)")
     p_bas.add_argument("--images-column", help="images per request column (default: ServeGen's share)")
     p_bas.add_argument("--count-column", help="requests per window: the file is a count series, not requests")
+    p_bas.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
+    p_bas.add_argument("--quick", action="store_true", help=f"one cell: {QUICK_CELL} at 90 s")
+    p_bas.add_argument("--no-oracle", action="store_true", help="skip the oracles (10-70 s a cell and seed)")
+    p_bas.add_argument("--tuned", default=str(_tuned()), help="the baselines' frozen settings (mmfleet bench tune)")
     p_bas.set_defaults(func=cmd_bench_autoscale)
+    p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
+    p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
+    p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")
+    p_tune.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0, 1)")
+    p_tune.add_argument("--report-on", help="sweep on this (test) scenario and report, without freezing anything")
+    p_tune.add_argument("--tuned", default=str(_tuned()), help="where the frozen settings are written")
+    p_tune.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_tune.add_argument("--plots", default="docs/img", help="where the PNG plots are written")
+    p_tune.set_defaults(func=cmd_bench_tune)
 
     register_cli(sub)
     _twin_cli(sub)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mmfleet.autoscaler import Decision, Observation, Policy
-from mmfleet_lab.bench.baselines import baselines
+from mmfleet_lab.bench.baselines import FAMILIES, Profile, baselines, build, grid
 from mmfleet_lab.bench.baselines.aibrix import AibrixApaPolicy
 from mmfleet_lab.bench.baselines.dynamo import DynamoPlannerPolicy
 from mmfleet_lab.bench.baselines.hpa import (
@@ -149,11 +149,15 @@ def test_hpa_policy_holds_when_the_metric_is_missing() -> None:
     assert "holding 6" in d.reason
 
 
-def test_hpa_inflight_variant_takes_littles_law_target() -> None:
-    # target = mu_SLO x SLO = 2 req/s x 2 s = 4 in flight per pod; 4 pods at 8 in flight -> ceil(2 x 4) = 8
-    policy = HpaPolicy(metric="running+waiting", target=None, capacity_per_replica=2.0)
+def test_hpa_inflight_variant_takes_littles_law_target_with_the_mean_latency_not_the_slo() -> None:
+    # target = mu_SLO x mean latency = 2 req/s x 1 s = 2 in flight per pod (the SLO, 2 s, would say 4);
+    # 4 pods at 8 in flight -> ceil(4 x 4) = 16, rate-limited to x2 this sync
+    policy = HpaPolicy(metric="running+waiting", target=None, capacity_per_replica=2.0, mean_latency=1.0)
     d = policy.decide(obs(running=24.0, waiting=8.0), HpaState())
+    assert "vs target 2 " in d.reason and "metric wants 16" in d.reason
     assert d.replicas == 8
+    with pytest.raises(ValueError, match="mean_latency"):
+        HpaPolicy(metric="running+waiting", target=None, capacity_per_replica=2.0).decide(obs(), HpaState())
 
 
 def test_hpa_range_guard_brings_replicas_back_within_bounds() -> None:
@@ -389,14 +393,15 @@ def test_static_returns_its_count_within_bounds() -> None:
     assert StaticPolicy(70).decide(obs(max_replicas=10), None).replicas == 10
 
 
+PROFILE = Profile(capacity=2.0, mean_latency=1.5, isl=3000.0, osl=150.0, max_num_seqs=256,
+                  kv_capacity_tokens=1.0e6, mean_replicas=4.0)  # fmt: skip
+
+
 def test_default_set_has_every_baseline_once_and_each_holds_when_prometheus_is_down() -> None:
-    policies = baselines(2.0, 256, demand_replicas=[2, 5, 9, 3])
+    policies = baselines(PROFILE)
     names = [p.name for p in policies]
-    assert len(set(names)) == len(names)
-    assert {"static-peak", "static-mean", "hpa-waiting", "keda", "knative-kpa", "kubeai"} <= set(names)
-    statics = {p.name: p for p in policies if isinstance(p, StaticPolicy)}
-    assert statics["static-peak"].replicas == 9
-    assert statics["static-mean"].replicas == 5  # ceil(19 / 4)
+    assert len(set(names)) == len(names) == len(FAMILIES)
+    assert isinstance(policies[0], StaticPolicy) and policies[0].replicas == 4
     silent = obs(
         current=6,
         request_rate=None,
@@ -415,7 +420,58 @@ def test_default_set_has_every_baseline_once_and_each_holds_when_prometheus_is_d
         assert "holding 6" in d.reason, p.name
 
 
-@pytest.mark.parametrize("policy", baselines(2.0, 256), ids=lambda p: p.name)
+def test_grids_step_in_flight_targets_around_littles_law_and_build_every_setting() -> None:
+    hpa = grid("hpa", PROFILE)
+    assert {s["target"] for s in hpa if s["metric"] == "running+waiting"} == {1.5, 2.1, 3.0, 4.2}  # 3.0 x steps
+    assert hpa[0] == {"metric": "waiting", "target": 5.0, "down_window": 300.0, "down_percent": 100.0,
+                      "down_period": 15.0}  # fmt: skip
+    for family in FAMILIES:
+        for setting in grid(family, PROFILE):
+            assert build(family, setting, PROFILE).name == baselines(PROFILE)[FAMILIES.index(family)].name
+    with pytest.raises(ValueError, match="unknown baseline"):
+        grid("autopilot", PROFILE)
+
+
+def test_knative_target_is_the_annotation_not_the_batch_limit() -> None:
+    # 4 ready at 12 in flight each; target 10 x 0.7 = 7 -> ceil(48 / 7) = 7 (with 1024 seats it would be 1)
+    kpa = KpaPolicy(container_concurrency=1024, target=10.0)
+    state = kpa.initial_state()
+    d = kpa.decide(obs(time=0.0, ready=1, current=1, running=48.0, waiting=0.0), state)
+    assert d.replicas == 7
+
+
+def test_knative_scale_down_delay_keeps_the_max_over_its_window() -> None:
+    kpa = KpaPolicy(container_concurrency=1024, target=10.0, scale_down_delay=30.0, stable_window=6.0)
+    hot = [obs(time=float(t), ready=1, current=1, running=48.0, waiting=0.0) for t in (0, 2)]
+    calm = [obs(time=float(t), ready=7, current=7, running=7.0, waiting=0.0) for t in range(10, 60, 2)]
+    decisions = run(kpa, hot + calm)
+    times = [o.time for o in hot + calm]
+    by_time = dict(zip(times, (d.replicas for d in decisions), strict=True))
+    assert by_time[30.0] == 7  # the 7 of t=2 is still inside the 30 s delay window
+    assert by_time[58.0] < 7
+
+
+def test_wva_v2_sizes_from_demand_over_threshold_and_acts_on_a_fleet_of_twenty() -> None:
+    # 20 ready at KV 0.3 with kv_threshold 0.2: demand 30 replicas; 30 / 0.85 - 20 = 15.3 -> +16
+    wva = WvaSaturationPolicy(analyzer="v2", kv_threshold=0.2)
+    result = wva.analyze(obs(ready=20, current=20, kv_cache_usage=0.3, waiting=0.0))
+    assert result is not None and result[0] == 36
+    # v1 at the same point: +1, which the HPA then swallows (21 / 20 is within 10 %)
+    v1 = WvaSaturationPolicy().analyze(obs(ready=20, current=20, kv_cache_usage=0.85, waiting=0.0))
+    assert v1 is not None and v1[0] == 21
+    assert external_average_replicas(21, 1, status_replicas=20) == 20
+    # low demand: spare = 20 - (20 x 0.05 / 0.2) / 0.7 = 12.9 -> -12
+    down = wva.analyze(obs(ready=20, current=20, kv_cache_usage=0.05, waiting=0.0))
+    assert down is not None and down[0] == 8
+
+
+def test_keda_on_in_flight_sums_running_and_waiting() -> None:
+    keda = KedaPolicy(metric="running+waiting", threshold=10.0)
+    d = keda.decide(obs(running=60.0, waiting=20.0), keda.initial_state())
+    assert d.replicas == 8  # ceil(80 / 10)
+
+
+@pytest.mark.parametrize("policy", baselines(PROFILE), ids=lambda p: p.name)
 def test_every_baseline_runs_a_step_in_demand_and_stays_in_bounds(policy: Policy) -> None:
     seq = [obs(time=float(t), running=8.0, waiting=0.0) for t in range(0, 300, 15)]
     seq += [

@@ -85,6 +85,14 @@ def test_bench_autoscale_on_a_trace_needs_its_timestamp_column(tmp_path: Path) -
     assert result.stdout.strip() == f"--time-column: required with --trace {trace} (the name of its timestamp column)"
 
 
+def test_bench_tune_refuses_a_test_trace_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "tuned.json"
+    result = run("bench", "tune", "--scenario", "azure-conv", "--scenario", "azure-code", "--tuned", str(out))
+    assert result.returncode == 2
+    assert "azure-code: test scenarios, held out from tuning" in result.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args", [("render", "-f", "examples/minimal.yaml"), ("crd",), ("docs", "api")])
 def test_operator_commands_work_without_the_lab_and_its_dependencies(args: tuple[str, ...]) -> None:
     """As `pip install .` (no extra) leaves it: the output is the same as with the lab installed."""
@@ -103,3 +111,11 @@ def test_the_handlers_import_without_the_lab_and_its_dependencies() -> None:
     code = f"import sys; sys.modules.update(dict.fromkeys({list(LAB_MODULES)!r})); import mmfleet.handlers"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> None:
+    """`pip install .` puts the lab's code on disk without its dependencies: say so, no traceback."""
+    result = run("bench", "autoscale", without=("numpy",))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
+    assert "{render,run,crd,docs}" in run("--help", without=("numpy",)).stdout

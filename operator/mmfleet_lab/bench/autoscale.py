@@ -3,9 +3,11 @@
 Every policy runs in the same digital twin (``mmfleet_lab.twin``) on the same requests, seeing only
 what Prometheus and the API server would show, with the same cold start. The ``mmfleet`` row is the
 configuration that ships (``twin.Shipped``: ``autoscaler.cycle.decide`` with the operator's defaults,
-learning the capacity per replica online); the baselines are given the twin's μ_SLO where they need
-a per-replica target. The GPU-hours yardstick is the true oracle (``bench.oracle.true_oracle``): the
-fewest replicas window by window, searched in the twin, ordered a cold start ahead and checked to meet
+learning the capacity per replica online); each baseline runs the setting frozen in ``bench/tuned.json``,
+tuned on the training traces only (``bench.tune``). Every cell runs once per seed (the arrivals of the
+scaled and spiked traffic, the synthetic mix and the scrape phase). The GPU-hours yardstick is the true
+oracle (``bench.oracle.true_oracle``): the fewest replicas window by window, searched in the twin, ordered a cold
+start ahead and checked to meet
 every window; the zero-cold-start oracle and the fluid bound are reported beside it.
 """
 
@@ -26,17 +28,21 @@ import numpy as np
 from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench import slo_metrics
-from mmfleet_lab.bench.baselines import baselines
 from mmfleet_lab.bench.oracle import Cell, fluid_lower_bound, fluid_replicas, true_oracle
 from mmfleet_lab.bench.report import table, write_section
+from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
-from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile
+from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile, parse
 
 WINDOW = 60.0
 STEADY = ("azure-conv", "azure-code", "servegen-mm")
 SPIKY = ("spike-x2", "spike-x4", "spike-x8", "ramp-x4", "flash-x8")
 COLD_STARTS = (30.0, 90.0, 180.0, 420.0)
-REACTIVE = ("hpa-waiting", "keda", "knative-kpa")
+REACTIVE = ("hpa", "keda", "knative-kpa")
+SEEDS = (0, 1, 2, 3, 4)
+# maxReplicas, the same for every policy: twice the fluid bound's peak need of the cell, as a user sizes a
+# budget from a known peak (the old 4 x gave reactive policies room to overshoot 4-fold).
+MAX_REPLICAS_PER_PEAK = 2.0
 REFERENCES = ("oracle", "oracle-L0", "fluid-bound")  # yardsticks, not policies
 # Every run starts from a fleet that has served for this long at its initial size: Prometheus' rate
 # windows are full by then, so no policy mistakes the first minute's half-empty windows for a ramp.
@@ -64,6 +70,21 @@ class Row:
     violation_minutes: float
     seconds: float  # wall time of the simulation
     note: str = ""  # how a yardstick was computed
+    seed: int = 0
+
+
+class InertBaselineError(RuntimeError):
+    """A baseline that never acted on a trace whose need varies: a broken model, not a result."""
+
+
+def check_acts(row: Row, demand: np.ndarray) -> None:
+    """Fail loudly when a scaling policy made no change on a cell whose per-window need varies."""
+    varies = demand.size > 0 and int(demand.max()) > int(demand.min())
+    if varies and row.policy != "static" and row.policy not in REFERENCES and row.actions_per_hour == 0:
+        raise InertBaselineError(
+            f"{row.policy} never scaled on {row.scenario} (L={row.cold_start:.0f}s, seed {row.seed}) although "
+            f"the need varies from {int(demand.min())} to {int(demand.max())} replicas"
+        )
 
 
 def _scored(result: RunResult, slo: SloSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -109,9 +130,11 @@ def _demand(scn: Scenario, capacity: float) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _scenario(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None) -> Scenario:
+def _scenario(
+    name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None, seed: int = 0
+) -> Scenario:
     """Built once per process: workers get a name, not megabytes of arrays."""
-    return scenario(name, params=params, reference_slo=slo, trace=trace)
+    return scenario(name, params=params, reference_slo=slo, trace=trace, seed=seed)
 
 
 def _fluid_hours(scn: Scenario, capacity: float) -> float:
@@ -126,7 +149,7 @@ def _run_oracle(
     name: str, cold_start: float, common: dict[str, Any], trace: TraceFile | None = None
 ) -> list[tuple[Row, RunResult]]:
     """The true oracle and the zero-cold-start oracle, scored like every policy, and the fluid bound."""
-    scn = _scenario(name, common["params"], common["slo"], trace)
+    scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
     slo, initial = common["slo"], common["initial_replicas"]
     oracle_cell = Cell(scn, common["params"], slo, initial, common["max_replicas"], WARMUP, WINDOW, name)
     rows = []
@@ -134,27 +157,30 @@ def _run_oracle(
         row = _evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
         note = (f"{oracle.evaluations} window simulations in the search, windows raised after the replay: "
                 f"{oracle.repairs}, {oracle.seconds:.0f} s")  # fmt: skip
-        rows.append((replace(row, note=note), oracle.result))
+        rows.append((replace(row, note=note, seed=common["seed"]), oracle.result))
     return rows
 
 
 def _run_policy(
     name: str, cold_start: float, policy: Policy | Shipped, common: dict[str, Any], trace: TraceFile | None = None
 ) -> list[tuple[Row, RunResult]]:
-    """One run of ``policy``, as a list like ``_run_oracle``'s."""
-    scn = _scenario(name, common["params"], common["slo"], trace)
+    """One run of ``policy``, as a list like ``_run_oracle``'s; a baseline that never acts on a varying
+    trace raises ``InertBaselineError``."""
+    scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
     started = time.monotonic()
     result = simulate(scn, policy, **common)
     wall = time.monotonic() - started
     row = _evaluate(name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"])
+    row = replace(row, seed=common["seed"])
+    check_acts(row, _demand(scn, float(scn.info["mu_slo"]))[int(WARMUP // WINDOW) :])
     return [(row, result)]
 
 
 def cell(
-    name: str, cold_start: float, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None
+    name: str, cold_start: float, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None, seed: int = 0
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
     """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments."""
-    scn = _scenario(name, params, slo, trace)
+    scn = _scenario(name, params, slo, trace, seed)
     capacity = float(scn.info["mu_slo"])
     demand = _demand(scn, capacity)
     common: dict[str, Any] = {
@@ -162,9 +188,10 @@ def cell(
         "cold_start": cold_start,
         "slo": slo,
         "min_replicas": 1,
-        "max_replicas": int(max(4 * demand.max(), 8)),
+        "max_replicas": int(max(math.ceil(MAX_REPLICAS_PER_PEAK * demand.max()), 8)),
         "initial_replicas": max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max())),
         "start": WARMUP,
+        "seed": seed,
     }
     return capacity, demand, common
 
@@ -176,31 +203,76 @@ def run_cell(
     slo: SloSpec,
     progress: Progress,
     workers: int,
+    policies: Sequence[Policy | Shipped],
+    seeds: Sequence[int] = SEEDS,
     trace: TraceFile | None = None,
+    oracle: bool = True,
 ) -> tuple[list[Row], dict[str, RunResult]]:
-    """The shipped autoscaler, every baseline and the oracles on one scenario at one cold start, spread over
-    ``workers`` processes, with the fluid bound. Only the baselines and the oracles are told the capacity
-    per replica."""
-    capacity, demand, common = cell(name, cold_start, params, slo, trace)
-    policies: list[Policy | Shipped] = [Shipped(), *baselines(capacity, params.max_num_seqs, demand_replicas=demand)]
+    """``policies`` (the shipped autoscaler and the frozen baselines) and, with ``oracle``, the oracles on one
+    scenario at one cold start, once per seed, spread over ``workers`` processes, with the fluid bound.
+    Returns one row per policy and seed (× oracle against that seed's oracle) and the first seed's runs."""
+    commons = {seed: cell(name, cold_start, params, slo, trace, seed)[2] for seed in seeds}
+    total = len(seeds) * (len(policies) + (1 if oracle else 0))
+    done: dict[tuple[str, int], tuple[Row, RunResult]] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        jobs = [pool.submit(_run_oracle, name, cold_start, common, trace)]
-        jobs += [pool.submit(_run_policy, name, cold_start, p, common, trace) for p in policies]
-        done = {}
-        for job in as_completed(jobs):
+        jobs = [pool.submit(_run_oracle, name, cold_start, commons[s], trace) for s in seeds if oracle]
+        jobs += [pool.submit(_run_policy, name, cold_start, p, commons[s], trace) for s in seeds for p in policies]
+        for n, job in enumerate(as_completed(jobs), 1):
             for row, result in job.result():
-                done[row.policy] = (row, result)
-                progress(f"   {name} L={cold_start:.0f}s {row.policy}: {row.attainment:.1%} windows, "
-                         f"{row.gpu_hours:.1f} GPU-h ({row.seconds:.0f}s)")  # fmt: skip
+                done[(row.policy, row.seed)] = (row, result)
+                progress(f"   [{n}/{total}] {name} L={cold_start:.0f}s seed {row.seed} {row.policy}: "
+                         f"{row.attainment:.1%} windows, {row.gpu_hours:.1f} GPU-h ({row.seconds:.0f}s)")  # fmt: skip
     nan = math.nan
-    hours = _fluid_hours(_scenario(name, params, slo, trace), capacity)
-    note = f"ceil(λ_w / μ_SLO) replicas per window, μ_SLO = {capacity:.1f} req/s"
-    fluid = Row(name, cold_start, "fluid-bound", nan, nan, nan, hours, nan, nan, nan, nan, nan, 0.0, note)
-    order = ["oracle", "oracle-L0", *(p.name for p in policies)]
-    oracle_hours = done["oracle"][0].gpu_hours
-    rows = [_with_ratio(r, oracle_hours) for r in (done["oracle"][0], done["oracle-L0"][0], fluid)]
-    rows += [_with_ratio(done[n][0], oracle_hours) for n in order[2:]]
-    return rows, {n: done[n][1] for n in order}
+    rows: list[Row] = []
+    for seed in seeds:
+        scn = _scenario(name, params, slo, trace, seed)
+        capacity = float(scn.info["mu_slo"])
+        note = f"ceil(λ_w / μ_SLO) replicas per window, μ_SLO = {capacity:.1f} req/s"
+        fluid = Row(name, cold_start, "fluid-bound", nan, nan, nan, _fluid_hours(scn, capacity), nan, nan, nan, nan,
+                    nan, 0.0, note, seed)  # fmt: skip
+        oracle_hours = done[("oracle", seed)][0].gpu_hours if oracle else math.nan
+        order = [*(("oracle", "oracle-L0") if oracle else ()), *(p.name for p in policies)]
+        rows += [_with_ratio(r, oracle_hours) for r in (*(done[(n, seed)][0] for n in order[:2] if oracle), fluid)]
+        rows += [_with_ratio(done[(n, seed)][0], oracle_hours) for n in order[2 if oracle else 0 :]]
+    first = seeds[0]
+    return rows, {n: r for (n, s), (_, r) in done.items() if s == first}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A metric over the seeds of a cell: mean, min and max."""
+
+    mean: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        a = np.asarray(values, dtype=float)
+        if a.size == 0 or np.all(np.isnan(a)):
+            return cls(math.nan, math.nan, math.nan)
+        return cls(float(np.nanmean(a)), float(np.nanmin(a)), float(np.nanmax(a)))
+
+
+def summarize(rows: Sequence[Row]) -> Row:
+    """One row for the seeds of a (scenario, cold start, policy): the mean of each metric (recovery: the worst),
+    the seeds in ``note``."""
+    first = rows[0]
+    mean: dict[str, Any] = {f: Spread.of([getattr(r, f) for r in rows]).mean for f in _METRICS}
+    mean["recover_seconds"] = Spread.of([r.recover_seconds for r in rows]).high
+    return replace(first, **mean)
+
+
+_METRICS = ("attainment", "spike_attainment", "over_share", "gpu_hours", "oracle_ratio", "actions_per_hour",
+            "reversals_per_hour", "violation_minutes", "seconds")  # fmt: skip
+
+
+def by_policy(rows: Sequence[Row]) -> dict[tuple[str, float, str], list[Row]]:
+    """Rows grouped by (scenario, cold start, policy), in first-seen order."""
+    groups: dict[tuple[str, float, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.scenario, r.cold_start, r.policy), []).append(r)
+    return groups
 
 
 def _with_ratio(row: Row, oracle_gpu_hours: float) -> Row:
@@ -219,15 +291,30 @@ def _num(value: float, digits: int) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
+def _spread(rows: Sequence[Row], field: str, fmt: Callable[[float], str]) -> str:
+    """``mean (min-max)`` over the seeds, or the value alone when they agree or there is one seed."""
+    s = Spread.of([getattr(r, field) for r in rows])
+    if math.isnan(s.mean):
+        return "-"
+    if fmt(s.low) == fmt(s.high):
+        return fmt(s.mean)
+    return f"{fmt(s.mean)} ({fmt(s.low)}–{fmt(s.high)})"
+
+
 def cell_table(rows: Sequence[Row]) -> str:
-    headers = ["policy", "windows met %", "spike windows met %", "requests over SLO %", "GPU-h", "× oracle",
-               "actions/h", "reversals/h", "recovery (s)", "violation-min"]  # fmt: skip
-    body = [
-        [r.policy, _pct(r.attainment), _pct(r.spike_attainment), _pct(r.over_share), _num(r.gpu_hours, 1),
-         _num(r.oracle_ratio, 2), _num(r.actions_per_hour, 0), _num(r.reversals_per_hour, 1),
-         _secs(r.recover_seconds), _num(r.violation_minutes, 0)]
-        for r in rows
-    ]  # fmt: skip
+    """One line per policy: the mean over the seeds and, for the scores, their range."""
+    headers = ["policy", "seeds", "windows met %", "spike windows met %", "requests over SLO %", "GPU-h",
+               "× oracle", "actions/h", "reversals/h", "worst recovery (s)", "violation-min"]  # fmt: skip
+    body = []
+    for (_, _, policy), group in by_policy(rows).items():
+        m = summarize(group)
+        body.append([
+            policy, str(len(group)), _spread(group, "attainment", _pct), _pct(m.spike_attainment),
+            _spread(group, "over_share", _pct), _spread(group, "gpu_hours", lambda v: _num(v, 1)),
+            _spread(group, "oracle_ratio", lambda v: _num(v, 2)), _num(m.actions_per_hour, 0),
+            _num(m.reversals_per_hour, 1), _secs(m.recover_seconds), _spread(group, "violation_minutes",
+            lambda v: _num(v, 0)),
+        ])  # fmt: skip
     return table(headers, body)
 
 
@@ -250,17 +337,17 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
         cell = [r for r in rows if (r.scenario, r.cold_start) == key]
         ours = next(r for r in cell if r.policy == "mmfleet")
         name, cold = key
-        parts = [f"{name} L={cold:.0f}s: {_pct(ours.attainment)}% windows at {ours.oracle_ratio:.2f}× oracle"]
-        peak = next((r for r in cell if r.policy == "static-peak"), None)
+        parts = [f"{name} L={cold:.0f}s: {_pct(ours.attainment)}% windows at {_num(ours.oracle_ratio, 2)}× oracle"]
+        peak = next((r for r in cell if r.policy == "static"), None)
         if peak is not None:
             saved = 1 - ours.gpu_hours / peak.gpu_hours
-            parts.append(f"{100 * abs(saved):.0f}% {'fewer' if saved >= 0 else 'more'} GPU-h than static-peak "
-                         f"({_pct(peak.attainment)}% windows)")  # fmt: skip
+            parts.append(f"{100 * abs(saved):.0f}% {'fewer' if saved >= 0 else 'more'} GPU-h than the tuned static "
+                         f"fleet ({_pct(peak.attainment)}% windows)")  # fmt: skip
         reactive = [r for r in cell if r.policy in REACTIVE]
-        if name in SPIKY and reactive:
+        if parse(name)[1] is not None and reactive:
             best = min(r.violation_minutes for r in reactive)
             ratio = best / ours.violation_minutes if ours.violation_minutes else math.inf
-            parts.append(f"violation-minutes {ours.violation_minutes:.0f} vs best reactive {best:.0f} "
+            parts.append(f"violation-minutes {ours.violation_minutes:.1f} vs best reactive {best:.1f} "
                          f"({'∞' if math.isinf(ratio) else f'{ratio:.1f}'}× lower)")  # fmt: skip
         dominated = dominated_by(ours, cell)
         parts.append("Pareto-dominated by " + ", ".join(dominated) if dominated else "not Pareto-dominated")
@@ -321,64 +408,71 @@ def main(
     docs: Path,
     plots: Path,
     progress: Progress,
+    policies: Sequence[Policy | Shipped],
+    seeds: Sequence[int] = SEEDS,
     workers: int = os.cpu_count() or 1,
     trace: TraceFile | None = None,
+    oracle: bool = True,
+    tuned_from: str = "",
 ) -> int:
+    """Run every cell, print its table, write the section and the plots; ``tuned_from`` says where the
+    baselines' settings came from."""
     slo = REFERENCE_SLO
     params = H200_QWEN25VL7B
     shipped = Shipped()
     all_rows: list[Row] = []
     sections = []
     started = time.monotonic()
-    shown_spike = next((n for n in ("spike-x4", *SPIKY, *scenarios) if n in scenarios), scenarios[0])
+    shown_spike = next((n for n in scenarios if parse(n)[1] is not None), scenarios[0])
     stem = "" if trace is None else f"-{Path(trace.path).stem}"
+    shown = [r for r in ("oracle", "mmfleet", *REACTIVE)]
     for name in scenarios:
         for cold in cold_starts:
-            progress(f"== {name}, cold start {cold:.0f}s")
-            rows, results = run_cell(name, cold, params, slo, progress, workers, trace)
+            progress(f"== {name} ({role_of(name)}), cold start {cold:.0f}s, seeds {', '.join(map(str, seeds))}")
+            rows, results = run_cell(name, cold, params, slo, progress, workers, policies, seeds, trace, oracle)
             all_rows += rows
             text = cell_table(rows)
             print(f"\n{name}, cold start {cold:.0f}s\n{text}\n", flush=True)
-            notes = "".join(f"- {r.policy}: {r.note}\n" for r in rows if r.note)
-            sections.append(f"### {name}, cold start {cold:.0f} s\n\n{text}\n\n{notes}")
+            notes = "".join(f"- {r.policy} (seed {r.seed}): {r.note}\n" for r in rows if r.note and r.seed == seeds[0])
+            sections.append(f"### {name} ({role_of(name)}), cold start {cold:.0f} s\n\n{text}\n\n{notes}")
             if name == shown_spike and cold == sorted(cold_starts)[len(cold_starts) // 2]:
-                shown = {k: v for k, v in results.items() if k in ("oracle", "mmfleet", *REACTIVE)}
-                title = f"{name}{stem}, cold start {cold:.0f}s"
-                plot_spike(shown, slo, title, plots / f"autoscale{stem}-spike.png")
-                plot_pareto(rows, title, plots / f"autoscale{stem}-pareto.png")
-    summary = verdicts(all_rows)
+                title = f"{name}{stem}, cold start {cold:.0f}s, seed {seeds[0]}"
+                plot_spike(
+                    {k: v for k, v in results.items() if k in shown}, slo, title, plots / f"autoscale{stem}-spike.png"
+                )
+                means = [summarize(g) for g in by_policy(rows).values()]
+                plot_pareto(means, f"{name}{stem}, cold start {cold:.0f}s, mean of {len(seeds)} seeds",
+                            plots / f"autoscale{stem}-pareto.png")  # fmt: skip
+    summary = verdicts([summarize(g) for g in by_policy(all_rows).values()])
     print("\n".join(summary))
     command = "mmfleet bench autoscale " + " ".join(
-        [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts)]
-    )
+        [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts),
+         *(f"--seed {s}" for s in seeds), *(() if oracle else ("--no-oracle",))]
+    )  # fmt: skip
     body = (
-        f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} cores). "
+        f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores). "
         f"Twin: {params.name}; SLO P{slo.percentile:g} {slo.metric} ≤ {slo.target} over {WINDOW:.0f} s windows (a "
         "window groups requests by arrival and passes when that share of them met the target; one with fewer than "
         "20 requests joins the next; a request never finished counts as a miss); "
-        "each scenario scaled so its mean load needs 20 replicas. Every fleet (the oracles' too) serves the first "
-        f"{WARMUP:.0f} s at the fluid bound's largest need over the warm-up plus one cold start, with no decisions "
-        "(the oracles may order replicas then, billed, to be Ready when scoring starts), so the rate windows are "
-        "full when policies start; windows and GPU-hours are scored from then on. Policies see "
-        "only scraped metrics (15 s scrape, 1 m rate window). The `mmfleet` row is the autoscaler `mmfleet run` "
+        "each scenario scaled so its mean load needs 20 replicas. Each cell runs once per seed (the arrivals of "
+        "the scaled and spiked traffic, the synthetic request mix, the scrape phase); tables give the mean and, "
+        "in brackets, the range over the seeds. Every policy gets the same maxReplicas, "
+        f"{MAX_REPLICAS_PER_PEAK:g} × the cell's peak fluid need. Every fleet (the oracles' too) serves the first "
+        f"{WARMUP:.0f} s at the fluid bound's largest need over the warm-up plus one cold start, with no decisions, "
+        "so the rate windows are full when policies start; windows and GPU-hours are scored from then on. Policies "
+        "see only scraped metrics (15 s scrape, 1 m rate window). The `mmfleet` row is the autoscaler `mmfleet run` "
         f"ships: `autoscaler.cycle.decide` every {shipped.interval:g} s with the operator's default cold start "
         f"({shipped.default_cold_start:g} s until a pod has been seen turn Ready), learning the capacity per replica "
-        "online; it starts at the end of the warm-up with an empty memory, as a restarted operator does, so it "
-        "first holds for its own warm-up (one rate window). The baselines that need a per-replica target are "
-        "given the twin's measured capacity at the SLO.\n\n"
-        "The yardstick (`× oracle`) is the true oracle, computed in the twin with the whole trace known: window by "
-        "window, the fewest Ready replicas that meet the SLO in that window given the windows before it (each count "
-        "tried from a copy of the fleet at the window's start), each replica ordered one cold start before it must "
-        "be Ready and billed from the order, kept through idle gaps of at most one cold start; the plan is replayed "
-        "like every policy and must meet every window, else the benchmark stops. `oracle-L0` is the same with "
-        "replicas Ready the moment they are ordered; `fluid-bound` bills ceil(λ_w / μ_SLO) replicas per window and "
-        "nothing else, a bound only as far as one replica's steady rate μ_SLO bounds what a replica of a fleet "
-        "sustains within a window.\n\n"
-        "Against the issue's targets (measured, met or not):\n\n" + "\n".join(summary) + "\n\n"
+        "online, starting with an empty memory at the end of the warm-up. Each baseline runs its setting frozen "
+        f"on the training traces ({tuned_from}); none is given anything measured on the scenario it is scored on.\n\n"
+        "The yardstick (`× oracle`) is the true oracle of the same seed (window by window the fewest Ready "
+        "replicas that meet the SLO, ordered one cold start ahead, replayed and checked to meet every window); "
+        "`oracle-L0` is the same with replicas Ready when ordered; `fluid-bound` bills ceil(λ_w / μ_SLO).\n\n"
+        "Against the issue's targets (means over the seeds, measured, met or not):\n\n" + "\n".join(summary) + "\n\n"
         f"![replicas and P90 through a spike](img/autoscale{stem}-spike.png)\n\n"
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)
     )
-    title = "Autoscaling policies side by side (digital twin)" + ("" if trace is None else f", {trace.path}")
+    title = "Autoscaling policies on held-out traces (digital twin)" + ("" if trace is None else f", {trace.path}")
     write_section(docs, f"autoscale{stem}", title, body)
     return 0
 

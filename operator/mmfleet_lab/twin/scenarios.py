@@ -19,11 +19,19 @@ AZURE_CONV = "azure2023_AzureLLMInferenceTrace_conv.csv"
 AZURE_CODE = "azure2023_AzureLLMInferenceTrace_code.csv"
 SERVEGEN_RATE = "servegen_aggregate_rate_10min.csv"
 SERVEGEN_TOKENS = "servegen_client_token_stats_6h.csv"
+SERVEGEN_DAY = "servegen_language_reason_rate_1day.csv"
+GENTD_DAY = "alibaba_gentd26_lora_request_trace_2024-12-03.csv"
 WHERE = (
-    "Azure/AzurePublicDataset data/AzureLLMInferenceTrace_{conv,code}.csv (CC-BY 4.0) and alibaba/ServeGen "
-    "(Apache-2.0; aggregated as operator/mmfleet_lab/twin/traces/README.md describes), whose copies are "
-    "the default; or put them in a folder and pass traces_dir= or --traces, or set MMFLEET_TRACES"
+    "Azure/AzurePublicDataset data/AzureLLMInferenceTrace_{conv,code}.csv (CC-BY 4.0), alibaba/ServeGen "
+    "(Apache-2.0; aggregated as operator/mmfleet_lab/twin/traces/README.md describes) and alibaba/clusterdata "
+    "cluster-trace-v2026-GenAI (research use), whose copies are the default; or put them in a folder and pass "
+    "traces_dir= or --traces, or set MMFLEET_TRACES"
 )
+# ServeGen day series (10-minute rates): the twin plays the hour of the day whose rate varies most (max / min
+# of its six windows), a rule fixed before any policy ran on them.
+SERVEGEN_DAY_MODELS = {"servegen-language": "language_m-large", "servegen-reason": "reason_deepseek-r1"}
+# The diffusion service's busiest day, its 24 hours played as one (a day's shape at a serving fleet's pace).
+GENTD_TIME_SCALE = 1.0 / 24.0
 # The SLO that "needs N replicas" is measured against when scenario() scales a trace (ASSUMED default).
 REFERENCE_SLO = SloSpec(metric="e2e", percentile=90, target="10s", window="60s")
 SPIKE_ONSET = 1200.0  # s into the trace
@@ -35,7 +43,27 @@ SPIKES: dict[str, tuple[str, float, float, float]] = {
     "ramp-x4": ("ramp", 4.0, 60.0, 660.0),  # 60 s ramp to x4, then x4 for 10 min
     "flash-x8": ("step", 8.0, 0.0, 90.0),
 }
-NAMES = ("azure-conv", "azure-code", "servegen-mm", "trace", *SPIKES)
+BASES = ("azure-conv", "azure-code", "servegen-mm", *SERVEGEN_DAY_MODELS, "gentd-diffusion")
+ON = "@"  # "spike-x4@azure-code": a spike on another base than azure-conv
+NAMES = (*BASES, "trace", *SPIKES, *(f"{s}{ON}{b}" for s in SPIKES for b in BASES if b != "azure-conv"))
+
+
+def parse(name: str) -> tuple[str, str | None]:
+    """(base, spike or None) of a scenario name: a plain spike name is on azure-conv."""
+    spike, _, base = name.partition(ON)
+    if spike in SPIKES:
+        return (base or "azure-conv"), spike
+    return name, None
+
+
+def most_variable_hour(starts: np.ndarray, rates: np.ndarray, hour: float = 3600.0) -> float:
+    """The start (s) of the whole hour whose windows' max / min rate is largest (``SERVEGEN_DAY_MODELS``)."""
+    best, start = -1.0, float(starts[0])
+    for h in np.arange(float(starts[0]), float(starts[-1]), hour):
+        m = (starts >= h) & (starts < h + hour)
+        if np.any(m) and rates[m].min() > 0 and rates[m].max() / rates[m].min() > best:
+            best, start = float(rates[m].max() / rates[m].min()), float(h)
+    return start
 
 
 @dataclass(frozen=True)
@@ -117,8 +145,14 @@ def base_requests(
         if trace is None:
             raise ValueError("scenario 'trace' needs a trace file (--trace)")
         return trace.requests(stats, rng)
-    if name == "servegen-mm":
-        starts, rates = traffic.load_rate_series(_need(d, SERVEGEN_RATE))
+    if name == "gentd-diffusion":
+        return TraceFile(str(_need(d, GENTD_DAY)), "gmt_create", time_scale=GENTD_TIME_SCALE).requests(stats, rng)
+    if name in ("servegen-mm", *SERVEGEN_DAY_MODELS):
+        if name == "servegen-mm":
+            starts, rates = traffic.load_rate_series(_need(d, SERVEGEN_RATE))
+        else:
+            starts, rates = traffic.load_rate_series(_need(d, SERVEGEN_DAY), SERVEGEN_DAY_MODELS[name])
+            servegen_start = most_variable_hour(starts, rates)
         m = (starts >= servegen_start) & (starts < servegen_start + duration)
         if not np.any(m):
             raise ValueError(f"no ServeGen windows in [{servegen_start}, {servegen_start + duration})")
@@ -145,8 +179,11 @@ def scenario(
     """A named scenario whose mean load needs ``replicas`` replicas of ``params`` at ``reference_slo``.
 
     Names: azure-conv, azure-code, servegen-mm (ServeGen mm-image, 01:00-02:00 of its day, Poisson
-    arrivals at the 10-minute rates), and spikes on azure-conv starting at 20 min: spike-x2/x4/x8
-    (x2/x4/x8 for 10 min), ramp-x4 (60 s ramp to x4, held 10 min), flash-x8 (x8 for 90 s).
+    arrivals at the 10-minute rates), servegen-language / servegen-reason (ServeGen m-large and
+    deepseek-r1, their most variable hour), gentd-diffusion (Alibaba's diffusion service, a day played
+    in an hour), and spikes starting at 20 min: spike-x2/x4/x8 (x2/x4/x8 for 10 min), ramp-x4 (60 s
+    ramp to x4, held 10 min), flash-x8 (x8 for 90 s), on azure-conv or, as ``spike@base``, on a base.
+    ``seed`` draws the arrivals of the scaled and spiked traffic and the synthetic mix.
     The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
     mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``
     (req/s), if given, sets the mean rate directly instead (no capacity search). With ``trace``,
@@ -156,8 +193,8 @@ def scenario(
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(NAMES)}")
     d = globals()["traces_dir"](traces_dir)
     rng = np.random.default_rng(seed)
-    base_name = name if name in ("azure-conv", "azure-code", "servegen-mm", "trace") else "azure-conv"
-    if trace is not None and name in SPIKES:
+    base_name, spike = parse(name)
+    if trace is not None and spike is not None:
         base_name = "trace"
     req, duration = base_requests(base_name, d, rng, trace=trace)
     mu = capacity_at_slo(params, req, reference_slo) if rate is None else rate / max(replicas, 1)
@@ -165,8 +202,8 @@ def scenario(
     factor = replicas * mu / base_rate if base_rate > 0 else 1.0
     req = traffic.scale_rate(req, factor, duration, rng)
     spikes: tuple[tuple[float, float], ...] = ()
-    if name in SPIKES:
-        kind, height, ramp, length = SPIKES[name]
+    if spike is not None:
+        kind, height, ramp, length = SPIKES[spike]
         onset = min(SPIKE_ONSET, duration / 3.0)
         end = min(onset + length, duration)
         mult = (

@@ -45,13 +45,17 @@ def _inflight(obs: Observation) -> float | None:
     return obs.running + obs.waiting
 
 
-def _little_target(target: float | None, capacity: float | None, obs: Observation) -> float:
-    """A per-replica in-flight target: given, or Little's law at the SLO, μ_SLO × target latency."""
+def _little_target(target: float | None, capacity: float | None, mean_latency: float | None) -> float:
+    """A per-replica in-flight target: given, or Little's law at capacity, μ_SLO × the *mean* latency there.
+
+    The mean, not the SLO's target: a P90 target is well above the mean, so μ_SLO × target overstates the
+    in-flight count a replica holds at μ_SLO (2.1× on azure-conv).
+    """
     if target is not None:
         return target
-    if capacity is None:
-        raise ValueError("an in-flight target needs either target= or capacity_per_replica=")
-    return capacity * obs.slo_target
+    if capacity is None or mean_latency is None:
+        raise ValueError("an in-flight target needs target=, or capacity_per_replica= and mean_latency=")
+    return capacity * mean_latency
 
 
 def _verdict(obs: Observation, wanted: int, text: str, state: object) -> Decision:

@@ -39,7 +39,7 @@ class AibrixApaPolicy:
     the up window and the *min* in the down window (``stabilizeRecommendation``), so it scales down early.
 
     ``metric``: ``kv_cache_usage`` (mean over ready pods, AIBrix's examples use target 0.5) or
-    ``running+waiting`` per ready pod (``target=None``: Little's law, μ_SLO × slo_target).
+    ``running+waiting`` per ready pod (``target=None``: Little's law, μ_SLO × mean latency).
     """
 
     name: str = "aibrix-apa"
@@ -47,6 +47,7 @@ class AibrixApaPolicy:
     metric: Literal["kv_cache_usage", "running+waiting"] = "kv_cache_usage"
     target: float | None = 0.5
     capacity_per_replica: float | None = None
+    mean_latency: float | None = None  # s, at capacity_per_replica: Little's law without a target
     up_tolerance: float = 0.1
     down_tolerance: float = 0.1
     max_scale_up_rate: float = 2.0
@@ -79,7 +80,7 @@ class AibrixApaPolicy:
                 raise ValueError("kv_cache_usage needs a target (AIBrix's examples use 0.5)")
             target = self.target
         else:
-            target = _little_target(self.target, self.capacity_per_replica, obs)
+            target = _little_target(self.target, self.capacity_per_replica, self.mean_latency)
         current = obs.current
         ratio = per_pod / target
         if ratio > 1 + self.up_tolerance:

@@ -236,7 +236,7 @@ class HpaPolicy:
 
     ``metric="waiting"``: num_requests_waiting per pod, target 5 (vLLM production-stack).
     ``metric="running+waiting"``: in-flight per pod; ``target=None`` takes Little's law,
-    ``capacity_per_replica × slo_target``.
+    ``capacity_per_replica × mean_latency``.
     """
 
     name: str = "hpa"
@@ -244,6 +244,7 @@ class HpaPolicy:
     metric: Literal["waiting", "running+waiting"] = "waiting"
     target: float | None = 5.0
     capacity_per_replica: float | None = None
+    mean_latency: float | None = None  # s, at capacity_per_replica: Little's law without a target
     tolerance: float = 0.1
     scale_up: HpaScalingRules = HPA_SCALE_UP
     scale_down: HpaScalingRules = HPA_SCALE_DOWN
@@ -260,7 +261,7 @@ class HpaPolicy:
         total = obs.waiting if self.metric == "waiting" else _inflight(obs)
         if total is None or obs.ready == 0:
             return _hold(obs, f"metric {self.metric} unavailable for any pod (HPA error)", state)
-        target = _little_target(self.target, self.capacity_per_replica, obs)
+        target = _little_target(self.target, self.capacity_per_replica, self.mean_latency)
         desired = pods_metric_replicas(
             total, target, obs.ready, obs.starting, obs.unschedulable, obs.current, self.tolerance
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from mmfleet.autoscaler import Decision, Observation
 from mmfleet_lab.bench.baselines._shared import (
@@ -33,8 +34,10 @@ class KedaPolicy:
     """B2, KEDA's Prometheus scaler feeding its HPA (kedacore/keda pkg/scalers/prometheus_scaler.go @0805d72;
     defaults from kedacore/keda-docs content/docs/2.18/reference/scaledobject-spec.md @02c81a5).
 
-    Law: query ``sum(vllm:num_requests_waiting)``; the HPA (sync 15 s, default behavior) gets it as an
-    External AverageValue metric with target ``threshold`` = 5: ``desired = ceil(sum / 5)`` unless
+    Law: query ``sum(vllm:num_requests_waiting)`` (``metric="waiting"``, production-stack's example) or the
+    in-flight ``sum(vllm:num_requests_running + vllm:num_requests_waiting)`` (``"running+waiting"``); the HPA
+        (sync 15 s, default behavior) gets it as an External AverageValue metric with target ``threshold`` = 5:
+    ``desired = ceil(sum / 5)`` unless
     within 0.1 of the pods, with no readiness damping. KEDA itself polls every 30 s for activation
     (``value > activationThreshold`` = 0) and, only when ``min_replica_count`` is 0, scales to zero
     after ``cooldownPeriod`` = 300 s without activity and back to 1 on activity. An absent series
@@ -49,6 +52,7 @@ class KedaPolicy:
     name: str = "keda"
     interval: float = 15.0  # the HPA's sync drives 1<->N; KEDA's own polling is polling_interval
     threshold: float = 5.0
+    metric: Literal["waiting", "running+waiting"] = "waiting"
     activation_threshold: float = 0.0
     polling_interval: float = 30.0
     cooldown_period: float = 300.0
@@ -66,6 +70,8 @@ class KedaPolicy:
         if obs.waiting is None and obs.request_rate is None and obs.arrival_rate is None:
             return _hold(obs, "Prometheus unreachable (KEDA scaler error)", state)
         value = obs.waiting if obs.waiting is not None else 0.0
+        if self.metric == "running+waiting":
+            value += obs.running if obs.running is not None else 0.0
         arrivals = obs.arrival_rate if obs.arrival_rate is not None else (obs.request_rate or 0.0)
         keep_alive = 1.0 if self.keep_alive and arrivals > 0 else 0.0
         min_count = obs.min_replicas if self.min_replica_count is None else self.min_replica_count
@@ -75,7 +81,7 @@ class KedaPolicy:
             active = value > self.activation_threshold or keep_alive > self.activation_threshold
             state = replace(state, last_poll=obs.time, last_active=obs.time if active else state.last_active)
             if min_count == 0 and obs.current == 0 and active:
-                return Decision(1, f"trigger active (waiting {_v(value)}): scale from zero, 0 -> 1", state)
+                return Decision(1, f"trigger active ({self.metric} {_v(value)}): scale from zero, 0 -> 1", state)
             idle_since = state.last_active
             if (
                 min_count == 0
@@ -95,6 +101,6 @@ class KedaPolicy:
             external_average_replicas(value, self.threshold, pods, self.tolerance),
             external_average_replicas(keep_alive, 1.0, pods, self.tolerance) if self.keep_alive else 0,
         )
-        text = f"sum(waiting) {_v(value)} vs threshold {_v(self.threshold)} per pod over {pods} pods"
+        text = f"sum({self.metric}) {_v(value)} vs threshold {_v(self.threshold)} per pod over {pods} pods"
         d = hpa_decide(obs, state.hpa, desired, text, hpa_min, obs.max_replicas, self.scale_up, self.scale_down)
         return replace(d, state=replace(state, hpa=d.state))

@@ -25,6 +25,7 @@ class KpaState:
     panic_time: float | None = None
     max_panic_pods: int = 0
     zero_since: float | None = None
+    desired: Samples = ()  # for scale_down_delay
 
 
 @dataclass(frozen=True)
@@ -32,19 +33,25 @@ class KpaPolicy:
     """B3, Knative's KPA decider on concurrency (knative/serving @98e5ef9: pkg/autoscaler/scaling/autoscaler.go,
     defaults in pkg/autoscaler/config/config.go).
 
-    Law, every 2 s: target = max(0.01, 0.7 × containerConcurrency) with containerConcurrency =
-    max_num_seqs; dspc = ceil(stable avg / target) over 60 s and dppc = ceil(panic avg / target)
-    over 6 s, each kept within [floor(ready / 2), ceil(1000 × ready)]. Panic starts or extends when
+    Law, every 2 s: target = max(0.01, 0.7 × the per-pod target), the target being the
+    ``autoscaling.knative.dev/target`` annotation (``target``; None: containerConcurrency = max_num_seqs,
+    which is a hard limit on a vLLM pod's batch, far above what it serves within an SLO);
+        dspc = ceil(stable avg / target) over 60 s and dppc = ceil(panic avg / target) over 6 s, each kept within
+    [floor(ready / 2), ceil(1000 × ready)]. Panic starts or extends when
     dppc / ready >= 2.0 and ends once 60 s pass without that; in panic the count is the max of both
     and never decreases. Concurrency is running + waiting (the queue-proxy sees both). A new decider
     starts in panic at the ready count when more than one pod is ready. Scale to zero (only with a
-    fleet minimum of 0) waits the 30 s grace period. The Activator's buffering is routing, not
+    fleet minimum of 0) waits the 30 s grace period. ``scale_down_delay`` (``autoscaling.knative.dev/scale-down-delay``,
+    default 0) applies the max of the desired counts over that window (pkg/autoscaler/scaling/autoscaler.go's
+    ``delayWindow``). The Activator's buffering is routing, not
     sizing, and is left to the simulator.
     """
 
     name: str = "knative-kpa"
     interval: float = 2.0  # tickInterval
     container_concurrency: int = 256  # max_num_seqs
+    target: float | None = None  # autoscaling.knative.dev/target, in-flight per pod
+    scale_down_delay: float = 0.0
     target_utilization: float = 0.7
     stable_window: float = 60.0
     panic_window_percentage: float = 10.0
@@ -74,7 +81,8 @@ class KpaPolicy:
         stable = _mean(samples)
         panic = _mean(_recent(samples, obs.time, self.panic_window))
         ready = max(1.0, float(obs.ready))
-        target = max(0.01, self.container_concurrency * self.target_utilization)
+        per_pod = float(self.container_concurrency) if self.target is None else self.target
+        target = max(0.01, per_pod * self.target_utilization)
         max_up = math.ceil(self.max_scale_up_rate * ready)
         max_down = math.floor(ready / self.max_scale_down_rate)
         dspc = math.ceil(stable / target)
@@ -94,7 +102,11 @@ class KpaPolicy:
             max_panic = max(max_panic, desired)
             desired = max_panic
         mode = "panic" if panic_time is not None else "stable"
-        state = replace(state, samples=samples, panic_time=panic_time, max_panic_pods=max_panic)
+        delayed: Samples = ()
+        if self.scale_down_delay > 0:
+            delayed = (*_recent(state.desired, obs.time, self.scale_down_delay), (obs.time, float(desired)))
+            desired = int(max(value for _, value in delayed))
+        state = replace(state, samples=samples, panic_time=panic_time, max_panic_pods=max_panic, desired=delayed)
 
         low = obs.min_replicas if self.enable_scale_to_zero else max(1, obs.min_replicas)
         wanted = clamp_replicas(desired, low, obs.max_replicas)

@@ -32,7 +32,7 @@ class KubeAiPolicy:
     scale-down is applied only once ``ceil(scaleDownDelay / interval)`` = 3 consecutive decisions
     wanted it (the fourth), and the counter resets on any decision that is not a scale-down. No
     ready endpoint or no metrics: skip. ``target_requests=None`` takes Little's law (μ_SLO ×
-    slo_target); 100 is KubeAI's placeholder. ``warm_start`` fills the window with the first sample,
+    mean latency); 100 is KubeAI's placeholder. ``warm_start`` fills the window with the first sample,
     as KubeAI does when it reloads its saved averages (state.go); False is a cold controller's zeros.
     """
 
@@ -41,6 +41,7 @@ class KubeAiPolicy:
     time_window: float = 600.0
     target_requests: float | None = 100.0
     capacity_per_replica: float | None = None
+    mean_latency: float | None = None  # s, at capacity_per_replica: Little's law without a target
     scale_down_delay: float = 30.0
     warm_start: bool = True
 
@@ -60,7 +61,7 @@ class KubeAiPolicy:
         else:  # the first sample: a warm window is full of it, a cold one of zeros
             history = (*((active if self.warm_start else 0.0),) * (count - 1), active)
         avg = sum(history) / len(history)
-        target = _little_target(self.target_requests, self.capacity_per_replica, obs)
+        target = _little_target(self.target_requests, self.capacity_per_replica, self.mean_latency)
         wanted = clamp_replicas(math.ceil(avg / target), obs.min_replicas, obs.max_replicas)
         required = math.ceil(self.scale_down_delay / self.interval)
         text = f"avg in-flight {_v(avg)} over {_s(self.time_window)} / target {_v(target)} = {wanted}"

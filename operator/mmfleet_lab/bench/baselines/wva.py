@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from mmfleet.autoscaler import Decision, Observation
 from mmfleet_lab.bench.baselines._shared import (
@@ -41,6 +43,15 @@ class WvaSaturationPolicy:
     AverageValue metric with target 1 (tolerance 0.1) and the chart's behavior: 240 s stabilisation
     both ways, 10 pods per 150 s. WVA reads each pod's peak KV and queue; the Observation has the
     fleet's mean KV and summed queue, so every ready replica is taken to carry the mean.
+
+    v1's +1 is inside the HPA's tolerance from 10 replicas on (11 / 10 = 1.1), so on a fleet of 20 it never
+    acts. ``analyzer="v2"`` is the saturation analyzer that replaced it (same repository and commit,
+    internal/engines/analyzers/saturation_v2/analyzer.go; defaults in internal/interfaces/saturation_scaling.go):
+    demand = KV tokens in use + queue × mean input tokens, supply = ``kv_threshold`` × each replica's KV
+    tokens; required = demand / ``scale_up_threshold`` (0.85) - supply of the replicas and the pending ones,
+    spare = supply - demand / ``scale_down_boundary`` (0.70), turned into whole replicas. Its compute-bound
+    capacity k2 is not modelled: ``kv_threshold`` is the knob a user lowers when a replica saturates on compute
+    before its KV cache fills.
     """
 
     name: str = "wva-saturation"
@@ -52,6 +63,10 @@ class WvaSaturationPolicy:
     queue_spare_trigger: float = 3.0
     tolerance: float = 0.1
     hpa_behavior: HpaScalingRules = WVA_HPA
+    analyzer: Literal["v1", "v2"] = "v1"
+    scale_up_threshold: float = 0.85
+    scale_down_boundary: float = 0.70
+    kv_capacity_tokens: float = 1.0e6  # vllm:cache_config_info of the replica (ReplicaParams.kv_capacity_tokens)
 
     def initial_state(self) -> WvaState:
         return WvaState()
@@ -60,6 +75,8 @@ class WvaSaturationPolicy:
         """One saturation analysis: the replicas WVA would emit and why; None without metrics."""
         if obs.kv_cache_usage is None or obs.waiting is None or obs.ready == 0:
             return None
+        if self.analyzer == "v2":
+            return self._analyze_v2(obs, obs.kv_cache_usage, obs.waiting)
         kv, queue = obs.kv_cache_usage, obs.waiting / obs.ready
         non_saturated = obs.ready if (kv < self.kv_threshold and queue < self.queue_threshold) else 0
         spare_kv = self.kv_threshold - kv if non_saturated else 0.0
@@ -80,6 +97,20 @@ class WvaSaturationPolicy:
             return obs.current + 1, f"{text}: saturated, +1"
         if down_safe:
             return max(1, obs.current - 1), f"{text}: spare after removing one, -1"
+        return obs.current, f"{text}: no capacity action"
+
+    def _analyze_v2(self, obs: Observation, kv: float, waiting: float) -> tuple[int, str]:
+        isl = obs.prompt_tokens_rate / obs.request_rate if obs.prompt_tokens_rate and obs.request_rate else 0.0
+        per_replica = self.kv_threshold * self.kv_capacity_tokens
+        demand = (obs.ready * kv * self.kv_capacity_tokens + waiting * isl) / per_replica  # in replicas
+        pending = obs.starting + obs.unschedulable
+        required = demand / self.scale_up_threshold - (obs.ready + pending)
+        spare = obs.ready - demand / self.scale_down_boundary
+        text = f"demand {_v(demand)} replicas of KV at {_v(self.kv_threshold)}, supply {obs.ready} (+{pending} pending)"
+        if required > 0:
+            return obs.current + math.ceil(required), f"{text}: required {_v(required)}"
+        if spare >= 1:
+            return max(1, obs.current - math.floor(spare)), f"{text}: spare {_v(spare)}"
         return obs.current, f"{text}: no capacity action"
 
     def decide(self, observation: Observation, state: WvaState) -> Decision:
