@@ -99,16 +99,22 @@ OPERATOR_COMMANDS = ("render", "run", "crd", "docs")
 COMMANDS_ENTRY_POINT = "mmfleet.commands"
 
 
-def _add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Sub-commands other packages register; one that cannot be imported (lab absent) is left out."""
+def _add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> list[str]:
+    """Sub-commands other packages register; one that cannot be imported (lab absent) is left out.
+
+    Returns why each was left out, for a user who asks for one of its commands.
+    """
     from importlib.metadata import entry_points
 
+    missing = []
     for entry in entry_points(group=COMMANDS_ENTRY_POINT):
         try:
             register = entry.load()
-        except ImportError:
+        except ImportError as error:
+            missing.append(str(error))
             continue
         register(sub)
+    return missing
 
 
 def parser(with_lab: bool = True) -> argparse.ArgumentParser:
@@ -141,14 +147,20 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
     p_docs.add_argument("what", choices=["api"], help="api: the API reference (docs/api.md)")
     p_docs.set_defaults(func=cmd_docs)
     if with_lab:
-        _add_lab_commands(sub)
+        missing = _add_lab_commands(sub)
+        if missing:
+            top.epilog = "Not available here: " + "; ".join(missing)
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The operator's own commands never import the lab: `mmfleet run` starts without numpy.
-    args = parser(with_lab=not argv or argv[0] not in OPERATOR_COMMANDS).parse_args(argv)
+    top = parser(with_lab=not argv or argv[0] not in OPERATOR_COMMANDS)
+    if argv and not argv[0].startswith("-") and argv[0] not in OPERATOR_COMMANDS and top.epilog:
+        print(f"mmfleet {argv[0]}: {top.epilog}", file=sys.stderr)
+        return EXIT_INVALID
+    args = top.parse_args(argv)
     try:
         code: int = args.func(args)
     except SpecError as error:
