@@ -119,11 +119,3 @@ def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> No
     assert result.returncode == 2
     assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
     assert "{render,run,crd,docs}" in run("--help", without=("numpy",)).stdout
-
-
-def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> None:
-    """`pip install .` puts the lab's code on disk without its dependencies: say so, no traceback."""
-    result = run("bench", "autoscale", without=("numpy",))
-    assert result.returncode == 2
-    assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
-    assert "{render,run,crd,docs}" in run("--help", without=("numpy",)).stdout
