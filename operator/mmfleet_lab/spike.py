@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mmfleet.api import GROUP, PLURAL, VERSION, MultimodalInference, seconds
-from mmfleet.autoscaler.metrics import Prometheus, Slo, Target
+from mmfleet.autoscaler.metrics import Prometheus, Target
 from mmfleet_lab.cluster import Cluster, process
 from mmfleet_lab.twin.serve import Spike
 
@@ -85,7 +85,7 @@ def follow(cluster: Cluster, namespace: str, name: str, started: float, interval
             autoscaling = inference.spec.autoscaling
             assert autoscaling is not None and autoscaling.slo is not None, f"{namespace}/{name} is not autoscaled"
             slo = autoscaling.slo
-            target = Target(namespace, name, inference.spec.backend.name, Slo(slo.metric, slo.percentile, slo.window))
+            target = Target.of(inference)
             now = time.time()
             readings = prometheus.read([target], now)
             signals = readings.signals.get(target.key)

@@ -16,9 +16,22 @@ from mmfleet.autoscaler.metrics import (
     promql_duration,
     signals_for,
 )
+from mmfleet.validation import parse
+from tests.conftest import spec_doc
 
 E2E_P90 = Slo("e2e", 90, "60s")
 TTFT_P99 = Slo("ttft", 99, "1m30s")
+
+
+def test_fleets_whose_slo_windows_are_spelled_differently_share_one_query() -> None:
+    def fleet(name: str, window: str) -> Target:
+        doc = spec_doc(autoscaling={"maxReplicas": 4, "slo": {"target": "2s", "window": window}})
+        doc["metadata"]["name"] = name
+        return Target.of(parse(doc))
+
+    one, other = fleet("a", "1m"), fleet("b", "60s")
+    assert one.slo == other.slo == Slo("e2e", 90, "60s")
+    assert len(build_queries([one, other])) == 5  # four signals and one latency query
 
 
 def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:

@@ -24,7 +24,7 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from mmfleet import backends
-from mmfleet.api import BackendName, SloMetric, seconds
+from mmfleet.api import BackendName, MultimodalInference, SloMetric, seconds
 from mmfleet.backends import Signal
 
 # Set on every series by the PodMonitor relabelling (render.build_pod_monitor) and by a plain
@@ -48,11 +48,11 @@ def promql_duration(duration: str) -> str:
 
 @dataclass(frozen=True)
 class Slo:
-    """What selects a latency query; fleets that agree on it share one."""
+    """What selects a latency query (an ``api.SloSpec`` without its target); fleets that agree on it share one."""
 
     metric: SloMetric
     percentile: float
-    window: str  # a spec duration
+    window: str  # a spec duration; ``Target.of`` writes it as PromQL does, so 60s and 1m are one query
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,16 @@ class Target:
     @property
     def key(self) -> Key:
         return (self.namespace, self.name)
+
+    @classmethod
+    def of(cls, inference: MultimodalInference) -> Target:
+        """The reading an autoscaled fleet needs: its series, and the latency its SLO names."""
+        autoscaling = inference.spec.autoscaling
+        assert autoscaling is not None and autoscaling.slo is not None, "only autoscaled fleets are read"
+        slo = autoscaling.slo
+        meta = inference.metadata
+        window = promql_duration(slo.window)
+        return cls(meta.namespace, meta.name, inference.spec.backend.name, Slo(slo.metric, slo.percentile, window))
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, poo
     if prometheus is None:
         readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
     else:
-        readings = prometheus.read([_target(inference) for _, inference in fleets], now.timestamp())
+        readings = prometheus.read([metrics.Target.of(inference) for _, inference in fleets], now.timestamp())
     # An empty context when no fleet was indexed yet, so there is nothing to post about.
     context = STATE.kopf_context or contextvars.Context()
     done = list(pool.map(lambda fleet: context.copy().run(_autoscale_fleet, fleet[0], fleet[1], readings, now), fleets))
@@ -88,16 +88,6 @@ def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, poo
         sum(w for _, w in done),
         (time.perf_counter() - started) * 1000,
     )  # fmt: skip
-
-
-def _target(inference: MultimodalInference) -> metrics.Target:
-    autoscaling = inference.spec.autoscaling
-    assert autoscaling is not None and autoscaling.slo is not None
-    slo = autoscaling.slo
-    meta = inference.metadata
-    return metrics.Target(
-        meta.namespace, meta.name, inference.spec.backend.name, metrics.Slo(slo.metric, slo.percentile, slo.window)
-    )
 
 
 def _autoscale_fleet(
