@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mmfleet.api import SloSpec, seconds
+from mmfleet.api import SloSpec, clamp_replicas, seconds
 from mmfleet.autoscaler import Decision, Observation
 from mmfleet_lab.bench import slo_metrics
 from mmfleet_lab.twin import ReplicaParams, RunResult, Scenario, simulate
@@ -111,7 +111,7 @@ class SchedulePolicy:
             return Decision(obs.current, f"empty schedule: holding {obs.current}", state)
         index = min(len(self.replicas) - 1, max(0, math.floor((obs.time - self.start) / self.step + 1e-9)))
         planned = self.replicas[index]
-        n = max(obs.min_replicas, min(obs.max_replicas, planned))
+        n = clamp_replicas(planned, obs.min_replicas, obs.max_replicas)
         bounded = "" if n == planned else f" (bounded from {planned})"
         return Decision(n, f"schedule step {index}: {n} replicas{bounded}", state)
 

@@ -50,9 +50,6 @@ ITL_BUCKETS: Final = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 
-PROMPT_TOKENS_TOTAL: Final = "vllm:prompt_tokens_total"
-GENERATION_TOKENS_TOTAL: Final = "vllm:generation_tokens_total"
-
 
 @dataclass(frozen=True)
 class Layout:

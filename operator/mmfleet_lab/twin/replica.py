@@ -129,12 +129,6 @@ class ReplicaParams:
             t = max(t, a + b * n)
         return t
 
-    def request_vision_ms(self, images: int, image_tokens: float) -> float:
-        """Encoder time for one request's images (tokens per image = patches / 4)."""
-        if images <= 0:
-            return 0.0
-        return self.vision_call_ms([4.0 * image_tokens] * int(images))
-
     def step_gpu_ms(
         self,
         decode_contexts: list[int] | np.ndarray,

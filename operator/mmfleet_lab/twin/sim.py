@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mmfleet.api import SloSpec, seconds
+from mmfleet.api import SloSpec, clamp_replicas, seconds
 from mmfleet.autoscaler import Observation, Policy, cycle
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import CLIENT_TIMEOUT_S, Engine, Workload
@@ -69,7 +69,7 @@ def simulate(
     work = Workload.build(req, params, timeout)
     eng = engine(params, work)
     initial = min_replicas if initial_replicas is None else initial_replicas
-    initial = max(min(initial, max_replicas), min_replicas)
+    initial = clamp_replicas(initial, min_replicas, max_replicas)
     pods = Fleet(
         eng, cold_start=cold_start, initial=initial, gpus_per_replica=gpus_per_replica, gpus_available=gpus_available
     )
@@ -158,7 +158,7 @@ def simulate(
             next_scrape = _on_grid(t, scrape_interval, phase)
         if next_decision <= t + 1e-9:
             replicas, reason = decide(t)
-            want = max(min(int(replicas), max_replicas), min_replicas)
+            want = clamp_replicas(int(replicas), min_replicas, max_replicas)
             if want != pods.desired:
                 pods.scale(want, t)
                 decisions.append((t, want, reason))
