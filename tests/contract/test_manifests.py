@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from mmfleet import config
+from mmfleet_lab.cluster.build import binaries_at, cache_root
 from tests.conftest import ROOT
 
 K8S_VERSION = "1.34.0"
-KUBECTL_CACHED = Path.home() / ".cache/mmfleet/k8s-v1.34.4/bin/kubectl"
 BASE = ROOT / "manifests/base"
 OVERLAYS = ["eks", "aks", "ack"]
 ARGOCD = ROOT / "manifests/argocd"
@@ -71,11 +71,13 @@ ESCALATING = {"*", "escalate", "bind", "impersonate"}
 
 
 def kubectl() -> str:
-    if KUBECTL_CACHED.exists():
-        return str(KUBECTL_CACHED)
+    """The kubectl `make binaries` builds (make test builds it first); the fast tier skips without one."""
+    cached = binaries_at(cache_root()).kubectl
+    if cached.exists():
+        return str(cached)
     found = shutil.which("kubectl")
     if found is None:
-        pytest.skip(f"no kubectl: neither {KUBECTL_CACHED} (built by the local-cluster tooling) nor one on PATH")
+        pytest.skip(f"no kubectl: neither {cached} (make binaries) nor one on PATH")
     return found
 
 

@@ -125,7 +125,8 @@ def _complete(component: _Component, root: Path) -> bool:
     return all(os.access(directory / name, os.X_OK) for name in component.binaries)
 
 
-def _binaries(root: Path) -> Binaries:
+def binaries_at(root: Path) -> Binaries:
+    """Where the binaries are (or will be) under ``root``; nothing is built."""
     k8s, etcd, kwok = (bin_dir(c, root) for c in COMPONENTS)
     return Binaries(
         kube_apiserver=k8s / "kube-apiserver",
@@ -141,7 +142,7 @@ def ensure_binaries(progress: Progress = silent) -> Binaries:
     """Return the binaries, building whichever are missing (minutes, once); instant when cached."""
     root = cache_root()
     if all(_complete(c, root) for c in COMPONENTS):
-        return _binaries(root)
+        return binaries_at(root)
     go = shutil.which("go")
     if go is None:
         raise BuildError("the 'go' command is needed to build the local cluster's binaries and is not on PATH")
@@ -150,7 +151,7 @@ def ensure_binaries(progress: Progress = silent) -> Binaries:
         for component in COMPONENTS:
             if not _complete(component, root):  # another process may have built it while we waited
                 _build(component, root, go, progress)
-    return _binaries(root)
+    return binaries_at(root)
 
 
 @contextmanager
