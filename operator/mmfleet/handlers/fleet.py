@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -47,16 +47,19 @@ OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonit
 DISCOVERY_CACHE_SECONDS = 600
 # Status is event-driven; this periodic recompute from the indexes only catches a missed event.
 RESYNC_SECONDS = 300
+# Pod and Deployment events refresh their fleet's status at most once in this many seconds.
+STATUS_DEBOUNCE = 1.0
+INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 
 
-def _fingerprint(obj: Body) -> tuple[int, str]:
+def _fingerprint(obj: Mapping[str, Any]) -> tuple[int, str]:
     """Generation where the kind has one (it moves only on spec changes), else the resourceVersion."""
     meta = obj.get("metadata", {})
     generation = meta.get("generation")
     return (int(generation), "") if generation else (0, str(meta.get("resourceVersion") or ""))
 
 
-def _edited_by_hand(obj: Body) -> bool:
+def _edited_by_hand(obj: Mapping[str, Any]) -> bool:
     """Changed since our last apply; late events about older generations do not count."""
     applied = STATE.applied.get(obj.get("metadata", {}).get("uid", ""))
     if applied is None:
@@ -210,7 +213,7 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf waits this long for its own annotation patch to come back through the watch before it
     # trusts an older copy; on a busy API server the 5 s default made it re-run creation handlers.
     settings.persistence.consistency_timeout = 60
-    settings.batching.error_delays = [1, 2, 5, 10, 30]
+    settings.queueing.error_delays = [1, 2, 5, 10, 30]
     log.info("mmfleet operator started: monitoring CRDs %s", "found" if _monitoring_crds() else "absent")
 
 
@@ -288,33 +291,51 @@ def delete_fleet(namespace: str | None, name: str, uid: str, **_: Any) -> None:
         STATE.applied.pop(child, None)
 
 
-def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, kwargs: dict[str, Any]) -> None:
-    """A child changed: repair it if it was deleted or edited by hand, then refresh the parent's status."""
+async def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, kwargs: dict[str, Any]) -> None:
+    """A child changed: repair it if it was deleted or edited by hand, else refresh the parent's status soon.
+
+    Judged on the event loop, so the thousands of events a burst of creations brings (pods and
+    Deployments get several status updates each) never wait for a handler thread behind the
+    reconciles, holding their bodies; only a repair or a status refresh takes a thread (asyncio's,
+    which carries this context over, as ``kopf.event`` needs).
+    """
     found = _index(kwargs, "fleets", (namespace, labels.get(INFERENCE_LABEL, "")))
     if not found or found[0].get("metadata", {}).get("deletionTimestamp"):
         return
     parent = found[0]
-    obj: Body = dict(event["object"])
+    obj = event["object"]
     key = (namespace, parent["metadata"]["name"])
-    pods = _index(kwargs, "fleet_pods", key)
     kind = obj.get("kind", "")
-    uid = obj.get("metadata", {}).get("uid", "")
+    meta = obj.get("metadata", {})
     deleted = event["type"] == "DELETED"
     edited = (
-        event["type"] == "MODIFIED"
-        and kind != "Pod"
-        and not obj.get("metadata", {}).get("deletionTimestamp")
-        and _edited_by_hand(obj)
+        event["type"] == "MODIFIED" and kind != "Pod" and not meta.get("deletionTimestamp") and _edited_by_hand(obj)
     )
+    indexes = {name: kwargs[name] for name in INDEXES}
     if kind != "Pod" and (deleted or edited):
-        log.info("%s %s/%s was %s by hand; re-applying", kind, namespace, obj["metadata"]["name"],
+        log.info("%s %s/%s was %s by hand; re-applying", kind, namespace, meta["name"],
                  "deleted" if deleted else "edited")  # fmt: skip
-        STATE.applied.pop(uid, None)
+        STATE.applied.pop(meta.get("uid", ""), None)
+        pods, deployment = _index(indexes, "fleet_pods", key), _first(indexes, "fleet_deployments", key)
         with contextlib.suppress(kopf.PermanentError):
-            reconcile(parent, pods, _first(kwargs, "fleet_deployments", key), prune=False)
+            await asyncio.to_thread(reconcile, parent, pods, deployment, False)
         return
-    if kind in ("Pod", "Deployment"):
-        refresh_status(key, kwargs)
+    if kind in ("Pod", "Deployment") and key not in STATE.refreshes:
+        STATE.refreshes[key] = asyncio.create_task(_refresh_later(key, indexes))
+
+
+async def _refresh_later(key: Key, indexes: dict[str, Any]) -> None:
+    """One status refresh per fleet per ``STATUS_DEBOUNCE``, from the indexes as they are then.
+
+    A pod's way to Ready brings a Deployment event or two per step; writing status on each cost
+    a request per event, on an API server already busy with the burst that caused them.
+    """
+    await asyncio.sleep(STATUS_DEBOUNCE)
+    del STATE.refreshes[key]  # events from now on ask for the next refresh
+    try:
+        await asyncio.to_thread(refresh_status, key, indexes)
+    except Exception:  # the resync loop tries again
+        log.exception("refreshing the status of %s/%s failed", *key)
 
 
 def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
@@ -351,18 +372,18 @@ async def start_resync(**kwargs: Any) -> None:
 
 @kopf.on.cleanup()
 async def stop_resync(**_: Any) -> None:
-    if STATE.resync is not None:
-        STATE.resync.cancel()
+    for task in [*STATE.refreshes.values(), *([STATE.resync] if STATE.resync else [])]:
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await STATE.resync
+            await task
 
 
 def _child_handler(group: str, version: str, plural: str) -> None:
     @kopf.on.event(
         group, version, plural, labels=POD_LABELS if plural == "pods" else CHILD_LABELS, id=f"watch_{plural}"
     )
-    def watch_child(event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
-        observe_child(event, namespace or "", labels, kwargs)
+    async def watch_child(event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, **kwargs: Any) -> None:
+        await observe_child(event, namespace or "", labels, kwargs)
 
 
 for _group, _version, _plural in (
