@@ -14,6 +14,7 @@ from mmfleet.api import MultimodalInferenceStatus
 from mmfleet.handlers import autoscale, fleet
 from mmfleet.handlers.state import STATE, parse_spec, render_children, write_status
 from mmfleet.kube import Kube
+from mmfleet.render import INFERENCE_LABEL
 
 NOW = "2026-12-01T00:00:00Z"
 
@@ -206,3 +207,41 @@ def test_the_diff_base_is_kopfs_essence() -> None:
     kopfs = kopf.AnnotationsDiffBaseStorage(prefix="mmfleet.io", key="last-handled-configuration")
     assert ours.build(body=body) == kopfs.build(body=body)
     assert ours.build(body=body, extra_fields=["status.phase"]) == kopfs.build(body=body, extra_fields=["status.phase"])
+    child = kopf.Body(cast(kopf.RawBody, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}))
+    assert ours.build(body=child) == {}  # no handler diffs the children: no essence to copy
+
+
+def child_event(type_: str, kind: str, uid: str = "c1", **meta: object) -> kopf.RawEvent:
+    raw = {"kind": kind, "metadata": {"name": "a", "uid": uid, **meta}}
+    return cast(kopf.RawEvent, {"type": type_, "object": raw})
+
+
+def test_child_events_refresh_a_fleets_status_once_per_debounce_and_repair_only_hand_changes(
+    monkeypatch: Any,
+) -> None:
+    refreshed: list[tuple[str, str]] = []
+    repaired: list[str] = []
+    monkeypatch.setattr(fleet, "STATUS_DEBOUNCE", 0.05)
+    monkeypatch.setattr(fleet, "refresh_status", lambda key, indexes: refreshed.append(key))
+    monkeypatch.setattr(fleet, "reconcile", lambda parent, pods, deployment, prune: repaired.append(parent["name"]))
+    indexes: dict[str, Any] = {
+        "fleets": {("ml", "a"): [{"name": "a", "metadata": {"name": "a"}}]},
+        "fleet_deployments": {},
+        "fleet_pods": {},
+    }
+    labels = {INFERENCE_LABEL: "a"}
+    STATE.applied["svc"] = (0, "5")
+
+    async def events() -> None:
+        for type_, kind in (("ADDED", "Pod"), ("MODIFIED", "Deployment"), ("MODIFIED", "Pod")):
+            await fleet.observe_child(child_event(type_, kind), "ml", labels, indexes)
+        await fleet.observe_child(child_event("MODIFIED", "Service", "svc", resourceVersion="5"), "ml", labels, indexes)
+        await asyncio.sleep(0.1)
+        assert (refreshed, repaired) == ([("ml", "a")], [])  # three events, one refresh; our own apply echoed
+        await fleet.observe_child(child_event("MODIFIED", "Pod"), "ml", labels, indexes)
+        await fleet.observe_child(child_event("DELETED", "Service", "svc"), "ml", labels, indexes)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(events())
+    assert (refreshed, repaired) == ([("ml", "a"), ("ml", "a")], ["a"])
+    assert not STATE.refreshes
