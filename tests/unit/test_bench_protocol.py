@@ -41,8 +41,10 @@ def test_tuning_refuses_a_test_trace_before_running_anything(tmp_path: Path) -> 
         tune.score(Shipped(), ["gentd-diffusion"])
 
 
-def trial(gpu_hours: float, attainment: float, worst: float | None = None, name: str = "x") -> Trial:
-    return Trial("hpa", {"name": name}, attainment, attainment if worst is None else worst, gpu_hours, 0.0)
+def trial(
+    gpu_hours: float, attainment: float, worst: float | None = None, name: str = "x", actions: float = 4.0
+) -> Trial:
+    return Trial("hpa", {"name": name}, attainment, attainment if worst is None else worst, gpu_hours, 0.0, actions)
 
 
 def test_the_pick_is_the_cheapest_that_meets_99_percent_on_every_run_else_the_best_attainment() -> None:
@@ -50,7 +52,10 @@ def test_the_pick_is_the_cheapest_that_meets_99_percent_on_every_run_else_the_be
     mid = trial(20.0, 0.995, name="mid")
     dear = trial(30.0, 1.0, name="dear")
     mean_only = trial(15.0, 0.995, worst=0.97, name="mean-only")  # meets on average, not on every run
-    assert pick([cheap_miss, dear, mid, mean_only]).setting == {"name": "mid"}
+    inert = trial(5.0, 1.0, name="inert", actions=0.0)  # never scaled in one run: never picked
+    assert pick([cheap_miss, dear, mid, mean_only, inert]).setting == {"name": "mid"}
+    with pytest.raises(ValueError, match="no setting scaled"):
+        pick([inert])
     worse, better = trial(5.0, 0.90, name="worse"), trial(50.0, 0.95, name="better")
     assert pick([worse, better]).setting == {"name": "better"}
 

@@ -35,8 +35,6 @@ from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile, parse
 
 WINDOW = 60.0
-STEADY = ("azure-conv", "azure-code", "servegen-mm")
-SPIKY = ("spike-x2", "spike-x4", "spike-x8", "ramp-x4", "flash-x8")
 COLD_STARTS = (30.0, 90.0, 180.0, 420.0)
 REACTIVE = ("hpa", "keda", "knative-kpa")
 SEEDS = (0, 1, 2, 3, 4)
@@ -162,17 +160,23 @@ def _run_oracle(
 
 
 def _run_policy(
-    name: str, cold_start: float, policy: Policy | Shipped, common: dict[str, Any], trace: TraceFile | None = None
+    name: str,
+    cold_start: float,
+    policy: Policy | Shipped,
+    common: dict[str, Any],
+    trace: TraceFile | None = None,
+    check: bool = True,
 ) -> list[tuple[Row, RunResult]]:
-    """One run of ``policy``, as a list like ``_run_oracle``'s; a baseline that never acts on a varying
-    trace raises ``InertBaselineError``."""
+    """One run of ``policy``, as a list like ``_run_oracle``'s; with ``check``, a baseline that never acts
+    on a varying trace raises ``InertBaselineError`` (a sweep records it instead, and never picks it)."""
     scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
     started = time.monotonic()
     result = simulate(scn, policy, **common)
     wall = time.monotonic() - started
     row = _evaluate(name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"])
     row = replace(row, seed=common["seed"])
-    check_acts(row, _demand(scn, float(scn.info["mu_slo"]))[int(WARMUP // WINDOW) :])
+    if check:
+        check_acts(row, _demand(scn, float(scn.info["mu_slo"]))[int(WARMUP // WINDOW) :])
     return [(row, result)]
 
 

@@ -27,7 +27,7 @@ from mmfleet_lab.bench.autoscale import Progress, Row
 from mmfleet_lab.bench.baselines import FAMILIES, Profile, Setting, build, grid
 from mmfleet_lab.bench.baselines.static import StaticPolicy
 from mmfleet_lab.bench.traces import TRAIN, VALIDATION, tuning_scenarios
-from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, Shipped, simulate
+from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, Scenario, Shipped, simulate
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"
@@ -50,33 +50,44 @@ class Trial:
     worst_attainment: float
     gpu_hours: float  # mean over the runs
     violation_minutes: float  # mean over the runs
+    fewest_actions_per_hour: float  # over the runs: 0 for a scaling policy means it never acted in one
 
 
 def pick(trials: Sequence[Trial]) -> Trial:
-    """The rule fixed before any sweep ran (``RULE``)."""
-    meeting = [t for t in trials if t.worst_attainment >= MEETS]
+    """The rule fixed before any sweep ran (``RULE``), among the settings that acted in every run (a static
+    fleet never acts); an inert setting is a broken model, never a pick."""
+    acting = [t for t in trials if t.family == "static" or t.fewest_actions_per_hour > 0]
+    if not acting:
+        raise ValueError(f"{trials[0].family}: no setting scaled in every training run")
+    meeting = [t for t in acting if t.worst_attainment >= MEETS]
     if meeting:
         return min(meeting, key=lambda t: (t.gpu_hours, -t.attainment))
-    return max(trials, key=lambda t: (t.worst_attainment, t.attainment, -t.gpu_hours))
+    return max(acting, key=lambda t: (t.worst_attainment, t.attainment, -t.gpu_hours))
+
+
+PROFILE_SECONDS = 900.0  # the one-replica run that measures the mean latency at μ_SLO
 
 
 def measure_profile(params: ReplicaParams = H200_QWEN25VL7B, name: str = TRAIN[0], seed: int = 0) -> Profile:
-    """What a user reads off the training trace: μ_SLO, the mean latency of a static fleet at the trace's mean
-    need (each replica then at μ_SLO on average), mean tokens per request, the replica's vLLM limits."""
-    capacity, demand, common = autoscale.cell(name, COLD_START, params, REFERENCE_SLO, seed=seed)
-    scn = autoscale._scenario(name, params, REFERENCE_SLO, None, seed)
-    mean_need = float(np.mean(demand))
-    result = simulate(scn, StaticPolicy(math.ceil(mean_need)), **common)
-    done = np.isfinite(result.e2e)
-    req = scn.requests
+    """What a user reads off the training trace: μ_SLO, and the mean latency of one replica fed Poisson
+    arrivals at μ_SLO from the trace's mix (as a profiler does), so Little's law gives the in-flight count per
+    replica at capacity; the mean tokens per request; the replica's vLLM limits."""
+    capacity, demand, _ = autoscale.cell(name, COLD_START, params, REFERENCE_SLO, seed=seed)
+    req = autoscale._scenario(name, params, REFERENCE_SLO, None, seed).requests
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / capacity, size=int(capacity * PROFILE_SECONDS)))
+    probe = Scenario(f"{name}-profile", req.take(rng.integers(0, len(req), arrival.size), arrival), PROFILE_SECONDS)
+    one = simulate(probe, StaticPolicy(1), params=params, cold_start=COLD_START, slo=REFERENCE_SLO,
+                   min_replicas=1, max_replicas=1, initial_replicas=1, seed=seed)  # fmt: skip
+    steady = (one.arrival >= PROFILE_SECONDS / 5) & np.isfinite(one.e2e)
     return Profile(
         capacity=capacity,
-        mean_latency=float(np.mean(result.e2e[done])),
+        mean_latency=float(np.mean(one.e2e[steady])),
         isl=float(np.mean(req.input_tokens + req.images * np.asarray(req.tokens_per_image))),
         osl=float(np.mean(req.output_tokens)),
         max_num_seqs=params.max_num_seqs,
         kv_capacity_tokens=float(params.kv_capacity_tokens),
-        mean_replicas=mean_need,
+        mean_replicas=float(np.mean(demand)),
     )
 
 
@@ -95,13 +106,15 @@ def run_many(
     cold_start: float,
     progress: Progress,
     workers: int,
+    check: bool = True,
 ) -> list[tuple[int, Row]]:
-    """Every policy on every (scenario, seed): (index of the policy, row), in no particular order."""
+    """Every policy on every (scenario, seed): (index of the policy, row), in no particular order; ``check``
+    as in ``autoscale._run_policy``."""
     commons = _jobs(scenarios, seeds, cold_start)
     out: list[tuple[int, Row]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(autoscale._run_policy, n, cold_start, p, commons[(n, s)]): i
+            pool.submit(autoscale._run_policy, n, cold_start, p, commons[(n, s)], None, check): i
             for i, p in enumerate(policies)
             for n in scenarios
             for s in seeds
@@ -128,7 +141,7 @@ def sweep(
     settings = [(f, s) for f in families for s in grid(f, profile)]
     policies = [build(f, s, profile) for f, s in settings]
     rows: dict[int, list[Row]] = {}
-    for i, row in run_many(policies, scenarios, seeds, cold_start, progress, workers):
+    for i, row in run_many(policies, scenarios, seeds, cold_start, progress, workers, check=False):
         rows.setdefault(i, []).append(row)
     trials: dict[str, list[Trial]] = {}
     for i, (family, setting) in enumerate(settings):
@@ -141,6 +154,7 @@ def sweep(
                 float(min(x.attainment for x in r)),
                 float(np.mean([x.gpu_hours for x in r])),
                 float(np.mean([x.violation_minutes for x in r])),
+                float(min(x.actions_per_hour for x in r)),
             )
         )
     return trials
