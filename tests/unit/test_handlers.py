@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import socket
 import time
 from typing import Any, cast
@@ -11,7 +12,7 @@ from typing import Any, cast
 import kopf
 
 from mmfleet.api import MultimodalInferenceStatus
-from mmfleet.handlers import autoscale, fleet
+from mmfleet.handlers import autoscale, connection, fleet
 from mmfleet.handlers.state import STATE, parse_spec, render_children, write_status
 from mmfleet.kube import Kube
 from mmfleet.render import INFERENCE_LABEL
@@ -245,3 +246,54 @@ def test_child_events_refresh_a_fleets_status_once_per_debounce_and_repair_only_
     asyncio.run(events())
     assert (refreshed, repaired) == ([("ml", "a"), ("ml", "a")], ["a"])
     assert not STATE.refreshes
+
+
+def test_a_deleted_fleet_leaves_nothing_behind_so_a_namesake_starts_afresh() -> None:
+    key = ("ml", "gone")
+    STATE.written[key] = MultimodalInferenceStatus.model_validate({"phase": "Ready"})
+    STATE.scaling[key] = autoscale.cycle.Memory(cold_start=42.0)
+    STATE.children[key] = {"child-uid"}
+    STATE.applied["child-uid"] = (1, "")
+    STATE.parsed["fleet-uid"] = cast(Any, object())
+    modified = cast(kopf.RawEvent, {"type": "MODIFIED", "object": {"metadata": {"uid": "fleet-uid"}}})
+    asyncio.run(fleet.forget_fleet(event=modified, namespace="ml", name="gone"))
+    assert key in STATE.written, "only a deletion forgets"
+    deleted = cast(kopf.RawEvent, {"type": "DELETED", "object": {"metadata": {"uid": "fleet-uid"}}})
+    asyncio.run(fleet.forget_fleet(event=deleted, namespace="ml", name="gone"))
+    assert key not in STATE.written and key not in STATE.scaling and key not in STATE.children
+    assert "child-uid" not in STATE.applied and "fleet-uid" not in STATE.parsed
+
+
+def test_the_status_resync_survives_a_failing_fleet_and_runs_in_kopfs_context(monkeypatch: Any) -> None:
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker")
+    token = marker.set("kopf's")
+    monkeypatch.setattr(STATE, "kopf_context", contextvars.copy_context())
+    marker.reset(token)
+    monkeypatch.setattr(fleet, "RESYNC_SECONDS", 0.01)
+    seen: list[tuple[tuple[str, str], str | None]] = []
+
+    def refresh(key: tuple[str, str], _: Any) -> None:
+        seen.append((key, marker.get(None)))
+        if key == ("ml", "bad"):
+            raise RuntimeError("an API error")
+
+    monkeypatch.setattr(fleet, "refresh_status", refresh)
+    indexes = {"fleets": {("ml", "bad"): [], ("ml", "good"): []}}
+
+    async def two_rounds() -> None:
+        task = asyncio.create_task(fleet.resync_forever(indexes))
+        while len(seen) < 4:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(two_rounds(), 5))
+    assert [key for key, _ in seen[:4]] == [("ml", "bad"), ("ml", "good")] * 2
+    assert {where for _, where in seen} == {"kopf's"}, "kopf.event needs the context kopf sets around handlers"
+
+
+def test_kopfs_connection_pool_holds_every_watch_stream_and_room_for_requests() -> None:
+    for namespaces in (0, 1, 5, 40):
+        watches = connection.WATCHED_KINDS * max(1, namespaces)
+        assert connection.api_connections(namespaces) >= watches + 16

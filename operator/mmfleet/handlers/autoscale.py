@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -64,7 +65,13 @@ def autoscaled_fleets(
     return views
 
 
-def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, pool: ThreadPoolExecutor) -> None:
+# A fleet's Deployment and pods as the indexes show them now (for the status, written under the fleet's lock).
+Children = Callable[[Key], tuple[Body | None, list[Body]]]
+
+
+def autoscale(
+    views: list[FleetView], prometheus: metrics.Prometheus | None, pool: ThreadPoolExecutor, children: Children
+) -> None:
     """One cycle over every autoscaled fleet: one batched read of Prometheus, then the fleets side by side."""
     started, now = time.perf_counter(), utc_now()
     fleets: list[tuple[FleetView, MultimodalInference]] = []
@@ -73,15 +80,17 @@ def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, poo
             inference = parse_spec(view.body)
             if inference.spec.autoscaled and view.deployment is not None:
                 fleets.append((view, inference))
-    for gone in STATE.scaling.keys() - {view.key for view, _ in fleets}:
-        STATE.scaling.pop(gone, None)  # autoscaling turned off: start afresh if it comes back
+    # Autoscaling turned off (or the fleet gone): start afresh if it comes back. A fleet whose Deployment
+    # is missing for a moment, or whose spec is briefly invalid, keeps what it learned.
+    for gone in STATE.scaling.keys() - {view.key for view in views}:
+        STATE.scaling.pop(gone, None)
     if prometheus is None:
         readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
     else:
         readings = prometheus.read([metrics.Target.of(inference) for _, inference in fleets], now.timestamp())
     # An empty context when no fleet was indexed yet, so there is nothing to post about.
     context = STATE.kopf_context or contextvars.Context()
-    done = list(pool.map(lambda fleet: context.copy().run(_autoscale_fleet, fleet[0], fleet[1], readings, now), fleets))
+    done = list(pool.map(lambda f: context.copy().run(_autoscale_fleet, f[0], f[1], readings, now, children), fleets))
     log.info(
         "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, %d status writes, in %.0f ms",
         len(fleets), readings.queries, " (failed)" if readings.outage else "", sum(s for s, _ in done),
@@ -91,9 +100,13 @@ def autoscale(views: list[FleetView], prometheus: metrics.Prometheus | None, poo
 
 
 def _autoscale_fleet(
-    view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime
+    view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime, children: Children
 ) -> tuple[bool, bool]:
-    """Decide, scale, write status and post the event for one fleet; whether it scaled, and wrote status."""
+    """Decide, scale, write status and post the event for one fleet; whether it scaled, and wrote status.
+
+    The decision is made on the cycle's snapshot; the status from the children as they are under
+    the lock, so it never undoes a newer refresh (a pod that turned Ready since the snapshot).
+    """
     assert view.deployment is not None
     replicas = view.deployment.get("spec", {}).get("replicas")
     if replicas is None:
@@ -120,9 +133,10 @@ def _autoscale_fleet(
                 kube.scale(meta.namespace, meta.name, outcome.replicas)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
             previous = last_status(view.key, view.body)
+            deployment, pods = children(view.key)
             observed = status.Observed(
-                deployment=view.deployment,
-                pod_problems=status.pod_problems(view.pods),
+                deployment=deployment or view.deployment,
+                pod_problems=status.pod_problems(pods),
                 cloud=resolve_cloud(inference),
                 scaling=outcome.scaling(),
             )
@@ -142,12 +156,16 @@ async def autoscale_forever(
     config = STATE.config
     prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
     pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
+
+    def children(key: Key) -> tuple[Body | None, list[Body]]:
+        return next(iter(deployments.get(key, [])), None), list(pods.get(key, []))
+
     try:
         while True:
             started = time.monotonic()
             views = autoscaled_fleets(fleets, deployments, pods)
             try:
-                await asyncio.to_thread(autoscale, views, prometheus, pool)
+                await asyncio.to_thread(autoscale, views, prometheus, pool, children)
             except Exception:
                 log.exception("autoscaling cycle failed")
             else:

@@ -15,18 +15,27 @@ from typing import Any
 import aiohttp
 import kopf
 
-# Open connections to the API server: one per watch (7 kinds) plus room for kopf's patches and events.
-API_CONNECTIONS = 32
+from mmfleet.handlers.state import STATE
+
+# Kinds kopf watches: fleets and six kinds of children (each once per watched namespace), plus its own
+# watches of CRDs and namespaces; and room for its patches and events beside the open watch streams.
+WATCHED_KINDS = 9
+REQUEST_CONNECTIONS = 24
+
+
+def api_connections(namespaces: int) -> int:
+    """Connections enough for every watch stream, which holds one for its life, and the requests beside."""
+    return WATCHED_KINDS * max(1, namespaces) + REQUEST_CONNECTIONS
 
 
 @kopf.on.login()
 async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
-    """kopf's default login (in-cluster, else kubeconfig), through a session with at most ``API_CONNECTIONS``."""
+    """kopf's default login (in-cluster, else kubeconfig), through a session with a bounded pool."""
     info = await asyncio.to_thread(kopf.login_via_client, **kwargs)
     if info is None:
         return None
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=API_CONNECTIONS, ssl=info.as_ssl_context()),
+        connector=aiohttp.TCPConnector(limit=api_connections(len(STATE.config.namespaces)), ssl=info.as_ssl_context()),
         headers=info.as_http_headers(),
     )
     return kopf.AiohttpSession(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -286,11 +287,18 @@ def update_fleet(body: kopf.Body, namespace: str | None, name: str, **kwargs: An
     reconcile(dict(body), _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key), prune=True)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def delete_fleet(namespace: str | None, name: str, uid: str, **_: Any) -> None:
-    """Children go with the owner references; only our own bookkeeping needs dropping."""
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def forget_fleet(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+    """A fleet gone from the API server: drop what the operator kept about it.
+
+    Children go with the owner references. A watch event, not ``kopf.on.delete``: with no
+    finalizer on fleets kopf calls no delete handler, and a fleet recreated under the same name
+    must not be judged against the last status of the one before.
+    """
+    if event["type"] != "DELETED":
+        return
     key = (namespace or "", name)
-    STATE.parsed.pop(uid, None)
+    STATE.parsed.pop(event["object"].get("metadata", {}).get("uid", ""), None)
     STATE.locks.pop(key, None)
     STATE.written.pop(key, None)
     STATE.scaling.pop(key, None)
@@ -327,22 +335,33 @@ async def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Label
         with contextlib.suppress(kopf.PermanentError):
             await asyncio.to_thread(reconcile, parent, pods, deployment, False)
         return
-    if kind in ("Pod", "Deployment") and key not in STATE.refreshes:
+    if kind not in ("Pod", "Deployment"):
+        return
+    if key in STATE.refreshes:
+        STATE.refresh_again.add(key)
+    else:
         STATE.refreshes[key] = asyncio.create_task(_refresh_later(key, indexes))
 
 
 async def _refresh_later(key: Key, indexes: dict[str, Any]) -> None:
-    """One status refresh per fleet per ``STATUS_DEBOUNCE``, from the indexes as they are then.
+    """Refresh a fleet's status ``STATUS_DEBOUNCE`` after an event, from the indexes as they are then.
 
     A pod's way to Ready brings a Deployment event or two per step; writing status on each cost
-    a request per event, on an API server already busy with the burst that caused them.
+    a request per event, on an API server already busy with the burst that caused them. Events
+    during a refresh ask for one more; a fleet never has more than one refresh waiting for a thread.
     """
-    await asyncio.sleep(STATUS_DEBOUNCE)
-    del STATE.refreshes[key]  # events from now on ask for the next refresh
     try:
-        await asyncio.to_thread(refresh_status, key, indexes)
-    except Exception:  # the resync loop tries again
-        log.exception("refreshing the status of %s/%s failed", *key)
+        while True:
+            await asyncio.sleep(STATUS_DEBOUNCE)
+            STATE.refresh_again.discard(key)
+            try:
+                await asyncio.to_thread(refresh_status, key, indexes)
+            except Exception:  # the resync loop tries again
+                log.exception("refreshing the status of %s/%s failed", *key)
+            if key not in STATE.refresh_again:
+                return
+    finally:
+        STATE.refreshes.pop(key, None)
 
 
 def refresh_status(key: Key, kwargs: dict[str, Any]) -> None:
@@ -364,12 +383,17 @@ async def resync_forever(indexes: dict[str, Any]) -> None:
 
     One loop for all fleets rather than a ``kopf.timer`` per fleet: kopf puts a finalizer on every
     resource a timer serves, and that finalizer would block deleting a fleet, or its namespace,
-    while the operator is down. A refresh costs no request unless the status is wrong.
+    while the operator is down. A refresh costs no request unless the status is wrong. It runs in
+    a kopf handler's context (``remember_kopf_context``), where ``kopf.event`` can post.
     """
     while True:
         await asyncio.sleep(RESYNC_SECONDS)
+        context = STATE.kopf_context or contextvars.Context()
         for key in list(indexes["fleets"].keys()):
-            await asyncio.to_thread(refresh_status, key, indexes)
+            try:
+                await asyncio.to_thread(context.copy().run, refresh_status, key, indexes)
+            except Exception:  # one fleet's failure must not end the safety net for all
+                log.exception("resyncing the status of %s/%s failed", *key)
 
 
 @kopf.on.startup()

@@ -61,6 +61,7 @@ class State:
     resync: asyncio.Task[None] | None = None  # the status safety net (handlers.fleet.resync_forever)
     # The status refresh each fleet's pod or Deployment events have asked for (handlers.fleet._refresh_later).
     refreshes: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    refresh_again: set[Key] = field(default_factory=set)  # fleets with events since their refresh began
     # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
     autoscaler_cycled: float = -math.inf
     # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
