@@ -238,11 +238,23 @@ def build_service_account(inference: MultimodalInference, cloud: CloudProfile) -
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
 
 
+def config_map_name(inference: MultimodalInference) -> str:
+    return f"{inference.metadata.name}-config"
+
+
+def optional_children(inference: MultimodalInference) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of the children a spec may or may not ask for: pruned when it does not."""
+    return [
+        ("v1", "ConfigMap", config_map_name(inference)),
+        ("monitoring.coreos.com/v1", "PodMonitor", inference.metadata.name),
+    ]
+
+
 def build_config_map(inference: MultimodalInference, files: dict[str, str]) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(inference, f"{inference.metadata.name}-config"),
+        "metadata": _metadata(inference, config_map_name(inference)),
         "data": dict(files),
     }
 
@@ -278,7 +290,7 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile) -> Man
         volumes.append(placement.volume)
         mounts.append(placement.mount)
     if files:
-        volumes.append({"name": "config", "configMap": {"name": f"{inference.metadata.name}-config"}})
+        volumes.append({"name": "config", "configMap": {"name": config_map_name(inference)}})
         mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
 
     env: list[Manifest] = [{"name": "HOME", "value": CACHE_DIR}, *backend.env(ctx)]

@@ -230,6 +230,16 @@ def test_tensorrt_llm_config_is_mounted_and_rolls_out_on_change() -> None:
     )
 
 
+def test_the_children_pruned_when_absent_are_named_as_rendered() -> None:
+    """The reconcile deletes a ConfigMap or PodMonitor the spec stops asking for, by these names."""
+    inference = MultimodalInference.model_validate(spec_doc(backend={"name": "tensorrt-llm"}))
+    rendered = render.render(inference, "generic", monitoring_crds=True)
+    optional = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in rendered} & set(
+        render.optional_children(inference)
+    )
+    assert {kind for _, kind, _ in optional} == {"ConfigMap", "PodMonitor"}
+
+
 def test_extra_args_are_appended_and_clashes_rejected() -> None:
     assert server(spec_doc(backend={"extraArgs": ["--enforce-eager"]}))["command"][-1] == "--enforce-eager"
     inference = MultimodalInference.model_validate(spec_doc(backend={"extraArgs": ["--port=9000"]}))

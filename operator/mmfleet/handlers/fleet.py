@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import kopf
 
-from mmfleet import clouds, status
+from mmfleet import clouds, render, status
 from mmfleet.api import GROUP, KIND, PLURAL, VERSION, MultimodalInference
 from mmfleet.handlers.state import (
     STATE,
@@ -42,8 +42,6 @@ CHILD_LABELS: dict[str, Any] = {
     "app.kubernetes.io/managed-by": "mmfleet",
 }
 POD_LABELS: dict[str, Any] = {INFERENCE_LABEL: kopf.PRESENT}
-# Kinds that come and go with the spec (backend switch, monitoring on/off); pruned when absent.
-OPTIONAL_CHILDREN = (("v1", "ConfigMap"), ("monitoring.coreos.com/v1", "PodMonitor"))
 # Nodes and installed CRDs change rarely; look again after this long.
 DISCOVERY_CACHE_SECONDS = 600
 # Status is event-driven; this periodic recompute from the indexes only catches a missed event.
@@ -173,14 +171,13 @@ def _prune(inference: MultimodalInference, children: list[Body]) -> None:
     kube = get_kube()
     meta = inference.metadata
     present = {(c["apiVersion"], c["kind"]) for c in children}
-    names = {"ConfigMap": f"{meta.name}-config", "PodMonitor": meta.name}
-    for api_version, kind in OPTIONAL_CHILDREN:
+    for api_version, kind, name in render.optional_children(inference):
         if (api_version, kind) in present or (kind == "PodMonitor" and not _monitoring_crds()):
             continue
-        found = kube.get(api_version, kind, meta.namespace, names[kind])
+        found = kube.get(api_version, kind, meta.namespace, name)
         owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
         if any(o.get("uid") == meta.uid for o in owners):
-            kube.delete(api_version, kind, meta.namespace, names[kind])
+            kube.delete(api_version, kind, meta.namespace, name)
 
 
 class DiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
