@@ -26,6 +26,8 @@ from mmfleet.api import (
 BROKEN_WAITING_REASONS = frozenset(
     {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
 )
+# Condition transitions a person should hear about, as Warning events: the status that is bad news.
+WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True"}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
 AUTOSCALER_CONDITIONS = ("ScalingLimited", "SLOMet", "MetricsAvailable")
 
@@ -276,3 +278,21 @@ def invalid_status(
     return MultimodalInferenceStatus.model_validate(
         {**kept, "phase": "Failed", "observed_generation": generation, "conditions": conditions}
     )
+
+
+def events(previous: MultimodalInferenceStatus | None, new: MultimodalInferenceStatus) -> list[tuple[str, str, str]]:
+    """The (type, reason, message) events a status change is worth: bad news as Warnings, and Ready.
+
+    Only transitions count: a condition whose status and reason stayed is not news again.
+    """
+    before = {c.type: c for c in previous.conditions} if previous else {}
+    found = []
+    for condition in new.conditions:
+        old = before.get(condition.type)
+        if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
+            continue
+        if condition.status == WARNING_WHEN.get(condition.type):
+            found.append(("Warning", condition.reason, condition.message))
+        elif condition.type == "Ready" and condition.status == "True":
+            found.append(("Normal", "Ready", condition.message))
+    return found

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mmfleet.api import MultimodalInference, MultimodalInferenceStatus
-from mmfleet.status import Observed, compute_status, desired_replicas, invalid_status, pod_problems
+from mmfleet.status import Observed, compute_status, desired_replicas, events, invalid_status, pod_problems
 from tests.conftest import spec_doc
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -149,3 +149,20 @@ def test_invalid_spec_fails_with_the_problem_and_keeps_counts() -> None:
     assert "extraArgs[0]" in ready.message
     assert status.ready_replicas == 1
     assert status.observed_generation == 3
+
+
+def test_events_tell_bad_news_and_readiness_once_per_transition() -> None:
+    def status_with(**conditions: tuple[str, str]) -> MultimodalInferenceStatus:
+        rows = [
+            {"type": kind, "status": ok, "reason": why, "message": f"{kind} {why}"}
+            for kind, (ok, why) in conditions.items()
+        ]
+        return MultimodalInferenceStatus.model_validate({"conditions": rows})
+
+    starting = status_with(Ready=("False", "ReplicasNotReady"), Degraded=("False", "AsExpected"))
+    stuck = status_with(Ready=("False", "ReplicasNotReady"), Degraded=("True", "Unschedulable"))
+    ready = status_with(Ready=("True", "ReplicasReady"), Degraded=("False", "AsExpected"))
+    assert events(None, starting) == []
+    assert events(starting, stuck) == [("Warning", "Unschedulable", "Degraded Unschedulable")]
+    assert events(stuck, stuck) == [], "a condition that stayed is not news again"
+    assert events(stuck, ready) == [("Normal", "Ready", "Ready ReplicasReady")]

@@ -16,7 +16,7 @@ from typing import Any, cast
 import kopf
 from pydantic import ValidationError
 
-from mmfleet import render
+from mmfleet import render, status
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
 from mmfleet.config import OperatorConfig
@@ -27,8 +27,6 @@ log = logging.getLogger("mmfleet")
 
 Key = tuple[str, str]
 Body = dict[str, Any]
-# Condition transitions a person should hear about, as Warning events: the status that is bad news.
-WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True"}
 
 
 @dataclass
@@ -157,15 +155,8 @@ def write_status(
         return False
     get_kube().patch_status(meta["namespace"], meta["name"], wire)
     STATE.written[key] = new
-    before = {c.type: c for c in previous.conditions} if previous else {}
-    for condition in new.conditions:
-        old = before.get(condition.type)
-        if old is not None and (old.status, old.reason) == (condition.status, condition.reason):
-            continue
-        if condition.status == WARNING_WHEN.get(condition.type):
-            kopf_event(body, "Warning", condition.reason, condition.message)
-        elif condition.type == "Ready" and condition.status == "True":
-            kopf_event(body, "Normal", "Ready", condition.message)
+    for type_, reason, message in status.events(previous, new):
+        kopf_event(body, type_, reason, message)
     return True
 
 
