@@ -645,7 +645,11 @@ class MultimodalInferenceStatus(Model):
 
 
 class ObjectMeta(Model):
-    """The metadata fields rendering reads."""
+    """The metadata fields rendering reads.
+
+    Only fields that change with the generation or never: the operator caches what it parses and
+    renders by uid and generation, and labels or annotations change without a new generation.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -653,8 +657,6 @@ class ObjectMeta(Model):
     namespace: str = Field(default="default")
     uid: str | None = None
     generation: int | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
 
 
 class MultimodalInference(Model):
