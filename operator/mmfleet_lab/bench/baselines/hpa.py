@@ -113,17 +113,22 @@ def _changes_in_period(events: Samples, period: float, now: float) -> int:
     return int(sum(v for t, v in events if t > now - period))
 
 
+def _period_start(current: int, state: HpaState, period: float, now: float) -> int:
+    """The replicas at the start of a policy's period: the HPA's base for both of its limits."""
+    return (
+        current
+        - _changes_in_period(state.scale_up_events, period, now)
+        + _changes_in_period(state.scale_down_events, period, now)
+    )
+
+
 def _scale_up_limit(current: int, state: HpaState, rules: HpaScalingRules, now: float) -> int:
     """``calculateScaleUpLimitWithScalingRules``: what the policies allow above the period's start."""
     if rules.select == "Disabled":
         return current
     proposals = []
     for p in rules.policies:
-        start = (
-            current
-            - _changes_in_period(state.scale_up_events, p.period, now)
-            + _changes_in_period(state.scale_down_events, p.period, now)
-        )
+        start = _period_start(current, state, p.period, now)
         proposals.append(start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100)))
     return min(proposals) if rules.select == "Min" else max(proposals)
 
@@ -134,11 +139,7 @@ def _scale_down_limit(current: int, state: HpaState, rules: HpaScalingRules, now
         return current
     proposals = []
     for p in rules.policies:
-        start = (
-            current
-            - _changes_in_period(state.scale_up_events, p.period, now)
-            + _changes_in_period(state.scale_down_events, p.period, now)
-        )
+        start = _period_start(current, state, p.period, now)
         proposals.append(start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100)))
     return max(proposals) if rules.select == "Min" else min(proposals)
 
