@@ -41,6 +41,7 @@ SEEDS = (0, 1, 2, 3, 4)
 # maxReplicas, the same for every policy: twice the fluid bound's peak need of the cell, as a user sizes a
 # budget from a known peak (the old 4 x gave reactive policies room to overshoot 4-fold).
 MAX_REPLICAS_PER_PEAK = 2.0
+ORACLE_PER_PEAK = 4.0
 REFERENCES = ("oracle", "oracle-L0", "fluid-bound")  # yardsticks, not policies
 # Every run starts from a fleet that has served for this long at its initial size: Prometheus' rate
 # windows are full by then, so no policy mistakes the first minute's half-empty windows for a ramp.
@@ -149,7 +150,9 @@ def _run_oracle(
     """The true oracle and the zero-cold-start oracle, scored like every policy, and the fluid bound."""
     scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
     slo, initial = common["slo"], common["initial_replicas"]
-    oracle_cell = Cell(scn, common["params"], slo, initial, common["max_replicas"], WARMUP, WINDOW, name)
+    # A yardstick, not a policy: it searches up to ORACLE_PER_PEAK x the peak need, past the policies' budget.
+    limit = max(common["max_replicas"], math.ceil(ORACLE_PER_PEAK * _demand(scn, float(scn.info["mu_slo"])).max()))
+    oracle_cell = Cell(scn, common["params"], slo, initial, limit, WARMUP, WINDOW, name)
     rows = []
     for oracle in true_oracle(oracle_cell, cold_start):
         row = _evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
