@@ -34,6 +34,10 @@ class RetryableError(Exception):
     """The API server refused a write that a retry may get through (409, 429, 5xx)."""
 
 
+class NamespaceTerminatingError(Exception):
+    """The namespace is being deleted: nothing can be created in it, and nothing needs to be."""
+
+
 def _json(response: Any) -> Obj:
     """The body of a raw response (``serialize=False``) as plain dicts and lists.
 
@@ -78,6 +82,8 @@ class Kube:
         except ApiException as error:
             if error.status in (409, 429) or (error.status or 0) >= 500:
                 raise RetryableError(f"{error.status} {error.reason}") from error
+            if error.status == 403 and "NamespaceTerminating" in str(error.body or ""):
+                raise NamespaceTerminatingError(str(error.reason)) from error
             raise
 
     def apply(self, manifest: Obj, manager: str = FIELD_MANAGER) -> Obj:

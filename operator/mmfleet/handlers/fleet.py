@@ -34,7 +34,7 @@ from mmfleet.handlers.state import (
     utc_now,
     write_status,
 )
-from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, RetryableError
+from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, NamespaceTerminatingError, RetryableError
 from mmfleet.render import INFERENCE_LABEL, SpecError
 
 CHILD_LABELS: dict[str, Any] = {
@@ -157,6 +157,9 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
                 _prune(inference, children)
         except RetryableError as error:
             raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=5) from error
+        except NamespaceTerminatingError:
+            log.info("%s/%s: its namespace is being deleted; nothing to apply", *key)
+            return
         _observe(body, inference, deployment, pods, cloud)
     log.info(
         "reconciled %s/%s in %.1f ms with %d API requests",
