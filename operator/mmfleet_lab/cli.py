@@ -24,7 +24,7 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
 
     from mmfleet_lab.bench import operator_scale
 
-    return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress)
+    return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress, args.floor)
 
 
 def cmd_bench_autoscale(args: argparse.Namespace) -> int:
@@ -146,6 +146,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bop.add_argument("--count", type=int, action="append", help="resources per run (repeatable; default 100)")
     p_bop.add_argument("--timeout", type=float, default=300, help="seconds to wait for all Ready after the last apply")
     p_bop.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
+    p_bop.add_argument(
+        "--floor", action="store_true", help="also apply the children with no operator: what the cluster alone needs"
+    )
     p_bop.set_defaults(func=cmd_bench_operator)
     p_bas = bench.add_parser("autoscale", help="every policy and the oracle in the digital twin, on real traces")
     p_bas.add_argument("--scenario", action="append", help="scenario (repeatable; default: all)")

@@ -68,8 +68,10 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class Result:
     count: int
+    floor: bool  # no operator: the bench applied the rendered children itself
     apply_seconds: float
     ready_after_last_apply: float
+    ready_after_first_apply: float
     e2e_p50: float
     e2e_p99: float
     reconcile_p50_ms: float
@@ -83,6 +85,8 @@ class Result:
     cycle_max_ms: float
     queries_per_cycle: float
     writes_per_cycle: str  # status writes in each timed cycle, e.g. "1000/0/0"
+    cpu_share: dict[str, float]  # CPU seconds per process from the first apply until all are Ready
+    requests: dict[str, float]  # API server requests by verb and resource over the same span
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -173,7 +177,7 @@ def _wait_operator(log: Path, operator: Operator) -> None:
     raise TimeoutError(f"the operator did not start within 60s; see {log}")
 
 
-def run_once(count: int, progress: Progress, timeout: float) -> Result:
+def run_once(count: int, progress: Progress, timeout: float, floor: bool = False) -> Result:
     nodes = math.ceil(count / PODS_PER_NODE) + 1
     # Room for PODS_PER_NODE one-GPU replicas per node at the rendered default requests (4 CPU, 34Gi).
     pool = NodePool(
@@ -189,6 +193,8 @@ def run_once(count: int, progress: Progress, timeout: float) -> Result:
     cluster = up(CLUSTER, pod_ready_delay="1s", nodes=(pool,), progress=lambda line: progress(f"   {line}"))
     try:
         api = _install(cluster)
+        if floor:
+            return _measure_floor(api, count, cluster.pids, progress, timeout)
         log = cluster.logs_dir / "operator.log"
         env = {
             **os.environ,
@@ -219,7 +225,7 @@ def run_once(count: int, progress: Progress, timeout: float) -> Result:
         operator = Operator(proc, spied=bool(os.environ.get(PYSPY_ENV)))
         try:
             _wait_operator(log, operator)
-            return _measure(api, count, operator, log, progress, timeout)
+            return _measure(api, count, operator, {**cluster.pids, "operator": operator.pid}, log, progress, timeout)
         finally:
             operator.stop()
     finally:
@@ -245,11 +251,39 @@ def traced_operator(argv: list[str]) -> None:
     sys.exit(cli.main(args))
 
 
-def _measure(api: Any, count: int, operator: Operator, log: Path, progress: Progress, timeout: float) -> Result:
+def _cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
+    found = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            found[name] = _cpu_seconds(pid)
+    return found
+
+
+REQUEST_SAMPLE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
+
+
+def _apiserver_requests(api: Any) -> dict[str, float]:
+    """``apiserver_request_total`` summed by verb, resource and subresource, from the API server's /metrics."""
+    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body)
+    response.read()
+    text = response.data.decode()
+    totals: dict[str, float] = {}
+    for labels, value in REQUEST_SAMPLE.findall(text):
+        tags = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = " ".join(filter(None, (tags.get("verb"), tags.get("resource"), tags.get("subresource"))))
+        totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def _measure(
+    api: Any, count: int, operator: Operator, pids: dict[str, int], log: Path, progress: Progress, timeout: float
+) -> Result:
     from kubernetes import client
 
     custom = client.CustomObjectsApi(api)
     progress(f"   applying {count} resources")
+    cpu_before, requests_before = _cpu_by_process(pids), _apiserver_requests(api)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda i: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _resource(i)),
@@ -264,6 +298,7 @@ def _measure(api: Any, count: int, operator: Operator, log: Path, progress: Prog
             break
         time.sleep(1.0)
     ready_after = time.monotonic() - last_apply
+    cpu_after, requests_after = _cpu_by_process(pids), _apiserver_requests(api)
     cycles = _full_cycles(log, count, progress)
     rss, cpu = _peak_rss_mb(operator.pid), _cpu_seconds(operator.pid)
     operator.stop()
@@ -282,8 +317,10 @@ def _measure(api: Any, count: int, operator: Operator, log: Path, progress: Prog
     durations = [ms for ms, _ in reconciles]
     return Result(
         count=count,
+        floor=False,
         apply_seconds=last_apply - start,
         ready_after_last_apply=ready_after,
+        ready_after_first_apply=last_apply - start + ready_after,
         e2e_p50=_percentile(e2e, 0.5),
         e2e_p99=_percentile(e2e, 0.99),
         reconcile_p50_ms=_percentile(durations, 0.5),
@@ -297,7 +334,63 @@ def _measure(api: Any, count: int, operator: Operator, log: Path, progress: Prog
         cycle_max_ms=max((c.ms for c in cycles), default=math.nan),
         queries_per_cycle=statistics.fmean(c.queries for c in cycles) if cycles else math.nan,
         writes_per_cycle="/".join(c.writes for c in cycles),
+        cpu_share={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
+        requests={k: v - requests_before.get(k, 0.0) for k, v in requests_after.items()},
     )
+
+
+def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progress, timeout: float) -> Result:
+    """What the control plane alone needs: each resource created, then the children the operator would render
+    for it server-side applied by the bench itself, from as many threads as the operator has workers, with no
+    status, event or watch of ours. Ready: the Deployment's pod is ready."""
+    from kubernetes import client, dynamic
+
+    from mmfleet import render
+    from mmfleet.api import MultimodalInference
+    from mmfleet.config import OperatorConfig
+    from mmfleet.render import FIELD_MANAGER
+
+    custom, apps, dyn = client.CustomObjectsApi(api), client.AppsV1Api(api), dynamic.DynamicClient(api)
+
+    def create(index: int) -> None:
+        created = custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _resource(index))
+        for child in render.render(MultimodalInference.model_validate(created), "eks", monitoring_crds=False):
+            kind = dyn.resources.get(api_version=child["apiVersion"], kind=child["kind"])
+            response = dyn.server_side_apply(
+                kind,
+                body=child,
+                name=child["metadata"]["name"],
+                namespace=NAMESPACE,
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+                serialize=False,
+            )
+            _ = response.data  # read to the end, so the connection goes back to the pool
+
+    progress(f"   applying {count} resources and their children, no operator")
+    cpu_before, requests_before = _cpu_by_process(pids), _apiserver_requests(api)
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=OperatorConfig.load().workers) as pool:
+        list(pool.map(create, range(count)))
+    applied = time.monotonic()
+    ready = 0
+    while time.monotonic() - applied < timeout:
+        ready = sum((d.status.ready_replicas or 0) >= 1 for d in apps.list_namespaced_deployment(NAMESPACE).items)
+        progress(f"   {ready}/{count} Deployments ready {time.monotonic() - start:.0f}s after the first apply")
+        if ready == count:
+            break
+        time.sleep(1.0)
+    cpu_after, requests_after = _cpu_by_process(pids), _apiserver_requests(api)
+    nan = math.nan
+    return Result(
+        count=count, floor=True, apply_seconds=nan, ready_after_last_apply=nan,
+        ready_after_first_apply=time.monotonic() - start, e2e_p50=nan,
+        e2e_p99=nan, reconcile_p50_ms=nan, reconcile_p99_ms=nan, requests_per_reconcile=nan,
+        requests_per_resource=nan, peak_rss_mb=nan, cpu_seconds=nan, all_ready=ready == count, cycle_p50_ms=nan,
+        cycle_max_ms=nan, queries_per_cycle=nan, writes_per_cycle="-",
+        cpu_share={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
+        requests={k: v - requests_before.get(k, 0.0) for k, v in requests_after.items()},
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -326,9 +419,17 @@ def _full_cycles(log: Path, count: int, progress: Progress) -> list[Cycle]:
     return found[:CYCLES]
 
 
+def _label(r: Result) -> str:
+    return f"{r.count}, no operator" if r.floor else str(r.count)
+
+
+def _num(value: float, spec: str, suffix: str = "") -> str:
+    return "-" if math.isnan(value) else f"{value:{spec}}{suffix}"
+
+
 def render_results(results: list[Result]) -> str:
     headers = [
-        "resources", "apply (s)", "all Ready after last apply (s)", "vs 60 s target",
+        "resources", "apply (s)", "all Ready after last apply (s)", "vs 60 s target", "after first apply (s)",
         "create→Ready p50 / p99 (s)", "reconcile p50 / p99 (ms)", "API req / reconcile",
         "operator API req / resource", "peak RSS (MB)", "vs 200 MB target", "operator CPU (s)",
         "autoscaler cycle p50 / max (ms)", "vs 1 s target", "Prometheus queries / cycle",
@@ -336,20 +437,21 @@ def render_results(results: list[Result]) -> str:
     ]  # fmt: skip
     rows = [
         [
-            r.count,
-            f"{r.apply_seconds:.1f}",
-            f"{r.ready_after_last_apply:.1f}" + ("" if r.all_ready else " (not all Ready)"),
-            f"{r.ready_after_last_apply / TARGET_READY_SECONDS:.2f}x",
-            f"{r.e2e_p50:.0f} / {r.e2e_p99:.0f}",
-            f"{r.reconcile_p50_ms:.0f} / {r.reconcile_p99_ms:.0f}",
-            f"{r.requests_per_reconcile:.1f}",
-            f"{r.requests_per_resource:.1f}",
-            f"{r.peak_rss_mb:.0f}",
-            f"{r.peak_rss_mb / TARGET_RSS_MB:.2f}x",
-            f"{r.cpu_seconds:.0f}",
-            f"{r.cycle_p50_ms:.0f} / {r.cycle_max_ms:.0f}",
-            f"{r.cycle_p50_ms / TARGET_CYCLE_MS:.2f}x",
-            f"{r.queries_per_cycle:.0f}",
+            _label(r),
+            _num(r.apply_seconds, ".1f"),
+            _num(r.ready_after_last_apply, ".1f") + ("" if r.all_ready else " (not all Ready)"),
+            _num(r.ready_after_last_apply / TARGET_READY_SECONDS, ".2f", "x"),
+            _num(r.ready_after_first_apply, ".1f"),
+            f"{_num(r.e2e_p50, '.0f')} / {_num(r.e2e_p99, '.0f')}",
+            f"{_num(r.reconcile_p50_ms, '.0f')} / {_num(r.reconcile_p99_ms, '.0f')}",
+            _num(r.requests_per_reconcile, ".1f"),
+            _num(r.requests_per_resource, ".1f"),
+            _num(r.peak_rss_mb, ".0f"),
+            _num(r.peak_rss_mb / TARGET_RSS_MB, ".2f", "x"),
+            _num(r.cpu_seconds, ".0f"),
+            f"{_num(r.cycle_p50_ms, '.0f')} / {_num(r.cycle_max_ms, '.0f')}",
+            _num(r.cycle_p50_ms / TARGET_CYCLE_MS, ".2f", "x"),
+            _num(r.queries_per_cycle, ".0f"),
             r.writes_per_cycle,
         ]
         for r in results
@@ -357,14 +459,44 @@ def render_results(results: list[Result]) -> str:
     return table(headers, rows)
 
 
-def main(counts: list[int], docs: Path, timeout: float, progress: Progress) -> int:
+def render_cpu(results: list[Result]) -> str:
+    busiest = sorted(
+        {n for r in results for n in r.cpu_share}, key=lambda n: -max(r.cpu_share.get(n, 0.0) for r in results)
+    )
+    rows = [
+        [_label(r), f"{r.ready_after_first_apply:.0f}", f"{sum(r.cpu_share.values()):.0f}",
+         *(f"{r.cpu_share[n]:.0f}" if n in r.cpu_share else "-" for n in busiest)]
+        for r in results
+    ]  # fmt: skip
+    return table(["resources", "first apply to all Ready (s)", "CPU (s), all", *busiest], rows)
+
+
+def render_requests(results: list[Result], top: int = 20) -> str:
+    """The API server's busiest request kinds, per resource applied, from the first apply until all were Ready."""
+    totals: dict[str, float] = {}
+    for r in results:
+        for key, n in r.requests.items():
+            totals[key] = max(totals.get(key, 0.0), n / r.count)
+    keys = sorted((k for k in totals if totals[k] >= 0.05), key=lambda k: -totals[k])[:top]
+    rows = [[k, *(f"{r.requests.get(k, 0.0) / r.count:.2f}" for r in results)] for k in keys]
+    return table(["request (verb resource subresource)", *(f"per resource, {_label(r)}" for r in results)], rows)
+
+
+def main(counts: list[int], docs: Path, timeout: float, progress: Progress, floor: bool = False) -> int:
     results = []
     for count in counts:
         progress(f"== {count} resources")
         results.append(run_once(count, progress, timeout))
+        if floor:
+            progress(f"== {count} resources, no operator")
+            results.append(run_once(count, progress, timeout, floor=True))
     text = render_results(results)
+    shares = render_cpu(results)
+    requests = render_requests(results)
     print(text)
-    command = "mmfleet bench operator " + " ".join(f"--count {c}" for c in counts)
+    print(shares)
+    print(requests)
+    command = "mmfleet bench operator " + " ".join(f"--count {c}" for c in counts) + (" --floor" if floor else "")
     body = (
         f"Command: `{command}` (local control plane: etcd, kube-apiserver, kcm, scheduler, kwok; one node per "
         f"{PODS_PER_NODE} pods; pods turn Ready 1 s after binding). Machine: {os.cpu_count()} cores. "
@@ -376,7 +508,10 @@ def main(counts: list[int], docs: Path, timeout: float, progress: Progress) -> i
         f"{text}\n\nAPI requests per reconcile count the operator's own calls in one create/update; "
         "operator API requests per resource add the status refreshes driven by pod and Deployment events, "
         "but not kopf's own annotation patches. Operator CPU is its user and system time from its start to the "
-        "end of the timed cycles."
+        "end of the timed cycles.\n\nWhere the machine's CPU went from the first apply until all were Ready "
+        f"(CPU seconds per process; the machine has {os.cpu_count()} cores):\n\n{shares}\n\n"
+        "The API server's requests over the same span, per resource applied (`apiserver_request_total`, "
+        f"all clients, watches counted once when they start):\n\n{requests}"
     )
     write_section(docs, "operator", "Operator at scale", body)
     return 0 if all(r.all_ready for r in results) else 1
