@@ -22,6 +22,7 @@ from mmfleet_lab.bench.oracle import (
     fluid_lower_bound,
     fluid_replicas,
     held_plan,
+    initial_fleet,
     true_oracle,
     verified,
 )
@@ -233,3 +234,47 @@ def test_the_fluid_bound_covers_the_scored_windows_the_last_one_as_long_as_it_is
     scn = Scenario("s", Requests(arrival, np.ones(n), np.ones(n), np.zeros(n)), 270.0)
     # c = ceil(40/60 / 0.5) = 2, ceil(0) = 0, ceil(35/30 / 0.5) = 3
     assert autoscale._fluid_hours(scn, 0.5) == pytest.approx((2 * 60 + 0 * 60 + 3 * 30) / 3600)
+
+
+def silent_then_busy(silence: float) -> Scenario:
+    """Warm-up traffic, no request for ``silence`` seconds after the start, then a busy stretch."""
+    busy = piecewise((30.0, 150.0, 150.0, 150.0, 150.0))
+    keep = (busy.arrival < START) | (busy.arrival >= START + silence)
+    picked = Requests(busy.arrival[keep], busy.input_tokens[keep], busy.output_tokens[keep], busy.images[keep])
+    return Scenario("silent", picked, WINDOW * 5)
+
+
+def test_windows_sit_on_the_scoring_grid_when_the_trace_is_silent_after_the_start() -> None:
+    """azure-code is silent from 120 to 153 s: windows anchored at the first arrival were shifted 33 s against
+    the oracle's plan, and the oracle failed window 0 with every count."""
+    scn = silent_then_busy(33.0)
+    initial = initial_fleet(scn, H200_QWEN25VL7B, SLO, start=START, window=WINDOW, cold_start=60.0, guess=2, limit=40)
+    cell = Cell(scn, H200_QWEN25VL7B, SLO, initial, max_replicas=40, start=START, window=WINDOW, label="silent")
+    oracle, _ = true_oracle(cell, 60.0)
+    keep = oracle.result.arrival >= START
+    verdicts = slo_metrics.windows(oracle.result.arrival[keep], oracle.result.e2e[keep], seconds(SLO.target),
+                                   SLO.percentile, WINDOW, origin=START)  # fmt: skip
+    assert verdicts.start[0] == START  # not the first arrival, 33 s later
+    assert verdicts.passed.all()
+    with pytest.raises(ValueError, match="precede"):
+        slo_metrics.windows(np.array([1.0, 2.0]), np.array([0.1, 0.1]), 1.0, origin=5.0)
+
+
+def test_the_initial_fleet_meets_every_window_before_a_first_order_can_land() -> None:
+    """Every policy starts from it; the windows before ``start + cold start`` are beyond any decision."""
+    scn = Scenario("burst", piecewise((30.0, 30.0, 200.0, 30.0)), WINDOW * 4)
+    guess = int(fluid_replicas([30.0], capacity_at_slo(H200_QWEN25VL7B, scn.requests, SLO))[0])
+    n = initial_fleet(scn, H200_QWEN25VL7B, SLO, start=START, window=WINDOW, cold_start=90.0, guess=guess, limit=64)
+    assert n > guess  # the burst in the second window (90 s after the start) is covered, not just the first
+
+    def met(replicas: int) -> bool:
+        result = simulate(scn, SchedulePolicy((replicas,), 60.0), params=H200_QWEN25VL7B, cold_start=0.0, slo=SLO,
+                          min_replicas=1, max_replicas=64, initial_replicas=replicas, start=0.0)  # fmt: skip
+        keep = (result.arrival >= START) & (result.arrival < START + 2 * WINDOW)
+        verdicts = slo_metrics.windows(result.arrival[keep], result.e2e[keep], seconds(SLO.target), SLO.percentile,
+                                       WINDOW, origin=START)  # fmt: skip
+        return bool(verdicts.passed.all())
+
+    assert met(n) and not met(n - 1)
+    with pytest.raises(OracleError, match="no fleet of up to 2 replicas"):
+        initial_fleet(scn, H200_QWEN25VL7B, SLO, start=START, window=WINDOW, cold_start=90.0, guess=1, limit=2)

@@ -28,7 +28,7 @@ import numpy as np
 from mmfleet.api import SloSpec, seconds
 from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench import slo_metrics
-from mmfleet_lab.bench.oracle import Cell, fluid_lower_bound, fluid_replicas, true_oracle
+from mmfleet_lab.bench.oracle import Cell, fluid_lower_bound, fluid_replicas, initial_fleet, true_oracle
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
@@ -97,7 +97,7 @@ def _evaluate(
     initial: int,
 ) -> Row:  # fmt: skip
     arrival, latency = _scored(result, slo)
-    verdicts = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, WINDOW)
+    verdicts = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, WINDOW, origin=WARMUP)
     spike_mask = slo_metrics.in_spikes(verdicts, scn.spikes)
     actions, reversals = slo_metrics.actions_and_reversals(
         result.decisions, scn.duration, horizon=max(600.0, 2 * cold_start)
@@ -190,13 +190,18 @@ def cell(
     scn = _scenario(name, params, slo, trace, seed)
     capacity = float(scn.info["mu_slo"])
     demand = _demand(scn, capacity)
+    fluid_initial = max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max()))
+    initial = initial_fleet(
+        scn, params, slo, start=WARMUP, window=WINDOW, cold_start=cold_start, guess=fluid_initial,
+        limit=math.ceil(ORACLE_PER_PEAK * max(1, demand.max())),
+    )  # fmt: skip
     common: dict[str, Any] = {
         "params": params,
         "cold_start": cold_start,
         "slo": slo,
         "min_replicas": 1,
-        "max_replicas": int(max(math.ceil(MAX_REPLICAS_PER_PEAK * demand.max()), 8)),
-        "initial_replicas": max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max())),
+        "max_replicas": int(max(math.ceil(MAX_REPLICAS_PER_PEAK * demand.max()), 8, initial)),
+        "initial_replicas": initial,
         "start": WARMUP,
         "seed": seed,
     }
@@ -372,7 +377,9 @@ def plot_spike(results: dict[str, RunResult], slo: SloSpec, title: str, path: Pa
     target = seconds(slo.target)
     for name, result in results.items():
         top.plot(result.times / 60, result.ready + result.starting, label=name, linewidth=1.2)
-        verdict = slo_metrics.windows(result.arrival, result.latency(slo.metric), target, slo.percentile, WINDOW)
+        verdict = slo_metrics.windows(
+            result.arrival, result.latency(slo.metric), target, slo.percentile, WINDOW, origin=0
+        )
         bottom.step(verdict.start / 60, np.minimum(verdict.quantile, 10 * target), where="post", label=name)
     bottom.axhline(target, color="black", linestyle="--", label=f"target {slo.target}")
     top.set_ylabel("replicas holding GPUs")

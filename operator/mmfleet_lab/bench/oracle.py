@@ -190,6 +190,38 @@ def _smallest(passes: Callable[[int], bool], guess: int, lowest: int, highest: i
     return passed
 
 
+def initial_fleet(
+    scenario: Scenario, params: ReplicaParams, slo: SloSpec, *, start: float, window: float, cold_start: float,
+    guess: int, limit: int,
+) -> int:  # fmt: skip
+    """The fewest replicas that, Ready from t = 0, meet every window no decision can change: those that begin
+    before ``start + cold_start``, when the first replica a policy orders at ``start`` is Ready (the first
+    window at least). Every policy starts from it; a per-minute fluid estimate instead missed bursts within a
+    minute (azure-code, 180-240 s: 52 replicas by the fluid rule, 59 needed), which no count could then repair.
+    ``OracleError`` if not even ``limit`` replicas meet them."""
+    arrival = scenario.requests.arrival
+    end = start + max(window, window * math.ceil(cold_start / window - 1e-9))
+    lo, hi = np.searchsorted(arrival, [start, end], side="left")
+    if hi == lo:
+        return max(1, guess)
+
+    def passes(n: int) -> bool:
+        run = Replay(scenario, params, n)
+        run.advance(min(end, scenario.duration) + seconds(slo.target))
+        latency = run.latency(slo.metric)[lo:hi]
+        verdict = slo_metrics.windows(
+            arrival[lo:hi], latency, seconds(slo.target), slo.percentile, window, origin=start
+        )
+        return bool(verdict.passed.all())
+
+    found = _smallest(passes, guess, 1, limit)
+    if found is None:
+        raise OracleError(
+            f"{scenario.name}: no fleet of up to {limit} replicas meets the windows from {start:g} to {end:g} s"
+        )
+    return found
+
+
 @dataclass(frozen=True)
 class Cell:
     """What the oracle needs of one benchmark cell; ``label`` names it in errors."""
@@ -204,8 +236,8 @@ class Cell:
     label: str
 
 
-def _window_passes(arrival: np.ndarray, latency: np.ndarray, slo: SloSpec, window: float) -> bool:
-    verdict = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, window)
+def _window_passes(arrival: np.ndarray, latency: np.ndarray, slo: SloSpec, window: float, origin: float) -> bool:
+    verdict = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, window, origin=origin)
     return bool(verdict.passed.all())
 
 
@@ -220,10 +252,8 @@ def ready_counts(cell: Cell, cold_start: float) -> tuple[IntArray, int]:
     scn, slo = cell.scenario, cell.slo
     arrival = scn.requests.arrival
     target = seconds(slo.target)
-    first = int(np.searchsorted(arrival, cell.start, side="left"))
-    if first == arrival.size:
+    if int(np.searchsorted(arrival, cell.start, side="left")) == arrival.size:
         raise ValueError(f"{cell.label}: no request arrives after {cell.start:g} s")
-    origin = float(arrival[first])  # the scoring grid starts at the first scored arrival
     earliest = plan_step(cell.window, cold_start, cell.start) + cold_start
     run = Replay(scn, cell.params, cell.initial)
     run.advance(cell.start)
@@ -235,17 +265,20 @@ def ready_counts(cell: Cell, cold_start: float) -> tuple[IntArray, int]:
         for w in range(math.ceil((scn.duration - cell.start) / cell.window - 1e-9)):
             t0 = cell.start + w * cell.window
             t1 = min(t0 + cell.window, scn.duration)
-            lo, hi = np.searchsorted(arrival, [origin + w * cell.window, origin + (w + 1) * cell.window], side="left")
+            lo, hi = np.searchsorted(arrival, [t0, t0 + cell.window], side="left")
             tried: dict[int, bool] = {}
 
-            def passes(k: int, lo: int = lo, hi: int = hi, t1: float = t1, tried: dict[int, bool] = tried) -> bool:
+            def passes(
+                k: int, lo: int = lo, hi: int = hi, t0: float = t0, t1: float = t1, tried: dict[int, bool] = tried
+            ) -> bool:
                 nonlocal evaluations
                 if k not in tried:
                     trial = run.copy()
                     trial.scale(k)
                     trial.advance(t1 + target)
                     evaluations += 1
-                    tried[k] = _window_passes(arrival[lo:hi], trial.latency(slo.metric)[lo:hi], slo, cell.window)
+                    latency = trial.latency(slo.metric)[lo:hi]
+                    tried[k] = _window_passes(arrival[lo:hi], latency, slo, cell.window, t0)
                     # The engine and its metric book refer to each other, so only the cycle collector frees a
                     # copy: collect now (what existed before the search is frozen, so this is quick), or
                     # copies of the whole run's state pile up by the gigabyte.
@@ -285,10 +318,13 @@ def _failing(cell: Cell, result: RunResult) -> list[int]:
     keep = result.arrival >= cell.start
     arrival = result.arrival[keep]
     verdicts = slo_metrics.windows(
-        arrival, result.latency(cell.slo.metric)[keep], seconds(cell.slo.target), cell.slo.percentile, cell.window
-    )
-    origin = float(arrival.min()) if arrival.size else cell.start
-    return [round((s - origin) / cell.window) for s, ok in zip(verdicts.start, verdicts.passed, strict=True) if not ok]
+        arrival, result.latency(cell.slo.metric)[keep], seconds(cell.slo.target), cell.slo.percentile, cell.window,
+        origin=cell.start,
+    )  # fmt: skip
+    return [
+        math.floor((s - cell.start) / cell.window + 1e-9) for s, ok in zip(verdicts.start, verdicts.passed, strict=True)
+        if not ok
+    ]  # fmt: skip
 
 
 def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple[IntArray, RunResult, int]:
