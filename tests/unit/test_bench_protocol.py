@@ -61,7 +61,7 @@ def test_the_pick_is_the_cheapest_that_meets_99_percent_on_every_run_else_the_be
 
 def row(policy: str, actions: float, scenario: str = "s", seed: int = 0) -> autoscale.Row:
     nan = math.nan
-    return autoscale.Row(scenario, 90.0, policy, 1.0, nan, 0.0, 1.0, nan, actions, 0.0, nan, 0.0, 0.0, "", seed)
+    return autoscale.Row(scenario, 90.0, policy, 1.0, nan, 0.0, 1.0, nan, actions, 0.0, nan, nan, 0.0, 0.0, "", seed)
 
 
 def test_a_baseline_with_zero_actions_on_a_varying_trace_fails_loudly() -> None:

@@ -213,7 +213,7 @@ def test_fluid_bound_is_ceil_of_rate_over_capacity_times_window() -> None:
 
 def row(policy: str, gpu_hours: float, attainment: float = 1.0) -> autoscale.Row:
     nan = float("nan")
-    return autoscale.Row("s", 90.0, policy, attainment, nan, 0.0, gpu_hours, nan, 0.0, 0.0, nan, 0.0, 0.0)
+    return autoscale.Row("s", 90.0, policy, attainment, nan, 0.0, gpu_hours, nan, 0.0, 0.0, nan, nan, 0.0, 0.0)
 
 
 def test_the_tables_show_the_references_beside_the_oracle_and_never_as_policies() -> None:

@@ -57,3 +57,13 @@ def test_actions_and_reversals_per_hour() -> None:
     actions, reversals = m.actions_and_reversals(decisions, duration=3600.0, horizon=600.0)
     assert actions == 4.0
     assert reversals == 1.0  # 700 down then 900 up; the 3000 down has no later up
+
+
+def test_reversals_during_a_spike_are_counted_per_spike() -> None:
+    decisions = [(0.0, 10, ""), (100.0, 40, ""), (200.0, 30, ""), (260.0, 45, ""), (900.0, 20, ""), (950.0, 25, "")]
+    spikes = [(50.0, 500.0)]
+    # 200 s: down inside the spike, up again at 260 s; 900 s: down after the spike, up at 950 s
+    assert m.reversals(decisions, horizon=600.0) == [200.0, 900.0]
+    assert m.reversals_per_spike(decisions, spikes, horizon=600.0) == 1.0
+    assert m.reversals_per_spike(decisions[:2], spikes, horizon=600.0) == 0.0
+    assert math.isnan(m.reversals_per_spike(decisions, [], horizon=600.0))

@@ -65,6 +65,7 @@ class Row:
     oracle_ratio: float
     actions_per_hour: float
     reversals_per_hour: float
+    spike_reversals: float  # reversals whose scale-down came during a spike, per spike
     recover_seconds: float
     violation_minutes: float
     seconds: float  # wall time of the simulation
@@ -99,9 +100,8 @@ def _evaluate(
     arrival, latency = _scored(result, slo)
     verdicts = slo_metrics.windows(arrival, latency, seconds(slo.target), slo.percentile, WINDOW, origin=WARMUP)
     spike_mask = slo_metrics.in_spikes(verdicts, scn.spikes)
-    actions, reversals = slo_metrics.actions_and_reversals(
-        result.decisions, scn.duration, horizon=max(600.0, 2 * cold_start)
-    )
+    horizon = max(600.0, 2 * cold_start)
+    actions, reversals = slo_metrics.actions_and_reversals(result.decisions, scn.duration, horizon)
     recover = max((slo_metrics.time_to_recover(verdicts, onset) for onset, _ in scn.spikes), default=float("nan"))
     return Row(
         scenario=name,
@@ -114,6 +114,7 @@ def _evaluate(
         oracle_ratio=float("nan"),
         actions_per_hour=actions,
         reversals_per_hour=reversals,
+        spike_reversals=slo_metrics.reversals_per_spike(result.decisions, scn.spikes, horizon),
         recover_seconds=recover,
         violation_minutes=slo_metrics.violation_minutes(verdicts, WINDOW),
         seconds=wall,
@@ -241,7 +242,7 @@ def run_cell(
         capacity = float(scn.info["mu_slo"])
         note = f"ceil(λ_w / μ_SLO) replicas per window, μ_SLO = {capacity:.1f} req/s"
         fluid = Row(name, cold_start, "fluid-bound", nan, nan, nan, _fluid_hours(scn, capacity), nan, nan, nan, nan,
-                    nan, 0.0, note, seed)  # fmt: skip
+                    nan, nan, 0.0, note, seed)  # fmt: skip
         oracle_hours = done[("oracle", seed)][0].gpu_hours if oracle else math.nan
         order = [*(("oracle", "oracle-L0") if oracle else ()), *(p.name for p in policies)]
         rows += [_with_ratio(r, oracle_hours) for r in (*(done[(n, seed)][0] for n in order[:2] if oracle), fluid)]
@@ -276,7 +277,7 @@ def summarize(rows: Sequence[Row]) -> Row:
 
 
 _METRICS = ("attainment", "spike_attainment", "over_share", "gpu_hours", "oracle_ratio", "actions_per_hour",
-            "reversals_per_hour", "violation_minutes", "seconds")  # fmt: skip
+            "reversals_per_hour", "spike_reversals", "violation_minutes", "seconds")  # fmt: skip
 
 
 def by_policy(rows: Sequence[Row]) -> dict[tuple[str, float, str], list[Row]]:
@@ -316,7 +317,8 @@ def _spread(rows: Sequence[Row], field: str, fmt: Callable[[float], str]) -> str
 def cell_table(rows: Sequence[Row]) -> str:
     """One line per policy: the mean over the seeds and, for the scores, their range."""
     headers = ["policy", "seeds", "windows met %", "spike windows met %", "requests over SLO %", "GPU-h",
-               "× oracle", "actions/h", "reversals/h", "worst recovery (s)", "violation-min"]  # fmt: skip
+               "× oracle", "actions/h", "reversals/h", "reversals per spike", "worst recovery (s)",
+               "violation-min"]  # fmt: skip
     body = []
     for (_, _, policy), group in by_policy(rows).items():
         m = summarize(group)
@@ -324,7 +326,8 @@ def cell_table(rows: Sequence[Row]) -> str:
             policy, str(len(group)), _spread(group, "attainment", _pct), _pct(m.spike_attainment),
             _spread(group, "over_share", _pct), _spread(group, "gpu_hours", lambda v: _num(v, 1)),
             _spread(group, "oracle_ratio", lambda v: _num(v, 2)), _num(m.actions_per_hour, 0),
-            _num(m.reversals_per_hour, 1), _secs(m.recover_seconds), _spread(group, "violation_minutes",
+            _num(m.reversals_per_hour, 1), _num(m.spike_reversals, 1), _secs(m.recover_seconds),
+            _spread(group, "violation_minutes",
             lambda v: _num(v, 0)),
         ])  # fmt: skip
     return table(headers, body)

@@ -112,13 +112,28 @@ def time_to_recover(verdicts: Windows, onset: float, k: int = 3) -> float:
     return float("inf")
 
 
+def reversals(decisions: Sequence[tuple[float, int, str]], horizon: float) -> list[float]:
+    """When each reversal's scale-down happened: a scale-down followed within ``horizon`` by a scale-up."""
+    steps = [(t1, n1 - n0) for (t0, n0, _), (t1, n1, _) in pairwise(decisions) if n1 != n0]
+    ups = [t for t, delta in steps if delta > 0]
+    return [t for t, delta in steps if delta < 0 and any(t < up <= t + horizon for up in ups)]
+
+
 def actions_and_reversals(
     decisions: Sequence[tuple[float, int, str]], duration: float, horizon: float
 ) -> tuple[float, float]:
-    """Replica changes per hour, and reversals per hour: a scale-down followed within ``horizon`` by a scale-up."""
+    """Replica changes per hour, and reversals (``reversals``) per hour."""
     hours = max(duration / 3600.0, 1e-9)
-    steps = [(t1, n1 - n0) for (t0, n0, _), (t1, n1, _) in pairwise(decisions) if n1 != n0]
-    downs = [t for t, delta in steps if delta < 0]
-    ups = [t for t, delta in steps if delta > 0]
-    reversals = sum(1 for down in downs if any(down < up <= down + horizon for up in ups))
-    return len(steps) / hours, reversals / hours
+    steps = sum(1 for (_, n0, _), (_, n1, _) in pairwise(decisions) if n1 != n0)
+    return steps / hours, len(reversals(decisions, horizon)) / hours
+
+
+def reversals_per_spike(
+    decisions: Sequence[tuple[float, int, str]], spikes: Sequence[tuple[float, float]], horizon: float
+) -> float:
+    """Reversals whose scale-down came while a spike was on, per spike: each costs a cold start when it is
+    least affordable (issue 10 asks for none)."""
+    if not spikes:
+        return float("nan")
+    downs = reversals(decisions, horizon)
+    return sum(1 for t in downs for onset, end in spikes if onset <= t <= end) / len(spikes)
