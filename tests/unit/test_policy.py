@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mmfleet.autoscaler import Decision, Observation, Policy
-from mmfleet.autoscaler.policy import SloPolicy, SloState, projected_backlog, robust_trend
+from mmfleet.autoscaler.policy import SloPolicy, SloState, projected_backlog, rise_quantile, robust_trend
 
 MU = 2.0  # req/s per replica at the SLO
 
@@ -100,9 +100,10 @@ def test_scale_up_is_immediate_on_a_step_and_sized_for_the_queue_it_will_meet() 
     d = POLICY.decide(obs(time=600.0, current=4, ready=4, arrival_rate=32.0), state)
     # the first observation of the step: 32 req/s needs 32 / 2 = 16, and while the new pods start
     # the 4 Ready ones fall behind by 32 - 8 req/s for 120 s: 2880 requests to drain in 60 s at 2 req/s
-    # each would be 24 more, but the backlog adds at most as many again as the demand needs: 16
-    assert d.replicas == math.ceil(2 * 32.0 / MU) == 32
-    assert "4 -> 32" in d.reason
+    # each would be 24 more, but the backlog sits on the 4 Ready replicas, which alone can serve it: 4 more,
+    # while the arrivals get 16 of their own
+    assert d.replicas == math.ceil(32.0 / MU) + 4 == 20
+    assert "4 -> 20" in d.reason
     smaller = POLICY.decide(obs(time=600.0, current=4, ready=4, arrival_rate=10.0), state)  # under the cap: in full
     assert smaller.replicas == math.ceil(10.0 / MU + (10.0 - 4 * MU) * 120.0 / (MU * 60.0)) == 7
 
@@ -291,3 +292,50 @@ def test_an_over_target_fleet_whose_queue_shrinks_may_scale_down() -> None:
     held = policy.decide(obs(time=t, current=current, ready=current, arrival_rate=8.0, request_rate=8.0,
                              latency=30.0, waiting=queue + 3000.0), state)  # fmt: skip
     assert held.replicas >= current  # a queue that grows again: no scale-down
+
+
+# ---------------------------------------------------------------- headroom learned from the fleet's own demand
+
+
+def noisy(sigma: float, minutes: float = 30.0, seed: int = 0, step: float = 15.0) -> tuple[tuple[float, float], ...]:
+    """Demand around 100 req/s whose log wanders like a random walk: sigma per minute, pulled back to 100."""
+    import random
+
+    rng = random.Random(seed)
+    log, samples = 0.0, []
+    for i in range(int(minutes * 60 / step)):
+        log = 0.9 * log + rng.gauss(0.0, sigma * math.sqrt(step / 60.0))
+        samples.append((i * step, 100.0 * math.exp(log)))
+    return tuple(samples)
+
+
+def test_the_rise_grows_with_the_workloads_variability_and_the_horizon() -> None:
+    calm, lively = noisy(0.02), noisy(0.10)
+    assert rise_quantile(calm, 105.0, 90.0) < rise_quantile(lively, 105.0, 90.0)
+    assert rise_quantile(lively, 105.0, 90.0) < rise_quantile(lively, 435.0, 90.0)  # a longer cold start
+    assert rise_quantile(lively, 105.0, 90.0) < rise_quantile(lively, 105.0, 99.0)  # a stricter SLO
+    flat = tuple((i * 15.0, 100.0) for i in range(120))
+    assert rise_quantile(flat, 105.0, 90.0) == 0.0  # a steady trace gets no headroom
+    assert rise_quantile(lively[:5], 105.0, 90.0) == 0.0  # nor does a fleet too young to know its workload
+
+
+def test_one_spike_in_the_history_does_not_set_the_headroom() -> None:
+    """A x4 step for 10 minutes leaves a few changes at ln 4, which a quantile of the changes would follow."""
+    base = noisy(0.05)
+    spiked = tuple((t, v * (4.0 if 600.0 <= t < 1200.0 else 1.0)) for t, v in base)
+    assert rise_quantile(spiked, 105.0, 90.0) < 1.3 * rise_quantile(base, 105.0, 90.0)
+    assert rise_quantile(spiked, 105.0, 90.0) < 0.5
+
+
+def test_a_fleet_whose_demand_wanders_keeps_headroom_over_its_demand() -> None:
+    """Sized for today's demand alone, the fleet misses windows each time demand rises within a cold start:
+    the last decision covers the last demand grown by the rise learned from the fleet's own history."""
+    history = noisy(0.10)
+    state, replicas = POLICY.initial_state(), 50
+    for t, demand in history:
+        o = obs(time=t, arrival_rate=demand, request_rate=demand, current=replicas, ready=replicas, running=demand)
+        decision = POLICY.decide(o, state)
+        state, replicas = decision.state, decision.replicas
+    rise = rise_quantile(history, 120.0 + POLICY.interval, 90.0)
+    assert rise > 0.1
+    assert replicas >= math.ceil(history[-1][1] * (1.0 + rise) / MU)

@@ -9,12 +9,16 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
 - feed-forward: the demand forecast over L plus one interval, over the capacity of a replica at the
   SLO, μ_SLO, learned online. The forecast is an upper quantile: a fast EWMA level
   plus z × a robust noise estimate, plus a robust trend (Theil-Sen on both halves of the last
-  five minutes), which a sustained ramp has and a step does not;
+  five minutes), which a sustained ramp has and a step does not; and at least today's demand
+  grown by how much this fleet's own demand rises within that horizon at the SLO's percentile,
+  learned from its last half hour (``rise_quantile``): a fleet sized for today's demand misses
+  windows whenever demand rises before a pod ordered now is Ready, and how much it rises is the
+  workload's, not a constant (a chat trace and a code trace differ);
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
-  again as the demand needs: queues stay on the pods they were sent to, so new pods serve new
-  arrivals, not the queue itself;
+  again as the demand needs and at most as many as are Ready: queues stay on the pods they were
+  sent to, so new pods serve new arrivals while the Ready ones drain what they hold;
 - the trend is extrapolated over L, but never beyond the five minutes it was fitted on;
 - feedback: when the observed percentile is over target although the Ready count has not changed
   for a whole latency window, the queue is not draining and the replicas are busy, at least
@@ -45,6 +49,9 @@ from mmfleet.autoscaler import Decision, Observation
 
 FAST_WINDOW = 60.0  # s, time constant of the demand level: follows a step within about a minute
 TREND_WINDOW = 300.0  # s of demand samples behind the trend and the spread
+RISE_WINDOW = 1800.0  # s of demand samples behind the learned rise over the horizon
+RISE_LAG = 60.0  # s, the lag of the demand changes behind the rise: one rate window
+MIN_RISE_PAIRS = 8  # demand changes needed before the rise is believed (two minutes at a 15 s interval)
 QUANTILE_Z = 1.28  # the forecast's upper quantile, q90 of a normal
 TREND_CAP = 0.5  # the trend adds at most half the level over the horizon
 BACKLOG_RATIO = 1.0  # the backlog adds at most this share of the demand's replicas
@@ -65,7 +72,7 @@ class SloState:
     time: float | None = None  # of the last observation with metrics
     inflight: float | None = None  # running + waiting then, for the demand estimate without arrival_rate
     level: float | None = None  # fast EWMA of demand, req/s
-    demand: Samples = ()  # (time, req/s) over the trend window
+    demand: Samples = ()  # (time, req/s) over the rise window (the trend reads its last TREND_WINDOW)
     learned_capacity: float | None = None  # best throughput per Ready replica seen within the SLO
     capacity_scale: float = 1.0  # <= 1: replicas with a standing queue served less than assumed
     recommendations: tuple[tuple[float, int], ...] = ()  # (time, replicas needed) in the down window
@@ -120,6 +127,34 @@ def robust_trend(samples: Samples) -> tuple[float, float]:
     slope = 0.0 if older * newer <= 0 else min(older, newer, key=abs)
     changes = [abs(v2 - v1 - slope * (t2 - t1)) for (t1, v1), (t2, v2) in pairwise(samples)]
     return slope, statistics.median(changes) / 0.954
+
+
+def rise_quantile(samples: Samples, horizon: float, percentile: float) -> float:
+    """How much demand rises over ``horizon`` at ``percentile``, relative, as this fleet's own demand varies.
+
+    The log changes of demand over ``RISE_LAG`` are taken as a random walk: their spread, by the median
+    absolute deviation, which a spike's few steps do not move, grows with the square root of the horizon.
+    Measured over a short lag, so that a 4x step taints few pairs (over the whole horizon, a step put a
+    third of the pairs at ln 4 when L = 420 s, and the spread with them). 0 until there are enough pairs
+    to say anything about the workload.
+    """
+    times = [t for t, _ in samples]
+    logs: list[float] = []
+    j = 0
+    for i, (t, value) in enumerate(samples):
+        j = max(j, i + 1)
+        while j < len(samples) and times[j] < t + RISE_LAG - 1e-9:
+            j += 1
+        if j == len(samples):
+            break
+        if value > 0 and samples[j][1] > 0:
+            logs.append(math.log(samples[j][1] / value))
+    if len(logs) < MIN_RISE_PAIRS:
+        return 0.0
+    center = statistics.median(logs)
+    spread = statistics.median(abs(x - center) for x in logs) / 0.6745
+    z = statistics.NormalDist().inv_cdf(min(max(percentile, 50.0), 99.9) / 100)
+    return math.exp(z * spread * math.sqrt(max(horizon, RISE_LAG) / RISE_LAG)) - 1.0
 
 
 def projected_backlog(
@@ -243,13 +278,14 @@ class SloPolicy:
             level = demand
         else:
             level = state.level if dt is None else _ewma(state.level, demand, dt, FAST_WINDOW)
-        samples = (*((t, v) for t, v in state.demand if t > obs.time - TREND_WINDOW), (obs.time, demand))
-        slope, spread = robust_trend(samples)
+        samples = (*((t, v) for t, v in state.demand if t > obs.time - RISE_WINDOW), (obs.time, demand))
+        slope, spread = robust_trend(tuple(s for s in samples if s[0] > obs.time - TREND_WINDOW))
         horizon = obs.cold_start + self.interval
         # not extrapolated beyond the span it was fitted on
         growth = max(0.0, slope) * min(horizon, TREND_WINDOW)
         upper = max(demand, level + QUANTILE_Z * spread)
-        forecast = upper + min(growth, TREND_CAP * upper)  # what capacity is sized for
+        rise = rise_quantile(samples, horizon, obs.slo_percentile)
+        forecast = max(upper + min(growth, TREND_CAP * upper), demand * (1.0 + rise))  # what capacity is sized for
 
         # The last latency window of (time, ready, waiting): rates and the percentile average over
         # such a window, so they describe the fleet as it was across it.
@@ -291,8 +327,10 @@ class SloPolicy:
             backlog = projected_backlog(queued, arriving, obs.ready, starting, obs.time, obs.cold_start, capacity)
             sized = forecast / capacity
             # At most as many again for the backlog: pods that arrive after a cold start to drain a queue of
-            # requests already late win few windows back (spike-x8, L=420 s: 924 pods for a need of 230).
-            drain = min(backlog / (capacity * self.drain_time), BACKLOG_RATIO * sized)
+            # requests already late win few windows back (spike-x8, L=420 s: 924 pods for a need of 230). And at
+            # most the Ready replicas: the backlog sits on them, only they serve it, and meanwhile the arrivals
+            # need ``sized`` of their own (spike-x4, L=90 s: 190 pods where the oracle needed 94-114).
+            drain = min(backlog / (capacity * self.drain_time), BACKLOG_RATIO * sized, float(obs.ready))
             feedforward = math.ceil(sized + drain - 1e-9)
             needed = feedforward
 
