@@ -11,9 +11,9 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   plus z × a robust noise estimate, plus a robust trend (Theil-Sen on both halves of the last
   five minutes), which a sustained ramp has and a step does not; and at least today's demand
   grown by how much this fleet's own demand rises within that horizon at the SLO's percentile,
-  learned from its last half hour (``rise_quantile``): a fleet sized for today's demand misses
-  windows whenever demand rises before a pod ordered now is Ready, and how much it rises is the
-  workload's, not a constant (a chat trace and a code trace differ);
+  learned from its last half hour (``rise_quantile``), at most doubling it: a
+  fleet sized for today's demand misses windows whenever demand rises before a pod ordered now is
+  Ready, and how much it rises is the workload's, not a constant (a chat trace and a code trace differ);
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -51,6 +51,7 @@ FAST_WINDOW = 60.0  # s, time constant of the demand level: follows a step withi
 TREND_WINDOW = 300.0  # s of demand samples behind the trend and the spread
 RISE_WINDOW = 1800.0  # s of demand samples behind the learned rise over the horizon
 RISE_LAG = 60.0  # s, the lag of the demand changes behind the rise: one rate window
+MAX_RISE = 1.0  # the learned rise at most doubles the demand
 MIN_RISE_PAIRS = 8  # demand changes needed before the rise is believed (two minutes at a 15 s interval)
 QUANTILE_Z = 1.28  # the forecast's upper quantile, q90 of a normal
 TREND_CAP = 0.5  # the trend adds at most half the level over the horizon
@@ -284,7 +285,10 @@ class SloPolicy:
         # not extrapolated beyond the span it was fitted on
         growth = max(0.0, slope) * min(horizon, TREND_WINDOW)
         upper = max(demand, level + QUANTILE_Z * spread)
-        rise = rise_quantile(samples, horizon, obs.slo_percentile)
+        # At most doubling the demand, as the backlog and the latency feedback at most double the fleet: on a
+        # workload that bursts within a minute (the log changes' spread near 1 per minute) the quantile alone
+        # asked for several times the demand, more than a static fleet at the peak holds.
+        rise = min(rise_quantile(samples, horizon, obs.slo_percentile), MAX_RISE)
         forecast = max(upper + min(growth, TREND_CAP * upper), demand * (1.0 + rise))  # what capacity is sized for
 
         # The last latency window of (time, ready, waiting): rates and the percentile average over
