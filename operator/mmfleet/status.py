@@ -68,6 +68,7 @@ class Observed:
     pod_problems: list[PodProblem] = field(default_factory=list)
     cloud: str | None = None
     scaling: Scaling | None = None
+    cache_problem: tuple[str, str] | None = None  # (reason, message) from ``shared_cache_problem``
 
 
 def scheduling_failure(pod: dict[str, Any]) -> PodProblem | None:
@@ -185,6 +186,35 @@ def _scaling_part(
     return fields, conditions
 
 
+def shared_cache_problem(inference: MultimodalInference, claim: dict[str, Any] | None) -> tuple[str, str] | None:
+    """Why the shared model cache's claim cannot serve every replica, or None (also when no claim is shared).
+
+    The pods would only say ``persistentvolumeclaim not found`` or stay Pending on a second node; the condition
+    names the field and what would work instead.
+    """
+    cache = inference.spec.model_cache
+    if cache.volume != "shared":
+        return None
+    where = f"spec.modelCache.claimName: {cache.claim_name}"
+    instead = "or set spec.modelCache.volume: emptyDir"
+    if claim is None:
+        return (
+            "ModelCacheClaimMissing",
+            f"{where}: no PersistentVolumeClaim of that name in namespace {inference.metadata.namespace}; create a "
+            f"ReadWriteMany claim (EFS on EKS, Azure Files on AKS, NAS on ACK) {instead}",
+        )
+    modes = list((claim.get("spec") or {}).get("accessModes") or [])
+    if "ReadWriteMany" not in modes:
+        return (
+            "ModelCacheClaimNotShared",
+            f"{where} has access modes {', '.join(modes) or 'none'}; replicas on several nodes need ReadWriteMany "
+            f"(EFS, Azure Files, NAS) {instead}",
+        )
+    if (claim.get("status") or {}).get("phase") == "Lost":
+        return "ModelCacheClaimLost", f"{where} is Lost: its PersistentVolume is gone; recreate it {instead}"
+    return None
+
+
 def compute_status(
     inference: MultimodalInference, observed: Observed, previous: MultimodalInferenceStatus | None, now: datetime
 ) -> MultimodalInferenceStatus:
@@ -241,7 +271,10 @@ def compute_status(
             now,
             generation,
         )
-    if problems:
+    if observed.cache_problem is not None:
+        reason, message = observed.cache_problem
+        degraded = condition("Degraded", True, reason, message, before, now, generation)
+    elif problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         degraded = condition(

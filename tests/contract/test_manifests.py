@@ -64,6 +64,7 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("policy", ["poddisruptionbudgets"], ["list", "watch", "create", "patch"])
     | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "create", "patch", "delete"])  # pruned
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
+    | _triples("", ["persistentvolumeclaims"], ["get"])  # status.shared_cache_problem reads the shared claim
     | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)
 )
 # Verbs that would let the operator grant itself more than this list.

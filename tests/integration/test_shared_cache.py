@@ -17,11 +17,10 @@ pytestmark = pytest.mark.integration
 CLAIM = "models-rwx"
 
 
-@pytest.fixture
-def shared_claim(api: Any, namespace: str) -> Iterator[str]:
-    """A ReadWriteMany hostPath PV bound by name to a claim: what an admin pre-creates on EFS, Azure Files or NAS."""
-    core = client.CoreV1Api(api)
-    volume = f"{namespace}-{CLAIM}"
+def make_shared_claim(core: Any, namespace: str, name: str) -> str:
+    """A ReadWriteMany hostPath PV bound by name to a claim: what an admin pre-creates on EFS, Azure Files or NAS.
+    Returns the PV's name (cluster-scoped: the caller deletes it)."""
+    volume = f"{namespace}-{name}"
     core.create_persistent_volume(
         {
             "metadata": {"name": volume},
@@ -31,14 +30,14 @@ def shared_claim(api: Any, namespace: str) -> Iterator[str]:
                 "storageClassName": "",
                 "persistentVolumeReclaimPolicy": "Retain",
                 "hostPath": {"path": f"/tmp/{volume}", "type": "DirectoryOrCreate"},
-                "claimRef": {"namespace": namespace, "name": CLAIM},
+                "claimRef": {"namespace": namespace, "name": name},
             },
         }
     )
     core.create_namespaced_persistent_volume_claim(
         namespace,
         {
-            "metadata": {"name": CLAIM},
+            "metadata": {"name": name},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
                 "storageClassName": "",
@@ -49,15 +48,26 @@ def shared_claim(api: Any, namespace: str) -> Iterator[str]:
     )
 
     def bound() -> bool:
-        return core.read_namespaced_persistent_volume_claim(CLAIM, namespace).status.phase == "Bound"
+        return bool(core.read_namespaced_persistent_volume_claim(name, namespace).status.phase == "Bound")
 
-    wait_for(bound, 30, f"{namespace}/{CLAIM} Bound")
-    yield CLAIM
+    wait_for(bound, 30, f"{namespace}/{name} Bound")
+    return volume
+
+
+def delete_volume(core: Any, volume: str) -> None:
     try:
         core.delete_persistent_volume(volume)
     except ApiException as error:
         if error.status != 404:
             raise
+
+
+@pytest.fixture
+def shared_claim(api: Any, namespace: str) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    volume = make_shared_claim(core, namespace, CLAIM)
+    yield CLAIM
+    delete_volume(core, volume)
 
 
 def test_replicas_mount_the_shared_claim_and_turn_ready(
@@ -88,3 +98,28 @@ def test_shared_cache_without_claim_is_rejected_by_the_api_server(api: Any, name
     assert caught.value.status == 422
     assert "spec.modelCache.claimName" in caught.value.body
     assert "claimName is required when volume is shared" in caught.value.body
+
+
+def test_a_missing_claim_is_named_in_degraded_until_it_is_created(
+    api: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """The pods alone would only sit Pending; the status names the field and what would work."""
+    fleet = Fleet(api, namespace)
+    fleet.create(mmi("late", gpu={"type": "H100"}, modelCache={"volume": "shared", "claimName": "late-models"}))
+
+    def degraded() -> dict[str, Any] | None:
+        found = fleet.condition("late", "Degraded")
+        return found if found.get("reason") == "ModelCacheClaimMissing" else None
+
+    condition = wait_for(degraded, 60, "Degraded=ModelCacheClaimMissing")
+    assert condition["status"] == "True"
+    assert "spec.modelCache.claimName: late-models" in condition["message"]
+    assert fleet.status("late")["phase"] == "Degraded"
+
+    core = client.CoreV1Api(api)
+    volume = make_shared_claim(core, namespace, "late-models")
+    try:
+        fleet.wait_ready("late")
+        assert fleet.condition("late", "Degraded")["status"] == "False"
+    finally:
+        delete_volume(core, volume)

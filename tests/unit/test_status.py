@@ -6,7 +6,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mmfleet.api import MultimodalInference, MultimodalInferenceStatus
-from mmfleet.status import Observed, compute_status, desired_replicas, events, invalid_status, pod_problems
+from mmfleet.status import (
+    Observed,
+    compute_status,
+    desired_replicas,
+    events,
+    invalid_status,
+    pod_problems,
+    shared_cache_problem,
+)
 from tests.conftest import spec_doc
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -166,3 +174,29 @@ def test_events_tell_bad_news_and_readiness_once_per_transition() -> None:
     assert events(starting, stuck) == [("Warning", "Unschedulable", "Degraded Unschedulable")]
     assert events(stuck, stuck) == [], "a condition that stayed is not news again"
     assert events(stuck, ready) == [("Normal", "Ready", "Ready ReplicasReady")]
+
+
+def claim(*modes: str, phase: str = "Bound") -> dict[str, Any]:
+    return {"metadata": {"name": "models"}, "spec": {"accessModes": list(modes)}, "status": {"phase": phase}}
+
+
+def test_a_shared_cache_claim_that_cannot_serve_every_replica_is_named_in_degraded() -> None:
+    shared = inference(modelCache={"volume": "shared", "claimName": "models"})
+    missing = shared_cache_problem(shared, None)
+    assert missing is not None and missing[0] == "ModelCacheClaimMissing"
+    assert "spec.modelCache.claimName: models" in missing[1] and "namespace ml" in missing[1]
+    assert "ReadWriteMany" in missing[1] and "volume: emptyDir" in missing[1]
+    single = shared_cache_problem(shared, claim("ReadWriteOnce"))
+    assert single is not None and single[0] == "ModelCacheClaimNotShared" and "ReadWriteOnce" in single[1]
+    lost = shared_cache_problem(shared, claim("ReadWriteMany", phase="Lost"))
+    assert lost is not None and lost[0] == "ModelCacheClaimLost"
+    assert shared_cache_problem(shared, claim("ReadWriteMany")) is None
+    assert shared_cache_problem(shared, claim("ReadWriteMany", phase="Pending")) is None  # binds on first use
+    assert shared_cache_problem(inference(), None) is None  # no shared cache, nothing to read
+
+    status = compute_status(shared, Observed(deployment=deployment(1, 0), cache_problem=missing), None, NOW)
+    assert status.phase == "Degraded"
+    assert conditions(status)["Degraded"] == ("True", "ModelCacheClaimMissing")
+    assert conditions(status)["Ready"] == ("False", "ReplicasNotReady")
+    fixed = compute_status(shared, Observed(deployment=deployment(1, 1)), status, NOW)
+    assert fixed.phase == "Ready" and conditions(fixed)["Degraded"] == ("False", "AsExpected")

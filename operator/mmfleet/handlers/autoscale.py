@@ -139,6 +139,7 @@ def _autoscale_fleet(
                 pod_problems=status.pod_problems(pods),
                 cloud=resolve_cloud(inference),
                 scaling=outcome.scaling(),
+                cache_problem=STATE.cache_problems.get(view.key),
             )
             wrote = write_status(view.body, status.compute_status(inference, observed, previous, now), previous)
             if outcome.scaled:

@@ -87,8 +87,25 @@ def _monitoring_crds() -> bool:
     return STATE.monitoring_crds
 
 
+def _cache_problem(inference: MultimodalInference) -> tuple[str, str] | None:
+    """The shared cache's claim as it is now (one request, only for fleets that share a claim), remembered
+    for the autoscaler's status writes."""
+    meta, cache = inference.metadata, inference.spec.model_cache
+    problem = None
+    if cache.volume == "shared" and cache.claim_name is not None:
+        claim = get_kube().get("v1", "PersistentVolumeClaim", meta.namespace, cache.claim_name)
+        problem = status.shared_cache_problem(inference, claim)
+    STATE.cache_problems[(meta.namespace, meta.name)] = problem
+    return problem
+
+
 def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
-    observed = status.Observed(deployment=deployment, pod_problems=status.pod_problems(pods), cloud=cloud)
+    observed = status.Observed(
+        deployment=deployment,
+        pod_problems=status.pod_problems(pods),
+        cloud=cloud,
+        cache_problem=_cache_problem(inference),
+    )
     meta = inference.metadata
     previous = last_status((meta.namespace, meta.name), body)
     write_status(body, status.compute_status(inference, observed, previous, utc_now()), previous)
@@ -302,6 +319,7 @@ async def forget_fleet(event: kopf.RawEvent, namespace: str | None, name: str, *
     STATE.locks.pop(key, None)
     STATE.written.pop(key, None)
     STATE.scaling.pop(key, None)
+    STATE.cache_problems.pop(key, None)
     for child in STATE.children.pop(key, set()):
         STATE.applied.pop(child, None)
 

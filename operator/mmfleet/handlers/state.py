@@ -62,6 +62,9 @@ class State:
     refresh_again: set[Key] = field(default_factory=set)  # fleets with events since their refresh began
     # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
     autoscaler_cycled: float = -math.inf
+    # Why a fleet's shared model cache claim cannot serve it, as the last reconcile or refresh saw it: the
+    # autoscaler's status writes carry it rather than read the claim every cycle.
+    cache_problems: dict[Key, tuple[str, str] | None] = field(default_factory=dict)
     # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
     parsed: dict[str, Parsed] = field(default_factory=dict)
     # A context of kopf's handlers, for kopf.event outside them (see remember_kopf_context).
