@@ -321,6 +321,19 @@ class AutoscalingSpec(Model):
             "stabilization window). Default: the longer of 5m and the measured cold start."
         ),
     )
+    capacity_per_replica: float | None = Field(
+        default=None,
+        gt=0,
+        le=100000,
+        description=(
+            "Requests per second one replica serves within the SLO, from a profile: `mmfleet twin profile` "
+            "for the calibrated replica, or your own load test at the SLO (the highest steady rate one "
+            "replica holds with the SLO met, on your request mix). The autoscaler sizes from it from the "
+            "first cycle instead of learning from what a young fleet serves below saturation; it still "
+            "learns a higher value online, and serves on less while replicas with a standing queue do. "
+            "Default: learned online."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AutoscalingSpec:

@@ -62,7 +62,7 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
         Path(args.docs),
         Path(args.plots),
         _progress,
-        [Shipped(), *baselines],
+        [Shipped(), Shipped(PROFILED, capacity_per_replica=float(record["profile"]["capacity"])), *baselines],
         seeds=args.seed or list(autoscale.SEEDS),
         trace=trace,
         oracle=not args.no_oracle,
@@ -71,6 +71,9 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
 
 
 QUICK_CELL = "spike-x4@azure-code"
+# The shipped autoscaler given spec.autoscaling.capacityPerReplica: the training profile every baseline was
+# configured from (tuned.json), as a user who profiled a replica on their representative traffic would set it.
+PROFILED = "mmfleet-profiled"
 
 
 def cmd_bench_tune(args: argparse.Namespace) -> int:
@@ -122,6 +125,43 @@ def cmd_twin_serve(args: argparse.Namespace) -> int:
     except (ClusterError, FileNotFoundError, OSError) as error:
         print(f"mmfleet twin serve: {error}", file=sys.stderr)
         return 1
+
+
+def cmd_twin_profile(args: argparse.Namespace) -> int:
+    """What a profiling run would measure: the highest steady rate one replica holds with the SLO met."""
+    from pathlib import Path
+
+    import numpy as np
+    from pydantic import ValidationError
+
+    from mmfleet.api import SloSpec
+    from mmfleet_lab.twin import capacity_at_slo
+    from mmfleet_lab.twin.replica import PROFILES
+    from mmfleet_lab.twin.scenarios import base_requests, traces_dir
+
+    try:
+        slo = SloSpec(metric=args.metric, percentile=args.percentile, target=args.target)
+    except ValidationError as error:
+        print(f"mmfleet twin profile: {'; '.join(e['msg'] for e in error.errors())}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        folder = traces_dir(Path(args.traces) if args.traces else None)
+        mix, _ = base_requests(args.mix, folder, np.random.default_rng(args.seed))
+    except (ValueError, FileNotFoundError, OSError) as error:
+        print(f"mmfleet twin profile: {error}", file=sys.stderr)
+        return 1
+    capacity = capacity_at_slo(PROFILES[args.profile], mix, slo)
+    if capacity <= 0:
+        print(f"mmfleet twin profile: --target {args.target}: no steady rate meets P{slo.percentile:g} {slo.metric} "
+              f"<= {slo.target} on one {args.profile} replica with {args.mix}'s mix; a longer target would",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
+    print(
+        f"# {args.profile}, {args.mix}'s request mix: {capacity:.3g} req/s per replica meet "
+        f"P{slo.percentile:g} {slo.metric} <= {slo.target}\n"
+        f"spec:\n  autoscaling:\n    capacityPerReplica: {capacity:.3g}"
+    )
+    return 0
 
 
 def _tuned() -> str:
@@ -227,3 +267,17 @@ def _twin_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--traces", help="folder with the trace files (default: $MMFLEET_TRACES, else the twin's own copies)"
     )
     p_serve.set_defaults(func=cmd_twin_serve)
+    from mmfleet_lab.twin.scenarios import BASES
+
+    p_profile = twin.add_parser(
+        "profile",
+        help="the capacity per replica at an SLO on a request mix, for spec.autoscaling.capacityPerReplica",
+    )
+    p_profile.add_argument("--mix", default="servegen-mm", choices=BASES, help="request mix (default: servegen-mm)")
+    p_profile.add_argument("--target", default="10s", help="SLO target, e.g. 2s (default: 10s)")
+    p_profile.add_argument("--percentile", type=float, default=90.0, help="SLO percentile (default: 90)")
+    p_profile.add_argument("--metric", default="e2e", choices=("e2e", "ttft", "itl"), help="SLO metric (default: e2e)")
+    p_profile.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES), help="replica model")
+    p_profile.add_argument("--seed", type=int, default=0, help="random seed of the synthetic mix (default: 0)")
+    p_profile.add_argument("--traces", help="folder with the trace files (default: the twin's own copies)")
+    p_profile.set_defaults(func=cmd_twin_profile)

@@ -119,3 +119,24 @@ def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> No
     assert result.returncode == 2
     assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
     assert "{render,run,crd,docs}" in run("--help", without=("numpy",)).stdout
+
+
+def test_twin_profile_prints_the_capacity_as_a_spec_a_fleet_accepts() -> None:
+    """The profiling run's answer goes straight into spec.autoscaling.capacityPerReplica."""
+    from mmfleet.api import MultimodalInference
+    from mmfleet_lab.twin import H200_QWEN25VL7B, capacity_at_slo
+    from mmfleet_lab.twin.scenarios import REFERENCE_SLO, scenario
+
+    result = run("twin", "profile", "--mix", "azure-conv", "--profile", "h200", "--target", "10s")
+    assert result.returncode == 0, result.stderr
+    snippet = yaml.safe_load(result.stdout)
+    capacity = snippet["spec"]["autoscaling"]["capacityPerReplica"]
+    mix = scenario("azure-conv", params=H200_QWEN25VL7B, reference_slo=REFERENCE_SLO).requests
+    assert capacity == pytest.approx(capacity_at_slo(H200_QWEN25VL7B, mix, REFERENCE_SLO), rel=0.01)
+    spec = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"},
+            "autoscaling": {"slo": {"target": "10s"}, **snippet["spec"]["autoscaling"]}}  # fmt: skip
+    doc = {"apiVersion": "mmfleet.io/v1alpha1", "kind": "MultimodalInference", "metadata": {"name": "p"}, "spec": spec}
+    assert MultimodalInference.model_validate(doc).spec.autoscaling
+    impossible = run("twin", "profile", "--target", "0.01s")
+    assert impossible.returncode == 2
+    assert "--target 0.01s: no steady rate meets" in impossible.stderr and "Traceback" not in impossible.stderr

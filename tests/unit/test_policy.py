@@ -339,3 +339,24 @@ def test_a_fleet_whose_demand_wanders_keeps_headroom_over_its_demand() -> None:
     rise = rise_quantile(history, 120.0 + POLICY.interval, 90.0)
     assert rise > 0.1
     assert replicas >= math.ceil(history[-1][1] * (1.0 + rise) / MU)
+
+
+# ---------------------------------------------------------------- a profiled capacity (spec.autoscaling.capacityPerReplica)
+
+
+def test_a_profiled_capacity_sizes_a_young_fleet_from_the_first_decision() -> None:
+    """Learning online, a young fleet knows nothing and can only hold; with a profile it sizes at once."""
+    young = obs(time=0.0, current=2, ready=2, arrival_rate=20.0, request_rate=8.0, running=8.0)
+    assert SloPolicy().decide(young, SloPolicy().initial_state()).replicas == 2
+    profiled = SloPolicy(capacity_per_replica=MU)
+    assert profiled.decide(young, profiled.initial_state()).replicas >= math.ceil(20.0 / MU)
+
+
+def test_what_is_learned_online_only_raises_a_profiled_capacity() -> None:
+    profiled = SloPolicy(capacity_per_replica=MU)
+    state = SloState(learned_capacity=2 * MU)  # replicas were seen serving twice the profile within the SLO
+    o = obs(time=0.0, current=4, ready=4, arrival_rate=8 * MU, request_rate=8 * MU, running=8 * MU)
+    higher = profiled.decide(o, state)
+    assert higher.replicas == 4 and f"at {2 * MU:g} req/s per replica" in higher.reason  # 8 μ over 2 μ each
+    lower = profiled.decide(o, SloState(learned_capacity=MU / 2))  # a lower online estimate is not believed
+    assert f"at {MU:g} req/s per replica" in lower.reason and lower.replicas >= 8

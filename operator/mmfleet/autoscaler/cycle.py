@@ -139,10 +139,14 @@ class Outcome:
 
 
 def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> SloPolicy:
-    """The benchmark's policy, learning capacity online; its latency memory spans the SLO window."""
+    """The fleet's policy: capacity from the spec's profile if given, learned online above it; its latency memory
+    spans the SLO window."""
     delay = autoscaling.scale_down_delay
     return SloPolicy(
-        interval=interval, settle=seconds(slo.window), stabilization=None if delay is None else seconds(delay)
+        interval=interval,
+        settle=seconds(slo.window),
+        stabilization=None if delay is None else seconds(delay),
+        capacity_per_replica=autoscaling.capacity_per_replica,
     )
 
 

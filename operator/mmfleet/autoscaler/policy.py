@@ -191,7 +191,9 @@ class SloPolicy:
     SLO held; being what a replica did within the SLO, it gets no headroom. ``drain_time``: seconds
     in which a backlog should clear once new pods are Ready. ``stabilization``: the scale-down
     window, default max(300 s, L). ``settle``: how far back the latency and rate signals reach (the
-    SLO window).
+    SLO window). ``capacity_per_replica``: μ_SLO from a profile (``spec.autoscaling.capacityPerReplica``),
+    believed from the first cycle; what is learned online only raises it, and the standing-queue
+    correction lowers either.
     """
 
     name: str = "mmfleet"
@@ -199,6 +201,7 @@ class SloPolicy:
     drain_time: float = 60.0
     stabilization: float | None = None
     settle: float = 60.0
+    capacity_per_replica: float | None = None
 
     def initial_state(self) -> SloState:
         return SloState()
@@ -311,18 +314,19 @@ class SloPolicy:
         backlog = 0.0
         feedforward: int | None = None
         needed = obs.current  # nothing to size with yet: only the feedback below may move it
-        if learned is not None and learned > 0:
+        known = max(learned or 0.0, self.capacity_per_replica or 0.0)
+        if known > 0:
             # Replicas whose queue stood for a whole window serve at their true capacity; below μ means
             # a heavier mix than profiled, which is believed until the SLO has held for a while.
-            clears = learned * scale * obs.ready * target  # what the Ready replicas clear within the target
+            clears = known * scale * obs.ready * target  # what the Ready replicas clear within the target
             standing = spans and all(h[2] > clears for h in history)
             # A queue that shrinks is served faster than it grows: an over-provisioned fleet draining a
             # backlog says nothing about slow replicas (seen: the estimate fell to 0.29 x mu after a spike).
             if obs.latency > target and standing and ready_steady and obs.waiting >= history[0][2]:
-                scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / learned))
+                scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / known))
             elif obs.latency <= target and dt is not None:
                 scale = _ewma(scale, 1.0, dt, CAPACITY_RECOVERY)
-            capacity = learned * scale
+            capacity = known * scale
             queued = max(0.0, obs.waiting - capacity * obs.ready * target)
             starting = self._starting_ready_at(obs, state)
             # The queue builds from what arrives now; the trend is already in the forecast, and counting

@@ -33,9 +33,14 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # the run's t = 0 on the operator's cl
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"  # the model the twin's replica profiles were calibrated on
 
 
-def fleet(slo: SloSpec, min_replicas: int, max_replicas: int) -> MultimodalInference:
-    """The resource a user would apply for the simulated fleet: the SLO and replica bounds, defaults elsewhere."""
-    autoscaling = AutoscalingSpec(min_replicas=min_replicas, max_replicas=max_replicas, slo=slo)
+def fleet(
+    slo: SloSpec, min_replicas: int, max_replicas: int, capacity_per_replica: float | None = None
+) -> MultimodalInference:
+    """The resource a user would apply for the simulated fleet: the SLO, the replica bounds and, if given, a
+    profiled capacity per replica; defaults elsewhere."""
+    autoscaling = AutoscalingSpec(
+        min_replicas=min_replicas, max_replicas=max_replicas, slo=slo, capacity_per_replica=capacity_per_replica
+    )
     return MultimodalInference(
         metadata=ObjectMeta(name="twin"),
         spec=MultimodalInferenceSpec(model=ModelSpec(name=MODEL), autoscaling=autoscaling),
@@ -56,9 +61,11 @@ def signals(view: MetricView) -> Signals:
 
 @dataclass(frozen=True)
 class Shipped:
-    """``cycle.decide`` with the operator's default settings, named ``mmfleet`` in the benchmark."""
+    """``cycle.decide`` with the operator's default settings, named ``mmfleet`` in the benchmark; with
+    ``capacity_per_replica``, the fleet's spec also sets ``spec.autoscaling.capacityPerReplica`` (a profile)."""
 
     name: str = "mmfleet"
+    capacity_per_replica: float | None = None
     interval: float = _DEFAULTS.autoscale_interval
     default_cold_start: float = _DEFAULTS.default_cold_start
 

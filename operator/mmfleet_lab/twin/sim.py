@@ -75,7 +75,9 @@ def simulate(
     )
     prom = Prometheus()
     phase = float(np.random.default_rng(seed).uniform(0.0, scrape_interval)) if seed else 0.0
-    inference = fleet(slo, min_replicas, max_replicas) if isinstance(policy, Shipped) else None
+    inference = (
+        fleet(slo, min_replicas, max_replicas, policy.capacity_per_replica) if isinstance(policy, Shipped) else None
+    )
     state = policy.initial_state()
     decisions: list[tuple[float, int, str]] = []
     n_sec = math.ceil(horizon)
