@@ -176,11 +176,13 @@ class Kube:
         return [n.get("spec", {}).get("providerID") or "" for n in nodes]
 
     def has_api(self, api_version: str, kind: str) -> bool:
-        """Whether a kind is served (e.g. the Prometheus Operator's PodMonitor)."""
+        """Whether a kind is served now (e.g. the Prometheus Operator's PodMonitor): asks discovery afresh, so a
+        CRD installed or removed since the last look is seen (callers ask every few minutes, not per reconcile)."""
+        self._resources.pop((api_version, kind), None)
+        self.dynamic.resources.invalidate_cache()
         try:
             self._resource(api_version, kind)
         except ResourceNotFoundError:
-            self.dynamic.resources.invalidate_cache()
             return False
         return True
 

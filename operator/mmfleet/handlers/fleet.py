@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -68,23 +69,29 @@ def _edited_by_hand(obj: Mapping[str, Any]) -> bool:
     return current[0] > applied[0] if applied[0] else current[1] != applied[1]
 
 
+# One look at the nodes or at discovery when the cached answer expires, not one per handler thread.
+_DISCOVERY_LOCK = threading.Lock()
+
+
 def resolve_cloud(inference: MultimodalInference) -> str:
     if inference.spec.cloud != "auto":
         return inference.spec.cloud
     if STATE.config.default_cloud != "auto":
         return STATE.config.default_cloud
-    if time.monotonic() - STATE.detected_at > DISCOVERY_CACHE_SECONDS:
-        STATE.detected_cloud = clouds.detect(get_kube().provider_ids())
-        STATE.detected_at = time.monotonic()
-    return STATE.detected_cloud
+    with _DISCOVERY_LOCK:
+        if time.monotonic() - STATE.detected_at > DISCOVERY_CACHE_SECONDS:
+            STATE.detected_cloud = clouds.detect(get_kube().provider_ids())
+            STATE.detected_at = time.monotonic()
+        return STATE.detected_cloud
 
 
 def _monitoring_crds() -> bool:
-    """Whether the Prometheus Operator's PodMonitor is served (installed later is picked up too)."""
-    if time.monotonic() - STATE.monitoring_checked_at > DISCOVERY_CACHE_SECONDS:
-        STATE.monitoring_crds = get_kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
-        STATE.monitoring_checked_at = time.monotonic()
-    return STATE.monitoring_crds
+    """Whether the Prometheus Operator's PodMonitor is served (installed or removed later is picked up too)."""
+    with _DISCOVERY_LOCK:
+        if time.monotonic() - STATE.monitoring_checked_at > DISCOVERY_CACHE_SECONDS:
+            STATE.monitoring_crds = get_kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
+            STATE.monitoring_checked_at = time.monotonic()
+        return STATE.monitoring_crds
 
 
 def _cache_problem(inference: MultimodalInference) -> tuple[str, str] | None:

@@ -1,0 +1,43 @@
+"""``mmfleet.kube.Kube`` against the real API server, where the client's own caches could mislead it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from mmfleet.kube import Kube
+from tests.integration.operator_process import wait_for
+
+pytestmark = pytest.mark.integration
+
+GROUP = "probe.mmfleet.test"
+
+
+def widget_crd() -> dict[str, Any]:
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
+        },
+    }
+
+
+def test_has_api_sees_a_kind_installed_and_removed_after_its_first_answer(api: Any) -> None:
+    """The operator asks every few minutes whether PodMonitor is served; a cached yes would outlive an uninstall
+    and every reconcile would then fail applying a kind that is gone."""
+    kube, crds = Kube(api), client.ApiextensionsV1Api(api)
+    assert not kube.has_api(f"{GROUP}/v1", "Widget")
+    crds.create_custom_resource_definition(widget_crd())
+    try:
+        wait_for(lambda: kube.has_api(f"{GROUP}/v1", "Widget"), 30, "Widget served")
+    finally:
+        crds.delete_custom_resource_definition(f"widgets.{GROUP}")
+    wait_for(lambda: not kube.has_api(f"{GROUP}/v1", "Widget"), 30, "Widget no longer served")
