@@ -49,6 +49,21 @@ class Fleet:
     def condition(self, name: str, kind: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions", []) if c["type"] == kind), {})
 
+    def wait_condition(
+        self, name: str, kind: str, *, status: str | None = None, reason: str | None = None, timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """The condition once it shows ``status`` and ``reason`` (either may be left open)."""
+
+        def shown() -> dict[str, Any] | None:
+            found = self.condition(name, kind)
+            wanted = (status is None or found.get("status") == status) and (
+                reason is None or found.get("reason") == reason
+            )
+            return found if found and wanted else None
+
+        result: dict[str, Any] = wait_for(shown, timeout, f"{name} {kind} status={status} reason={reason}")
+        return result
+
     def wait_ready(self, name: str, replicas: int = 1, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
         def ready() -> dict[str, Any] | None:
             status = self.status(name)
@@ -230,12 +245,7 @@ def test_spec_only_the_operator_can_judge_becomes_a_condition(fleet: Fleet) -> N
 
 def test_gpu_request_no_node_can_fit_is_degraded_with_the_scheduler_reason(fleet: Fleet) -> None:
     fleet.create(mmi("huge", gpu={"count": 16}))
-
-    def degraded() -> dict[str, Any] | None:
-        condition = fleet.condition("huge", "Degraded")
-        return condition if condition.get("status") == "True" else None
-
-    condition = wait_for(degraded, 60, "Degraded=True")
+    condition = fleet.wait_condition("huge", "Degraded", status="True")
     assert condition["reason"] == "Unschedulable"
     assert "Insufficient nvidia.com/gpu" in condition["message"]
     assert fleet.status("huge")["phase"] == "Degraded"

@@ -97,11 +97,7 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     assert owners == [(AUTOSCALER_FIELD_MANAGER, "scale")]
 
     # No series for quiet: it holds at 3 (never down to minReplicas on silence) and says which series.
-    def missing() -> dict[str, Any] | None:
-        condition = fleet.condition("quiet", "MetricsAvailable")
-        return condition if condition.get("reason") == "SeriesMissing" else None
-
-    condition = wait_for(missing, 30, "quiet MetricsAvailable=False SeriesMissing")
+    condition = fleet.wait_condition("quiet", "MetricsAvailable", reason="SeriesMissing", timeout=30)
     assert condition["status"] == "False"
     assert "vllm:e2e_request_latency_seconds_bucket" in condition["message"]
     assert f"namespace={ns}, mmfleet_io_inference=quiet" in condition["message"]

@@ -106,12 +106,7 @@ def test_a_missing_claim_is_named_in_degraded_until_it_is_created(
     """The pods alone would only sit Pending; the status names the field and what would work."""
     fleet = Fleet(api, namespace)
     fleet.create(mmi("late", gpu={"type": "H100"}, modelCache={"volume": "shared", "claimName": "late-models"}))
-
-    def degraded() -> dict[str, Any] | None:
-        found = fleet.condition("late", "Degraded")
-        return found if found.get("reason") == "ModelCacheClaimMissing" else None
-
-    condition = wait_for(degraded, 60, "Degraded=ModelCacheClaimMissing")
+    condition = fleet.wait_condition("late", "Degraded", reason="ModelCacheClaimMissing")
     assert condition["status"] == "True"
     assert "spec.modelCache.claimName: late-models" in condition["message"]
     assert fleet.status("late")["phase"] == "Degraded"
