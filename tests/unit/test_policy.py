@@ -341,7 +341,7 @@ def test_a_fleet_whose_demand_wanders_keeps_headroom_over_its_demand() -> None:
     assert replicas >= math.ceil(history[-1][1] * (1.0 + rise) / MU)
 
 
-# ---------------------------------------------------------------- a profiled capacity (spec.autoscaling.capacityPerReplica)
+# ---------------------------------------------------------------- a profiled capacity (capacityPerReplica)
 
 
 def test_a_profiled_capacity_sizes_a_young_fleet_from_the_first_decision() -> None:
