@@ -146,9 +146,9 @@ def _fluid_hours(scn: Scenario, capacity: float) -> float:
 
 
 def _run_oracle(
-    name: str, cold_start: float, common: dict[str, Any], trace: TraceFile | None = None
-) -> list[tuple[Row, RunResult]]:
-    """The true oracle and the zero-cold-start oracle, scored like every policy, and the fluid bound."""
+    name: str, cold_start: float, common: dict[str, Any], trace: TraceFile | None = None, keep: bool = True
+) -> list[tuple[Row, RunResult | None]]:
+    """The true oracle and the zero-cold-start oracle, scored like every policy; their runs only with ``keep``."""
     scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
     slo, initial = common["slo"], common["initial_replicas"]
     # A yardstick, not a policy: it searches up to ORACLE_PER_PEAK x the peak need, past the policies' budget.
@@ -159,7 +159,7 @@ def _run_oracle(
         row = _evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
         note = (f"{oracle.evaluations} window simulations in the search, windows raised after the replay: "
                 f"{oracle.repairs}, {oracle.seconds:.0f} s")  # fmt: skip
-        rows.append((replace(row, note=note, seed=common["seed"]), oracle.result))
+        rows.append((replace(row, note=note, seed=common["seed"]), oracle.result if keep else None))
     return rows
 
 
@@ -170,9 +170,11 @@ def _run_policy(
     common: dict[str, Any],
     trace: TraceFile | None = None,
     check: bool = True,
-) -> list[tuple[Row, RunResult]]:
-    """One run of ``policy``, as a list like ``_run_oracle``'s; with ``check``, a baseline that never acts
-    on a varying trace raises ``InertBaselineError`` (a sweep records it instead, and never picks it)."""
+    keep: bool = True,
+) -> list[tuple[Row, RunResult | None]]:
+    """One run of ``policy``, as a list like ``_run_oracle``'s (the run itself only with ``keep``); with ``check``, a
+    baseline that never acts on a varying trace raises ``InertBaselineError`` (a sweep records it instead, and
+    never picks it)."""
     scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
     started = time.monotonic()
     result = simulate(scn, policy, **common)
@@ -181,7 +183,7 @@ def _run_policy(
     row = replace(row, seed=common["seed"])
     if check:
         check_acts(row, _demand(scn, float(scn.info["mu_slo"]))[int(WARMUP // WINDOW) :])
-    return [(row, result)]
+    return [(row, result if keep else None)]
 
 
 def cell(
@@ -226,13 +228,20 @@ def run_cell(
     Returns one row per policy and seed (× oracle against that seed's oracle) and the first seed's runs."""
     commons = {seed: cell(name, cold_start, params, slo, trace, seed)[2] for seed in seeds}
     total = len(seeds) * (len(policies) + (1 if oracle else 0))
-    done: dict[tuple[str, int], tuple[Row, RunResult]] = {}
+    # Only the first seed's runs are kept (for the plots): a run holds every request's timings, and keeping all of
+    # them (gentd-diffusion: 3.7 M requests a run) grew the process past the machine's memory.
+    first = seeds[0]
+    done: dict[tuple[str, int], Row] = {}
+    runs: dict[str, RunResult] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        jobs = [pool.submit(_run_oracle, name, cold_start, commons[s], trace) for s in seeds if oracle]
-        jobs += [pool.submit(_run_policy, name, cold_start, p, commons[s], trace) for s in seeds for p in policies]
+        jobs = [pool.submit(_run_oracle, name, cold_start, commons[s], trace, s == first) for s in seeds if oracle]
+        jobs += [pool.submit(_run_policy, name, cold_start, p, commons[s], trace, True, s == first)
+                 for s in seeds for p in policies]  # fmt: skip
         for n, job in enumerate(as_completed(jobs), 1):
             for row, result in job.result():
-                done[(row.policy, row.seed)] = (row, result)
+                done[(row.policy, row.seed)] = row
+                if result is not None:
+                    runs[row.policy] = result
                 progress(f"   [{n}/{total}] {name} L={cold_start:.0f}s seed {row.seed} {row.policy}: "
                          f"{row.attainment:.1%} windows, {row.gpu_hours:.1f} GPU-h ({row.seconds:.0f}s)")  # fmt: skip
     nan = math.nan
@@ -243,12 +252,11 @@ def run_cell(
         note = f"ceil(λ_w / μ_SLO) replicas per window, μ_SLO = {capacity:.1f} req/s"
         fluid = Row(name, cold_start, "fluid-bound", nan, nan, nan, _fluid_hours(scn, capacity), nan, nan, nan, nan,
                     nan, nan, 0.0, note, seed)  # fmt: skip
-        oracle_hours = done[("oracle", seed)][0].gpu_hours if oracle else math.nan
+        oracle_hours = done[("oracle", seed)].gpu_hours if oracle else math.nan
         order = [*(("oracle", "oracle-L0") if oracle else ()), *(p.name for p in policies)]
-        rows += [_with_ratio(r, oracle_hours) for r in (*(done[(n, seed)][0] for n in order[:2] if oracle), fluid)]
-        rows += [_with_ratio(done[(n, seed)][0], oracle_hours) for n in order[2 if oracle else 0 :]]
-    first = seeds[0]
-    return rows, {n: r for (n, s), (_, r) in done.items() if s == first}
+        rows += [_with_ratio(r, oracle_hours) for r in (*(done[(n, seed)] for n in order[:2] if oracle), fluid)]
+        rows += [_with_ratio(done[(n, seed)], oracle_hours) for n in order[2 if oracle else 0 :]]
+    return rows, runs
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def run_many(
     out: list[tuple[int, Row]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(autoscale._run_policy, n, cold_start, p, commons[(n, s)], None, check): i
+            pool.submit(autoscale._run_policy, n, cold_start, p, commons[(n, s)], None, check, False): i
             for i, p in enumerate(policies)
             for n in scenarios
             for s in seeds
