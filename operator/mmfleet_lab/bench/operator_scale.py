@@ -276,6 +276,15 @@ def _apiserver_requests(api: Any) -> dict[str, float]:
     return totals
 
 
+def _usage(api: Any, pids: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds per process and the API server's request counts, now."""
+    return _cpu_by_process(pids), _apiserver_requests(api)
+
+
+def _since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
 def _measure(
     api: Any, count: int, operator: Operator, pids: dict[str, int], log: Path, progress: Progress, timeout: float
 ) -> Result:
@@ -283,7 +292,7 @@ def _measure(
 
     custom = client.CustomObjectsApi(api)
     progress(f"   applying {count} resources")
-    cpu_before, requests_before = _cpu_by_process(pids), _apiserver_requests(api)
+    cpu_before, requests_before = _usage(api, pids)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda i: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _resource(i)),
@@ -298,7 +307,7 @@ def _measure(
             break
         time.sleep(1.0)
     ready_after = time.monotonic() - last_apply
-    cpu_after, requests_after = _cpu_by_process(pids), _apiserver_requests(api)
+    cpu_after, requests_after = _usage(api, pids)
     cycles = _full_cycles(log, count, progress)
     rss, cpu = _peak_rss_mb(operator.pid), _cpu_seconds(operator.pid)
     operator.stop()
@@ -334,8 +343,8 @@ def _measure(
         cycle_max_ms=max((c.ms for c in cycles), default=math.nan),
         queries_per_cycle=statistics.fmean(c.queries for c in cycles) if cycles else math.nan,
         writes_per_cycle="/".join(c.writes for c in cycles),
-        cpu_share={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
-        requests={k: v - requests_before.get(k, 0.0) for k, v in requests_after.items()},
+        cpu_share=_since(cpu_before, cpu_after),
+        requests=_since(requests_before, requests_after),
     )
 
 
@@ -368,7 +377,7 @@ def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progres
             _ = response.data  # read to the end, so the connection goes back to the pool
 
     progress(f"   applying {count} resources and their children, no operator")
-    cpu_before, requests_before = _cpu_by_process(pids), _apiserver_requests(api)
+    cpu_before, requests_before = _usage(api, pids)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=OperatorConfig.load().workers) as pool:
         list(pool.map(create, range(count)))
@@ -380,7 +389,7 @@ def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progres
         if ready == count:
             break
         time.sleep(1.0)
-    cpu_after, requests_after = _cpu_by_process(pids), _apiserver_requests(api)
+    cpu_after, requests_after = _usage(api, pids)
     nan = math.nan
     return Result(
         count=count, floor=True, apply_seconds=nan, ready_after_last_apply=nan,
@@ -388,8 +397,8 @@ def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progres
         e2e_p99=nan, reconcile_p50_ms=nan, reconcile_p99_ms=nan, requests_per_reconcile=nan,
         requests_per_resource=nan, peak_rss_mb=nan, cpu_seconds=nan, all_ready=ready == count, cycle_p50_ms=nan,
         cycle_max_ms=nan, queries_per_cycle=nan, writes_per_cycle="-",
-        cpu_share={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
-        requests={k: v - requests_before.get(k, 0.0) for k, v in requests_after.items()},
+        cpu_share=_since(cpu_before, cpu_after),
+        requests=_since(requests_before, requests_after),
     )  # fmt: skip
 
 
