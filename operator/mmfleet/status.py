@@ -71,6 +71,14 @@ class Observed:
     cache_problem: tuple[str, str] | None = None  # (reason, message) from ``shared_cache_problem``
 
 
+@dataclass(frozen=True)
+class InvalidSpec:
+    """A spec that failed validation: no children can be rendered from it, so only its problems are known."""
+
+    problems: list[str]
+    generation: int | None
+
+
 def scheduling_failure(pod: dict[str, Any]) -> PodProblem | None:
     """Why the scheduler found no node for a pod (PodScheduled False), or None."""
     for entry in (pod.get("status") or {}).get("conditions") or []:
@@ -216,9 +224,14 @@ def shared_cache_problem(inference: MultimodalInference, claim: dict[str, Any] |
 
 
 def compute_status(
-    inference: MultimodalInference, observed: Observed, previous: MultimodalInferenceStatus | None, now: datetime
+    inference: MultimodalInference | InvalidSpec,
+    observed: Observed,
+    previous: MultimodalInferenceStatus | None,
+    now: datetime,
 ) -> MultimodalInferenceStatus:
     """The whole status, the autoscaler's part included, from the spec and what was observed."""
+    if isinstance(inference, InvalidSpec):
+        return _invalid_status(inference, previous, now)
     generation = inference.metadata.generation
     before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
     base, kept = _scaling_part(inference, observed.scaling, previous, before, now)
@@ -295,10 +308,11 @@ def compute_status(
     )
 
 
-def invalid_status(
-    problems: list[str], generation: int | None, previous: MultimodalInferenceStatus | None, now: datetime
+def _invalid_status(
+    spec: InvalidSpec, previous: MultimodalInferenceStatus | None, now: datetime
 ) -> MultimodalInferenceStatus:
     """A spec the operator cannot serve: say why on Ready, and leave running children alone."""
+    problems, generation = spec.problems, spec.generation
     before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
     message = "; ".join(problems)
     conditions = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mmfleet.autoscaler import Decision, Observation, Policy
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines import FAMILIES, Profile, baselines, build, grid
 from mmfleet_lab.bench.baselines.aibrix import AibrixApaPolicy
 from mmfleet_lab.bench.baselines.dynamo import DynamoPlannerPolicy
@@ -25,9 +25,10 @@ from mmfleet_lab.bench.baselines.knative import KpaPolicy
 from mmfleet_lab.bench.baselines.kubeai import KubeAiPolicy
 from mmfleet_lab.bench.baselines.static import StaticPolicy
 from mmfleet_lab.bench.baselines.wva import WvaSaturationPolicy
+from mmfleet_lab.twin.policy import LabObservation, Policy
 
 
-def obs(**kw: Any) -> Observation:
+def obs(**kw: Any) -> LabObservation:
     """A fleet of 4 Ready replicas at modest load; override what a test is about."""
     base: dict[str, Any] = {
         "time": 0.0,
@@ -49,10 +50,10 @@ def obs(**kw: Any) -> Observation:
         "generation_tokens_rate": 1200.0,
     }
     base.update(kw)
-    return Observation(**base)
+    return LabObservation(**base)
 
 
-def run(policy: Policy, observations: list[Observation]) -> list[Decision]:
+def run(policy: Policy, observations: list[LabObservation]) -> list[Decision]:
     """Feed observations in order, carrying the state; each sees the replicas the previous one set."""
     state = policy.initial_state()
     out: list[Decision] = []

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from mmfleet.api import SloSpec, seconds
-from mmfleet.autoscaler import Observation
 from mmfleet_lab.bench import autoscale, slo_metrics
 from mmfleet_lab.bench.oracle import (
     Cell,
@@ -27,6 +26,7 @@ from mmfleet_lab.bench.oracle import (
     verified,
 )
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, capacity_at_slo, simulate
+from mmfleet_lab.twin.policy import LabObservation
 
 SLO = SloSpec(target="10s")
 WINDOW = 60.0
@@ -182,13 +182,13 @@ def test_smallest_searches_out_from_the_guess_then_bisects() -> None:
     assert _smallest(lambda k: k >= 31, 5, 1, 30) is None
 
 
-def obs(time: float, **kw: Any) -> Observation:
+def obs(time: float, **kw: Any) -> LabObservation:
     base: dict[str, Any] = {
         "time": time, "ready": 1, "starting": 0, "unschedulable": 0, "current": 1, "min_replicas": 1,
         "max_replicas": 100, "slo_target": 2.0, "slo_percentile": 90.0, "cold_start": 60.0,
     }  # fmt: skip
     base.update(kw)
-    return Observation(**base)
+    return LabObservation(**base)
 
 
 def test_schedule_policy_replays_the_plan_and_ignores_what_it_sees() -> None:

@@ -7,8 +7,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mmfleet.autoscaler import Decision, Observation, Policy
+from mmfleet.autoscaler import Decision, Observation
 from mmfleet.autoscaler.policy import SloPolicy, SloState, projected_backlog, rise_quantile, robust_trend
+from mmfleet_lab.twin.policy import Policy
 
 MU = 2.0  # req/s per replica at the SLO
 

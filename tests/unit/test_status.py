@@ -7,11 +7,11 @@ from typing import Any
 
 from mmfleet.api import MultimodalInference, MultimodalInferenceStatus
 from mmfleet.status import (
+    InvalidSpec,
     Observed,
     compute_status,
     desired_replicas,
     events,
-    invalid_status,
     pod_problems,
     shared_cache_problem,
 )
@@ -150,7 +150,8 @@ def test_desired_replicas_with_autoscaling_stays_in_bounds() -> None:
 
 def test_invalid_spec_fails_with_the_problem_and_keeps_counts() -> None:
     previous = compute_status(inference(), Observed(deployment=deployment(1, 1)), None, NOW)
-    status = invalid_status(["spec.backend.extraArgs[0]: --port=1 clashes"], 3, previous, NOW)
+    invalid = InvalidSpec(["spec.backend.extraArgs[0]: --port=1 clashes"], 3)
+    status = compute_status(invalid, Observed(), previous, NOW)
     assert status.phase == "Failed"
     ready = next(c for c in status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason) == ("False", "InvalidSpec")

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from mmfleet.api import SloSpec
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Workload
 from mmfleet_lab.twin.fleet import Fleet
+from mmfleet_lab.twin.policy import LabObservation
 
 SLO = SloSpec(target="10s")
 
@@ -25,12 +26,12 @@ class Script:
     steps: list[tuple[float, int]]
     interval: float = 1.0
     name: str = "script"
-    seen: list[Observation] = field(default_factory=list)
+    seen: list[LabObservation] = field(default_factory=list)
 
     def initial_state(self) -> Any:
         return None
 
-    def decide(self, observation: Observation, state: Any) -> Decision:
+    def decide(self, observation: LabObservation, state: Any) -> Decision:
         self.seen.append(observation)
         n = observation.current
         for t, k in self.steps:

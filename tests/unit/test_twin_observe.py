@@ -56,6 +56,7 @@ def test_book_and_prometheus_sum_over_pods() -> None:
     for t in (0.0, 15.0, 30.0, 45.0, 60.0):
         prom.scrape(t, [(a, book.export(a), (1.0, 2.0, 0.5)), (b, book.export(b), (3.0, 0.0, 0.1))])
         book.observe("e2e", np.array([a, b]), np.array([0.4, 3.0]))  # one request each per 15 s
+        book.observe("ttft", np.array([a, b]), np.array([0.1, 0.3]))
         book.add(LAYOUT.success, np.array([a, b]), 1.0)
     view = query(prom, 60.0, slo_metric="e2e", slo_percentile=50, slo_window=60.0, rate_window=60.0)
     assert view.request_rate == pytest.approx(2 * 3.0 / 45.0 * (45.0 + 15.0) / 45.0 * 45.0 / 60.0, rel=1e-9)
@@ -63,6 +64,8 @@ def test_book_and_prometheus_sum_over_pods() -> None:
     # half the observations in (0.3, 0.5], half in (2.5, 5]: the median is the top of the (0.3, 0.5] bucket
     assert view.latency == pytest.approx(0.5)
     assert E2E_BUCKETS[1] == 0.5
+    # Dynamo's correction reads the mean, rate(_sum) / rate(_count), not a bucket bound
+    assert view.mean_ttft == pytest.approx(0.2) and view.mean_itl is None
 
 
 def test_missing_names_the_absent_series_as_the_operator_does() -> None:

@@ -1,14 +1,15 @@
-"""Autoscaling: what a policy sees (``Observation``), what it says (``Decision``), and the policies.
+"""Autoscaling: what the policy sees (``Observation``), what it says (``Decision``), and the policy.
 
-A policy is pure: ``decide(observation, state) -> Decision`` with its memory carried in ``state``,
-so the same code runs in the digital twin (``mmfleet_lab.twin``), in the benchmark and in the operator,
-and any run can be replayed from its observations.
+The policy is pure: ``decide(observation, state) -> Decision`` with its memory carried in ``state``,
+so the same code runs in the operator and in the digital twin (``mmfleet_lab.twin``, which extends
+``Observation`` with what the benchmark's baselines read), and any run can be replayed from its
+observations.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,6 @@ class Observation:
     waiting: float | None = None  # sum of num_requests_waiting over pods
     running: float | None = None  # sum of num_requests_running over pods
     kv_cache_usage: float | None = None  # mean over ready pods, 0..1
-    prompt_tokens_rate: float | None = None  # tokens/s
-    generation_tokens_rate: float | None = None  # tokens/s
-    # Added for the Dynamo planner baseline (ai-dynamo/dynamo docs/planner/sla_planner.md @240df6a), whose
-    # correction factors compare the observed mean TTFT and ITL with the profiled ones: means over the
-    # rate window, seconds.
-    mean_ttft: float | None = None
-    mean_itl: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def metrics_available(self) -> bool:
@@ -56,24 +49,3 @@ class Decision:
     replicas: int
     reason: str
     state: Any = None
-
-
-class Policy(Protocol):
-    """A scaling policy; ``name`` labels it in benchmark tables.
-
-    ``name`` and ``interval`` are read-only properties so that frozen dataclasses (every policy in
-    ``policy``, ``baselines`` and ``oracle``) satisfy the protocol; plain attributes still do.
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def interval(self) -> float:
-        """Seconds between decisions (HPA 15, KPA 2, ...); the harness calls decide this often."""
-
-    def initial_state(self) -> Any:
-        """The memory before the first observation."""
-
-    def decide(self, observation: Observation, state: Any) -> Decision:
-        """The replicas to set now; must not do I/O."""

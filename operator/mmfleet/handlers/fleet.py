@@ -160,7 +160,8 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
             inference = parse_spec(body)
         except SpecError as error:
             previous = previous_status(body)
-            invalid = status.invalid_status(error.problems, meta.get("generation"), previous, utc_now())
+            invalid_spec = status.InvalidSpec(error.problems, meta.get("generation"))
+            invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
             write_status(body, invalid, previous)
             raise kopf.PermanentError("; ".join(error.problems)) from None
         kube = get_kube()

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from mmfleet.api import SloSpec, seconds
-from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench import slo_metrics
 from mmfleet_lab.bench.oracle import Cell, fluid_lower_bound, fluid_replicas, initial_fleet, true_oracle
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
+from mmfleet_lab.twin.policy import Policy
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile, parse
 
 WINDOW = 60.0

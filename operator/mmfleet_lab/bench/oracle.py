@@ -30,9 +30,10 @@ import numpy as np
 import numpy.typing as npt
 
 from mmfleet.api import SloSpec, clamp_replicas, seconds
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench import slo_metrics
 from mmfleet_lab.twin import ReplicaParams, RunResult, Scenario, simulate
+from mmfleet_lab.twin.policy import LabObservation
 from mmfleet_lab.twin.replay import Replay
 
 IntArray = npt.NDArray[np.int64]
@@ -105,7 +106,7 @@ class SchedulePolicy:
     def initial_state(self) -> None:
         return None
 
-    def decide(self, observation: Observation, state: None) -> Decision:
+    def decide(self, observation: LabObservation, state: None) -> Decision:
         obs = observation
         if not self.replicas:
             return Decision(obs.current, f"empty schedule: holding {obs.current}", state)

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench import autoscale
 from mmfleet_lab.bench.autoscale import Progress, Row
 from mmfleet_lab.bench.baselines import FAMILIES, Profile, Setting, build, grid
 from mmfleet_lab.bench.baselines.static import StaticPolicy
 from mmfleet_lab.bench.traces import TRAIN, VALIDATION, tuning_scenarios
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, Scenario, Shipped, simulate
+from mmfleet_lab.twin.policy import Policy
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 
 TUNED = Path(__file__).resolve().parent / "tuned.json"

@@ -315,6 +315,8 @@ class MetricView:
     kv_cache_usage: float | None = None
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
+    mean_ttft: float | None = None
+    mean_itl: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
     # The series Prometheus has none of, named as the operator names them (``metrics.signals_for``):
     # a missing series is not the same as a NaN latency (series present, no request finished).
@@ -330,6 +332,13 @@ def _names(latency_metric: SloMetric | None, signals: Iterable[Signal]) -> tuple
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def mean_from_rates(rates: np.ndarray, hist: str) -> float | None:
+    """``rate(<hist>_sum) / rate(<hist>_count)``: None when nothing was observed in the window."""
+    off, bounds = HISTOGRAMS[hist]
+    total, count = rates[off + len(bounds) + 1], rates[off + len(bounds) + 2]
+    return float(total / count) if count > 0 else None
 
 
 def query(
@@ -355,8 +364,9 @@ def query(
     slo_rates = rates if slo_window == rate_window else prom.sum_rate(t, slo_window)
     gauges = prom.gauges(t)
     extra: dict[str, float] = {"prometheus_up": 1.0}
-    request_rate = arrival_rate = prompt_rate = gen_rate = None
+    request_rate = arrival_rate = prompt_rate = gen_rate = mean_ttft = mean_itl = None
     if rates is not None:
+        mean_ttft, mean_itl = mean_from_rates(rates, "ttft"), mean_from_rates(rates, "itl")
         request_rate = float(rates[LAYOUT.success])
         prompt_rate = float(rates[LAYOUT.prompt])
         gen_rate = float(rates[LAYOUT.generation])
@@ -385,6 +395,8 @@ def query(
         kv_cache_usage=kv,
         prompt_tokens_rate=prompt_rate,
         generation_tokens_rate=gen_rate,
+        mean_ttft=mean_ttft,
+        mean_itl=mean_itl,
         extra=extra,
         missing=missing,
     )

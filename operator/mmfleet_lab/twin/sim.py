@@ -10,11 +10,12 @@ from collections.abc import Callable
 import numpy as np
 
 from mmfleet.api import SloSpec, clamp_replicas, seconds
-from mmfleet.autoscaler import Observation, Policy, cycle
+from mmfleet.autoscaler import cycle
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import CLIENT_TIMEOUT_S, Engine, Workload
 from mmfleet_lab.twin.fleet import Fleet
 from mmfleet_lab.twin.observe import Prometheus, query
+from mmfleet_lab.twin.policy import LabObservation, Policy
 from mmfleet_lab.twin.replica import ReplicaParams
 from mmfleet_lab.twin.shipped import Shipped, fleet, signals
 from mmfleet_lab.twin.types import Requests, RunResult, Scenario
@@ -54,7 +55,7 @@ def simulate(
 
     The policy is called every ``policy.interval`` seconds, from the first multiple of it that is
     at least ``start`` (and past 0): until then the fleet serves at its initial size. A ``Policy``
-    sees an ``Observation`` built only from scraped metrics and API-server counts; ``Shipped`` (the
+    sees a ``LabObservation`` built only from scraped metrics and API-server counts; ``Shipped`` (the
     operator's ``cycle.decide``) sees what the operator's loop reads, for a fleet with ``slo`` and
     these replica bounds. The replicas decided are clamped to [min_replicas, max_replicas] and
     applied at once. The run starts with ``initial_replicas`` (default ``min_replicas``) Ready pods.
@@ -115,7 +116,7 @@ def simulate(
             outcome = policy.decide(inference, seen, t, state)
             state = outcome.memory
             return outcome.replicas, outcome.reason
-        obs = Observation(
+        obs = LabObservation(
             time=t,
             ready=ready,
             starting=starting,
@@ -134,6 +135,8 @@ def simulate(
             kv_cache_usage=view.kv_cache_usage,
             prompt_tokens_rate=view.prompt_tokens_rate,
             generation_tokens_rate=view.generation_tokens_rate,
+            mean_ttft=view.mean_ttft,
+            mean_itl=view.mean_itl,
             extra=view.extra,
         )
         decision = policy.decide(obs, state)

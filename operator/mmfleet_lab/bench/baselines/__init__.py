@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from mmfleet.autoscaler import Policy
 from mmfleet_lab.bench.baselines.aibrix import AibrixApaPolicy
 from mmfleet_lab.bench.baselines.dynamo import DynamoPlannerPolicy
 from mmfleet_lab.bench.baselines.hpa import HpaPolicy, HpaScalingPolicy, HpaScalingRules
@@ -28,6 +27,7 @@ from mmfleet_lab.bench.baselines.knative import KpaPolicy
 from mmfleet_lab.bench.baselines.kubeai import KubeAiPolicy
 from mmfleet_lab.bench.baselines.static import StaticPolicy
 from mmfleet_lab.bench.baselines.wva import WvaSaturationPolicy
+from mmfleet_lab.twin.policy import Policy
 
 Setting = Mapping[str, float | str]
 FAMILIES = ("static", "hpa", "keda", "knative-kpa", "aibrix-apa", "kubeai", "wva-saturation", "dynamo-planner")

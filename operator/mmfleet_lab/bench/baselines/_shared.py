@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
+from mmfleet_lab.twin.policy import LabObservation
 
 Samples = tuple[tuple[float, float], ...]  # (time, value), oldest first
 
@@ -39,7 +40,7 @@ def _within(ratio: float, tolerance: float) -> bool:
     return 1.0 - tolerance <= ratio <= 1.0 + tolerance
 
 
-def _inflight(obs: Observation) -> float | None:
+def _inflight(obs: LabObservation) -> float | None:
     if obs.running is None or obs.waiting is None:
         return None
     return obs.running + obs.waiting
@@ -58,12 +59,12 @@ def _little_target(target: float | None, capacity: float | None, mean_latency: f
     return capacity * mean_latency
 
 
-def _verdict(obs: Observation, wanted: int, text: str, state: object) -> Decision:
+def _verdict(obs: LabObservation, wanted: int, text: str, state: object) -> Decision:
     """The decision with its reason: the evidence, then the change (or that there is none)."""
     if wanted == obs.current:
         return Decision(wanted, f"{text}: holding {wanted}", state)
     return Decision(wanted, f"{text}: {obs.current} -> {wanted}", state)
 
 
-def _hold(obs: Observation, why: str, state: object) -> Decision:
+def _hold(obs: LabObservation, why: str, state: object) -> Decision:
     return Decision(obs.current, f"{why}: holding {obs.current}", state)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mmfleet.api import clamp_replicas
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     Samples,
     _hold,
@@ -18,6 +18,7 @@ from mmfleet_lab.bench.baselines._shared import (
     _s,
     _v,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class AibrixApaPolicy:
     def initial_state(self) -> AibrixApaState:
         return AibrixApaState()
 
-    def _per_pod(self, obs: Observation) -> float | None:
+    def _per_pod(self, obs: LabObservation) -> float | None:
         if obs.ready == 0:
             return None
         if self.metric == "kv_cache_usage":
@@ -68,7 +69,7 @@ class AibrixApaPolicy:
         inflight = _inflight(obs)
         return None if inflight is None else inflight / obs.ready
 
-    def decide(self, observation: Observation, state: AibrixApaState) -> Decision:
+    def decide(self, observation: LabObservation, state: AibrixApaState) -> Decision:
         obs = observation
         value = self._per_pod(obs)
         if value is None:

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmfleet.api import clamp_replicas
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     _hold,
     _s,
     _v,
     _verdict,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class DynamoPlannerPolicy:
         points = sorted(self.decode_profile)
         return float(np.interp(itl, [p[0] for p in points], [p[1] for p in points]))
 
-    def decide(self, observation: Observation, state: None) -> Decision:
+    def decide(self, observation: LabObservation, state: None) -> Decision:
         obs = observation
         if obs.starting > 0:
             return _hold(obs, f"{obs.starting} pods from the last adjustment still starting", state)

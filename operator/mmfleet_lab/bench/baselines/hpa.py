@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from mmfleet.api import clamp_replicas
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     Samples,
     _hold,
@@ -19,6 +19,7 @@ from mmfleet_lab.bench.baselines._shared import (
     _v,
     _within,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def hpa_normalize(
     return final, new
 
 
-def hpa_range_check(obs: Observation, low: int, high: int, state: object) -> Decision | None:
+def hpa_range_check(obs: LabObservation, low: int, high: int, state: object) -> Decision | None:
     """``reconcileAutoscaler``'s guards before any metric: disabled at 0, or straight back into [min, max]."""
     if obs.current == 0 and low != 0:
         return Decision(0, "scaling is disabled at 0 replicas: holding 0", state)
@@ -207,7 +208,7 @@ def hpa_range_check(obs: Observation, low: int, high: int, state: object) -> Dec
 
 
 def hpa_decide(
-    obs: Observation,
+    obs: LabObservation,
     state: HpaState,
     metric_desired: int,
     metric_text: str,
@@ -253,7 +254,7 @@ class HpaPolicy:
     def initial_state(self) -> HpaState:
         return HpaState()
 
-    def decide(self, observation: Observation, state: HpaState) -> Decision:
+    def decide(self, observation: LabObservation, state: HpaState) -> Decision:
         obs = observation
         low, high = obs.min_replicas, obs.max_replicas
         forced = hpa_range_check(obs, low, high, state)

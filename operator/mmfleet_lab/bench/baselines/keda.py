@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     _hold,
     _s,
@@ -20,6 +20,7 @@ from mmfleet_lab.bench.baselines.hpa import (
     hpa_decide,
     hpa_range_check,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class KedaPolicy:
     def initial_state(self) -> KedaState:
         return KedaState()
 
-    def decide(self, observation: Observation, state: KedaState) -> Decision:
+    def decide(self, observation: LabObservation, state: KedaState) -> Decision:
         obs = observation
         if obs.waiting is None and obs.request_rate is None and obs.arrival_rate is None:
             return _hold(obs, "Prometheus unreachable (KEDA scaler error)", state)

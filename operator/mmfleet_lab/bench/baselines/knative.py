@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 
 from mmfleet.api import clamp_replicas
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     Samples,
     _hold,
@@ -16,6 +16,7 @@ from mmfleet_lab.bench.baselines._shared import (
     _v,
     _verdict,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class KpaPolicy:
     def panic_window(self) -> float:
         return max(1.0, round(self.stable_window * self.panic_window_percentage / 100.0))
 
-    def decide(self, observation: Observation, state: KpaState) -> Decision:
+    def decide(self, observation: LabObservation, state: KpaState) -> Decision:
         obs = observation
         if not state.started:
             state = KpaState(started=True)

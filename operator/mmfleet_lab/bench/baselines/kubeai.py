@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from mmfleet.api import clamp_replicas
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     _hold,
     _inflight,
@@ -14,6 +14,7 @@ from mmfleet_lab.bench.baselines._shared import (
     _s,
     _v,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class KubeAiPolicy:
     def initial_state(self) -> KubeAiState:
         return KubeAiState()
 
-    def decide(self, observation: Observation, state: KubeAiState) -> Decision:
+    def decide(self, observation: LabObservation, state: KubeAiState) -> Decision:
         obs = observation
         active = _inflight(obs)
         if obs.ready == 0:

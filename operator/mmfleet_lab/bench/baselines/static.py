@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mmfleet.api import clamp_replicas
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
+from mmfleet_lab.twin.policy import LabObservation
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,6 @@ class StaticPolicy:
     def initial_state(self) -> None:
         return None
 
-    def decide(self, observation: Observation, state: None) -> Decision:
+    def decide(self, observation: LabObservation, state: None) -> Decision:
         n = clamp_replicas(self.replicas, observation.min_replicas, observation.max_replicas)
         return Decision(n, f"static {self.replicas} replicas", state)

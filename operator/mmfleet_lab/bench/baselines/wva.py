@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision
 from mmfleet_lab.bench.baselines._shared import (
     _hold,
     _v,
@@ -19,6 +19,7 @@ from mmfleet_lab.bench.baselines.hpa import (
     hpa_decide,
     hpa_range_check,
 )
+from mmfleet_lab.twin.policy import LabObservation
 
 WVA_HPA = HpaScalingRules(240.0, (HpaScalingPolicy("Pods", 10, 150.0),))  # the WVA chart's default behavior
 
@@ -41,7 +42,7 @@ class WvaSaturationPolicy:
     one replica fewer still leaves spare >= both triggers and at least 2 replicas are non-saturated.
     The result, ``wva_desired_replicas``, reaches the Deployment through an HPA on an External
     AverageValue metric with target 1 (tolerance 0.1) and the chart's behavior: 240 s stabilisation
-    both ways, 10 pods per 150 s. WVA reads each pod's peak KV and queue; the Observation has the
+    both ways, 10 pods per 150 s. WVA reads each pod's peak KV and queue; the LabObservation has the
     fleet's mean KV and summed queue, so every ready replica is taken to carry the mean.
 
     v1's +1 is inside the HPA's tolerance from 10 replicas on (11 / 10 = 1.1), so on a fleet of 20 it never
@@ -71,7 +72,7 @@ class WvaSaturationPolicy:
     def initial_state(self) -> WvaState:
         return WvaState()
 
-    def analyze(self, obs: Observation) -> tuple[int, str] | None:
+    def analyze(self, obs: LabObservation) -> tuple[int, str] | None:
         """One saturation analysis: the replicas WVA would emit and why; None without metrics."""
         if obs.kv_cache_usage is None or obs.waiting is None or obs.ready == 0:
             return None
@@ -99,7 +100,7 @@ class WvaSaturationPolicy:
             return max(1, obs.current - 1), f"{text}: spare after removing one, -1"
         return obs.current, f"{text}: no capacity action"
 
-    def _analyze_v2(self, obs: Observation, kv: float, waiting: float) -> tuple[int, str]:
+    def _analyze_v2(self, obs: LabObservation, kv: float, waiting: float) -> tuple[int, str]:
         isl = obs.prompt_tokens_rate / obs.request_rate if obs.prompt_tokens_rate and obs.request_rate else 0.0
         per_replica = self.kv_threshold * self.kv_capacity_tokens
         demand = (obs.ready * kv * self.kv_capacity_tokens + waiting * isl) / per_replica  # in replicas
@@ -113,7 +114,7 @@ class WvaSaturationPolicy:
             return max(1, obs.current - math.floor(spare)), f"{text}: spare {_v(spare)}"
         return obs.current, f"{text}: no capacity action"
 
-    def decide(self, observation: Observation, state: WvaState) -> Decision:
+    def decide(self, observation: LabObservation, state: WvaState) -> Decision:
         obs = observation
         note = ""
         if state.last_analysis is None or obs.time - state.last_analysis >= self.analyzer_interval:
