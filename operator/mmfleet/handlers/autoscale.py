@@ -18,9 +18,11 @@ from datetime import datetime
 from typing import Any
 
 import kopf
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from mmfleet import status
-from mmfleet.api import MultimodalInference
+from mmfleet import status, telemetry
+from mmfleet.api import MultimodalInference, seconds
 from mmfleet.autoscaler import cycle, metrics
 from mmfleet.handlers.fleet import resolve_cloud
 from mmfleet.handlers.state import (
@@ -84,13 +86,23 @@ def autoscale(
     # is missing for a moment, or whose spec is briefly invalid, keeps what it learned.
     for gone in STATE.scaling.keys() - {view.key for view in views}:
         STATE.scaling.pop(gone, None)
-    if prometheus is None:
-        readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
-    else:
-        readings = prometheus.read([metrics.Target.of(inference) for _, inference in fleets], now.timestamp())
-    # An empty context when no fleet was indexed yet, so there is nothing to post about.
-    context = STATE.kopf_context or contextvars.Context()
-    done = list(pool.map(lambda f: context.copy().run(_autoscale_fleet, f[0], f[1], readings, now, children), fleets))
+    tracer = telemetry.tracer()
+    with tracer.start_as_current_span(telemetry.AUTOSCALE_CYCLE, attributes={telemetry.FLEETS: len(fleets)}):
+        with tracer.start_as_current_span(telemetry.OBSERVE) as observe:
+            if prometheus is None:
+                readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
+            else:
+                readings = prometheus.read([metrics.Target.of(inference) for _, inference in fleets], now.timestamp())
+            telemetry.set_present(observe, {telemetry.QUERIES: readings.queries, telemetry.OUTAGE: readings.outage})
+        # The fleets' threads run in kopf's context, which has no span: the cycle's is handed over.
+        traced = Traced(otel_context.get_current(), observe.get_span_context())
+        # An empty context when no fleet was indexed yet, so there is nothing to post about.
+        context = STATE.kopf_context or contextvars.Context()
+        done = list(
+            pool.map(
+                lambda f: context.copy().run(_autoscale_fleet, f[0], f[1], readings, now, children, traced), fleets
+            )
+        )
     log.info(
         "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, %d status writes, in %.0f ms",
         len(fleets), readings.queries, " (failed)" if readings.outage else "", sum(s for s, _ in done),
@@ -99,25 +111,56 @@ def autoscale(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Traced:
+    """Where a fleet's decision span goes: under the cycle's span, linked to the Prometheus read it used."""
+
+    parent: otel_context.Context
+    observation: SpanContext
+
+
 def _autoscale_fleet(
-    view: FleetView, inference: MultimodalInference, readings: metrics.Readings, now: datetime, children: Children
+    view: FleetView,
+    inference: MultimodalInference,
+    readings: metrics.Readings,
+    now: datetime,
+    children: Children,
+    traced: Traced | None = None,
 ) -> tuple[bool, bool]:
     """Decide, scale, write status and post the event for one fleet; whether it scaled, and wrote status.
 
     The decision is made on the cycle's snapshot; the status from the children as they are under
     the lock, so it never undoes a newer refresh (a pod that turned Ready since the snapshot).
+    The decision is a span, linked to the observation (the Prometheus read) it was made on.
     """
     assert view.deployment is not None
     replicas = view.deployment.get("spec", {}).get("replicas")
     if replicas is None:
         return False, False
     meta = inference.metadata
+    with telemetry.tracer().start_as_current_span(
+        telemetry.DECIDE,
+        context=traced.parent if traced else None,
+        links=[Link(traced.observation)] if traced else (),
+        attributes=telemetry.fleet(meta.namespace, meta.name, meta.generation),
+    ) as span:
+        return _decide_fleet(view, inference, int(replicas), readings, now, children, span)
+
+
+def _decide_fleet(
+    view: FleetView,
+    inference: MultimodalInference,
+    replicas: int,
+    readings: metrics.Readings,
+    now: datetime,
+    children: Children,
+    span: Span,
+) -> tuple[bool, bool]:
+    meta = inference.metadata
     config = STATE.config
     try:
         with STATE.locks[view.key]:
-            seen = cycle.Seen(
-                int(replicas), cycle.count_pods(view.pods), readings.signals.get(view.key), readings.outage
-            )
+            seen = cycle.Seen(replicas, cycle.count_pods(view.pods), readings.signals.get(view.key), readings.outage)
             memory = STATE.scaling.get(view.key, cycle.Memory())
             outcome = cycle.decide(
                 inference,
@@ -128,6 +171,7 @@ def _autoscale_fleet(
                 default_cold_start=config.default_cold_start,
             )
             STATE.scaling[view.key] = outcome.memory
+            _describe(span, inference, seen, outcome, config.default_cold_start)
             kube = get_kube()
             if outcome.scaled:
                 kube.scale(meta.namespace, meta.name, outcome.replicas)
@@ -144,10 +188,43 @@ def _autoscale_fleet(
             wrote = write_status(view.body, status.compute_status(inference, observed, previous, now), previous)
             if outcome.scaled:
                 kopf_event(view.body, "Normal", outcome.event_reason, outcome.reason)
-    except Exception:  # one fleet's failure (an API error, a bug) must not stop the others
+    except Exception as error:  # one fleet's failure (an API error, a bug) must not stop the others
         log.exception("autoscaling %s/%s failed", meta.namespace, meta.name)
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
     return outcome.scaled, wrote
+
+
+def _describe(
+    span: Span, inference: MultimodalInference, seen: cycle.Seen, outcome: cycle.Outcome, default_cold_start: float
+) -> None:
+    """The decision and what it was made on: replicas before and after, the reason, the signals, the pods."""
+    signals = seen.signals or metrics.Signals()
+    slo = inference.spec.autoscaling.slo if inference.spec.autoscaling else None
+    cold_start = outcome.memory.cold_start
+    telemetry.set_present(
+        span,
+        {
+            telemetry.REPLICAS_BEFORE: outcome.current,
+            telemetry.REPLICAS_AFTER: outcome.replicas,
+            telemetry.SCALED: outcome.scaled,
+            telemetry.REASON: outcome.reason,
+            telemetry.LATENCY: signals.latency,
+            telemetry.REQUEST_RATE: signals.request_rate,
+            telemetry.WAITING: signals.waiting,
+            telemetry.RUNNING: signals.running,
+            telemetry.KV_CACHE_USAGE: signals.kv_cache_usage,
+            telemetry.MISSING: list(signals.missing) if signals.missing else None,
+            telemetry.OUTAGE: seen.outage,
+            telemetry.SLO_TARGET: seconds(slo.target) if slo else None,
+            telemetry.SLO_PERCENTILE: slo.percentile if slo else None,
+            telemetry.PODS_READY: seen.pods.ready,
+            telemetry.PODS_STARTING: seen.pods.starting,
+            telemetry.PODS_UNSCHEDULABLE: seen.pods.unschedulable,
+            telemetry.COLD_START: default_cold_start if cold_start is None else cold_start,
+        },
+    )
 
 
 async def autoscale_forever(

@@ -18,8 +18,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
+from opentelemetry.trace import Span
 
-from mmfleet import clouds, render, status
+from mmfleet import clouds, render, status, telemetry
 from mmfleet.api import GROUP, KIND, PLURAL, VERSION, MultimodalInference
 from mmfleet.handlers.state import (
     STATE,
@@ -151,7 +152,15 @@ def _hand_over_replicas(inference: MultimodalInference, live: Body | None) -> No
 
 
 def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> None:
-    """Bring the children in line with the spec and write status. Idempotent."""
+    """Bring the children in line with the spec and write status. Idempotent. One span, the applies and
+    the status write inside it."""
+    meta = body["metadata"]
+    attributes = telemetry.fleet(meta["namespace"], meta["name"], meta.get("generation"))
+    with telemetry.tracer().start_as_current_span(telemetry.RECONCILE, attributes=attributes) as span:
+        _reconcile(body, pods, live, prune, span)
+
+
+def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, span: Span) -> None:
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     started, requests_before = time.perf_counter(), get_kube().thread_requests()
@@ -164,14 +173,16 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
             invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
             write_status(body, invalid, previous)
             raise kopf.PermanentError("; ".join(error.problems)) from None
-        kube = get_kube()
         cloud = resolve_cloud(inference)
         children = render_children(inference, cloud, _monitoring_crds())
+        span.set_attributes(
+            {telemetry.CLOUD: cloud, telemetry.BACKEND: inference.spec.backend.name, telemetry.CHILDREN: len(children)}
+        )
         deployment: Body | None = None
         try:
             _hand_over_replicas(inference, live)
             for child in children:
-                applied = kube.apply(child)
+                applied = _apply(child)
                 STATE.applied[applied["metadata"]["uid"]] = _fingerprint(applied)
                 STATE.children[key].add(applied["metadata"]["uid"])
                 if child["kind"] == "Deployment":
@@ -192,6 +203,13 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
         (time.perf_counter() - started) * 1000,
         get_kube().thread_requests() - requests_before,
     )
+
+
+def _apply(child: Body) -> Body:
+    """One server-side apply, as a span of the reconcile that asked for it."""
+    attributes = {telemetry.CHILD_KIND: child["kind"], telemetry.CHILD_NAME: child["metadata"]["name"]}
+    with telemetry.tracer().start_as_current_span(telemetry.APPLY, attributes=attributes):
+        return get_kube().apply(child)
 
 
 def _prune(inference: MultimodalInference, children: list[Body]) -> None:
@@ -247,6 +265,8 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf keeps a worker per object (with its queue and last event) this long after its last
     # event; at the default 5 s, a burst of creations kept thousands alive at once.
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
+    if STATE.tracer_provider is None:
+        STATE.tracer_provider = telemetry.setup()
     log.info("mmfleet operator started: monitoring CRDs %s", "found" if _monitoring_crds() else "absent")
 
 
@@ -265,6 +285,9 @@ def _first(kwargs: dict[str, Any], name: str, key: Key) -> Body | None:
 @kopf.on.cleanup()
 def report_requests(**_: Any) -> None:
     log.info("API requests made: %d", get_kube().requests)
+    if STATE.tracer_provider is not None:  # send the last batch of spans
+        STATE.tracer_provider.shutdown()
+        STATE.tracer_provider = None
 
 
 # The indexes keep only what status and drift need: at 1,000 fleets, whole bodies (managedFields,

@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
+from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 
-from mmfleet import render, status
+from mmfleet import render, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
 from mmfleet.config import OperatorConfig
@@ -69,6 +70,8 @@ class State:
     parsed: dict[str, Parsed] = field(default_factory=dict)
     # A context of kopf's handlers, for kopf.event outside them (see remember_kopf_context).
     kopf_context: contextvars.Context | None = None
+    # The SDK's provider of the operator's own spans (mmfleet.telemetry.setup), None when they go nowhere.
+    tracer_provider: TracerProvider | None = None
 
 
 STATE = State()
@@ -156,7 +159,9 @@ def write_status(
     if previous is not None and previous.wire() == wire:
         STATE.written[key] = new
         return False
-    get_kube().patch_status(meta["namespace"], meta["name"], wire)
+    attributes = {**telemetry.fleet(*key, new.observed_generation), telemetry.PHASE: new.phase or ""}
+    with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
+        get_kube().patch_status(meta["namespace"], meta["name"], wire)
     STATE.written[key] = new
     for type_, reason, message in status.events(previous, new):
         kopf_event(body, type_, reason, message)

@@ -1,0 +1,209 @@
+"""The operator's own spans: what a reconcile and an autoscaling cycle record, read back from the SDK's memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from mmfleet import telemetry
+from mmfleet.autoscaler import cycle, metrics
+from mmfleet.handlers import autoscale, fleet
+from mmfleet.handlers.state import STATE, State, utc_now
+from mmfleet.kube import Kube
+
+EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def provider() -> None:
+    """The SDK's provider, once per process (the API refuses a second), exporting to memory."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        sdk = TracerProvider()
+        sdk.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        trace.set_tracer_provider(sdk)
+    current = trace.get_tracer_provider()
+    assert isinstance(current, TracerProvider)
+    if EXPORTER not in [getattr(p, "span_exporter", None) for p in current._active_span_processor._span_processors]:
+        current.add_span_processor(SimpleSpanProcessor(EXPORTER))
+
+
+@pytest.fixture(autouse=True)
+def fresh_state() -> Iterator[None]:
+    kept = {f.name: getattr(STATE, f.name) for f in dataclasses.fields(State)}
+    empty = State()
+    for name in kept:
+        setattr(STATE, name, getattr(empty, name))
+    EXPORTER.clear()
+    yield
+    for name, value in kept.items():
+        setattr(STATE, name, value)
+
+
+class FakeKube(Kube):
+    """The API server as far as one reconcile and one scale need it: applies echo with a uid, writes recorded."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+        self.scaled: list[int] = []
+        self.written: list[dict[str, Any]] = []
+
+    def apply(self, manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
+        self.applied.append(manifest)
+        meta = {**manifest["metadata"], "uid": f"uid-{len(self.applied)}", "generation": 1}
+        return {**manifest, "metadata": meta}
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        return None
+
+    def has_api(self, api_version: str, kind: str) -> bool:
+        return False
+
+    def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
+        self.scaled.append(replicas)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.written.append(status)
+
+    def thread_requests(self) -> int:
+        return 0
+
+
+def body(generation: int = 3, autoscaling: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "cloud": "eks", "replicas": 1}
+    if autoscaling:
+        spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": 8, "slo": {"target": "2s"}, "capacityPerReplica": 2.0}
+    return {
+        "apiVersion": "mmfleet.io/v1alpha1",
+        "kind": "MultimodalInference",
+        "metadata": {"name": "qwen", "namespace": "ml", "uid": f"u-{generation}", "generation": generation},
+        "spec": spec,
+    }
+
+
+def spans(name: str) -> list[ReadableSpan]:
+    return [s for s in EXPORTER.get_finished_spans() if s.name == name]
+
+
+def one(name: str) -> ReadableSpan:
+    found = spans(name)
+    assert len(found) == 1, [s.name for s in EXPORTER.get_finished_spans()]
+    return found[0]
+
+
+def test_a_reconcile_is_a_span_with_an_apply_per_child_and_the_status_write_inside() -> None:
+    kube = FakeKube()
+    STATE.kube = kube
+    fleet.reconcile(body(generation=3), [], None, prune=False)
+    reconcile = one(telemetry.RECONCILE)
+    assert dict(reconcile.attributes or {}) == {
+        telemetry.NAMESPACE: "ml",
+        telemetry.INFERENCE: "qwen",
+        telemetry.GENERATION: 3,
+        telemetry.CLOUD: "eks",
+        telemetry.BACKEND: "vllm",
+        telemetry.CHILDREN: len(kube.applied),
+    }
+    applies = spans(telemetry.APPLY)
+    assert [(s.attributes or {}).get(telemetry.CHILD_KIND) for s in applies] == [m["kind"] for m in kube.applied]
+    assert {(s.attributes or {}).get(telemetry.CHILD_NAME) for s in applies} >= {"qwen"}
+    write = one(telemetry.STATUS_WRITE)
+    assert (write.attributes or {})[telemetry.PHASE] == kube.written[0]["phase"]
+    for child in [*applies, write]:
+        assert child.parent is not None and child.parent.span_id == reconcile.context.span_id
+        assert child.context.trace_id == reconcile.context.trace_id
+
+
+def test_an_unchanged_status_is_no_write_and_no_span() -> None:
+    STATE.kube = FakeKube()
+    fleet.reconcile(body(), [], None, prune=False)
+    EXPORTER.clear()
+    fleet.reconcile(body(), [], None, prune=False)  # idempotent: nothing new to write
+    assert spans(telemetry.STATUS_WRITE) == []
+    assert len(spans(telemetry.RECONCILE)) == 1
+
+
+class FakePrometheus(metrics.Prometheus):
+    """Answers every read with the signals given, as one batched read would."""
+
+    def __init__(self, signals: metrics.Signals | None, outage: str | None = None) -> None:
+        self.signals = signals
+        self.outage = outage
+
+    def read(self, targets: Iterable[metrics.Target], at: float) -> metrics.Readings:
+        if self.outage:
+            return metrics.Readings(outage=self.outage, queries=1)
+        return metrics.Readings({t.key: self.signals or metrics.Signals() for t in targets}, queries=5)
+
+
+def _cycle(monkeypatch: pytest.MonkeyPatch, prometheus: metrics.Prometheus) -> FakeKube:
+    """One autoscaling cycle over one fleet at 2 replicas whose series have been read for two minutes."""
+    kube = FakeKube()
+    STATE.kube = kube
+    monkeypatch.setattr(autoscale, "kopf_event", lambda *args: None)  # kopf's posting needs its own context
+    key = ("ml", "qwen")
+    STATE.scaling[key] = cycle.Memory(metrics_since=(utc_now() - timedelta(minutes=2)).timestamp())
+    pod = {
+        "metadata": {"name": "qwen-1", "creationTimestamp": "2026-12-01T00:00:00+00:00"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {}}
+    view = autoscale.FleetView(key, body(autoscaling=True), deployment, [pod, pod])
+    with ThreadPoolExecutor(2) as pool:
+        autoscale.autoscale([view], prometheus, pool, lambda _: (deployment, [pod, pod]))
+    return kube
+
+
+def test_a_scale_decision_links_to_the_prometheus_read_it_was_made_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    signals = metrics.Signals(latency=9.0, request_rate=12.0, waiting=40.0, running=16.0, kv_cache_usage=0.9)
+    kube = _cycle(monkeypatch, FakePrometheus(signals))
+    assert kube.scaled, "the test needs a cycle that scales"
+    observe, decide, cycle_span = one(telemetry.OBSERVE), one(telemetry.DECIDE), one(telemetry.AUTOSCALE_CYCLE)
+    assert [link.context.span_id for link in decide.links] == [observe.context.span_id]
+    assert decide.links[0].context.trace_id == observe.context.trace_id
+    assert decide.parent is not None and decide.parent.span_id == cycle_span.context.span_id
+    assert (observe.attributes or {})[telemetry.QUERIES] == 5
+    attributes = dict(decide.attributes or {})
+    assert attributes[telemetry.REPLICAS_BEFORE] == 2
+    assert attributes[telemetry.REPLICAS_AFTER] == kube.scaled[0] > 2
+    assert attributes[telemetry.SCALED] is True
+    assert attributes[telemetry.REASON] == STATE.written[("ml", "qwen")].last_scale_reason
+    assert (attributes[telemetry.LATENCY], attributes[telemetry.REQUEST_RATE]) == (9.0, 12.0)
+    assert (attributes[telemetry.WAITING], attributes[telemetry.RUNNING]) == (40.0, 16.0)
+    assert attributes[telemetry.KV_CACHE_USAGE] == 0.9
+    assert (attributes[telemetry.SLO_TARGET], attributes[telemetry.SLO_PERCENTILE]) == (2.0, 90.0)
+    assert attributes[telemetry.PODS_READY] == 2
+    assert (attributes[telemetry.NAMESPACE], attributes[telemetry.INFERENCE]) == ("ml", "qwen")
+    write = one(telemetry.STATUS_WRITE)
+    assert write.parent is not None and write.parent.span_id == decide.context.span_id
+
+
+def test_a_hold_on_an_outage_says_why_and_sets_no_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = _cycle(monkeypatch, FakePrometheus(None, outage="http://prometheus:9090 unreachable"))
+    assert kube.scaled == []
+    decide = one(telemetry.DECIDE)
+    attributes = dict(decide.attributes or {})
+    assert attributes[telemetry.SCALED] is False
+    assert attributes[telemetry.REPLICAS_BEFORE] == attributes[telemetry.REPLICAS_AFTER] == 2
+    assert attributes[telemetry.OUTAGE] == "http://prometheus:9090 unreachable"
+    assert telemetry.LATENCY not in attributes and telemetry.REQUEST_RATE not in attributes  # unmeasured, not 0
+    assert (one(telemetry.OBSERVE).attributes or {})[telemetry.OUTAGE] == attributes[telemetry.OUTAGE]
+    assert [link.context.span_id for link in decide.links] == [one(telemetry.OBSERVE).context.span_id]
+
+
+def test_spans_go_where_the_standard_variables_say_and_nowhere_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert telemetry.endpoint({}) is None
+    assert telemetry.endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}) == "http://c:4317"
+    both = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:4317"}
+    assert telemetry.endpoint(both) == "http://t:4317"  # the signal's own variable wins, as in the SDK
+    for name in telemetry.ENDPOINT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert telemetry.setup() is None
