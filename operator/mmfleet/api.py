@@ -603,14 +603,20 @@ class MultimodalInferenceSpec(Model):
         return self.autoscaling is not None and self.autoscaling.enabled
 
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable"]
-CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable")
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable", "TracingReady"
+]
+CONDITION_TYPES: tuple[str, ...] = (
+    "Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable", "TracingReady"
+)  # fmt: skip
 
 
 class Condition(Model):
     """A status condition, as Kubernetes conventions define it."""
 
-    type: ConditionType = Field(description="Ready, Progressing, Degraded, ScalingLimited, SLOMet or MetricsAvailable.")
+    type: ConditionType = Field(
+        description="Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable or TracingReady."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
     message: str = Field(default="", max_length=32768, description="What happened, for a person.")

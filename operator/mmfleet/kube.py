@@ -111,11 +111,21 @@ class Kube:
             return None
 
     def list_objects(
-        self, api_version: str, kind: str, namespace: str | None = None, selector: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[Obj]:
+        """A list; ``field_selector`` (``metadata.name=x``) looks one object up with the list verb alone."""
         resource = self._resource(api_version, kind)
         self._count()
-        result = _json(self.dynamic.get(resource, namespace=namespace, label_selector=selector, serialize=False))
+        result = _json(
+            self.dynamic.get(
+                resource, namespace=namespace, label_selector=selector, field_selector=field_selector, serialize=False
+            )
+        )
         items: list[Obj] = result.get("items", [])
         return items
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from mmfleet import render
 from mmfleet.api import (
@@ -27,7 +28,7 @@ BROKEN_WAITING_REASONS = frozenset(
     {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
 )
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
-WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True"}
+WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True", "TracingReady": "False"}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
 AUTOSCALER_CONDITIONS = ("ScalingLimited", "SLOMet", "MetricsAvailable")
 
@@ -57,6 +58,61 @@ class Scaling:
 
 
 @dataclass(frozen=True)
+class TracingSeen:
+    """Where a fleet's pods send their spans, and whether the in-cluster Service that endpoint names exists."""
+
+    endpoint: str
+    from_spec: bool  # spec.tracing.endpoint; else the cloud profile's collector
+    cloud: str
+    service: tuple[str, str] | None = None  # (namespace, name) the endpoint names; None: not an in-cluster name
+    found: bool | None = None  # whether that Service exists; None when not looked up
+
+
+def collector_service(endpoint: str, namespace: str) -> tuple[str, str] | None:
+    """The (namespace, name) of the Service an OTLP endpoint names in cluster DNS, or None for any other host.
+
+    ``name.ns.svc[.cluster.local]`` names a Service in ``ns``; a bare ``name`` resolves, through the pod's
+    DNS search path, to a Service in the pod's own namespace. Anything else (an IP, a cloud endpoint) is
+    outside what the operator can check.
+    """
+    host = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}").hostname or ""
+    labels = host.split(".")
+    if len(labels) >= 3 and labels[2] == "svc" and (len(labels) == 3 or ".".join(labels[3:]) == "cluster.local"):
+        return labels[1], labels[0]
+    if len(labels) == 1 and labels[0] and not labels[0].isdigit() and labels[0] != "localhost":
+        return namespace, labels[0]
+    return None
+
+
+def tracing_row(seen: TracingSeen) -> ConditionRow:
+    """TracingReady: where the spans go, or why they cannot get there."""
+    where = "spec.tracing.endpoint" if seen.from_spec else f"the {seen.cloud} profile's collector"
+    if seen.service is None:
+        return ("TracingReady", True, "EndpointOutsideCluster", f"spans go to {seen.endpoint} ({where}); not checked")
+    namespace, name = seen.service
+    if seen.found is None:
+        return ("TracingReady", None, "NotChecked", f"Service {namespace}/{name} of {seen.endpoint} not looked up yet")
+    if not seen.found:
+        fix = (
+            "fix spec.tracing.endpoint"
+            if seen.from_spec
+            else "install the collector (docs/tracing.md) or set spec.tracing.endpoint"
+        )
+        return (
+            "TracingReady",
+            False,
+            "CollectorNotFound",
+            f"no Service {name} in namespace {namespace}: the spans sent to {seen.endpoint} ({where}) are lost; {fix}",
+        )
+    return (
+        "TracingReady",
+        True,
+        "CollectorFound",
+        f"spans go to {seen.endpoint} ({where}), Service {namespace}/{name}",
+    )
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the operator saw of the children, and, from the autoscaling loop, what its cycle concluded.
 
@@ -69,6 +125,8 @@ class Observed:
     cloud: str | None = None
     scaling: Scaling | None = None
     cache_problem: tuple[str, str] | None = None  # (reason, message) from ``shared_cache_problem``
+    # With spec.tracing.enabled: where spans go, as last looked up; None keeps the previous TracingReady.
+    tracing: TracingSeen | None = None
 
 
 @dataclass(frozen=True)
@@ -243,8 +301,10 @@ def compute_status(
         "backend": inference.spec.backend.name,
     }
 
+    tracing = _tracing_part(inference, observed.tracing, before, now)
+
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
-        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept]}
+        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing]}
         return MultimodalInferenceStatus.model_validate({k: v for k, v in body.items() if v is not None})
 
     deployment = observed.deployment
@@ -306,6 +366,22 @@ def compute_status(
         readyReplicas=ready,
         desiredReplicas=desired,
     )
+
+
+def _tracing_part(
+    inference: MultimodalInference, seen: TracingSeen | None, before: dict[str, Condition], now: datetime
+) -> list[Condition]:
+    """TracingReady while spec.tracing.enabled, from what was seen, else as last written (Unknown before that)."""
+    if not inference.spec.tracing.enabled:
+        return []
+    if seen is None:
+        if "TracingReady" in before:
+            return [before["TracingReady"]]
+        row: ConditionRow = ("TracingReady", None, "NotChecked", "the collector has not been looked up yet")
+    else:
+        row = tracing_row(seen)
+    kind, ok, reason, message = row
+    return [condition(kind, ok, reason, message, before, now, inference.metadata.generation)]
 
 
 def _invalid_status(

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mmfleet import telemetry
 from mmfleet.autoscaler import cycle, metrics
-from mmfleet.handlers import autoscale, fleet
+from mmfleet.handlers import autoscale, fleet, state
 from mmfleet.handlers.state import STATE, State, utc_now
 from mmfleet.kube import Kube
 
@@ -76,9 +76,26 @@ class FakeKube(Kube):
     def thread_requests(self) -> int:
         return 0
 
+    services: list[str] = []  # noqa: RUF012 (the Services that exist, by name)
+    listed = 0
 
-def body(generation: int = 3, autoscaling: bool = False) -> dict[str, Any]:
+    def list_objects(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        self.listed += 1
+        name = (field_selector or "").removeprefix("metadata.name=")
+        return [{"metadata": {"name": name}}] if name in self.services else []
+
+
+def body(generation: int = 3, autoscaling: bool = False, tracing: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "cloud": "eks", "replicas": 1}
+    if tracing:
+        spec["tracing"] = {"enabled": True}
     if autoscaling:
         spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": 8, "slo": {"target": "2s"}, "capacityPerReplica": 2.0}
     return {
@@ -207,3 +224,24 @@ def test_spans_go_where_the_standard_variables_say_and_nowhere_without_them(monk
     for name in telemetry.ENDPOINT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert telemetry.setup() is None
+
+
+def test_tracing_ready_follows_the_collector_service_looked_up_once_for_all_fleets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[tuple[str, ...]] = []
+    monkeypatch.setattr(state, "kopf_event", lambda body, *event: events.append(event))
+    kube = FakeKube()
+    STATE.kube = kube
+    fleet.reconcile(body(generation=1, tracing=True), [], None, prune=False)
+    fleet.reconcile(body(generation=2, tracing=True), [], None, prune=False)
+    assert kube.listed == 1  # cached for COLLECTOR_CACHE_SECONDS
+    condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
+    assert (condition["status"], condition["reason"]) == ("False", "CollectorNotFound")
+    assert events == [("Warning", "CollectorNotFound", condition["message"])]
+    kube.services = ["mmfleet-otel-collector"]
+    STATE.collectors.clear()  # as if the cache had expired
+    fleet.reconcile(body(generation=3, tracing=True), [], None, prune=False)
+    condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
+    assert (condition["status"], condition["reason"]) == ("True", "CollectorFound")
+    assert STATE.tracing[("ml", "qwen")] is not None  # what the autoscaler's status writes carry

@@ -184,6 +184,7 @@ def _decide_fleet(
                 cloud=resolve_cloud(inference),
                 scaling=outcome.scaling(),
                 cache_problem=STATE.cache_problems.get(view.key),
+                tracing=STATE.tracing.get(view.key),
             )
             wrote = write_status(view.body, status.compute_status(inference, observed, previous, now), previous)
             if outcome.scaled:

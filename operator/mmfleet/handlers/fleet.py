@@ -52,6 +52,8 @@ RESYNC_SECONDS = 300
 STATUS_DEBOUNCE = 1.0
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 WORKER_IDLE_SECONDS = 1.0
+# A collector Service installed or removed shows in TracingReady within this long (one look-up for all fleets).
+COLLECTOR_CACHE_SECONDS = 60
 
 
 def _fingerprint(obj: Mapping[str, Any]) -> tuple[int, str]:
@@ -107,12 +109,44 @@ def _cache_problem(inference: MultimodalInference) -> tuple[str, str] | None:
     return problem
 
 
+def _collector_exists(namespace: str, name: str) -> bool:
+    """Whether the Service exists, looked up at most once per ``COLLECTOR_CACHE_SECONDS`` for all fleets.
+
+    A list by name rather than a get: the operator's ClusterRole lists Services, it does not get them.
+    """
+    known = STATE.collectors.get((namespace, name))
+    if known is not None and time.monotonic() - known[1] < COLLECTOR_CACHE_SECONDS:
+        return known[0]
+    found = bool(get_kube().list_objects("v1", "Service", namespace, field_selector=f"metadata.name={name}"))
+    STATE.collectors[(namespace, name)] = (found, time.monotonic())
+    return found
+
+
+def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen | None:
+    """Where the fleet's spans go and whether that collector's Service exists, remembered for the autoscaler."""
+    meta, tracing = inference.metadata, inference.spec.tracing
+    seen = None
+    if tracing.enabled:
+        endpoint = render.tracing_endpoint(inference, clouds.get(cloud)) or ""
+        service = status.collector_service(endpoint, meta.namespace)
+        found = None
+        if service is not None:
+            try:
+                found = _collector_exists(*service)
+            except Exception as error:  # the condition says Unknown; the fleet is served all the same
+                log.warning("looking up the collector Service %s/%s failed: %s", *service, error)
+        seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud, service, found)
+    STATE.tracing[(meta.namespace, meta.name)] = seen
+    return seen
+
+
 def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
     observed = status.Observed(
         deployment=deployment,
         pod_problems=status.pod_problems(pods),
         cloud=cloud,
         cache_problem=_cache_problem(inference),
+        tracing=_tracing(inference, cloud),
     )
     meta = inference.metadata
     previous = last_status((meta.namespace, meta.name), body)
@@ -351,6 +385,7 @@ async def forget_fleet(event: kopf.RawEvent, namespace: str | None, name: str, *
     STATE.written.pop(key, None)
     STATE.scaling.pop(key, None)
     STATE.cache_problems.pop(key, None)
+    STATE.tracing.pop(key, None)
     for child in STATE.children.pop(key, set()):
         STATE.applied.pop(child, None)
 
