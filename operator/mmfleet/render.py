@@ -144,6 +144,7 @@ def server_context(inference: MultimodalInference, cloud: CloudProfile) -> Serve
         cache_dir=cache_dir,
         download_dir=f"{cache_dir}/models",
         shared_cache_dir=SHARED_CACHE_DIR if shared else None,
+        cloud=cloud.name,
     )
 
 

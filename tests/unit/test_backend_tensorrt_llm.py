@@ -44,7 +44,7 @@ def flags(ctx: ServerContext) -> dict[str, str]:
 
 
 def env(ctx: ServerContext) -> dict[str, object]:
-    return {str(e["name"]): e["value"] for e in BACKEND.env(ctx)}
+    return {str(e["name"]): e.get("value", e.get("valueFrom")) for e in BACKEND.env(ctx)}
 
 
 def options(ctx: ServerContext) -> dict[str, Any]:
@@ -170,6 +170,11 @@ def test_tracing_on_sets_endpoint_service_and_sampler() -> None:
     assert flags(ctx)["--otlp_traces_endpoint"] == "http://collector:4317"
     assert env(ctx) == {
         "HF_HOME": "/cache/huggingface",
+        "MMFLEET_POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "MMFLEET_POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=$(MMFLEET_POD_NAMESPACE),k8s.pod.name=$(MMFLEET_POD_NAME),"
+        "mmfleet.inference=qwen,mmfleet.model=Qwen/Qwen2.5-VL-7B-Instruct,mmfleet.backend=tensorrt-llm,"
+        "mmfleet.cloud=generic",
         "OTEL_SERVICE_NAME": "vl",
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
         "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",

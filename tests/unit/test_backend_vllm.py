@@ -42,7 +42,7 @@ def flags(ctx: ServerContext) -> dict[str, str]:
 
 
 def env(ctx: ServerContext) -> dict[str, object]:
-    return {str(e["name"]): e["value"] for e in BACKEND.env(ctx)}
+    return {str(e["name"]): e.get("value", e.get("valueFrom")) for e in BACKEND.env(ctx)}
 
 
 def test_command_starts_vllm_serve_with_the_model_positional() -> None:
@@ -159,7 +159,9 @@ def test_caches_go_to_the_cache_volume_and_env_names_are_unique() -> None:
     # Server-side apply keys env by name: a duplicate would fail the whole apply.
     names = [item["name"] for item in BACKEND.env(ctx)]
     assert len(names) == len(set(names))
-    assert all(isinstance(item["value"], str) for item in BACKEND.env(ctx))
+    assert all(
+        isinstance(item.get("value"), str) or "fieldRef" in item.get("valueFrom", {}) for item in BACKEND.env(ctx)
+    )
 
 
 def test_disable_log_stats_never_appears() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, Protocol
+from urllib.parse import quote
 
 from mmfleet.api import MultimodalInference, SloMetric
 
@@ -55,6 +56,7 @@ class ServerContext:
     download_dir: str
     # The shared claim's mount (spec.modelCache.volume shared), for caches that outlive the pod; else None.
     shared_cache_dir: str | None
+    cloud: str = "generic"  # the profile the fleet is rendered for, a resource attribute of its spans
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,51 @@ class Backend(Protocol):
 
     def drain_args(self, seconds: int) -> list[str]:
         """Flags that make SIGTERM finish in-flight requests for up to ``seconds``; empty if unsupported."""
+
+
+# The pod's own namespace and name from the downward API, for OTEL_RESOURCE_ATTRIBUTES to reference as $(VAR).
+POD_NAMESPACE_ENV = "MMFLEET_POD_NAMESPACE"
+POD_NAME_ENV = "MMFLEET_POD_NAME"
+
+
+def resource_attributes(ctx: ServerContext) -> dict[str, str]:
+    """What every span of a fleet's pod says about where it comes from (the twin's spans say the same)."""
+    inference = ctx.inference
+    return {
+        "k8s.namespace.name": f"$({POD_NAMESPACE_ENV})",
+        "k8s.pod.name": f"$({POD_NAME_ENV})",
+        "mmfleet.inference": inference.metadata.name,
+        "mmfleet.model": inference.spec.model.name,
+        "mmfleet.backend": inference.spec.backend.name,
+        "mmfleet.cloud": ctx.cloud,
+    }
+
+
+def otel_env(ctx: ServerContext) -> list[dict[str, object]]:
+    """The OpenTelemetry SDK variables both servers leave to the environment, with tracing on.
+
+    Both build their ``TracerProvider`` through ``Resource.create`` (vLLM with its own attributes,
+    TensorRT-LLM with none), which merges ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``
+    (``opentelemetry/sdk/resources/__init__.py``, ``OTELResourceDetector``), and neither passes a
+    sampler, so the SDK reads ``OTEL_TRACES_SAMPLER``/``_ARG``. The SDK URL-decodes each attribute value,
+    so ours are percent-encoded; the kubelet expands ``$(VAR)`` from the variables listed before it.
+    Parent-based: a caller's traceparent decides first, the ratio only for requests that arrive without one.
+    """
+    attributes = ",".join(
+        f"{key}={value if value.startswith('$(') else quote(value, safe='/:._-@')}"
+        for key, value in resource_attributes(ctx).items()
+    )
+    return [
+        {"name": POD_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "OTEL_SERVICE_NAME", "value": ctx.inference.served_name},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": attributes},
+        # Both servers read only the traces-specific variable, grpc by default, and ignore
+        # OTEL_EXPORTER_OTLP_PROTOCOL (vLLM tracing/otel.py and TensorRT-LLM llmapi/tracing.py get_span_exporter).
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "grpc"},
+        {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(ctx.inference.spec.tracing.sample_ratio)},
+    ]
 
 
 def get(name: str) -> Backend:

@@ -47,7 +47,9 @@ and still present on that ``main`` is taken to be in the pin.
   ``torch_compile_config``, and its default is None (``llmapi/llm_args.py``, read in the code index, whose
   hit did not report the commit), so nothing is torch.compiled at startup.
 - Tracing: ``llmapi/tracing.py`` (@0fb7f758) builds ``TracerProvider()`` with no sampler or resource. The
-  OTel SDK then reads ``OTEL_TRACES_SAMPLER``/``_ARG`` and ``OTEL_SERVICE_NAME``. The exporter protocol comes
+  OTel SDK then reads ``OTEL_TRACES_SAMPLER``/``_ARG``, and its default ``Resource.create({})`` reads
+  ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``. ``init_tracer`` runs once, in the OpenAI server's
+  process, where the request spans (``trace_span``) are made. The exporter protocol comes
   from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (grpc by default), and the exporter gets only ``endpoint=``,
   so unlike vLLM it is not forced insecure. ``OTEL_EXPORTER_OTLP_TRACES_INSECURE=true`` keeps a scheme-less
   collector address in plaintext. An ``https://`` endpoint stays TLS either way, because the SDK's gRPC
@@ -63,7 +65,7 @@ from typing import Any
 
 import yaml
 
-from mmfleet.backends import MetricNames, OwnedFlag, ServerContext
+from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, otel_env
 
 VERSION = "1.3.0rc29"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
@@ -158,16 +160,10 @@ class TensorRtLlmBackend:
             {"name": "HF_HOME", "value": f"{ctx.cache_dir}/huggingface"},
         ]
         if ctx.tracing_endpoint:
-            tracing = ctx.inference.spec.tracing
             # TensorRT-LLM passes no sampler, resource or TLS choice to the SDK (llmapi/tracing.py), so
-            # these decide them. parentbased keeps a caller's sampling decision from its traceparent.
-            env += [
-                {"name": "OTEL_SERVICE_NAME", "value": ctx.inference.served_name},
-                {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "grpc"},
-                {"name": "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "value": "true"},
-                {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
-                {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(tracing.sample_ratio)},
-            ]
+            # these decide them.
+            env += otel_env(ctx)
+            env.append({"name": "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "value": "true"})
         return env
 
     def llm_api_options(self, ctx: ServerContext) -> dict[str, Any]:

@@ -51,11 +51,24 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   AWS_ENDPOINT_URL into RUNAI_STREAMER_S3_ENDPOINT only when ``--model-loader-extra-config`` is given
   (``model_executor/model_loader/runai_streamer_loader.py``), so set both; the credentials Secret
   (spec.model.credentialsSecret) carries them.
-- Tracing: ``tracing/otel.py`` builds ``TracerProvider(resource=Resource.create(...))`` with no
-  sampler, and the OTel SDK then reads ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
-  (``opentelemetry/sdk/trace/sampling.py`` ``_get_from_env_or_default``); ``Resource.create`` merges
-  ``OTEL_SERVICE_NAME``. The exporter protocol comes from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
-  (grpc by default, and vLLM's gRPC exporter is always ``insecure=True``).
+- Tracing: ``tracing/otel.py`` (read @40eeb0c5, and unchanged in substance where a later ``main``
+  moved it to ``foundation/observability/tracing/otel.py`` @055e47c2) has ``init_tracer`` build
+  ``TracerProvider(resource=Resource.create({vllm.instrumenting_module_name, vllm.process_id}))`` with no
+  sampler, so the OTel SDK reads ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
+  (``opentelemetry/sdk/trace/sampling.py`` ``_get_from_env_or_default``), and ``Resource.create`` merges
+  ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``. ``init_tracer`` writes the flag's value to
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` for child processes (``init_otel_worker`` reads it back). The
+  exporter protocol comes from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` only (grpc by default;
+  ``OTEL_EXPORTER_OTLP_PROTOCOL`` is ignored), and the gRPC exporter is built ``insecure=True`` (the SDK
+  still uses TLS for an ``https://`` endpoint). Known defect, open upstream as vllm-project/vllm#56719:
+  ``init_tracer`` runs in ``AsyncLLM.__init__`` before the engine core is started, and when it is
+  forked (``VLLM_WORKER_MULTIPROC_METHOD`` defaults to ``fork`` in ``envs.py``) the child's own
+  ``set_tracer_provider`` is refused (the "already set" flag is inherited) and its spans go to the
+  parent's batch processor, whose thread did not survive the fork: engine, worker and loading spans
+  are lost. The request spans are made in the API server process and are not affected. ``env()`` sets
+  ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` with tracing on (``envs.py``: "Both spawn and fork work").
+  vllm-project/vllm#56696 ("--otlp-traces-endpoint ... never sends spans") was closed by its reporter
+  as a collector-side problem, not a vLLM defect.
 - Shared cache (spec.modelCache.volume shared). ``VLLM_CACHE_ROOT`` (``envs.py``; default
   ``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``) roots every vLLM cache. The torch.compile cache is
   ``$VLLM_CACHE_ROOT/torch_compile_cache/<hash>/rank_<r>_<dp>/`` where the hash covers the env factors
@@ -81,7 +94,7 @@ from __future__ import annotations
 import json
 
 from mmfleet.api import Attention
-from mmfleet.backends import MetricNames, OwnedFlag, ServerContext
+from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, otel_env
 
 VERSION = "0.33.0"
 IMAGE = f"vllm/vllm-openai:v{VERSION}"
@@ -205,16 +218,13 @@ class VllmBackend:
             # spec share them and a changed spec gets a new directory.
             env.append({"name": "VLLM_CACHE_ROOT", "value": f"{ctx.shared_cache_dir}/vllm"})
         if ctx.tracing_endpoint:
-            tracing = ctx.inference.spec.tracing
             # vLLM passes no sampler to TracerProvider, so the SDK takes it from these
-            # (tracing/otel.py; opentelemetry/sdk/trace/sampling.py). parentbased keeps a
-            # caller's sampling decision from its traceparent header.
-            env += [
-                {"name": "OTEL_SERVICE_NAME", "value": ctx.inference.served_name},
-                {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "grpc"},
-                {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
-                {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(tracing.sample_ratio)},
-            ]
+            # (tracing/otel.py; opentelemetry/sdk/trace/sampling.py).
+            env += otel_env(ctx)
+            # The engine core started by fork keeps the parent's tracer provider, whose export thread
+            # died in the fork, and its spans are lost (see the module docstring, "Tracing"); spawned,
+            # it builds its own from OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, which init_tracer exported.
+            env.append({"name": "VLLM_WORKER_MULTIPROC_METHOD", "value": "spawn"})
         return env
 
     def config_files(self, ctx: ServerContext) -> dict[str, str]:
