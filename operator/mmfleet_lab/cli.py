@@ -118,7 +118,10 @@ def cmd_twin_serve(args: argparse.Namespace) -> int:
             seed=args.seed,
             traces=Path(args.traces) if args.traces else None,
         )
-        return serve.serve(args.cluster, spec, port=args.port, profile=args.profile)
+        from mmfleet import telemetry
+
+        otlp = args.otlp_endpoint if args.otlp_endpoint is not None else telemetry.endpoint()
+        return serve.serve(args.cluster, spec, port=args.port, profile=args.profile, otlp_endpoint=otlp or None)
     except ValueError as error:
         print(f"mmfleet twin serve: {error}", file=sys.stderr)
         return EXIT_INVALID
@@ -265,6 +268,11 @@ def _twin_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p_serve.add_argument(
         "--traces", help="folder with the trace files (default: $MMFLEET_TRACES, else the twin's own copies)"
+    )
+    p_serve.add_argument(
+        "--otlp-endpoint",
+        help="OTLP/gRPC endpoint for the request spans of pods with spec.tracing.enabled, e.g. http://127.0.0.1:4317 "
+        "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else no spans)",
     )
     p_serve.set_defaults(func=cmd_twin_serve)
     from mmfleet_lab.twin.scenarios import BASES

@@ -101,6 +101,8 @@ class _State(NamedTuple):
     prev: np.ndarray
     where: np.ndarray  # _WAITING, _GONE or the running seat
     anext: np.ndarray  # assigned-list link (-1: none)
+    served_by: np.ndarray  # the replica a request was routed to (-1: none), for its trace (twin.serve)
+    started: np.ndarray  # when a replica first admitted it (-1: not yet): its queue ends, its encoder starts
     ttft: np.ndarray  # the Outcomes arrays, written in place
     e2e: np.ndarray
     itl: np.ndarray
@@ -152,6 +154,7 @@ def _run(
     prompt, gen, last_tok, first, vision_done = s.prompt, s.gen, s.last_tok, s.first, s.vision_done
     nxt, prv, ttft_of, e2e_of, itl_of = s.next, s.prev, s.ttft, s.e2e, s.itl
     where, anext, ahead, atail = s.where, s.anext, s.ahead, s.atail
+    served_by, started = s.served_by, s.started
     clock, kv_used, n_run, head, tail, n_wait = s.clock, s.kv_used, s.n_run, s.head, s.tail, s.n_wait
     counters, order, free = s.counters, s.order, s.free
     seat, seat_last = s.seat, s.seat_last
@@ -289,6 +292,8 @@ def _run(
                         continue
                     k = free[r, seats - n_run[r] - 1]
                     where[i] = k
+                    if started[i] < 0.0:
+                        started[i] = clock[r]
                     order[r, n_run[r]] = k
                     n_run[r] += 1
                     seat[r, k, _REQ] = i
@@ -448,6 +453,8 @@ def _run(
         vision_done[i] = vis_ms[i] <= 0
         where[i] = _WAITING
         anext[i] = -1
+        served_by[i] = best
+        started[i] = -1.0
         if atail[best] >= 0:
             anext[atail[best]] = i
         else:
@@ -552,6 +559,8 @@ class CompiledEngine:
             prev=np.full(n, -1, dtype=np.int64),
             where=np.full(n, _GONE, dtype=np.int64),
             anext=np.full(n, -1, dtype=np.int64),
+            served_by=np.full(n, -1, dtype=np.int64),
+            started=np.full(n, -1.0),
             ttft=self.outcomes.ttft,
             e2e=self.outcomes.e2e,
             itl=self.outcomes.itl,
@@ -570,6 +579,10 @@ class CompiledEngine:
             self._s = self._s._replace(**{k: np.concatenate((getattr(self._s, k), v)) for k, v in more.items()})
         self.n_rep += 1
         return rid
+
+    def placement(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For requests ``idx``: the replica each went to (-1: none), and when it was first admitted (-1: not yet)."""
+        return self._s.served_by[idx].copy(), self._s.started[idx].copy()
 
     def outstanding(self) -> np.ndarray:
         s = self._s

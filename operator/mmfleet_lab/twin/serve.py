@@ -19,6 +19,9 @@ This process stands in for the inference servers of every fleet on a local clust
   ``/healthz``. The serving pods are written as file_sd targets into the cluster's Prometheus
   (``mmfleet_lab.cluster.prometheus``), labelled as the rendered PodMonitor labels real pods.
 
+- Spans: given an OTLP endpoint, each finished request of a pod whose spec turns tracing on is a trace
+  with its queue, encoder, prefill and decode phases, under that pod's resource (``twin.spans``).
+
 It records itself in the cluster's state, so ``mmfleet cluster down`` stops it, and it ends cleanly
 on SIGTERM or SIGINT.
 """
@@ -31,7 +34,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,6 +42,7 @@ from types import FrameType
 from typing import Any, Final
 
 import numpy as np
+from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -53,6 +57,7 @@ from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Engine, Workload
 from mmfleet_lab.twin.observe import HISTOGRAMS, LAYOUT
 from mmfleet_lab.twin.replica import PROFILES, ReplicaParams
+from mmfleet_lab.twin.spans import PodTracing, RequestSpans, RequestTiming, otlp_exporter, pod_tracing
 from mmfleet_lab.twin.types import Requests
 
 COMPONENT = "twin"  # its name in the cluster's state
@@ -157,6 +162,7 @@ class PodView:
     model_name: str
     ready: bool
     deleting: bool
+    tracing: PodTracing | None = None  # what its server's OTel SDK would be set up with; None: no spans
 
     @property
     def serving(self) -> bool:
@@ -184,6 +190,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         or inference,
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
+        tracing=pod_tracing(pod),
     )
 
 
@@ -295,17 +302,30 @@ def exposition(backend: str, model_name: str, counters: np.ndarray, gauges: tupl
 class FleetTwin:
     """One fleet's replicas in a ``CompiledEngine``, advanced in wall-clock time (seconds since the twin started)."""
 
-    def __init__(self, namespace: str, inference: str, requests: Requests, params: ReplicaParams, now: float) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        inference: str,
+        requests: Requests,
+        params: ReplicaParams,
+        now: float,
+        spans: RequestSpans | None = None,
+    ) -> None:
         self.namespace = namespace
         self.inference = inference
-        work = Workload.build(requests, params)
-        self.arrival = work.arrival
-        self.engine: Engine = CompiledEngine(params, work)
+        self.work = Workload.build(requests, params)
+        self.arrival = self.work.arrival
+        self.compiled = CompiledEngine(params, self.work)
+        self.engine: Engine = self.compiled
         self.clock = now
         self.next = int(np.searchsorted(self.arrival, now, side="left"))  # earlier arrivals had nowhere to go
         self.pods: dict[str, PodView] = {}  # by name, as the API lists them now
         self.replicas: dict[str, int] = {}  # pod uid -> engine replica, from its first Ready
         self.dropped = 0
+        # Request spans (twin.spans): the pod behind each replica, and the routed requests not yet finished.
+        self.spans = spans
+        self.replica_pods: dict[int, PodView] = {}
+        self.unreported = np.empty(0, dtype=np.int64)
 
     def sync(self, pods: Iterable[PodView]) -> None:
         """Take the pods as the API shows them; a pod Ready for the first time becomes a replica."""
@@ -313,6 +333,8 @@ class FleetTwin:
         for pod in self.pods.values():
             if pod.ready and pod.uid not in self.replicas:
                 self.replicas[pod.uid] = self.engine.add_replica()
+            if pod.uid in self.replicas:
+                self.replica_pods[self.replicas[pod.uid]] = pod  # kept after the pod goes: its requests finish
         live = {p.uid for p in self.pods.values()}
         # A pod gone from the API is forgotten here; its replica finishes what it holds in the engine.
         self.replicas = {uid: rid for uid, rid in self.replicas.items() if uid in live}
@@ -330,6 +352,35 @@ class FleetTwin:
         self.engine.run(self.clock, now, idx, serving)
         self.next = end
         self.clock = now
+        if self.spans is not None:
+            self.unreported = np.concatenate((self.unreported, idx))
+            self._report(now)
+
+    def _report(self, now: float) -> None:
+        """A span for each request that finished, from the pod that served it; forget those the client gave up."""
+        assert self.spans is not None
+        pending = self.unreported
+        e2e = self.engine.outcomes.e2e[pending]
+        done = pending[np.isfinite(e2e)]
+        replicas, started = self.compiled.placement(done)
+        work, ttft = self.work, self.engine.outcomes.ttft
+        for i, rid, start in zip(done.tolist(), replicas.tolist(), started.tolist(), strict=True):
+            pod = self.replica_pods.get(rid)
+            if pod is None or pod.tracing is None:
+                continue
+            timing = RequestTiming(
+                request_id=f"twin-{self.namespace}-{self.inference}-{i}",
+                arrival=float(work.arrival[i]),
+                started=start,
+                encoder=float(work.vis_ms[i]) / 1000.0,
+                ttft=float(ttft[i]),
+                e2e=float(self.engine.outcomes.e2e[i]),
+                prompt_tokens=int(work.prompt[i]),
+                output_tokens=int(work.out[i]),
+            )
+            self.spans.emit(pod.uid, pod.tracing, timing)
+        open_ = pending[~np.isfinite(e2e)]
+        self.unreported = open_[work.deadline[open_] > now]
 
     def metrics(self, pod: str) -> bytes | None:
         """The pod's ``/metrics``; None while it has no replica (not Ready yet) or is unknown."""
@@ -351,7 +402,14 @@ class FleetTwin:
 class Twin:
     """Every fleet of one cluster; the main thread polls and advances, HTTP threads read metrics."""
 
-    def __init__(self, kube: Kube, spec: TrafficSpec, params: ReplicaParams, targets: Path | None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        spec: TrafficSpec,
+        params: ReplicaParams,
+        targets: Path | None,
+        exporter: Callable[[], SpanExporter] | None = None,
+    ) -> None:
         self.kube = kube
         self.spec = spec
         self.params = params
@@ -360,6 +418,8 @@ class Twin:
         self.fleets: dict[tuple[str, str], FleetTwin] = {}
         self.lock = threading.Lock()
         self.started = time.monotonic()
+        # Request spans go through ``exporter()`` (one per pod), timed on the wall clock of the twin's start.
+        self.spans = RequestSpans(exporter, time.time_ns()) if exporter is not None else None
         self._written: list[Target] | None = None
         self._api_down = False
 
@@ -381,7 +441,7 @@ class Twin:
             by_fleet.setdefault((pod.namespace, pod.inference), []).append(pod)
         for key in by_fleet.keys() - self.fleets.keys():
             requests = build_requests(self.spec, "/".join(key))
-            fleet = FleetTwin(*key, requests, self.params, self.now())
+            fleet = FleetTwin(*key, requests, self.params, self.now(), self.spans)
             with self.lock:
                 self.fleets[key] = fleet
             _log(self.now(), f"fleet {key[0]}/{key[1]}: {len(requests)} requests over {self.spec.duration:g}s")
@@ -462,8 +522,18 @@ def _handler(twin: Twin) -> type[BaseHTTPRequestHandler]:
 
 
 # ------------------------------------------------------------------------------------ main
-def serve(cluster_name: str, spec: TrafficSpec, *, port: int = 0, profile: str = DEFAULT_PROFILE) -> int:
-    """Run the twin against a local cluster until SIGTERM/SIGINT; returns the exit code."""
+def serve(
+    cluster_name: str,
+    spec: TrafficSpec,
+    *,
+    port: int = 0,
+    profile: str = DEFAULT_PROFILE,
+    otlp_endpoint: str | None = None,
+) -> int:
+    """Run the twin against a local cluster until SIGTERM/SIGINT; returns the exit code.
+
+    With ``otlp_endpoint`` (OTLP/gRPC), the pods whose spec turns tracing on send request spans there.
+    """
     if profile not in PROFILES:
         raise ValueError(f"--profile {profile!r}: choose from {', '.join(PROFILES)}")
     cluster = get(cluster_name)
@@ -474,7 +544,8 @@ def serve(cluster_name: str, spec: TrafficSpec, *, port: int = 0, profile: str =
         raise ClusterError(f"a twin (pid {other.pid}) already serves cluster {cluster_name}; stop it first")
     build_requests(spec, "check")  # a missing trace file fails here, before anything starts
     targets = cluster.prometheus_targets / TARGETS_FILE if cluster.prometheus_url else None
-    twin = Twin(Kube(cluster.api_client()), spec, PROFILES[profile], targets)
+    exporter = otlp_exporter(otlp_endpoint) if otlp_endpoint else None
+    twin = Twin(Kube(cluster.api_client()), spec, PROFILES[profile], targets, exporter)
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(twin))
     server.daemon_threads = True
     twin.address = f"127.0.0.1:{server.server_address[1]}"
@@ -489,6 +560,8 @@ def serve(cluster_name: str, spec: TrafficSpec, *, port: int = 0, profile: str =
     spikes = ", ".join(f"x{s.factor:g} {s.start:g}-{s.end:g}s" for s in spec.spikes) or "no spikes"
     _log(0.0, f"serving on http://{twin.address} for cluster {cluster_name}: {spec.name} at {spec.rate:g} req/s")
     _log(0.0, f"  per fleet, {spikes}, for {spec.duration:g}s; replicas: {PROFILES[profile].name}")
+    if otlp_endpoint:
+        _log(0.0, f"  request spans of pods with spec.tracing.enabled: OTLP to {otlp_endpoint}")
     try:
         attach(cluster_name, COMPONENT, os.getpid())  # so that `mmfleet cluster down` stops it
         twin.run(stop)
@@ -496,5 +569,8 @@ def serve(cluster_name: str, spec: TrafficSpec, *, port: int = 0, profile: str =
         server.shutdown()
         server.server_close()
         twin.remove_targets()
+        if twin.spans is not None:
+            twin.spans.shutdown()
+            _log(twin.now(), f"sent {twin.spans.sent} request traces")
         _log(twin.now(), "stopped")
     return 0
