@@ -149,6 +149,18 @@ def test_without_arrival_rate_demand_is_completions_plus_growth_in_flight() -> N
     assert "demand 10 req/s" in d.reason  # 8 finished + 30 more in flight over 15 s
 
 
+def test_a_drained_backlog_is_not_read_as_demand() -> None:
+    """Completions over the rate window include a backlog drained within it; so must the in-flight change."""
+    policy, state = Learned(), SloState()
+    # 20 req/s arrive throughout; 600 queued requests drain between 15 s and 30 s, so the one-minute completion
+    # rate reads 30 req/s for the rest of the minute while in flight stays at its new level.
+    for t, inflight, done in ((0.0, 620.0, 20.0), (15.0, 620.0, 20.0), (30.0, 20.0, 30.0), (45.0, 20.0, 30.0),
+                              (60.0, 20.0, 30.0)):  # fmt: skip
+        d = policy.decide(obs(time=t, arrival_rate=None, request_rate=done, running=inflight, waiting=0.0), state)
+        state = d.state
+    assert "demand 20 req/s" in d.reason  # 30 finished - 600 drained over the minute; not 30 + 0
+
+
 # ---------------------------------------------------------------- bounds and unschedulable pods
 
 

@@ -34,7 +34,8 @@ from mmfleet.autoscaler.policy import SloPolicy
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
 ATTAINMENT_WINDOW = 3600.0  # s
-WARM_UP_S = seconds(RATE_WINDOW)  # the policy is asked once a fleet's series cover a whole rate window
+RATE_WINDOW_S = seconds(RATE_WINDOW)
+WARM_UP_S = RATE_WINDOW_S  # the policy is asked once a fleet's series cover a whole rate window
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> S
         settle=seconds(slo.window),
         stabilization=None if delay is None else seconds(delay),
         capacity_per_replica=autoscaling.capacity_per_replica,
+        rate_window=RATE_WINDOW_S,
     )
 
 
