@@ -24,9 +24,11 @@ system-deps:
 	  else echo "missing Debian packages:$$missing (run: sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
 
-## The Kubernetes, etcd and kwok binaries, built from their Go modules once into ~/.cache/mmfleet.
+## The Kubernetes, etcd and kwok binaries and the OpenTelemetry Collector, built from their Go modules once
+## into ~/.cache/mmfleet.
 binaries: install
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_binaries; ensure_binaries(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_collector; ensure_collector(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests
@@ -47,11 +49,14 @@ test: lint typecheck system-deps binaries
 demo: install system-deps binaries
 	$(BIN)/mmfleet demo
 
-## Regenerate what is generated from the models; tests fail when these drift.
+## Regenerate what is generated from the code (CRD, API docs, collector configurations); tests fail when these drift.
 crds: install
 	$(BIN)/mmfleet crd > crds/multimodalinferences.mmfleet.io.yaml
 	cp crds/multimodalinferences.mmfleet.io.yaml charts/mmfleet/crds/
 	$(BIN)/mmfleet docs api > docs/api.md
+	$(BIN)/mmfleet collector-config --cloud generic > manifests/base/collector-config.yaml
+	for c in eks aks ack; do $(BIN)/mmfleet collector-config --cloud $$c > manifests/overlays/$$c/collector-config.yaml; done
+	for c in generic eks aks ack; do $(BIN)/mmfleet collector-config --cloud $$c > charts/mmfleet/files/collector-$$c.yaml; done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -49,6 +49,30 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collector_config(args: argparse.Namespace) -> int:
+    """The collector configuration for a cloud; credentials stay ``${env:...}`` references."""
+    from mmfleet.clouds import collector
+
+    values: dict[str, Any] = {"cloud": args.cloud}
+    for field in ("region", "endpoint", "insecure", "ack_backend", "sls_project", "sls_logstore"):
+        if getattr(args, field) is not None:
+            values[field] = getattr(args, field)
+    attributes: dict[str, str] = {}
+    for item in args.resource_attribute:
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise SpecError([f"--resource-attribute: {item!r}: not KEY=VALUE"])
+        attributes[key] = value
+    if attributes:
+        values["resource_attributes"] = attributes
+    try:
+        settings = collector.CollectorSettings.parse(**values)
+    except ValueError as error:
+        raise SpecError(str(error).splitlines()) from None
+    sys.stdout.write(collector.to_yaml(collector.collector_config(settings), header=collector.header(settings)))
+    return 0
+
+
 def cmd_crd(_: argparse.Namespace) -> int:
     sys.stdout.write(crd.crd_yaml())
     return 0
@@ -94,7 +118,7 @@ def cmd_docs(_: argparse.Namespace) -> int:
     return 0
 
 
-OPERATOR_COMMANDS = ("render", "run", "crd", "docs")
+OPERATOR_COMMANDS = ("render", "run", "crd", "docs", "collector-config")
 # Where the lab (installed with the ``lab`` extra) adds its sub-commands: demo, bench, cluster, twin.
 COMMANDS_ENTRY_POINT = "mmfleet.commands"
 
@@ -146,6 +170,21 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
     p_docs = sub.add_parser("docs", help="print generated documentation")
     p_docs.add_argument("what", choices=["api"], help="api: the API reference (docs/api.md)")
     p_docs.set_defaults(func=cmd_docs)
+
+    p_collector = sub.add_parser("collector-config", help="print the OpenTelemetry Collector configuration for a cloud")
+    p_collector.add_argument("--cloud", choices=PROFILE_NAMES, default="generic", help="cloud (default: generic)")
+    p_collector.add_argument("--region", help="eks: the X-Ray region (default: ${env:AWS_REGION})")
+    p_collector.add_argument("--endpoint", help="where spans go (default: from the collector's Secret; eks: X-Ray)")
+    p_collector.add_argument(
+        "--insecure", action=argparse.BooleanOptionalAction, default=None, help="ack (arms), generic: no TLS"
+    )
+    p_collector.add_argument("--ack-backend", choices=["arms", "sls"], help="ack: ARMS (default) or SLS")
+    p_collector.add_argument("--sls-project", help="ack sls: the SLS project (default: from the Secret)")
+    p_collector.add_argument("--sls-logstore", help="ack sls: the logstore (default: from the Secret)")
+    p_collector.add_argument(
+        "--resource-attribute", action="append", default=[], metavar="KEY=VALUE", help="on every span (repeatable)"
+    )
+    p_collector.set_defaults(func=cmd_collector_config)
     if with_lab:
         missing = _add_lab_commands(sub)
         if missing:

@@ -104,7 +104,7 @@ def test_operator_commands_work_without_the_lab_and_its_dependencies(args: tuple
 def test_help_without_the_lab_lists_the_operator_commands_only() -> None:
     result = run("--help", without=LAB_MODULES)
     assert result.returncode == 0, result.stderr
-    assert "{render,run,crd,docs}" in result.stdout
+    assert "{render,run,crd,docs,collector-config}" in result.stdout
 
 
 def test_the_handlers_import_without_the_lab_and_its_dependencies() -> None:
@@ -118,7 +118,7 @@ def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> No
     result = run("bench", "autoscale", without=("numpy",))
     assert result.returncode == 2
     assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
-    assert "{render,run,crd,docs}" in run("--help", without=("numpy",)).stdout
+    assert "{render,run,crd,docs,collector-config}" in run("--help", without=("numpy",)).stdout
 
 
 def test_twin_profile_prints_the_capacity_as_a_spec_a_fleet_accepts() -> None:

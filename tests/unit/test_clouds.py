@@ -310,28 +310,28 @@ def test_gpu_resource_and_tracing_endpoint(cloud: str) -> None:
 
 def test_eks_exporter_signs_xray_otlp_with_sigv4() -> None:
     config = eks.PROFILE.collector_exporter()
-    exporter = config["exporters"]["otlphttp"]  # type: ignore[index]
+    exporter = config["exporters"]["otlp_http"]  # type: ignore[index]
     assert exporter["traces_endpoint"] == "https://xray.${env:AWS_REGION}.amazonaws.com/v1/traces"
     assert exporter["auth"] == {"authenticator": "sigv4auth"}
     assert config["extensions"] == {"sigv4auth": {"region": "${env:AWS_REGION}", "service": "xray"}}
 
 
-def test_aks_exporter_is_azuremonitor() -> None:
+def test_aks_exporter_is_azure_monitor() -> None:
     assert aks.PROFILE.collector_exporter() == {
-        "exporters": {"azuremonitor": {"connection_string": "${env:APPLICATIONINSIGHTS_CONNECTION_STRING}"}},
+        "exporters": {"azure_monitor": {"connection_string": "${env:APPLICATIONINSIGHTS_CONNECTION_STRING}"}},
         "extensions": {},
     }
 
 
 def test_ack_exporter_sends_arms_token() -> None:
-    otlp = ack.PROFILE.collector_exporter()["exporters"]["otlp"]  # type: ignore[index]
+    otlp = ack.PROFILE.collector_exporter()["exporters"]["otlp_grpc"]  # type: ignore[index]
     assert otlp["endpoint"] == "${env:ARMS_OTLP_ENDPOINT}"
     assert otlp["headers"] == {"Authentication": "${env:ARMS_TOKEN}"}
 
 
 def test_generic_exporter_is_plain_otlp() -> None:
     assert generic.PROFILE.collector_exporter() == {
-        "exporters": {"otlp": {"endpoint": "${env:OTLP_ENDPOINT}"}},
+        "exporters": {"otlp_grpc": {"endpoint": "${env:OTLP_ENDPOINT}"}},
         "extensions": {},
     }
 

@@ -29,7 +29,11 @@ Sources:
   with an older webhook the user must label the namespace.
 - Tracing: ARMS (Managed Service for OpenTelemetry) gRPC endpoint
   ``http://tracing-analysis-dc-<region>[-internal].aliyuncs.com:8090`` with header
-  ``Authentication: <token>`` and ``tls.insecure: true`` (help.aliyun.com/document_detail/407604.html).
+  ``Authentication: <token>`` and ``tls.insecure: true`` (help.aliyun.com/document_detail/407604.html),
+  through the ``otlp_grpc`` exporter (``otlp`` is its deprecated alias, collector v0.161.0).
+- SLS, the alternative: contrib ``alibabacloud_logservice`` exporter, keys ``endpoint``, ``project``,
+  ``logstore``, ``access_key_id``, ``access_key_secret`` (``exporter/alibabacloudlogserviceexporter/config.go``
+  v0.161.0); the keys come from the collector's Secret through the environment.
 - providerID ``<region-id>.<instance-id>`` with no scheme (e.g. ``cn-zhangjiakou.i-8vb2y0cdlriptkfer0ir``),
   or with an ``alicloud://`` prefix (kubernetes/cloud-provider-alibaba-cloud ``NodeFromProviderID``).
 """
@@ -58,7 +62,7 @@ PROFILE = Profile(
     exporter=MappingProxyType(
         {
             "exporters": {
-                "otlp": {
+                "otlp_grpc": {
                     "endpoint": "${env:ARMS_OTLP_ENDPOINT}",
                     "tls": {"insecure": True},
                     "headers": {"Authentication": "${env:ARMS_TOKEN}"},
@@ -67,4 +71,21 @@ PROFILE = Profile(
             "extensions": {},
         }
     ),
+)
+
+# The SLS alternative (mmfleet collector-config --cloud ack --ack-backend sls): project, logstore and endpoint
+# are filled in from the settings; the access key pair only ever comes from the Secret's environment variables.
+SLS_EXPORTER = MappingProxyType(
+    {
+        "exporters": {
+            "alibabacloud_logservice": {
+                "endpoint": "${env:SLS_ENDPOINT}",
+                "project": "${env:SLS_PROJECT}",
+                "logstore": "${env:SLS_LOGSTORE}",
+                "access_key_id": "${env:SLS_ACCESS_KEY_ID}",
+                "access_key_secret": "${env:SLS_ACCESS_KEY_SECRET}",
+            }
+        },
+        "extensions": {},
+    }
 )

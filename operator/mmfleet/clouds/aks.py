@@ -21,8 +21,9 @@ Sources:
 - Storage: ``managed-csi-premium`` (Premium SSD, Azure Disk CSI) is a built-in AKS StorageClass.
 - Workload identity: SA annotation ``azure.workload.identity/client-id``; the webhook mutates only
   pods labelled ``azure.workload.identity/use: "true"`` (Azure/azure-workload-identity docs).
-- Tracing: contrib ``azuremonitor`` exporter, key ``connection_string``
-  (``exporter/azuremonitorexporter/README.md`` @08f2f506).
+- Tracing: contrib ``azure_monitor`` exporter (``azuremonitor`` is its deprecated alias), key
+  ``connection_string`` (``exporter/azuremonitorexporter/config.go`` and ``metadata.yaml`` v0.161.0),
+  read from the environment variable the collector's Secret sets.
 - providerID ``azure:///subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/...``
   (cloud-provider-azure).
 """
@@ -70,7 +71,7 @@ PROFILE = Profile(
     ),
     exporter=MappingProxyType(
         {
-            "exporters": {"azuremonitor": {"connection_string": "${env:APPLICATIONINSIGHTS_CONNECTION_STRING}"}},
+            "exporters": {"azure_monitor": {"connection_string": "${env:APPLICATIONINSIGHTS_CONNECTION_STRING}"}},
             "extensions": {},
         }
     ),

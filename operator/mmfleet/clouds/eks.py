@@ -22,9 +22,12 @@ Sources:
   AWS says to reference it by name (EKS 1.30 release notes). ``gp3`` is not created.
 - IRSA: ServiceAccount annotation ``eks.amazonaws.com/role-arn`` (aws/amazon-eks-pod-identity-webhook).
 - Tracing: CloudWatch OTLP traces endpoint ``https://xray.<region>.amazonaws.com/v1/traces``
-  (needs Transaction Search) with the collector's ``sigv4auth`` extension, keys ``region`` and
-  ``service`` (opentelemetry-collector-contrib ``extension/sigv4authextension/README.md`` @099056ba);
-  ``service: xray`` as in kyma-project/telemetry-manager's CloudWatch example.
+  (needs Transaction Search) through the ``otlp_http`` exporter (``otlphttp`` before collector
+  v0.15x; ``exporter/otlphttpexporter/metadata.yaml`` v0.161.0 keeps it as a deprecated alias) with
+  the collector's ``sigv4auth`` extension, keys ``region`` and ``service`` (opentelemetry-collector-contrib
+  ``extension/sigv4authextension/config.go`` v0.159.0); ``service: xray`` as in
+  kyma-project/telemetry-manager's CloudWatch example. No key in the config: the extension takes
+  the AWS SDK's default chain, so IRSA's web identity token or EKS Pod Identity's agent.
 - providerID ``aws:///<az>/<instance-id>``.
 """
 
@@ -83,7 +86,7 @@ PROFILE = Profile(
     exporter=MappingProxyType(
         {
             "exporters": {
-                "otlphttp": {
+                "otlp_http": {
                     "traces_endpoint": "https://xray.${env:AWS_REGION}.amazonaws.com/v1/traces",
                     "auth": {"authenticator": "sigv4auth"},
                 }

@@ -17,5 +17,5 @@ PROFILE = Profile(
     name="generic",
     gpu_selectors=(GFD_SELECTOR,),
     provider_id_pattern=None,
-    exporter=MappingProxyType({"exporters": {"otlp": {"endpoint": "${env:OTLP_ENDPOINT}"}}, "extensions": {}}),
+    exporter=MappingProxyType({"exporters": {"otlp_grpc": {"endpoint": "${env:OTLP_ENDPOINT}"}}, "extensions": {}}),
 )

@@ -3,11 +3,12 @@
 ``up()`` builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their Go
 modules on first use (``build``), makes certificates (``pki``), starts the processes on 127.0.0.1
 (``cluster``) and creates fake GPU nodes labelled like each cloud's (``nodes``); kwok moves pods to
-Ready after a delay (``stages``). A Prometheus server (``prometheus``) scrapes the pods that
+Ready after a delay (``stages``). ``collector`` validates configurations with, and runs, the real
+OpenTelemetry Collector. A Prometheus server (``prometheus``) scrapes the pods that
 ``mmfleet twin serve`` simulates. Integration and end-to-end tests run against it.
 """
 
-from mmfleet_lab.cluster.build import Binaries, ensure_binaries
+from mmfleet_lab.cluster.build import Binaries, ensure_binaries, ensure_collector
 from mmfleet_lab.cluster.cluster import (
     Cluster,
     attach,
@@ -33,6 +34,7 @@ __all__ = [
     "attach",
     "down",
     "ensure_binaries",
+    "ensure_collector",
     "env",
     "get",
     "register_cli",

@@ -10,6 +10,10 @@ small wrapper module under ``<cache>/src/<component>``:
 - etcd: ``go.etcd.io/etcd/server/v3`` has ``replace ../...`` directives, so ``go install`` refuses it;
   ``go get`` + ``go build`` in a wrapper works. kwok is built the same way.
 
+- The OpenTelemetry Collector: the OpenTelemetry Collector Builder (``cmd/builder``, installed with ``go
+  install`` at the collector's release) generates a ``main`` module holding exactly ``COLLECTOR_COMPONENTS``
+  and compiles it (``ensure_collector``).
+
 A build goes into a temporary directory next to its target and is renamed into place, so a
 half-built directory never looks complete. A file lock serialises concurrent callers.
 """
@@ -17,6 +21,7 @@ half-built directory never looks complete. A file lock serialises concurrent cal
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -27,6 +32,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
+
+from mmfleet.clouds.collector import COLLECTOR_VERSION
 
 K8S_VERSION = "1.34.4"
 ETCD_VERSION = "3.6.16"
@@ -166,7 +175,7 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 class _Runner:
-    """Runs go commands in a wrapper module, appending their output to one build log."""
+    """Runs go commands (or a program they built) in a wrapper module, appending their output to one build log."""
 
     def __init__(self, go: str, workdir: Path, log: Path, progress: Progress) -> None:
         self.go = go
@@ -176,14 +185,16 @@ class _Runner:
         # Static binaries; never download a toolchain; let go.mod/go.sum be updated as needed.
         self.env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
 
-    def run(self, *args: str, note: str | None = None) -> str:
+    def run(self, *args: str, note: str | None = None, program: str | None = None) -> str:
+        """``go <args>``, or ``<program> <args>``; BuildError with the log's tail when it fails."""
         if note:
             self.progress(f"  {note}")
+        argv = [program or self.go, *args]
         with self.log.open("a") as log:
-            log.write(f"$ go {' '.join(args)}\n")
+            log.write(f"$ {' '.join(argv)}\n")
             log.flush()
             done = subprocess.run(
-                [self.go, *args],
+                argv,
                 check=False,
                 cwd=self.workdir,
                 env=self.env,
@@ -194,8 +205,8 @@ class _Runner:
             log.write(done.stdout)
             log.write(f"rc={done.returncode}\n")
         if done.returncode != 0:
-            command = " ".join(args)
-            raise BuildError(f"'go {command}' failed (exit {done.returncode}); end of {self.log}:\n{_tail(self.log)}")
+            command = " ".join(argv if program else ["go", *args])
+            raise BuildError(f"'{command}' failed (exit {done.returncode}); end of {self.log}:\n{_tail(self.log)}")
         return done.stdout
 
 
@@ -264,3 +275,117 @@ def _require_kubernetes(runner: _Runner, version: str) -> None:
     packages = [f"k8s.io/kubernetes/cmd/{b}@v{version}" for b in _K8S_BINARIES]
     note = f"go get k8s.io/kubernetes@v{version} ({len(staging)} staging modules replaced by their v0 releases)"
     runner.run("get", *packages, note=note)
+
+
+# --- the OpenTelemetry Collector -------------------------------------------------------------------------
+
+_CORE = "go.opentelemetry.io/collector"
+_CONTRIB = "github.com/open-telemetry/opentelemetry-collector-contrib"
+_RELEASE = f"v{COLLECTOR_VERSION}"
+# The confmap providers are versioned 1.x beside the 0.x release (the builder's own default manifest pairs
+# v0.161.0 with v1.67.0).
+_PROVIDERS_VERSION = "v1.67.0"
+
+# (builder manifest section, component type in a config) -> "<Go module> <version>": the components the generated
+# configurations use (mmfleet.clouds.collector; a unit test checks both ways) plus the file exporter for tests.
+# One release, v0.161.0, except three modules whose v0.161.0 the Go module proxy reachable here does not serve
+# (checked 2026-12: .zip or sum.golang.org lookup refused): k8sattributesprocessor at v0.160.0 and
+# sigv4authextension at v0.159.0 (their newest served), and resourcedetectionprocessor at v0.158.0 (v0.159.0 on
+# import go.opentelemetry.io/contrib/detectors/* modules that are not served at all). Go's minimum version
+# selection runs all three on the v0.161.0 core; the shipped image, COLLECTOR_IMAGE, is the whole v0.161.0.
+COLLECTOR_COMPONENTS: dict[tuple[str, str], str] = {
+    ("receivers", "otlp"): f"{_CORE}/receiver/otlpreceiver {_RELEASE}",
+    ("processors", "memory_limiter"): f"{_CORE}/processor/memorylimiterprocessor {_RELEASE}",
+    ("processors", "batch"): f"{_CORE}/processor/batchprocessor {_RELEASE}",
+    ("processors", "k8s_attributes"): f"{_CONTRIB}/processor/k8sattributesprocessor v0.160.0",
+    ("processors", "resource_detection"): f"{_CONTRIB}/processor/resourcedetectionprocessor v0.158.0",
+    ("processors", "resource"): f"{_CONTRIB}/processor/resourceprocessor {_RELEASE}",
+    ("exporters", "otlp_grpc"): f"{_CORE}/exporter/otlpexporter {_RELEASE}",
+    ("exporters", "otlp_http"): f"{_CORE}/exporter/otlphttpexporter {_RELEASE}",
+    ("exporters", "azure_monitor"): f"{_CONTRIB}/exporter/azuremonitorexporter {_RELEASE}",
+    ("exporters", "alibabacloud_logservice"): f"{_CONTRIB}/exporter/alibabacloudlogserviceexporter {_RELEASE}",
+    ("exporters", "file"): f"{_CONTRIB}/exporter/fileexporter {_RELEASE}",
+    ("extensions", "sigv4auth"): f"{_CONTRIB}/extension/sigv4authextension v0.159.0",
+    ("extensions", "health_check"): f"{_CONTRIB}/extension/healthcheckextension {_RELEASE}",
+}
+COLLECTOR_BINARY = "otelcol-mmfleet"
+
+
+def collector_manifest(output_path: Path) -> dict[str, object]:
+    """The builder's configuration (its README's keys): ``dist``, one list per section, providers, telemetry."""
+    manifest: dict[str, object] = {
+        "dist": {
+            "module": "mmfleet.local/otelcol",
+            "name": COLLECTOR_BINARY,
+            "description": "mmfleet's OpenTelemetry Collector (tests only; clusters run COLLECTOR_IMAGE)",
+            "output_path": str(output_path),
+            "version": COLLECTOR_VERSION,
+        }
+    }
+    for (section, _), gomod in COLLECTOR_COMPONENTS.items():
+        manifest.setdefault(section, []).append({"gomod": gomod})  # type: ignore[attr-defined]
+    # env: the configs' ${env:...}; file: --config=<path>.
+    manifest["providers"] = [
+        {"gomod": f"{_CORE}/confmap/provider/{name}provider {_PROVIDERS_VERSION}"} for name in ("env", "file")
+    ]
+    manifest["telemetry"] = {
+        "gomod": f"{_CORE}/service {_RELEASE}",
+        "import": f"{_CORE}/service/telemetry/otelconftelemetry",
+    }
+    return manifest
+
+
+def collector_dir(root: Path | None = None) -> Path:
+    """``otelcol-v<release>-<manifest hash>``: a changed component list builds into a new directory."""
+    text = json.dumps(sorted(COLLECTOR_COMPONENTS.items()), sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return (root or cache_root()) / f"otelcol-v{COLLECTOR_VERSION}-{digest}"
+
+
+def ensure_collector(progress: Progress = silent) -> Path:
+    """The collector binary, built once with the Collector Builder (minutes); instant when cached."""
+    root = cache_root()
+    final = collector_dir(root)
+    binary = final / "bin" / COLLECTOR_BINARY
+    if os.access(binary, os.X_OK):
+        return binary
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("the 'go' command is needed to build the OpenTelemetry Collector and is not on PATH")
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".collector.lock"):
+        if not os.access(binary, os.X_OK):  # another process may have built it while we waited
+            _build_collector(final, go, progress)
+    return binary
+
+
+def _build_collector(final: Path, go: str, progress: Progress) -> None:
+    workdir = final.parent / "src" / "otelcol"
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "build.log"
+    log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    progress(f"building the OpenTelemetry Collector v{COLLECTOR_VERSION} ... (first time only, ~5 min; log: {log})")
+    started = time.monotonic()
+    runner = _Runner(go, workdir, log, progress)
+    runner.env["GOBIN"] = str(workdir / "bin")
+    builder = f"{_CORE}/cmd/builder@{_RELEASE}"
+    runner.run("install", builder, note=f"go install {builder}")
+
+    staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    try:
+        sources = staging / "src"
+        manifest = workdir / "builder-config.yaml"
+        manifest.write_text(yaml.safe_dump(collector_manifest(sources), sort_keys=False))
+        note = f"builder: generate, go mod tidy, go build ({len(COLLECTOR_COMPONENTS)} components; the slow step)"
+        runner.run(f"--config={manifest}", program=str(workdir / "bin" / "builder"), note=note)
+        os.rename(sources / COLLECTOR_BINARY, staging / "bin" / COLLECTOR_BINARY)
+        shutil.rmtree(sources)
+        if final.exists():  # an incomplete earlier result: replace it whole
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    progress(f"built the OpenTelemetry Collector v{COLLECTOR_VERSION} in {elapsed:.0f}s -> {final / 'bin'}")
