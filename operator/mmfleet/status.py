@@ -66,6 +66,7 @@ class TracingSeen:
     cloud: str
     service: tuple[str, str] | None = None  # (namespace, name) the endpoint names; None: not an in-cluster name
     found: bool | None = None  # whether that Service exists; None when not looked up
+    ready: int | None = None  # its ready endpoints (EndpointSlices); None when they could not be read
 
 
 def collector_service(endpoint: str, namespace: str) -> tuple[str, str] | None:
@@ -103,6 +104,15 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
             False,
             "CollectorNotFound",
             f"no Service {name} in namespace {namespace}: the spans sent to {seen.endpoint} ({where}) are lost; {fix}",
+        )
+    if seen.ready == 0:
+        return (
+            "TracingReady",
+            False,
+            "CollectorNotReady",
+            f"Service {namespace}/{name} has no ready endpoint: no collector pod behind it is serving, and the spans "
+            f"sent to {seen.endpoint} ({where}) are lost; a Secret or cloud identity the collector needs may be "
+            f"missing (kubectl -n {namespace} get pods; docs/tracing.md)",
         )
     return (
         "TracingReady",

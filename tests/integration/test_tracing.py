@@ -106,10 +106,23 @@ def test_operator_and_twin_spans_reach_the_collector(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from kubernetes import client
+
     fleet = Fleet(api, namespace)
-    # The collector's in-cluster face: a Service named by the fleet's endpoint, which TracingReady looks up.
-    fleet.core.create_namespaced_service(
-        namespace, {"metadata": {"name": "collector"}, "spec": {"ports": [{"name": "otlp", "port": 4317}]}}
+    # The collector's in-cluster face, which TracingReady looks up: a Service named by the fleet's endpoint,
+    # with a ready endpoint behind it; and one with none (its collector pods would be failing).
+    for service in ("collector", "idle"):
+        fleet.core.create_namespaced_service(
+            namespace, {"metadata": {"name": service}, "spec": {"ports": [{"name": "otlp", "port": 4317}]}}
+        )
+    client.DiscoveryV1Api(api).create_namespaced_endpoint_slice(
+        namespace,
+        {
+            "metadata": {"name": "collector-1", "labels": {"kubernetes.io/service-name": "collector"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "otlp", "port": 4317, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.0.0.9"], "conditions": {"ready": True}}],
+        },
     )
     saved = operator.env
     operator.stop()
@@ -139,6 +152,7 @@ def test_operator_and_twin_spans_reach_the_collector(
             )
         )
         fleet.create(mmi("lost", tracing={"enabled": True, "endpoint": "http://missing:4317"}))
+        fleet.create(mmi("stalled", tracing={"enabled": True, "endpoint": "http://idle:4317"}))
         ready = fleet.wait_condition("traced", "TracingReady", status="True", timeout=60)
         assert ready["reason"] == "CollectorFound"
         assert f"Service {namespace}/collector" in ready["message"]
@@ -146,6 +160,9 @@ def test_operator_and_twin_spans_reach_the_collector(
         lost = fleet.wait_condition("lost", "TracingReady", status="False", timeout=60)
         assert lost["reason"] == "CollectorNotFound"
         assert f"no Service missing in namespace {namespace}" in lost["message"]
+        stalled = fleet.wait_condition("stalled", "TracingReady", status="False", timeout=60)
+        assert stalled["reason"] == "CollectorNotReady"
+        assert f"Service {namespace}/idle has no ready endpoint" in stalled["message"]
         fleet.wait_ready("traced")
 
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)  # the twin's, as documented

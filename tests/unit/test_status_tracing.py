@@ -95,3 +95,16 @@ def test_without_a_look_up_the_last_condition_stays_and_the_first_is_unknown() -
     missing = compute_status(fleet, Observed(tracing=seen), first, NOW)
     later = compute_status(fleet, Observed(), missing, NOW)  # the autoscaler's write, which looks nothing up
     assert tracing_condition(later) == tracing_condition(missing)
+
+
+def test_a_collector_service_without_a_ready_pod_loses_the_spans_and_says_where_to_look() -> None:
+    seen = TracingSeen(clouds.COLLECTOR_ENDPOINT, False, "aks", COLLECTOR, True, ready=0)
+    new = compute_status(inference(enabled=True), Observed(tracing=seen), None, NOW)
+    status, reason, message = tracing_condition(new) or ("", "", "")
+    assert (status, reason) == ("False", "CollectorNotReady")
+    assert "mmfleet-system/mmfleet-otel-collector has no ready endpoint" in message
+    assert "Secret" in message and "kubectl -n mmfleet-system get pods" in message
+    assert ("Warning", "CollectorNotReady", message) in events(None, new)
+    unreadable = TracingSeen(clouds.COLLECTOR_ENDPOINT, False, "aks", COLLECTOR, True, ready=None)
+    trusted = compute_status(inference(enabled=True), Observed(tracing=unreadable), None, NOW)
+    assert (tracing_condition(trusted) or ("",))[0] == "True"  # no RBAC for EndpointSlices: the Service is trusted

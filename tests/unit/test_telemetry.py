@@ -77,6 +77,7 @@ class FakeKube(Kube):
         return 0
 
     services: list[str] = []  # noqa: RUF012 (the Services that exist, by name)
+    slices: list[dict[str, Any]] | None = []  # noqa: RUF012 (their EndpointSlices; None: forbidden)
     listed = 0
 
     def list_objects(
@@ -88,6 +89,10 @@ class FakeKube(Kube):
         field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         self.listed += 1
+        if kind == "EndpointSlice":
+            if self.slices is None:
+                raise PermissionError("403 Forbidden: endpointslices")  # no RBAC for them
+            return self.slices
         name = (field_selector or "").removeprefix("metadata.name=")
         return [{"metadata": {"name": name}}] if name in self.services else []
 
@@ -239,9 +244,19 @@ def test_tracing_ready_follows_the_collector_service_looked_up_once_for_all_flee
     condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
     assert (condition["status"], condition["reason"]) == ("False", "CollectorNotFound")
     assert events == [("Warning", "CollectorNotFound", condition["message"])]
+
+    def tracing_ready(generation: int) -> tuple[str, str]:
+        STATE.collectors.clear()  # as if the cache had expired
+        fleet.reconcile(body(generation=generation, tracing=True), [], None, prune=False)
+        condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
+        return condition["status"], condition["reason"]
+
     kube.services = ["mmfleet-otel-collector"]
-    STATE.collectors.clear()  # as if the cache had expired
-    fleet.reconcile(body(generation=3, tracing=True), [], None, prune=False)
-    condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
-    assert (condition["status"], condition["reason"]) == ("True", "CollectorFound")
+    assert tracing_ready(3) == ("False", "CollectorNotReady")  # a Service, no pod serving behind it
+    kube.slices = [{"endpoints": [{"addresses": ["10.0.0.9"], "conditions": {"ready": False}}]}]
+    assert tracing_ready(4) == ("False", "CollectorNotReady")
+    kube.slices = [{"endpoints": [{"addresses": ["10.0.0.9"], "conditions": {"ready": True}}]}]
+    assert tracing_ready(5) == ("True", "CollectorFound")
+    kube.slices = None  # the slices cannot be read: the Service is taken on trust
+    assert tracing_ready(6) == ("True", "CollectorFound")
     assert STATE.tracing[("ml", "qwen")] is not None  # what the autoscaler's status writes carry

@@ -52,7 +52,8 @@ RESYNC_SECONDS = 300
 STATUS_DEBOUNCE = 1.0
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 WORKER_IDLE_SECONDS = 1.0
-# A collector Service installed or removed shows in TracingReady within this long (one look-up for all fleets).
+# A collector Service installed, removed or left without ready pods shows in TracingReady within this long (one
+# look-up for all fleets).
 COLLECTOR_CACHE_SECONDS = 60
 
 
@@ -109,17 +110,35 @@ def _cache_problem(inference: MultimodalInference) -> tuple[str, str] | None:
     return problem
 
 
-def _collector_exists(namespace: str, name: str) -> bool:
-    """Whether the Service exists, looked up at most once per ``COLLECTOR_CACHE_SECONDS`` for all fleets.
+def _ready_endpoints(namespace: str, service: str) -> int | None:
+    """The Service's ready endpoints, from its EndpointSlices; None when they cannot be read (no RBAC for them).
+
+    An endpoint whose ``ready`` is unset counts as ready, as the EndpointSlice API defines it.
+    """
+    try:
+        slices = get_kube().list_objects(
+            "discovery.k8s.io/v1", "EndpointSlice", namespace, selector=f"kubernetes.io/service-name={service}"
+        )
+    except Exception as error:
+        log.debug("reading the EndpointSlices of %s/%s failed: %s", namespace, service, error)
+        return None
+    endpoints = [e for s in slices for e in s.get("endpoints") or []]
+    return sum((e.get("conditions") or {}).get("ready") is not False for e in endpoints)
+
+
+def _collector(namespace: str, name: str) -> tuple[bool, int | None]:
+    """Whether the Service exists and its ready endpoints, looked up at most once per ``COLLECTOR_CACHE_SECONDS``
+    for all fleets.
 
     A list by name rather than a get: the operator's ClusterRole lists Services, it does not get them.
     """
     known = STATE.collectors.get((namespace, name))
-    if known is not None and time.monotonic() - known[1] < COLLECTOR_CACHE_SECONDS:
-        return known[0]
+    if known is not None and time.monotonic() - known[2] < COLLECTOR_CACHE_SECONDS:
+        return known[0], known[1]
     found = bool(get_kube().list_objects("v1", "Service", namespace, field_selector=f"metadata.name={name}"))
-    STATE.collectors[(namespace, name)] = (found, time.monotonic())
-    return found
+    ready = _ready_endpoints(namespace, name) if found else None
+    STATE.collectors[(namespace, name)] = (found, ready, time.monotonic())
+    return found, ready
 
 
 def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen | None:
@@ -129,13 +148,13 @@ def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen |
     if tracing.enabled:
         endpoint = render.tracing_endpoint(inference, clouds.get(cloud)) or ""
         service = status.collector_service(endpoint, meta.namespace)
-        found = None
+        found, ready = None, None
         if service is not None:
             try:
-                found = _collector_exists(*service)
+                found, ready = _collector(*service)
             except Exception as error:  # the condition says Unknown; the fleet is served all the same
                 log.warning("looking up the collector Service %s/%s failed: %s", *service, error)
-        seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud, service, found)
+        seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud, service, found, ready)
     STATE.tracing[(meta.namespace, meta.name)] = seen
     return seen
 

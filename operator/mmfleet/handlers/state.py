@@ -68,8 +68,9 @@ class State:
     cache_problems: dict[Key, tuple[str, str] | None] = field(default_factory=dict)
     # Where each tracing fleet's spans go, as the last reconcile or refresh saw it (for the autoscaler's writes).
     tracing: dict[Key, status.TracingSeen | None] = field(default_factory=dict)
-    # Whether an in-cluster collector Service exists, by (namespace, name), and time.monotonic() of the look-up.
-    collectors: dict[Key, tuple[bool, float]] = field(default_factory=dict)
+    # Whether an in-cluster collector Service exists and its ready endpoints, by (namespace, name), and
+    # time.monotonic() of the look-up.
+    collectors: dict[Key, tuple[bool, int | None, float]] = field(default_factory=dict)
     # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
     parsed: dict[str, Parsed] = field(default_factory=dict)
     # A context of kopf's handlers, for kopf.event outside them (see remember_kopf_context).
