@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from mmfleet import config
+from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet_lab.cluster.build import binaries_at, cache_root
 from tests.conftest import ROOT
 
@@ -90,8 +91,14 @@ def kustomize(path: Path) -> list[Obj]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def is_collector(obj: Obj) -> bool:
+    """The OpenTelemetry Collector's objects (tests/contract/test_collector_manifests.py checks them)."""
+    return bool(obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "otel-collector")
+
+
 def one(objs: list[Obj], kind: str) -> Obj:
-    found = [o for o in objs if o["kind"] == kind]
+    """The operator's one object of this kind (the collector's are left out)."""
+    found = [o for o in objs if o["kind"] == kind and not is_collector(o)]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
 
@@ -107,7 +114,7 @@ def operator_container(objs: list[Obj]) -> Obj:
 
 
 def env(container: Obj) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"]}
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +128,7 @@ def base() -> list[Obj]:
 @pytest.mark.parametrize("target", ["base", *OVERLAYS])
 def test_kustomization_builds_valid_kubernetes(target: str) -> None:
     objs = kustomize(BASE if target == "base" else ROOT / "manifests/overlays" / target)
-    assert {o["kind"] for o in objs} == {
+    assert {o["kind"] for o in objs if not is_collector(o)} == {
         "Namespace",
         "CustomResourceDefinition",
         "ServiceAccount",
@@ -137,7 +144,10 @@ def test_kustomization_builds_valid_kubernetes(target: str) -> None:
 def test_overlay_sets_only_the_default_cloud(base: list[Obj], cloud: str) -> None:
     objs = kustomize(ROOT / "manifests/overlays" / cloud)
     assert env(operator_container(objs)) == {**env(operator_container(base)), "MMFLEET_DEFAULT_CLOUD": cloud}
-    assert [o for o in objs if o["kind"] != "Deployment"] == [o for o in base if o["kind"] != "Deployment"]
+    def same(obj: Obj) -> bool:  # the operator's Deployment and the collector's configuration differ
+        return obj["kind"] != "Deployment" and not (is_collector(obj) and obj["kind"] == "ConfigMap")
+
+    assert [o for o in objs if same(o)] == [o for o in base if same(o)]
 
 
 def test_base_ships_the_generated_crd_itself(base: list[Obj]) -> None:
@@ -152,7 +162,7 @@ def test_base_ships_the_generated_crd_itself(base: list[Obj]) -> None:
 def test_namespaced_objects_live_in_mmfleet_system(base: list[Obj]) -> None:
     assert one(base, "Namespace")["metadata"]["name"] == NAMESPACE
     for obj in base:
-        if obj["kind"] in ("ServiceAccount", "Deployment"):
+        if obj["kind"] in ("ServiceAccount", "Deployment", "Service", "ConfigMap"):
             assert obj["metadata"]["namespace"] == NAMESPACE
 
 
@@ -210,7 +220,9 @@ def test_operator_container(base: list[Obj]) -> None:
 
 
 def test_every_env_var_is_one_the_operator_reads(base: list[Obj]) -> None:
-    assert set(env(operator_container(base))) == set(config.env_variables().values())
+    variables = env(operator_container(base))
+    assert variables.pop("OTEL_EXPORTER_OTLP_ENDPOINT") == COLLECTOR_ENDPOINT  # read by the OpenTelemetry SDK
+    assert set(variables) == set(config.env_variables().values())
 
 
 def test_pod_meets_the_restricted_pod_security_standard(base: list[Obj]) -> None:
@@ -405,7 +417,7 @@ def test_chart_cluster_role_has_the_base_rules(base: list[Obj]) -> None:
 
 def test_chart_deployment_matches_the_base(base: list[Obj]) -> None:
     text = (CHART / "templates/deployment.yaml").read_text()
-    assert set(re.findall(r"- name: (MMFLEET_\w+)", text)) == set(env(operator_container(base)))
+    assert set(re.findall(r"- name: (MMFLEET_\w+|OTEL_\w+)", text)) == set(env(operator_container(base)))
     literal = yaml.safe_load(_strip_template(text))
     spec = literal["spec"]
     base_spec = one(base, "Deployment")["spec"]

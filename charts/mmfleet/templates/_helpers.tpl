@@ -41,3 +41,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{/* The collector's selector labels, apart from the operator's (component otel-collector). */}}
+{{- define "mmfleet.collectorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "mmfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: otel-collector
+{{- end }}
+
+{{/* Labels on the collector's objects. */}}
+{{- define "mmfleet.collectorLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "mmfleet.collectorSelectorLabels" . }}
+app.kubernetes.io/part-of: mmfleet
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Where the operator's own spans go: the endpoint of a reused collector, the installed one, or nowhere. */}}
+{{- define "mmfleet.otlpEndpoint" -}}
+{{- if .Values.collector.endpoint }}
+{{- .Values.collector.endpoint }}
+{{- else if .Values.collector.enabled }}
+{{- printf "http://mmfleet-otel-collector.%s.svc:4317" .Release.Namespace }}
+{{- end }}
+{{- end }}
