@@ -201,6 +201,8 @@ def _describe(
     span: Span, inference: MultimodalInference, seen: cycle.Seen, outcome: cycle.Outcome, default_cold_start: float
 ) -> None:
     """The decision and what it was made on: replicas before and after, the reason, the signals, the pods."""
+    if not span.is_recording():  # no tracing configured: nothing to build
+        return
     signals = seen.signals or metrics.Signals()
     slo = inference.spec.autoscaling.slo if inference.spec.autoscaling else None
     cold_start = outcome.memory.cold_start
