@@ -78,6 +78,7 @@ class _Const(NamedTuple):
     success_col: int
     prompt_col: int
     generation_col: int
+    placement: bool  # keep each request's replica and first admission (served_by, started)
 
 
 # A running seat's integer fields, side by side so that a step touches one cache line per request.
@@ -101,6 +102,7 @@ class _State(NamedTuple):
     prev: np.ndarray
     where: np.ndarray  # _WAITING, _GONE or the running seat
     anext: np.ndarray  # assigned-list link (-1: none)
+    # Only with _Const.placement (else one unused element each, so a benchmark's millions of requests cost nothing):
     served_by: np.ndarray  # the replica a request was routed to (-1: none), for its trace (twin.serve)
     started: np.ndarray  # when a replica first admitted it (-1: not yet): its queue ends, its encoder starts
     ttft: np.ndarray  # the Outcomes arrays, written in place
@@ -292,7 +294,7 @@ def _run(
                         continue
                     k = free[r, seats - n_run[r] - 1]
                     where[i] = k
-                    if started[i] < 0.0:
+                    if c.placement and started[i] < 0.0:
                         started[i] = clock[r]
                     order[r, n_run[r]] = k
                     n_run[r] += 1
@@ -453,8 +455,9 @@ def _run(
         vision_done[i] = vis_ms[i] <= 0
         where[i] = _WAITING
         anext[i] = -1
-        served_by[i] = best
-        started[i] = -1.0
+        if c.placement:
+            served_by[i] = best
+            started[i] = -1.0
         if atail[best] >= 0:
             anext[atail[best]] = i
         else:
@@ -511,7 +514,8 @@ class _Book(MetricBook):
 class CompiledEngine:
     """The reference engine's results at compiled speed (see the module docstring)."""
 
-    def __init__(self, params: ReplicaParams, work: Workload) -> None:
+    def __init__(self, params: ReplicaParams, work: Workload, placement: bool = False) -> None:
+        """``placement``: keep each request's replica and first admission, for ``placement()``."""
         self.params = params
         self.book: MetricBook = _Book(self._sync)
         n = work.arrival.shape[0]
@@ -548,6 +552,7 @@ class CompiledEngine:
             success_col=LAYOUT.success,
             prompt_col=LAYOUT.prompt,
             generation_col=LAYOUT.generation,
+            placement=placement,
         )
         self._s = _State(
             prompt=np.zeros(n, dtype=np.int64),
@@ -559,8 +564,8 @@ class CompiledEngine:
             prev=np.full(n, -1, dtype=np.int64),
             where=np.full(n, _GONE, dtype=np.int64),
             anext=np.full(n, -1, dtype=np.int64),
-            served_by=np.full(n, -1, dtype=np.int64),
-            started=np.full(n, -1.0),
+            served_by=np.full(n if placement else 1, -1, dtype=np.int64),
+            started=np.full(n if placement else 1, -1.0),
             ttft=self.outcomes.ttft,
             e2e=self.outcomes.e2e,
             itl=self.outcomes.itl,
@@ -582,6 +587,8 @@ class CompiledEngine:
 
     def placement(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For requests ``idx``: the replica each went to (-1: none), and when it was first admitted (-1: not yet)."""
+        if not self._c.placement:
+            raise ValueError("this engine was built without placement=True")
         return self._s.served_by[idx].copy(), self._s.started[idx].copy()
 
     def outstanding(self) -> np.ndarray:

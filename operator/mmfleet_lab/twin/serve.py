@@ -315,7 +315,7 @@ class FleetTwin:
         self.inference = inference
         self.work = Workload.build(requests, params)
         self.arrival = self.work.arrival
-        self.compiled = CompiledEngine(params, self.work)
+        self.compiled = CompiledEngine(params, self.work, placement=spans is not None)
         self.engine: Engine = self.compiled
         self.clock = now
         self.next = int(np.searchsorted(self.arrival, now, side="left"))  # earlier arrivals had nowhere to go
