@@ -364,7 +364,7 @@ def _build_collector(final: Path, go: str, progress: Progress) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "build.log"
     log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    progress(f"building the OpenTelemetry Collector v{COLLECTOR_VERSION} ... (first time only, ~5 min; log: {log})")
+    progress(f"building the OpenTelemetry Collector v{COLLECTOR_VERSION} ... (first time only, ~7 min; log: {log})")
     started = time.monotonic()
     runner = _Runner(go, workdir, log, progress)
     runner.env["GOBIN"] = str(workdir / "bin")
