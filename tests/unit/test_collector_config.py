@@ -223,3 +223,18 @@ def test_cli_refuses_with_one_line_per_problem(capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().err.strip() == "--resource-attribute: 'novalue': not KEY=VALUE"
     assert cli.main(["collector-config", "--cloud", "eks", "--region", "Oregon"]) == cli.EXIT_INVALID
     assert capsys.readouterr().err.startswith("region: 'Oregon': 'Oregon' is not a cloud region name")
+
+
+def test_the_builder_manifest_pins_one_release_but_three_documented_modules(tmp_path: Any) -> None:
+    from mmfleet.clouds.collector import COLLECTOR_VERSION
+    from mmfleet_lab.cluster.build import collector_manifest
+
+    older = {"k8sattributesprocessor": "v0.160.0", "sigv4authextension": "v0.159.0"}
+    older["resourcedetectionprocessor"] = "v0.158.0"
+    for gomod in COLLECTOR_COMPONENTS.values():
+        module, version = gomod.split(" ")
+        assert version == older.get(module.rsplit("/", 1)[1], f"v{COLLECTOR_VERSION}"), gomod
+    manifest = collector_manifest(tmp_path)
+    assert manifest["dist"]["output_path"] == str(tmp_path)  # type: ignore[index]
+    listed = [c["gomod"] for s in ("receivers", "processors", "exporters", "extensions") for c in manifest[s]]  # type: ignore[attr-defined]
+    assert sorted(listed) == sorted(COLLECTOR_COMPONENTS.values())
