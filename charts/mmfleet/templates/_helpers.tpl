@@ -58,11 +58,29 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The collector's cloud: collector.cloud, else defaultCloud ("auto" when neither names one). */}}
+{{- define "mmfleet.collectorCloud" -}}
+{{- $cloud := .Values.collector.cloud | default .Values.defaultCloud }}
+{{- if not (has $cloud (list "auto" "eks" "aks" "ack" "generic")) }}
+{{- fail (printf "collector.cloud: %q: not one of eks, aks, ack, generic" $cloud) }}
+{{- end }}
+{{- $cloud }}
+{{- end }}
+
+{{/* "true" when the chart installs the collector: enabled, no endpoint to reuse, and a configuration to run
+(collector.config, or a cloud's file; with defaultCloud auto and no collector.cloud there is none). */}}
+{{- define "mmfleet.collectorInstalled" -}}
+{{- $cloud := include "mmfleet.collectorCloud" . }}
+{{- if and .Values.collector.enabled (not .Values.collector.endpoint) (or .Values.collector.config (ne $cloud "auto")) }}
+{{- "true" }}
+{{- end }}
+{{- end }}
+
 {{/* Where the operator's own spans go: the endpoint of a reused collector, the installed one, or nowhere. */}}
 {{- define "mmfleet.otlpEndpoint" -}}
 {{- if .Values.collector.endpoint }}
 {{- .Values.collector.endpoint }}
-{{- else if .Values.collector.enabled }}
+{{- else if include "mmfleet.collectorInstalled" . }}
 {{- printf "http://mmfleet-otel-collector.%s.svc:4317" .Release.Namespace }}
 {{- end }}
 {{- end }}
