@@ -354,6 +354,26 @@ def test_a_fleet_whose_demand_wanders_keeps_headroom_over_its_demand() -> None:
     assert replicas >= math.ceil(history[-1][1] * (1.0 + rise) / MU)
 
 
+def test_a_scale_down_keeps_what_demand_may_rise_to_within_the_reversal_horizon() -> None:
+    """Released pods that wandering demand soon needs again are a reversal, each a cold start: a scale-down keeps
+    the demand grown by the rise learned over two down windows, more than the rise over one cold start."""
+    history = noisy(0.10, minutes=45.0)
+    fall = history[len(history) * 2 // 3][0]  # demand halves for the last 15 minutes, still wandering
+    state, replicas, downs = POLICY.initial_state(), 50, []
+    for t, level in history:
+        demand = level / 2 if t >= fall else level
+        o = obs(time=t, arrival_rate=demand, request_rate=demand, current=replicas, ready=replicas, running=demand)
+        decision = POLICY.decide(o, state)
+        if decision.replicas < replicas:
+            downs.append((decision.replicas, demand, decision.state.demand))
+        state, replicas = decision.state, decision.replicas
+    assert downs
+    for after, demand, samples in downs:
+        horizon_rise = min(rise_quantile(samples, 2 * POLICY.down_window(obs()), 90.0), 1.0)
+        assert horizon_rise > rise_quantile(samples, 120.0 + POLICY.interval, 90.0)
+        assert after >= math.ceil(demand * (1.0 + horizon_rise) / MU)
+
+
 # ---------------------------------------------------------------- a profiled capacity (capacityPerReplica)
 
 
