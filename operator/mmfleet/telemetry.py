@@ -93,13 +93,22 @@ def setup(exporter: SpanExporter | None = None) -> TracerProvider | None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()  # endpoint, headers and TLS from the environment
-    # Attributes given here override the environment's, so the default name is only given when it is unset.
-    attributes: Attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = TracerProvider(resource=resource())
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     log.info("operator spans: OTLP to %s", where or type(exporter).__name__)
     return provider
+
+
+def resource() -> Resource:
+    """The operator's resource as the SDK builds it from the environment: ``OTEL_RESOURCE_ATTRIBUTES`` (the pod and
+    namespace its Deployment passes from the downward API) and ``OTEL_SERVICE_NAME``.
+
+    ``SERVICE_NAME`` is given only when ``OTEL_SERVICE_NAME`` is unset: attributes given to ``Resource.create``
+    override the environment's.
+    """
+    attributes: Attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME}
+    return Resource.create(attributes)
 
 
 def tracer() -> Tracer:

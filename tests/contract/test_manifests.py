@@ -21,9 +21,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mmfleet import config
+from mmfleet import config, telemetry
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet_lab.cluster.build import binaries_at, cache_root
+from mmfleet_lab.twin.spans import kubelet_env
 from tests.conftest import ROOT
 
 K8S_VERSION = "1.34.0"
@@ -67,6 +68,8 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
     | _triples("", ["persistentvolumeclaims"], ["get"])  # status.shared_cache_problem reads the shared claim
     | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)
+    # TracingReady's CollectorNotReady: the collector Service's EndpointSlices (handlers.fleet._ready_endpoints).
+    | _triples("discovery.k8s.io", ["endpointslices"], ["list"])
 )
 # Verbs that would let the operator grant itself more than this list.
 ESCALATING = {"*", "escalate", "bind", "impersonate"}
@@ -221,8 +224,24 @@ def test_operator_container(base: list[Obj]) -> None:
 
 def test_every_env_var_is_one_the_operator_reads(base: list[Obj]) -> None:
     variables = env(operator_container(base))
-    assert variables.pop("OTEL_EXPORTER_OTLP_ENDPOINT") == COLLECTOR_ENDPOINT  # read by the OpenTelemetry SDK
+    # Read by the OpenTelemetry SDK (its exporter, and Resource.create: test_operator_spans_name_their_pod).
+    assert variables.pop("OTEL_EXPORTER_OTLP_ENDPOINT") == COLLECTOR_ENDPOINT
+    assert variables.pop("OTEL_SERVICE_NAME") == telemetry.SERVICE_NAME
+    assert variables.pop("OTEL_RESOURCE_ATTRIBUTES")
     assert set(variables) == set(config.env_variables().values())
+
+
+def test_operator_spans_name_their_pod(base: list[Obj], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resource of the operator's spans, from the Deployment's env as the kubelet resolves it for a pod of it
+    (the downward API, then ``$(VAR)``), as ``telemetry.resource`` builds it with the OpenTelemetry SDK."""
+    pod = {"metadata": {"name": "mmfleet-operator-7d9f8-abcde", "namespace": NAMESPACE}}
+    resolved = kubelet_env(operator_container(base)["env"], pod)
+    for name in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
+        monkeypatch.setenv(name, resolved[name])
+    attributes = telemetry.resource().attributes
+    assert attributes["k8s.pod.name"] == "mmfleet-operator-7d9f8-abcde"
+    assert attributes["k8s.namespace.name"] == NAMESPACE
+    assert attributes["service.name"] == telemetry.SERVICE_NAME
 
 
 def test_pod_meets_the_restricted_pod_security_standard(base: list[Obj]) -> None:
@@ -417,7 +436,8 @@ def test_chart_cluster_role_has_the_base_rules(base: list[Obj]) -> None:
 
 def test_chart_deployment_matches_the_base(base: list[Obj]) -> None:
     text = (CHART / "templates/deployment.yaml").read_text()
-    assert set(re.findall(r"- name: (MMFLEET_\w+|OTEL_\w+)", text)) == set(env(operator_container(base)))
+    names = {e["name"] for e in operator_container(base)["env"]}
+    assert set(re.findall(r"- name: (MMFLEET_\w+|OTEL_\w+)", text)) == names
     literal = yaml.safe_load(_strip_template(text))
     spec = literal["spec"]
     base_spec = one(base, "Deployment")["spec"]
@@ -427,6 +447,11 @@ def test_chart_deployment_matches_the_base(base: list[Obj]) -> None:
     base_container = operator_container(base)
     for key in ("args", "ports", "startupProbe", "livenessProbe", "securityContext", "volumeMounts"):
         assert container[key] == base_container[key], key
+    # The resource of the operator's spans: the same literal entries, in the same order ($(VAR) needs it).
+    resource_env = ("OTEL_SERVICE_NAME", "MMFLEET_POD_NAME", "MMFLEET_POD_NAMESPACE", "OTEL_RESOURCE_ATTRIBUTES")
+    assert [e for e in container["env"] if e["name"] in resource_env] == [
+        e for e in base_container["env"] if e["name"] in resource_env
+    ]
     assert spec["template"]["spec"]["securityContext"] == base_spec["template"]["spec"]["securityContext"]
     assert spec["template"]["spec"]["volumes"] == base_spec["template"]["spec"]["volumes"]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
