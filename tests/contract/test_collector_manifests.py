@@ -170,7 +170,7 @@ def test_chart_collector_matches_the_base() -> None:
 
 
 def test_chart_reads_each_clouds_file_and_installs_none_for_auto() -> None:
-    assert 'files/collector-%s.yaml' in (CHART / "templates/collector.yaml").read_text()
+    assert "files/collector-%s.yaml" in (CHART / "templates/collector.yaml").read_text()
     helpers = (CHART / "templates/_helpers.tpl").read_text()
     assert re.search(r'has \$cloud \(list "auto" "eks" "aks" "ack" "generic"\)', helpers)
     assert '(or .Values.collector.config (ne $cloud "auto"))' in helpers
