@@ -55,7 +55,9 @@ crds: install
 	cp crds/multimodalinferences.mmfleet.io.yaml charts/mmfleet/crds/
 	$(BIN)/mmfleet docs api > docs/api.md
 	$(BIN)/mmfleet collector-config --cloud generic > manifests/base/collector-config.yaml
+	$(BIN)/mmfleet collector-config --cloud generic --kustomize-env > manifests/base/collector-env.yaml
 	for c in eks aks ack; do $(BIN)/mmfleet collector-config --cloud $$c > manifests/overlays/$$c/collector-config.yaml; done
+	for c in eks aks ack; do $(BIN)/mmfleet collector-config --cloud $$c --kustomize-env > manifests/overlays/$$c/collector-env.yaml; done
 	for c in generic eks aks ack; do $(BIN)/mmfleet collector-config --cloud $$c > charts/mmfleet/files/collector-$$c.yaml; done
 
 clean:

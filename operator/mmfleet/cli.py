@@ -69,6 +69,10 @@ def cmd_collector_config(args: argparse.Namespace) -> int:
         settings = collector.CollectorSettings.parse(**values)
     except ValueError as error:
         raise SpecError(str(error).splitlines()) from None
+    if args.kustomize_env:
+        patch = collector.kustomize_env_patch(settings)
+        sys.stdout.write(collector.to_yaml(patch, header=collector.env_patch_header(settings)))
+        return 0
     sys.stdout.write(collector.to_yaml(collector.collector_config(settings), header=collector.header(settings)))
     return 0
 
@@ -183,6 +187,11 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
     p_collector.add_argument("--sls-logstore", help="ack sls: the logstore (default: from the Secret)")
     p_collector.add_argument(
         "--resource-attribute", action="append", default=[], metavar="KEY=VALUE", help="on every span (repeatable)"
+    )
+    p_collector.add_argument(
+        "--kustomize-env",
+        action="store_true",
+        help="print instead the kustomize patch giving the collector's container the Secret's keys it reads",
     )
     p_collector.set_defaults(func=cmd_collector_config)
     if with_lab:

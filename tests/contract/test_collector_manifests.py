@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import yaml
 
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet.clouds.collector import (
+    AWS_REGION_PLACEHOLDER,
     COLLECTOR_IMAGE,
     COLLECTOR_NAME,
     COLLECTOR_NAMESPACE,
@@ -28,7 +31,10 @@ from mmfleet.clouds.collector import (
     COLLECTOR_VERSION,
     CollectorSettings,
     collector_config,
+    env_patch_header,
     header,
+    kustomize_env_patch,
+    secret_keys,
     to_yaml,
 )
 from tests.conftest import ROOT
@@ -52,6 +58,16 @@ def test_committed_configurations_equal_the_generator(cloud: str) -> None:
     fix = "run `make crds` to regenerate"
     assert (kustomize_dir(cloud) / "collector-config.yaml").read_text() == generated(cloud), fix
     assert (CHART / f"files/collector-{cloud}.yaml").read_text() == generated(cloud), fix
+
+
+def generated_env_patch(cloud: str) -> str:
+    settings = CollectorSettings(cloud=cloud)  # type: ignore[arg-type]
+    return to_yaml(kustomize_env_patch(settings), header=env_patch_header(settings))
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_committed_env_patches_equal_the_generator(cloud: str) -> None:
+    assert (kustomize_dir(cloud) / "collector-env.yaml").read_text() == generated_env_patch(cloud), "run `make crds`"
 
 
 def collector_objects(cloud: str) -> list[Obj]:
@@ -97,9 +113,8 @@ def test_rbac_is_what_k8s_attributes_reads_and_nothing_more() -> None:
     rules = by_kind(objs, "ClusterRole")["rules"]
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     read = ("get", "list", "watch")
-    assert granted == {("", r, v) for r in ("pods", "namespaces") for v in read} | {
-        ("apps", "replicasets", v) for v in read
-    }
+    # No replicasets: at the pinned k8sattributes the deployment name is cut from the ReplicaSet name.
+    assert granted == {("", r, v) for r in ("pods", "namespaces") for v in read}
     binding = by_kind(objs, "ClusterRoleBinding")
     account = by_kind(objs, "ServiceAccount")["metadata"]
     assert binding["roleRef"]["name"] == by_kind(objs, "ClusterRole")["metadata"]["name"]
@@ -108,14 +123,27 @@ def test_rbac_is_what_k8s_attributes_reads_and_nothing_more() -> None:
     assert by_kind(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
 
 
-def test_collector_container_takes_credentials_only_from_the_secret() -> None:
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_collector_container_takes_each_key_its_configuration_reads_from_the_secret(cloud: str) -> None:
+    """Per key and not optional: without the Secret or a key the pod does not start (CreateContainerConfigError),
+    which TracingReady sees as CollectorNotReady; envFrom with optional would start a collector exporting nowhere."""
+    container = by_kind(collector_objects(cloud), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in container
+    variables = {e["name"]: e for e in container["env"]}
+    settings = CollectorSettings(cloud=cloud)  # type: ignore[arg-type]
+    for key in secret_keys(settings):
+        assert variables.pop(key)["valueFrom"] == {"secretKeyRef": {"name": COLLECTOR_SECRET, "key": key}}
+    if cloud == "eks":
+        assert variables.pop("AWS_REGION") == {"name": "AWS_REGION", "value": AWS_REGION_PLACEHOLDER}
+    assert set(variables) == {"MY_POD_IP", "GOMEMLIMIT"}
+
+
+def test_collector_container_runs_the_pinned_image_and_probes_its_health() -> None:
     container = by_kind(collector_objects("generic"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == COLLECTOR_IMAGE
     assert container["args"] == ["--config=/conf/config.yaml"]
-    assert container["envFrom"] == [{"secretRef": {"name": COLLECTOR_SECRET, "optional": True}}]
     variables = {e["name"]: e for e in container["env"]}
     assert variables["MY_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert set(variables) == {"MY_POD_IP", "GOMEMLIMIT"}
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/", "port": "health"}
     assert {"name": "health", "containerPort": 13133, "protocol": "TCP"} in container["ports"]
@@ -167,6 +195,68 @@ def test_chart_collector_matches_the_base() -> None:
     base_pod = base["Deployment"]["spec"]["template"]["spec"]
     assert chart_pod["securityContext"] == base_pod["securityContext"]
     assert chart_pod["volumes"][0]["configMap"]["name"] == COLLECTOR_NAME
+
+
+def _chart_secret_keys(config: str) -> list[str]:
+    """What the chart's template finds in a configuration: its regex, applied as Helm's regexFindAll would."""
+    template = (CHART / "templates/collector.yaml").read_text()
+    found = re.search(r"regexFindAll `([^`]+)` \$config -1", template)
+    assert found, "the template no longer derives the Secret's keys from the configuration"
+    keys: list[str] = []
+    for match in re.findall(found.group(1), config):
+        key = match.removeprefix("${env:").removesuffix("}")
+        if key not in ("MY_POD_IP", "AWS_REGION") and key not in keys:
+            keys.append(key)
+    return keys
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_chart_gives_the_collector_each_secret_key_its_configuration_reads(cloud: str) -> None:
+    settings = CollectorSettings(cloud=cloud)  # type: ignore[arg-type]
+    assert _chart_secret_keys(generated(cloud)) == list(secret_keys(settings))
+    sls = CollectorSettings(cloud="ack", ack_backend="sls", endpoint="cn-hangzhou.log.aliyuncs.com")
+    assert _chart_secret_keys(to_yaml(collector_config(sls))) == list(secret_keys(sls))  # a collector.config too
+
+
+def test_chart_secret_keys_are_required_and_the_eks_region_too() -> None:
+    template = (CHART / "templates/collector.yaml").read_text()
+    assert "envFrom" not in template and "optional:" not in template
+    assert (
+        "secretKeyRef:\n              name: {{ $.Values.collector.secretName }}\n              key: {{ . }}" in template
+    )
+    assert re.search(r'contains "\$\{env:AWS_REGION\}" \$config', template)
+    assert re.search(r"required \"collector.awsRegion: [^\"]+\" \.Values\.collector\.awsRegion", template)
+
+
+def _helm(*args: str) -> subprocess.CompletedProcess[str]:
+    helm = shutil.which("helm")
+    if helm is None:
+        pytest.skip("helm is not installed (the checks above read the template's text)")
+    command = [helm, "template", "t", str(CHART), "--namespace", "mmfleet-system", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_helm_renders_one_required_secret_key_per_variable(cloud: str) -> None:
+    region = ["--set", "collector.awsRegion=us-west-2"] if cloud == "eks" else []
+    result = _helm("--set", f"collector.cloud={cloud}", *region)
+    assert result.returncode == 0, result.stderr
+    deployment = next(
+        d
+        for d in yaml.safe_load_all(result.stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] == COLLECTOR_NAME
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    keys = secret_keys(CollectorSettings(cloud=cloud))  # type: ignore[arg-type]
+    assert refs == [{"name": COLLECTOR_SECRET, "key": key} for key in keys]
+    assert "envFrom" not in container
+
+
+def test_helm_refuses_eks_without_a_region() -> None:
+    result = _helm("--set", "collector.cloud=eks")
+    assert result.returncode != 0
+    assert "collector.awsRegion" in result.stderr
 
 
 def test_chart_reads_each_clouds_file_and_installs_none_for_auto() -> None:

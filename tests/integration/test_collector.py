@@ -11,13 +11,24 @@ Needs only the collector binary, not the local control plane.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from mmfleet.clouds.collector import CollectorSettings, collector_config, secret_keys
+from mmfleet.clouds.collector import (
+    AWS_REGION_PLACEHOLDER,
+    DETECTOR_ATTRIBUTES,
+    CollectorSettings,
+    collector_config,
+    kustomize_env_patch,
+    secret_keys,
+)
+from mmfleet_lab.cluster.build import COLLECTOR_COMPONENTS
 from mmfleet_lab.cluster.collector import PodEnvironmentError, Validation, run_collector, validate
 from tests.unit.test_collector_config import CASES
 
@@ -71,7 +82,8 @@ def test_the_collector_accepts_each_generated_configuration(case: str, tmp_path:
 def test_the_collector_refuses_a_key_its_component_does_not_have(
     cloud: str, section: str, component: str, key: str, tmp_path: Path
 ) -> None:
-    """A misspelt key fails. Not in every component: azure_monitor, otlp_http and resource_detection take any key."""
+    """A misspelt key fails. Not in every component: azure_monitor, otlp_http and resource_detection take any key
+    (for the detectors' attributes, see test_each_detectors_attributes_are_those_of_the_built_module)."""
     settings = CollectorSettings(cloud=cloud)  # type: ignore[arg-type]
     config = collector_config(settings)
     config[section][component][key + "s"] = config[section][component].pop(key)
@@ -93,6 +105,48 @@ def test_a_missing_secret_fails_validation(tmp_path: Path) -> None:
     result = _validate(collector_config(CollectorSettings(cloud="generic")), tmp_path, {})
     assert not result.ok
     assert 'exporters::otlp_grpc: requires a non-empty "endpoint"' in result.output
+
+
+def test_the_eks_overlays_placeholder_region_stops_the_collector(tmp_path: Path) -> None:
+    """Unset, AWS_REGION makes https://xray..amazonaws.com, which validate accepts: a collector that starts and
+    exports nowhere. The kustomize EKS overlay's placeholder instead fails at start, as an unset Secret key does."""
+    settings = CollectorSettings(cloud="eks")
+    container = kustomize_env_patch(settings)["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env == {"AWS_REGION": AWS_REGION_PLACEHOLDER}
+    result = _validate(collector_config(settings), tmp_path, env)
+    assert not result.ok
+    assert "traces_endpoint must be a valid URL" in result.output
+
+
+# Where each detector of DETECTOR_ATTRIBUTES lives in the resourcedetectionprocessor module.
+_DETECTOR_DIRS = {
+    "eks": "aws/eks",
+    "ec2": "aws/ec2",
+    "aks": "azure/aks",
+    "azure": "azure",
+    "alibaba_ecs": "alibaba/ecs",
+}
+
+
+def _resourcedetection_module() -> Path:
+    gomod = next(m for (s, t), m in COLLECTOR_COMPONENTS.items() if t == "resource_detection")
+    module, version = gomod.split(" ")
+    go = shutil.which("go")
+    cache = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True, check=False).stdout if go else ""
+    path = Path(cache.strip() or Path.home() / "go/pkg/mod") / f"{module}@{version}"
+    if not path.is_dir():
+        pytest.skip(f"{module}@{version} is not in the Go module cache (ensure_collector fills it)")
+    return path
+
+
+@pytest.mark.parametrize("detector", sorted(_DETECTOR_DIRS))
+def test_each_detectors_attributes_are_those_of_the_built_module(detector: str) -> None:
+    """The collector takes any key under a detector, so a misspelt attribute would silently stay on: compare every
+    name mmfleet turns on or off with the detector's own metadata.yaml at the version built."""
+    metadata = _resourcedetection_module() / "internal" / _DETECTOR_DIRS[detector] / "metadata.yaml"
+    names = set(yaml.safe_load(metadata.read_text())["resource_attributes"])
+    assert set(DETECTOR_ATTRIBUTES[detector]) == names
 
 
 def _send_span(protocol: str, endpoint: str, name: str) -> None:

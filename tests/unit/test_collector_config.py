@@ -16,11 +16,16 @@ from mmfleet import cli
 from mmfleet.api import PROFILE_NAMES
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet.clouds.collector import (
+    AWS_REGION_PLACEHOLDER,
     COLLECTOR_NAME,
     COLLECTOR_NAMESPACE,
+    DETECTOR_ATTRIBUTES,
     CollectorSettings,
     collector_config,
     component_types,
+    kustomize_env_patch,
+    needs_region,
+    secret_env,
     secret_keys,
     to_yaml,
 )
@@ -77,12 +82,51 @@ def test_one_traces_pipeline_with_the_processors_in_order(case: str) -> None:
     [
         ("eks", ["env", "eks", "ec2"]),
         ("aks", ["env", "aks", "azure"]),
-        ("ack", ["env", "alibaba_ecs", "system"]),
-        ("generic", ["env", "system"]),
+        ("ack", ["env", "alibaba_ecs"]),
+        ("generic", ["env"]),
     ],
 )
 def test_resource_detection_per_cloud(cloud: str, detectors: list[str]) -> None:
     assert config(cloud)["processors"]["resource_detection"]["detectors"] == detectors
+
+
+# What each detector may set, from its metadata.yaml at resourcedetectionprocessor v0.158.0 (read there, and
+# compared with the module itself by tests/integration/test_collector.py when the Go module cache has it).
+HOST_ATTRIBUTES = {"host.id", "host.name", "host.type", "host.image.id", "os.type", "os.description"}
+
+
+@pytest.mark.parametrize("cloud", PROFILE_NAMES)
+def test_detectors_set_only_cluster_wide_attributes_never_the_collectors_host(cloud: str) -> None:
+    """A gateway collector's detectors see the collector's node: its host, VM and zone must not reach the spans."""
+    detection = config(cloud)["processors"]["resource_detection"]
+    assert "system" not in detection["detectors"]
+    for detector in detection["detectors"]:
+        if detector == "env":
+            assert detector not in detection
+            continue
+        attributes = detection[detector]["resource_attributes"]
+        assert set(attributes) == set(DETECTOR_ATTRIBUTES[detector]), detector  # every one written, on or off
+        enabled = {name for name, value in attributes.items() if value == {"enabled": True}}
+        assert enabled <= {"cloud.provider", "cloud.platform", "cloud.region", "cloud.account.id", "k8s.cluster.name"}
+        assert not enabled & HOST_ATTRIBUTES
+        assert not any(n.startswith(("host.", "os.", "azure.vm.")) or n == "cloud.availability_zone" for n in enabled)
+        assert {"cloud.provider", "cloud.platform"} <= enabled, detector
+
+
+def test_detector_attributes_are_those_of_the_pinned_processor() -> None:
+    assert DETECTOR_ATTRIBUTES["aks"] == ("cloud.platform", "cloud.provider", "k8s.cluster.name")
+    assert "k8s.cluster.name" in DETECTOR_ATTRIBUTES["eks"]
+    assert {"azure.vm.name", "azure.vm.size", "host.name"} <= set(DETECTOR_ATTRIBUTES["azure"])
+    for detector in ("ec2", "alibaba_ecs"):
+        assert {"host.id", "host.name", "host.type", "host.image.id"} <= set(DETECTOR_ATTRIBUTES[detector])
+    config_eks = config("eks")["processors"]["resource_detection"]
+    assert config_eks["eks"]["resource_attributes"]["k8s.cluster.name"] == {"enabled": True}
+    assert config_eks["ec2"]["resource_attributes"]["host.name"] == {"enabled": False}
+
+
+def test_k8s_attributes_gives_the_senders_node() -> None:
+    """The pod's node, which the detectors no longer guess from the collector's, comes from its pod."""
+    assert "k8s.node.name" in config("generic")["processors"]["k8s_attributes"]["extract"]["metadata"]
 
 
 def test_k8s_attributes_adds_pod_metadata_and_the_inference_label() -> None:
@@ -155,6 +199,49 @@ def test_secret_keys_are_exactly_the_variables_the_config_reads(case: str, keys:
     assert secret_keys(CollectorSettings(**CASES[case])) == keys
     variables = set(re.findall(r"\$\{env:(\w+)\}", to_yaml(config(case))))
     assert variables - {"MY_POD_IP", "AWS_REGION"} == set(keys)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_secrets_keys_become_required_env_entries(case: str) -> None:
+    """One secretKeyRef per key, never optional: a missing Secret or key must stop the collector's pod."""
+    settings = CollectorSettings(**CASES[case])
+    env = secret_env(settings)
+    assert [e["name"] for e in env] == list(secret_keys(settings))
+    for entry in env:
+        assert entry["valueFrom"] == {"secretKeyRef": {"name": "mmfleet-otel-collector", "key": entry["name"]}}
+
+
+@pytest.mark.parametrize(
+    ("case", "region"), [("eks", True), ("eks-overrides", False), ("eks-endpoint", True), ("aks", False)]
+)
+def test_eks_without_a_region_written_in_needs_aws_region_set(case: str, region: bool) -> None:
+    settings = CollectorSettings(**CASES[case])
+    assert needs_region(settings) is region
+    assert ("${env:AWS_REGION}" in to_yaml(collector_config(settings))) is region
+
+
+def test_the_kustomize_env_patch_replaces_the_bases_keys_with_the_clouds() -> None:
+    def env(cloud: str) -> list[Any]:
+        patch = kustomize_env_patch(CollectorSettings(cloud=cloud))  # type: ignore[arg-type]
+        assert (patch["kind"], patch["metadata"]) == (
+            "Deployment",
+            {"name": COLLECTOR_NAME, "namespace": "mmfleet-system"},
+        )
+        return patch["spec"]["template"]["spec"]["containers"][0]["env"]  # type: ignore[index,no-any-return]
+
+    assert env("generic") == secret_env(CollectorSettings())
+    assert env("aks") == [{"name": "OTLP_ENDPOINT", "$patch": "delete"}, *secret_env(CollectorSettings(cloud="aks"))]
+    eks = env("eks")
+    assert eks[0] == {"name": "OTLP_ENDPOINT", "$patch": "delete"}
+    assert eks[1:] == [{"name": "AWS_REGION", "value": AWS_REGION_PLACEHOLDER}]
+    assert " " in AWS_REGION_PLACEHOLDER  # so https://xray.<it>.amazonaws.com is no URL and the collector stops
+
+
+def test_cli_prints_the_kustomize_env_patch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["collector-config", "--cloud", "ack", "--kustomize-env"]) == 0
+    printed = capsys.readouterr().out
+    assert "--kustomize-env" in printed.splitlines()[2]
+    assert yaml.safe_load(printed) == kustomize_env_patch(CollectorSettings(cloud="ack"))
 
 
 # Keys whose value is a credential in some exporter or extension of the pinned collector.

@@ -14,10 +14,10 @@ Component type names and keys are those of the pinned release (``COLLECTOR_VERSI
 component's ``config.go`` and ``metadata.yaml``: ``otlp`` receiver (``protocols.grpc|http.endpoint``);
 ``memory_limiter`` (``check_interval``, ``limit_percentage``, ``spike_limit_percentage``); ``k8s_attributes``
 (``extract.metadata``, ``extract.labels[].tag_name|key|from``, ``pod_association[].sources[].from|name``);
-``resource_detection`` (``detectors``, ``timeout``, ``override``; detectors ``env``, ``system``, ``eks``,
-``ec2``, ``aks``, ``azure``, ``alibaba_ecs``); ``resource`` (``attributes[].key|value|action``); ``batch``;
-``health_check`` (``endpoint``). The builder manifest that compiles exactly these is
-``mmfleet_lab.cluster.build.COLLECTOR_COMPONENTS``; a unit test keeps the two in step.
+``resource_detection`` (``detectors``, ``timeout``, ``override``, ``<detector>.resource_attributes.<name>.enabled``;
+detectors ``env``, ``eks``, ``ec2``, ``aks``, ``azure``, ``alibaba_ecs``); ``resource``
+(``attributes[].key|value|action``); ``batch``; ``health_check`` (``endpoint``). The builder manifest that
+compiles exactly these is ``mmfleet_lab.cluster.build.COLLECTOR_COMPONENTS``; a unit test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ COLLECTOR_VERSION = "0.161.0"
 COLLECTOR_IMAGE = f"otel/opentelemetry-collector-contrib:{COLLECTOR_VERSION}"
 COLLECTOR_NAME = "mmfleet-otel-collector"
 COLLECTOR_NAMESPACE = "mmfleet-system"
-# The Secret whose keys become the collector's environment (envFrom); which keys each cloud reads: SECRET_KEYS.
+# The Secret whose keys become the collector's environment (secret_env); which keys each cloud reads: SECRET_KEYS.
 COLLECTOR_SECRET = "mmfleet-otel-collector"
+COLLECTOR_CONTAINER = "otel-collector"
+# The kustomize EKS overlay's AWS_REGION until the user sets theirs: the X-Ray URL built from it is no URL (it has
+# spaces), so the collector refuses to start (TracingReady: CollectorNotReady) rather than export nowhere.
+AWS_REGION_PLACEHOLDER = "SET-ME your AWS region, e.g. us-west-2 (docs/tracing.md, EKS)"
 OTLP_GRPC_PORT = 4317
 OTLP_HTTP_PORT = 4318
 HEALTH_PORT = 13133
@@ -48,17 +52,80 @@ INFERENCE_LABEL = "mmfleet.io/inference"
 
 AckBackend = Literal["arms", "sls"]
 
-# Detectors per cloud, most specific first (the first to set an attribute wins). Alibaba has an ECS
-# detector (``alibaba_ecs``, resourcedetectionprocessor ``internal/alibaba/ecs``) but no ACK one.
+# Detectors per cloud, most specific first (the first to set an attribute wins). Alibaba has an ECS detector
+# (``alibaba_ecs``, resourcedetectionprocessor ``internal/alibaba/ecs``) but no ACK one; the ``system`` detector
+# is left out everywhere: it only knows the collector's own host and OS.
 DETECTORS: dict[ProfileName, tuple[str, ...]] = {
     "eks": ("env", "eks", "ec2"),
     "aks": ("env", "aks", "azure"),
-    "ack": ("env", "alibaba_ecs", "system"),
-    "generic": ("env", "system"),
+    "ack": ("env", "alibaba_ecs"),
+    "generic": ("env",),
 }
 
+# Every attribute each cloud detector can set (its ``metadata.yaml`` at resourcedetectionprocessor v0.158.0, the
+# version the test collector builds; ``env`` has none to configure). The collector is a gateway: a detector
+# describes the node the collector runs on, not the pod that sent the span, so only what is the same for every
+# node of the cluster is kept (DETECTED_ATTRIBUTES); each detector's attributes are all written out, on or off,
+# so a default that changes upstream cannot stamp the collector's host.*, azure.vm.* or zone on every span.
+DETECTOR_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "eks": (
+        "cloud.account.id",
+        "cloud.availability_zone",
+        "cloud.platform",
+        "cloud.provider",
+        "cloud.region",
+        "host.id",
+        "host.image.id",
+        "host.name",
+        "host.type",
+        "k8s.cluster.name",
+    ),
+    "ec2": (
+        "cloud.account.id",
+        "cloud.availability_zone",
+        "cloud.platform",
+        "cloud.provider",
+        "cloud.region",
+        "host.id",
+        "host.image.id",
+        "host.name",
+        "host.type",
+    ),
+    "aks": ("cloud.platform", "cloud.provider", "k8s.cluster.name"),
+    "azure": (
+        "azure.resourcegroup.name",
+        "azure.vm.name",
+        "azure.vm.scaleset.name",
+        "azure.vm.size",
+        "cloud.account.id",
+        "cloud.availability_zone",
+        "cloud.platform",
+        "cloud.provider",
+        "cloud.region",
+        "host.id",
+        "host.name",
+    ),
+    "alibaba_ecs": (
+        "cloud.account.id",
+        "cloud.availability_zone",
+        "cloud.platform",
+        "cloud.provider",
+        "cloud.region",
+        "host.id",
+        "host.image.id",
+        "host.name",
+        "host.type",
+    ),
+}
+# Cluster-wide facts. The availability zone is the collector node's, not the sender's, so it is off too; the
+# pod's node comes from k8s_attributes (k8s.node.name). k8s.cluster.name: EKS reads it with ec2:DescribeInstances
+# (without that permission the detector logs at debug level and sets the rest), AKS parses the node resource group.
+DETECTED_ATTRIBUTES = frozenset(
+    {"cloud.provider", "cloud.platform", "cloud.region", "cloud.account.id", "k8s.cluster.name"}
+)
+
 # The environment variables each cloud's config references: the Secret COLLECTOR_SECRET must hold these keys
-# (EKS needs none: AWS_REGION is set by the IRSA / Pod Identity webhook, or by hand).
+# (EKS needs none; its AWS_REGION is set by whatever installs the collector, see needs_region).
 SECRET_KEYS: dict[str, tuple[str, ...]] = {
     "eks": (),
     "aks": ("APPLICATIONINSIGHTS_CONNECTION_STRING",),
@@ -176,6 +243,41 @@ def secret_keys(settings: CollectorSettings) -> tuple[str, ...]:
     return keys
 
 
+def needs_region(settings: CollectorSettings) -> bool:
+    """Whether the config reads ``${env:AWS_REGION}`` (EKS without a region written in): unset, the collector
+    would start and export to ``https://xray..amazonaws.com``, so whatever installs it must set the variable."""
+    return settings.cloud == "eks" and settings.region is None
+
+
+def secret_env(settings: CollectorSettings, secret: str = COLLECTOR_SECRET) -> list[JsonObj]:
+    """The container's ``env`` for the Secret's keys this config reads: one ``secretKeyRef`` each, not optional.
+
+    Not ``envFrom``: a Secret or key that is missing then stops the pod (``CreateContainerConfigError``), which
+    TracingReady reports as CollectorNotReady, instead of a collector that is ready and exports nowhere.
+    """
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for key in secret_keys(settings)]
+
+
+def kustomize_env_patch(settings: CollectorSettings) -> JsonObj:
+    """The strategic-merge patch that gives the collector's container the environment its config reads.
+
+    The kustomize base (generic) applies its own; an overlay's deletes the base's keys its cloud does not read,
+    and on EKS sets AWS_REGION to ``AWS_REGION_PLACEHOLDER``, which the user replaces in an overlay of their own.
+    """
+    base = secret_keys(CollectorSettings())
+    keys = secret_keys(settings)
+    env: list[JsonObj] = [{"name": key, "$patch": "delete"} for key in base if key not in keys]
+    env += secret_env(settings)
+    if needs_region(settings):
+        env.append({"name": "AWS_REGION", "value": AWS_REGION_PLACEHOLDER})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": COLLECTOR_NAME, "namespace": COLLECTOR_NAMESPACE},
+        "spec": {"template": {"spec": {"containers": [{"name": COLLECTOR_CONTAINER, "env": env}]}}},
+    }
+
+
 def _exporters(settings: CollectorSettings) -> dict[str, Any]:
     """The cloud profile's exporter fragment with the user's settings written in."""
     if settings.cloud == "ack" and settings.ack_backend == "sls":
@@ -238,7 +340,7 @@ def _processors(settings: CollectorSettings) -> JsonObj:
             ],
         },
         # override false: what the pod said about itself (OTEL_RESOURCE_ATTRIBUTES) wins over detection.
-        "resource_detection": {"detectors": list(DETECTORS[settings.cloud]), "timeout": "5s", "override": False},
+        "resource_detection": _resource_detection(settings.cloud),
     }
     if settings.resource_attributes:
         processors["resource"] = {
@@ -249,6 +351,19 @@ def _processors(settings: CollectorSettings) -> JsonObj:
         }
     processors["batch"] = {"send_batch_size": 512, "timeout": "5s"}
     return processors
+
+
+def _resource_detection(cloud: ProfileName) -> JsonObj:
+    """The cloud's detectors, each told which attributes to set: the cluster-wide ones only."""
+    detection: JsonObj = {"detectors": list(DETECTORS[cloud]), "timeout": "5s", "override": False}
+    for detector in DETECTORS[cloud]:
+        if detector in DETECTOR_ATTRIBUTES:
+            detection[detector] = {
+                "resource_attributes": {
+                    name: {"enabled": name in DETECTED_ATTRIBUTES} for name in DETECTOR_ATTRIBUTES[detector]
+                }
+            }
+    return detection
 
 
 def collector_config(settings: CollectorSettings | None = None) -> JsonObj:
@@ -304,6 +419,20 @@ def header(settings: CollectorSettings) -> str:
     keys = secret_keys(settings)
     if keys:
         lines.append(f"# Reads from the environment (Secret {COLLECTOR_SECRET}): {', '.join(keys)}.")
+    if needs_region(settings):
+        lines.append("# Reads AWS_REGION from the environment: the collector's Deployment must set it.")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def env_patch_header(settings: CollectorSettings) -> str:
+    """Comment lines for the top of a generated kustomize env patch."""
+    lines = [
+        f"# The collector's environment for cloud {settings.cloud}: the Secret's keys its configuration reads",
+        "# (not optional: a missing Secret or key stops the pod, and TracingReady says CollectorNotReady).",
+        f"# generated by `mmfleet collector-config --cloud {settings.cloud} --kustomize-env`; do not edit.",
+    ]
+    if needs_region(settings):
+        lines.append("# AWS_REGION is a placeholder: set your region in an overlay of your own (docs/tracing.md, EKS).")
     return "".join(f"{line}\n" for line in lines)
 
 
