@@ -38,6 +38,18 @@ class NamespaceTerminatingError(Exception):
     """The namespace is being deleted: nothing can be created in it, and nothing needs to be."""
 
 
+def is_forbidden(error: BaseException) -> bool:
+    """Whether the API server refused a request for want of RBAC (403), as opposed to failing it."""
+    return isinstance(error, ApiException) and error.status == 403
+
+
+def error_text(error: BaseException) -> str:
+    """One line for a condition or a log: ``503 Service Unavailable`` for the API server's refusals."""
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}"
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def _json(response: Any) -> Obj:
     """The body of a raw response (``serialize=False``) as plain dicts and lists.
 

@@ -7,6 +7,7 @@ writes nothing).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -66,33 +67,80 @@ class TracingSeen:
     cloud: str
     service: tuple[str, str] | None = None  # (namespace, name) the endpoint names; None: not an in-cluster name
     found: bool | None = None  # whether that Service exists; None when not looked up
-    ready: int | None = None  # its ready endpoints (EndpointSlices); None when they could not be read
+    ready: int | None = None  # its ready endpoints (EndpointSlices); None when they may not be read
+    failed: str | None = None  # why the look-up failed (remembered briefly), when it did
 
 
-def collector_service(endpoint: str, namespace: str) -> tuple[str, str] | None:
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+_SERVICE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1035 label, as Service names are
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label
+
+
+def _host(endpoint: str) -> str:
+    return urlsplit(endpoint if "://" in endpoint else f"//{endpoint}").hostname or ""
+
+
+def collector_service(
+    endpoint: str, namespace: str, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
+) -> tuple[str, str] | None:
     """The (namespace, name) of the Service an OTLP endpoint names in cluster DNS, or None for any other host.
 
-    ``name.ns.svc[.cluster.local]`` names a Service in ``ns``; a bare ``name`` resolves, through the pod's
-    DNS search path, to a Service in the pod's own namespace. Anything else (an IP, a cloud endpoint) is
-    outside what the operator can check.
+    What a pod's resolver (search path ``<ns>.svc.<domain> svc.<domain> <domain>``) turns into a Service:
+    ``name.ns.svc``, ``name.ns.svc.<domain>`` (also with the trailing dot of an absolute name), ``name.ns``, and a
+    bare ``name`` in the pod's own namespace. Anything else (an IP, a cloud endpoint, another domain, any other
+    absolute name) is outside what the operator can check.
     """
-    host = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}").hostname or ""
-    labels = host.split(".")
-    if len(labels) >= 3 and labels[2] == "svc" and (len(labels) == 3 or ".".join(labels[3:]) == "cluster.local"):
-        return labels[1], labels[0]
-    if len(labels) == 1 and labels[0] and not labels[0].isdigit() and labels[0] != "localhost":
-        return namespace, labels[0]
-    return None
+    host = _host(endpoint)
+    absolute = host.endswith(".")
+    labels = host.removesuffix(".").split(".")
+    domain = cluster_domain.strip(".").lower()
+    if len(labels) >= 3 and labels[2] == "svc":
+        rest = ".".join(labels[3:])
+        if not (rest == domain or (rest == "" and not absolute)):
+            return None
+    elif absolute or len(labels) > 2:
+        return None
+    name = labels[0]
+    service_namespace = labels[1] if len(labels) > 1 else namespace
+    if not _SERVICE_NAME.fullmatch(name) or not _NAMESPACE.fullmatch(service_namespace) or name == "localhost":
+        return None
+    return service_namespace, name
+
+
+def _also_outside(endpoint: str) -> bool:
+    """``name.ns`` resolves to a Service when there is one, and otherwise to whatever public DNS says."""
+    return len(_host(endpoint).split(".")) == 2
 
 
 def tracing_row(seen: TracingSeen) -> ConditionRow:
-    """TracingReady: where the spans go, or why they cannot get there."""
+    """TracingReady: where the spans go, or why they cannot get there, or that the operator could not tell."""
     where = "spec.tracing.endpoint" if seen.from_spec else f"the {seen.cloud} profile's collector"
     if seen.service is None:
-        return ("TracingReady", True, "EndpointOutsideCluster", f"spans go to {seen.endpoint} ({where}); not checked")
+        return (
+            "TracingReady",
+            None,
+            "EndpointNotChecked",
+            f"spans go to {seen.endpoint} ({where}), which names no Service in cluster DNS; whether anything "
+            "receives them there was not checked",
+        )
     namespace, name = seen.service
+    if seen.failed is not None:
+        return (
+            "TracingReady",
+            None,
+            "CollectorLookupFailed",
+            f"looking up Service {namespace}/{name} of {seen.endpoint} ({where}) failed: {seen.failed}",
+        )
     if seen.found is None:
         return ("TracingReady", None, "NotChecked", f"Service {namespace}/{name} of {seen.endpoint} not looked up yet")
+    if not seen.found and _also_outside(seen.endpoint):
+        return (
+            "TracingReady",
+            None,
+            "EndpointNotChecked",
+            f"no Service {name} in namespace {namespace}: spans sent to {seen.endpoint} ({where}) go to that host "
+            "outside the cluster, if there is one; not checked",
+        )
     if not seen.found:
         fix = (
             "fix spec.tracing.endpoint"

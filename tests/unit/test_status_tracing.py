@@ -38,10 +38,31 @@ def tracing_condition(status: MultimodalInferenceStatus) -> tuple[str, str, str]
         ("http://10.0.0.7:4317", None),
         ("http://localhost:4317", None),
         ("http://a.b.svc.example.com:4317", None),
+        ("http://otel.observability:4317", ("observability", "otel")),  # name.ns, through the search path
+        ("otel.observability:4317", ("observability", "otel")),
+        ("http://otel.observability.svc.cluster.local.:4317", ("observability", "otel")),  # absolute
+        ("http://otel.observability.svc.:4317", None),  # absolute without the cluster domain: no Service
+        ("http://otel.observability.:4317", None),
+        ("http://collector.:4317", None),
+        ("http://[::1]:4317", None),
+        ("http://4317bad:4317", None),  # not a Service name
     ],
 )
 def test_the_service_an_endpoint_names_in_cluster_dns(endpoint: str, service: tuple[str, str] | None) -> None:
     assert collector_service(endpoint, "ml") == service
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "service"),
+    [
+        ("http://otel.observability.svc.corp.example:4317", ("observability", "otel")),
+        ("http://otel.observability.svc.corp.example.:4317", ("observability", "otel")),
+        ("http://otel.observability.svc:4317", ("observability", "otel")),
+        ("http://otel.observability.svc.cluster.local:4317", None),  # not this cluster's domain
+    ],
+)
+def test_a_cluster_domain_of_its_own(endpoint: str, service: tuple[str, str] | None) -> None:
+    assert collector_service(endpoint, "ml", cluster_domain="corp.example") == service
 
 
 def test_no_condition_unless_tracing_is_enabled() -> None:
@@ -75,16 +96,39 @@ def test_a_missing_collector_is_false_with_the_service_and_the_fix_and_a_warning
     assert "spec.tracing.endpoint" in message and "namespace ml" in message
 
 
-def test_an_endpoint_outside_the_cluster_is_trusted_and_named() -> None:
+def test_an_endpoint_outside_the_cluster_is_unknown_not_trusted_and_named() -> None:
     seen = TracingSeen("https://otlp.example.com:4317", True, "generic", None, None)
     fleet = inference(enabled=True, endpoint="https://otlp.example.com:4317")
-    status, reason, message = tracing_condition(compute_status(fleet, Observed(tracing=seen), None, NOW)) or (
-        "",
-        "",
-        "",
-    )
-    assert (status, reason) == ("True", "EndpointOutsideCluster")
+    new = compute_status(fleet, Observed(tracing=seen), None, NOW)
+    status, reason, message = tracing_condition(new) or ("", "", "")
+    assert (status, reason) == ("Unknown", "EndpointNotChecked")
     assert "https://otlp.example.com:4317" in message and "spec.tracing.endpoint" in message
+    assert "not checked" in message
+    assert not [e for e in events(None, new) if e[1] == "EndpointNotChecked"]  # nothing is known to be wrong
+
+
+def test_name_dot_namespace_without_that_service_may_be_a_host_outside() -> None:
+    """``otel.observability`` resolves outside the cluster when no such Service exists: not lost, not checked."""
+    endpoint = "http://otel.observability:4317"
+    seen = TracingSeen(endpoint, True, "generic", ("observability", "otel"), False)
+    status, reason, message = tracing_condition(
+        compute_status(inference(enabled=True, endpoint=endpoint), Observed(tracing=seen), None, NOW)
+    ) or ("", "", "")
+    assert (status, reason) == ("Unknown", "EndpointNotChecked")
+    assert "no Service otel in namespace observability" in message
+    found = TracingSeen(endpoint, True, "generic", ("observability", "otel"), True, ready=1)
+    assert (tracing_condition(compute_status(inference(enabled=True), Observed(tracing=found), None, NOW)) or ("",))[
+        :2
+    ] == ("True", "CollectorFound")
+
+
+def test_a_failed_look_up_says_what_failed() -> None:
+    seen = TracingSeen(clouds.COLLECTOR_ENDPOINT, False, "eks", COLLECTOR, failed="listing Services in x: 503 Nope")
+    status, reason, message = tracing_condition(
+        compute_status(inference(enabled=True), Observed(tracing=seen), None, NOW)
+    ) or ("", "", "")
+    assert (status, reason) == ("Unknown", "CollectorLookupFailed")
+    assert "listing Services in x: 503 Nope" in message and "mmfleet-system/mmfleet-otel-collector" in message
 
 
 def test_without_a_look_up_the_last_condition_stays_and_the_first_is_unknown() -> None:

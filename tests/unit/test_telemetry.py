@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -76,8 +77,8 @@ class FakeKube(Kube):
     def thread_requests(self) -> int:
         return 0
 
-    services: list[str] = []  # noqa: RUF012 (the Services that exist, by name)
-    slices: list[dict[str, Any]] | None = []  # noqa: RUF012 (their EndpointSlices; None: forbidden)
+    services: list[str] | None = []  # noqa: RUF012 (the Services that exist, by name; None: listing them fails)
+    slices: list[dict[str, Any]] | int = []  # noqa: RUF012 (their EndpointSlices; an int: the error status)
     listed = 0
 
     def list_objects(
@@ -90,9 +91,11 @@ class FakeKube(Kube):
     ) -> list[dict[str, Any]]:
         self.listed += 1
         if kind == "EndpointSlice":
-            if self.slices is None:
-                raise PermissionError("403 Forbidden: endpointslices")  # no RBAC for them
+            if isinstance(self.slices, int):
+                raise ApiException(status=self.slices, reason="Forbidden" if self.slices == 403 else "Unavailable")
             return self.slices
+        if self.services is None:
+            raise ApiException(status=503, reason="Service Unavailable")
         name = (field_selector or "").removeprefix("metadata.name=")
         return [{"metadata": {"name": name}}] if name in self.services else []
 
@@ -257,6 +260,69 @@ def test_tracing_ready_follows_the_collector_service_looked_up_once_for_all_flee
     assert tracing_ready(4) == ("False", "CollectorNotReady")
     kube.slices = [{"endpoints": [{"addresses": ["10.0.0.9"], "conditions": {"ready": True}}]}]
     assert tracing_ready(5) == ("True", "CollectorFound")
-    kube.slices = None  # the slices cannot be read: the Service is taken on trust
+    kube.slices = 403  # no RBAC for the slices: the Service is taken on trust
     assert tracing_ready(6) == ("True", "CollectorFound")
     assert STATE.tracing[("ml", "qwen")] is not None  # what the autoscaler's status writes carry
+
+
+def _tracing_ready(kube: FakeKube, generation: int) -> tuple[str, str, str]:
+    fleet.reconcile(body(generation=generation, tracing=True), [], None, prune=False)
+    condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
+    return condition["status"], condition["reason"], condition["message"]
+
+
+def test_endpoint_slices_that_fail_to_read_keep_what_was_seen_and_are_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only a 403 means "may not know, trust the Service"; any other failure must not turn a down collector True."""
+    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
+    kube = FakeKube()
+    STATE.kube = kube
+    kube.services = ["mmfleet-otel-collector"]
+    kube.slices = 503
+    status, reason, message = _tracing_ready(kube, 1)  # nothing seen before: the condition says what failed
+    assert (status, reason) == ("Unknown", "CollectorLookupFailed")
+    assert "EndpointSlices of mmfleet-system/mmfleet-otel-collector" in message
+    listed = kube.listed
+    _tracing_ready(kube, 2)
+    assert kube.listed == listed + 2  # not cached: the Service and its slices are asked again
+    kube.slices = []
+    assert _tracing_ready(kube, 3)[:2] == ("False", "CollectorNotReady")
+    key = ("mmfleet-system", "mmfleet-otel-collector")
+    seen = STATE.collectors[key] = dataclasses.replace(STATE.collectors[key], at=-1e9)  # as if it had expired
+    kube.slices = 503
+    assert _tracing_ready(kube, 4)[:2] == ("False", "CollectorNotReady")  # the ready count seen before holds
+    assert STATE.collectors[key] == seen  # and the failure is not remembered
+
+
+def test_the_missing_endpoint_slice_rbac_is_logged_once(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
+    kube = FakeKube()
+    STATE.kube = kube
+    kube.services, kube.slices = ["mmfleet-otel-collector"], 403
+    for generation in (1, 2):
+        STATE.collectors.clear()
+        assert _tracing_ready(kube, generation)[:2] == ("True", "CollectorFound")
+    assert sum("may not list EndpointSlices" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_failed_service_look_up_says_what_failed_and_is_remembered_briefly(
+    monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
+    kube = FakeKube()
+    STATE.kube = kube
+    kube.services = None
+    status, reason, message = _tracing_ready(kube, 1)
+    assert (status, reason) == ("Unknown", "CollectorLookupFailed")
+    assert "listing Services in mmfleet-system" in message and "503" in message
+    listed = kube.listed
+    _tracing_ready(kube, 2)
+    assert kube.listed == listed  # remembered: the next fleets neither ask nor warn again
+    assert sum("looking up the collector Service" in r.getMessage() for r in caplog.records) == 1
+    lookup = STATE.collectors[("mmfleet-system", "mmfleet-otel-collector")]
+    STATE.collectors[("mmfleet-system", "mmfleet-otel-collector")] = dataclasses.replace(
+        lookup, at=lookup.at - fleet.COLLECTOR_FAILURE_CACHE_SECONDS
+    )
+    kube.services, kube.slices = ["mmfleet-otel-collector"], [{"endpoints": [{"addresses": ["10.0.0.9"]}]}]
+    assert _tracing_ready(kube, 3)[:2] == ("True", "CollectorFound")  # asked again once the failure expired

@@ -25,6 +25,7 @@ from mmfleet.api import GROUP, KIND, PLURAL, VERSION, MultimodalInference
 from mmfleet.handlers.state import (
     STATE,
     Body,
+    CollectorLookup,
     Key,
     get_kube,
     last_status,
@@ -36,7 +37,7 @@ from mmfleet.handlers.state import (
     utc_now,
     write_status,
 )
-from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, NamespaceTerminatingError, RetryableError
+from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, NamespaceTerminatingError, RetryableError, error_text, is_forbidden
 from mmfleet.render import INFERENCE_LABEL, SpecError
 
 CHILD_LABELS: dict[str, Any] = {
@@ -52,9 +53,13 @@ RESYNC_SECONDS = 300
 STATUS_DEBOUNCE = 1.0
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 WORKER_IDLE_SECONDS = 1.0
-# A collector Service installed, removed or left without ready pods shows in TracingReady within this long (one
-# look-up for all fleets).
+# How long one look-up of a collector Service (and its ready endpoints) serves all fleets. A collector installed,
+# removed or left without ready pods shows in TracingReady at the fleet's next reconcile or status refresh after
+# that (status refreshes follow the fleet's own pod and Deployment events, else RESYNC_SECONDS): up to
+# RESYNC_SECONDS + COLLECTOR_CACHE_SECONDS.
 COLLECTOR_CACHE_SECONDS = 60
+# A failed look-up is remembered this long, so the fleets reconciled meanwhile neither retry nor warn one by one.
+COLLECTOR_FAILURE_CACHE_SECONDS = 10
 
 
 def _fingerprint(obj: Mapping[str, Any]) -> tuple[int, str]:
@@ -110,9 +115,14 @@ def _cache_problem(inference: MultimodalInference) -> tuple[str, str] | None:
     return problem
 
 
-def _ready_endpoints(namespace: str, service: str) -> int | None:
-    """The Service's ready endpoints, from its EndpointSlices; None when they cannot be read (no RBAC for them).
+class _EndpointsUnreadableError(Exception):
+    """Reading a Service's EndpointSlices failed for another reason than RBAC."""
 
+
+def _ready_endpoints(namespace: str, service: str) -> int | None:
+    """The Service's ready endpoints, from its EndpointSlices; None when the operator may not read them (403).
+
+    Any other failure raises ``_EndpointsUnreadableError``: a collector that is down must not be taken on trust.
     An endpoint whose ``ready`` is unset counts as ready, as the EndpointSlice API defines it.
     """
     try:
@@ -120,25 +130,53 @@ def _ready_endpoints(namespace: str, service: str) -> int | None:
             "discovery.k8s.io/v1", "EndpointSlice", namespace, selector=f"kubernetes.io/service-name={service}"
         )
     except Exception as error:
-        log.debug("reading the EndpointSlices of %s/%s failed: %s", namespace, service, error)
+        if not is_forbidden(error):
+            text = error_text(error)
+            raise _EndpointsUnreadableError(f"listing the EndpointSlices of {namespace}/{service}: {text}") from error
+        if not STATE.endpointslices_forbidden_logged:
+            STATE.endpointslices_forbidden_logged = True
+            log.warning(
+                "may not list EndpointSlices (%s): TracingReady checks that collector Services exist, not that a "
+                "collector pod serves behind them; grant list on discovery.k8s.io endpointslices",
+                error_text(error),
+            )
         return None
     endpoints = [e for s in slices for e in s.get("endpoints") or []]
     return sum((e.get("conditions") or {}).get("ready") is not False for e in endpoints)
 
 
-def _collector(namespace: str, name: str) -> tuple[bool, int | None]:
-    """Whether the Service exists and its ready endpoints, looked up at most once per ``COLLECTOR_CACHE_SECONDS``
-    for all fleets.
+def _collector(namespace: str, name: str) -> CollectorLookup:
+    """The Service and its ready endpoints, looked up at most once per ``COLLECTOR_CACHE_SECONDS`` for all fleets.
 
+    A failed Service look-up is remembered for ``COLLECTOR_FAILURE_CACHE_SECONDS`` and says what failed. A failed
+    EndpointSlice read keeps the ready count seen before, and is not remembered, so the next fleet tries again.
     A list by name rather than a get: the operator's ClusterRole lists Services, it does not get them.
     """
     known = STATE.collectors.get((namespace, name))
-    if known is not None and time.monotonic() - known[2] < COLLECTOR_CACHE_SECONDS:
-        return known[0], known[1]
-    found = bool(get_kube().list_objects("v1", "Service", namespace, field_selector=f"metadata.name={name}"))
-    ready = _ready_endpoints(namespace, name) if found else None
-    STATE.collectors[(namespace, name)] = (found, ready, time.monotonic())
-    return found, ready
+    now = time.monotonic()
+    if known is not None:
+        ttl = COLLECTOR_FAILURE_CACHE_SECONDS if known.failed is not None else COLLECTOR_CACHE_SECONDS
+        if now - known.at < ttl:
+            return known
+    try:
+        found = bool(get_kube().list_objects("v1", "Service", namespace, field_selector=f"metadata.name={name}"))
+    except Exception as error:
+        failed = f"listing Services in {namespace}: {error_text(error)}"
+        log.warning("looking up the collector Service %s/%s failed: %s", namespace, name, failed)
+        lookup = CollectorLookup(None, None, now, failed)
+        STATE.collectors[(namespace, name)] = lookup
+        return lookup
+    try:
+        ready = _ready_endpoints(namespace, name) if found else None
+    except _EndpointsUnreadableError as error:
+        log.warning("%s", error)
+        before = known.ready if known is not None and known.found else None
+        if before is None:
+            return CollectorLookup(found, None, now, str(error))
+        return CollectorLookup(found, before, now)
+    lookup = CollectorLookup(found, ready, now)
+    STATE.collectors[(namespace, name)] = lookup
+    return lookup
 
 
 def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen | None:
@@ -148,13 +186,13 @@ def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen |
     if tracing.enabled:
         endpoint = render.tracing_endpoint(inference, clouds.get(cloud)) or ""
         service = status.collector_service(endpoint, meta.namespace)
-        found, ready = None, None
-        if service is not None:
-            try:
-                found, ready = _collector(*service)
-            except Exception as error:  # the condition says Unknown; the fleet is served all the same
-                log.warning("looking up the collector Service %s/%s failed: %s", *service, error)
-        seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud, service, found, ready)
+        if service is None:
+            seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud)
+        else:
+            lookup = _collector(*service)
+            seen = status.TracingSeen(
+                endpoint, bool(tracing.endpoint), cloud, service, lookup.found, lookup.ready, lookup.failed
+            )
     STATE.tracing[(meta.namespace, meta.name)] = seen
     return seen
 

@@ -39,6 +39,16 @@ class Parsed:
     rendered: dict[tuple[str, bool], list[Body]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CollectorLookup:
+    """One look-up of a collector Service for all fleets: what was found, or why nothing could be."""
+
+    found: bool | None  # None: the look-up failed
+    ready: int | None  # ready endpoints; None when EndpointSlices may not be read (or not looked at)
+    at: float  # time.monotonic() of the look-up
+    failed: str | None = None  # what failed, e.g. "listing Services in mmfleet-system: 500 Internal Server Error"
+
+
 @dataclass
 class State:
     """What the operator keeps between handler calls (created at startup)."""
@@ -68,9 +78,10 @@ class State:
     cache_problems: dict[Key, tuple[str, str] | None] = field(default_factory=dict)
     # Where each tracing fleet's spans go, as the last reconcile or refresh saw it (for the autoscaler's writes).
     tracing: dict[Key, status.TracingSeen | None] = field(default_factory=dict)
-    # Whether an in-cluster collector Service exists and its ready endpoints, by (namespace, name), and
-    # time.monotonic() of the look-up.
-    collectors: dict[Key, tuple[bool, int | None, float]] = field(default_factory=dict)
+    # The last look-up of each in-cluster collector Service, by (namespace, name) (handlers.fleet._collector).
+    collectors: dict[Key, CollectorLookup] = field(default_factory=dict)
+    # Whether the missing RBAC for EndpointSlices has been logged (once: it lasts until the ClusterRole changes).
+    endpointslices_forbidden_logged: bool = False
     # By uid: what only changes with the generation (the autoscaler reads every fleet every cycle).
     parsed: dict[str, Parsed] = field(default_factory=dict)
     # A context of kopf's handlers, for kopf.event outside them (see remember_kopf_context).
