@@ -3,8 +3,11 @@
 A local control plane (built on first use) with Prometheus, the CRD, the operator as its own
 process, the examples that can run on kwok GPU nodes, then a traffic spike served by the digital
 twin (``mmfleet twin serve``) while the operator scales the autoscaled example: replicas and P90
-against the target live on the terminal, and a PNG of the run at the end. The cluster stays up
-afterwards so the user can explore it with kubectl.
+against the target live on the terminal, and a PNG of the run at the end. The real OpenTelemetry
+Collector (``cluster.collector``) runs beside them on 127.0.0.1 and writes every span it receives to a
+file: the operator's (each reconcile and scale decision) and the twin's request spans, so the end of the
+run can say where the spike's spans landed and show its slowest request and the decisions it caused.
+The cluster, the collector included, stays up afterwards so the user can explore it with kubectl.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmfleet import crd
+from mmfleet import crd, telemetry
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab import spike
 from mmfleet_lab.cluster import Cluster, NodePool, attach, ensure_binaries, up
+from mmfleet_lab.cluster import collector as otelcol
+from mmfleet_lab.twin import spans as twin_spans
 from mmfleet_lab.twin.serve import Spike
 
 CLUSTER = "mmfleet"
@@ -50,6 +56,9 @@ DEMO_AUTOSCALING = {
 }
 SPIKE_SECONDS = 360
 AUTOSCALE_INTERVAL = "5s"
+# The SDK's batch span processors send every 5 s (OTEL_BSP_SCHEDULE_DELAY) and the collector's file exporter
+# flushes every second: after this wait the file holds the spans of the run's last sample.
+SPAN_FLUSH_SECONDS = 7.0
 
 
 def _say(line: str) -> None:
@@ -76,13 +85,24 @@ def _kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess[str]
     return run
 
 
-def _start_operator(cluster: Cluster) -> int:
+def _start_collector(cluster: Cluster) -> otelcol.RunningCollector:
+    """The collector (built once into the cache, as ``make binaries`` builds it), recorded with the cluster so
+    that ``mmfleet cluster down`` stops it with the operator and the twin that keep sending to it."""
+    running = otelcol.start_collector(cluster.state_dir / "collector", progress=lambda line: _say(f"   {line}"))
+    attach(cluster.name, otelcol.COMPONENT, running.proc.pid, running.log)
+    return running
+
+
+def _start_operator(cluster: Cluster, otlp_endpoint: str) -> int:
+    """``mmfleet run`` as its own process; its spans go to ``otlp_endpoint`` whatever the shell's OTEL_* say."""
     log = cluster.logs_dir / "operator.log"
     env = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if not key.startswith("OTEL_")},
         "KUBECONFIG": str(cluster.kubeconfig),
         "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
         "MMFLEET_AUTOSCALE_INTERVAL": AUTOSCALE_INTERVAL,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
+        "OTEL_SERVICE_NAME": telemetry.SERVICE_NAME,
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -114,7 +134,7 @@ def _table(items: list[dict[str, Any]]) -> list[str]:
 
 
 def run_demo() -> int:
-    _say("== 1/5 local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
+    _say("== 1/6 local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)")
     cluster = up(
         CLUSTER, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, scrape_interval=SCRAPE_INTERVAL,
         progress=lambda line: _say(f"   {line}"),
@@ -122,14 +142,18 @@ def run_demo() -> int:
     kubectl = _kubectl(cluster)
     _say(kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type,nvidia.com/gpu.product").stdout)
 
-    _say("== 2/5 the MultimodalInference CRD (generated from the pydantic models)")
+    _say("== 2/6 the MultimodalInference CRD (generated from the pydantic models)")
     _say("   " + kubectl("apply", "--server-side", "-f", "-", stdin=crd.crd_yaml()).stdout.strip())
     kubectl("wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
 
-    _say("== 3/5 the operator (mmfleet run), logging to " + str(cluster.logs_dir / "operator.log"))
-    _say(f"   pid {_start_operator(cluster)}")
+    _say("== 3/6 the OpenTelemetry Collector on 127.0.0.1 (OTLP in, its file exporter out)")
+    collector = _start_collector(cluster)
+    _say(f"   pid {collector.proc.pid}, OTLP/gRPC {collector.endpoint}, spans to {collector.output}")
 
-    _say(f"== 4/5 examples into namespace {NAMESPACE}: {', '.join(EXAMPLES)}")
+    _say("== 4/6 the operator (mmfleet run), logging to " + str(cluster.logs_dir / "operator.log"))
+    _say(f"   pid {_start_operator(cluster, collector.endpoint)}, its spans to the collector")
+
+    _say(f"== 5/6 examples into namespace {NAMESPACE}: {', '.join(EXAMPLES)}")
     kubectl("create", "namespace", NAMESPACE, check=False)
     for secret in SECRETS:  # the examples read model credentials; kwok never starts the container
         kubectl("-n", NAMESPACE, "create", "secret", "generic", secret, "--from-literal=HF_TOKEN=demo", check=False)
@@ -156,26 +180,43 @@ def run_demo() -> int:
         return 1
 
     _say("\n" + kubectl("-n", NAMESPACE, "get", "mmi,deployments,pods,services").stdout)
-    code = _play_spike(cluster, kubectl)
-    _say("The cluster stays up (the twin keeps serving the base rate); explore it with:")
+    code = _play_spike(cluster, kubectl, collector)
+    _say("The cluster stays up (the twin keeps serving the base rate, the collector writing spans); explore it with:")
     for env in cluster.env_line().splitlines():
         _say(f"   {env}")
     _say(f"   {ensure_binaries().kubectl} get mmi -n {NAMESPACE} -w")
     _say(f"   {ensure_binaries().kubectl} explain mmi.spec.autoscaling.slo")
     _say(f"   curl -s '{cluster.prometheus_url}/api/v1/query?query=vllm:num_requests_running'")
-    _say("Stop everything (control plane, Prometheus, operator, twin) with:  .venv/bin/mmfleet cluster down")
+    _say(f"   less {collector.output}   (the spans, one OTLP JSON request a line; grep a trace id)")
+    _say("Stop everything (control plane, Prometheus, operator, twin, collector) with:  .venv/bin/mmfleet cluster down")
     return code
 
 
-def _play_spike(cluster: Cluster, kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> int:
-    """The twin serves every fleet; the autoscaled one meets a spike while we watch."""
-    _say(f"== 5/5 a traffic spike on {NAMESPACE}/{SCALED}: {BASE_RATE:g} req/s, x{SPIKE.factor:g} from "
+def _play_spike(
+    cluster: Cluster, kubectl: Callable[..., subprocess.CompletedProcess[str]], collector: otelcol.RunningCollector
+) -> int:
+    """The twin serves every fleet; the autoscaled one meets a spike while we watch; then where its spans went."""
+    _say(f"== 6/6 a traffic spike on {NAMESPACE}/{SCALED}: {BASE_RATE:g} req/s, x{SPIKE.factor:g} from "
          f"{SPIKE.start:g}s to {SPIKE.end:g}s (mmfleet twin serve, the digital twin, serves the pods)")  # fmt: skip
-    patch = json.dumps({"spec": {"autoscaling": DEMO_AUTOSCALING}}, separators=(",", ":"))
+    tracing = json.loads(
+        kubectl("-n", NAMESPACE, "get", "mmi", SCALED, "-o", "jsonpath={.spec.tracing}").stdout or "{}"
+    )
+    changes: dict[str, Any] = {"autoscaling": DEMO_AUTOSCALING}
+    if not tracing.get("enabled"):  # the spans are half the show; turning them on rolls the pods once
+        changes["tracing"] = {"enabled": True}
+    patch = json.dumps({"spec": changes}, separators=(",", ":"))
     kubectl("-n", NAMESPACE, "patch", "mmi", SCALED, "--type", "merge", "-p", patch)
-    _say(f"   kubectl patch mmi {SCALED} --type merge -p '{patch}'   (the demo's SLO and scale-down delay)")
+    why = "the demo's SLO and scale-down delay" + ("" if tracing.get("enabled") else ", and tracing on")
+    _say(f"   kubectl patch mmi {SCALED} --type merge -p '{patch}'   ({why})")
+    ratio = tracing.get("sampleRatio", "the default")
+    _say(f"   its pods' request spans (sample ratio {ratio}, spec.tracing) go to the collector, as the operator's do")
     twin = spike.Twin(
-        cluster, BASE_RATE, (SPIKE,), cluster.logs_dir / "twin.log", _examples_dir().parent / "tests" / "data"
+        cluster,
+        BASE_RATE,
+        (SPIKE,),
+        cluster.logs_dir / "twin.log",
+        _examples_dir().parent / "tests" / "data",
+        otlp_endpoint=collector.endpoint,
     )
     _say(f"   twin pid {twin.proc.pid}, log {cluster.logs_dir / 'twin.log'}; Prometheus {cluster.prometheus_url}")
     samples: list[spike.Sample] = []
@@ -193,4 +234,128 @@ def _play_spike(cluster: Cluster, kubectl: Callable[..., subprocess.CompletedPro
     over = [s for s in samples if s.latency is not None and s.latency > s.target]
     _say(f"   replicas: {samples[0].replicas} -> {peak} at the peak -> {samples[-1].replicas} at the end; "
          f"P90 over target in {len(over)} of {len(samples)} samples; plot: {png}")  # fmt: skip
+    time.sleep(SPAN_FLUSH_SECONDS)  # the operator's and the twin's last batches, then the file exporter's flush
+    ready = _condition(kubectl, "TracingReady")
+    _say(
+        "\n".join(span_summary(otelcol.read_spans(collector.output), collector.output, NAMESPACE, SCALED, twin.started))
+    )
+    if ready:
+        said = f"{ready.get('status')} {ready.get('reason')}: {ready.get('message')}"
+        _say(f"   TracingReady of {NAMESPACE}/{SCALED}: {said}")
+        _say("   (the pods here are kwok's, so the twin sends their spans to the collector on 127.0.0.1 itself)")
     return 0
+
+
+def _condition(kubectl: Callable[..., subprocess.CompletedProcess[str]], kind: str) -> dict[str, Any]:
+    found = kubectl("-n", NAMESPACE, "get", "mmi", SCALED, "-o", "json", check=False)
+    conditions = (json.loads(found.stdout or "{}").get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+# What the summary calls the operator's spans, by span name.
+OPERATOR_SPANS = (
+    (telemetry.RECONCILE, "reconcile"),
+    (telemetry.APPLY, "apply"),
+    (telemetry.STATUS_WRITE, "status write"),
+    (telemetry.AUTOSCALE_CYCLE, "autoscaling cycle"),
+    (telemetry.OBSERVE, "Prometheus read"),
+    (telemetry.DECIDE, "scale decision"),
+)
+MAX_DECISIONS = 12
+
+
+def _seconds(span: dict[str, Any]) -> float:
+    return (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e9
+
+
+def _at(span: dict[str, Any], started: float) -> float:
+    """The span's start in seconds since the twin started, the clock of the spike's lines."""
+    return int(span["startTimeUnixNano"]) / 1e9 - started
+
+
+def span_summary(spans: list[dict[str, Any]], output: Path, namespace: str, name: str, started: float) -> list[str]:
+    """Where the spans landed, counted by kind, then the fleet's slowest request's trace, phase by phase, and the
+    operator's scale decisions for the fleet with what they were decided on: what a user would look up in the
+    tracing service after a spike, read from the collector's file (``collector.read_spans``).
+
+    ``started`` (epoch seconds) is the twin's start, so times read like the spike's ``t=`` lines.
+    """
+    lines = [f"== where the spans landed: {output}", f"   {len(spans)} spans from the collector on 127.0.0.1"]
+    by_name = Counter(str(s.get("name", "")) for s in spans)
+    operator = ", ".join(f"{label} {by_name[span]}" for span, label in OPERATOR_SPANS)
+    decisions = [s for s in spans if s.get("name") == telemetry.DECIDE]
+    fleet = [s for s in decisions if _is_fleet(otelcol.attributes(s.get("attributes", [])), namespace, name)]
+    scaled = [s for s in fleet if otelcol.attributes(s.get("attributes", [])).get(telemetry.SCALED)]
+    lines.append(
+        f"   operator spans (service {telemetry.SERVICE_NAME}): {operator}, {len(scaled)} of them scaling {name}"
+    )
+    requests = [s for s in spans if s.get("name") == twin_spans.REQUEST_SPAN]
+    ours = [s for s in requests if _is_fleet(s["resource"], namespace, name)]
+    phases = sum(by_name[phase] for phase in twin_spans.PHASES)
+    lines.append(
+        f"   request spans (mmfleet twin serve, as the pods' servers send them): {twin_spans.REQUEST_SPAN} "
+        f"{len(requests)}, {len(ours)} of them {namespace}/{name}'s, and {phases} phase spans under them"
+    )
+    if ours:
+        lines += _slowest(ours, spans, namespace, name, started)
+    else:
+        lines.append(f"   no request span of {namespace}/{name} yet (does its spec turn tracing on?)")
+    observations = {(s.get("traceId"), s.get("spanId")): s for s in spans if s.get("name") == telemetry.OBSERVE}
+    lines.append(f"   scale decisions of {namespace}/{name} ({telemetry.DECIDE} spans with {telemetry.SCALED} true):")
+    for span in sorted(scaled, key=lambda s: int(s["startTimeUnixNano"]))[:MAX_DECISIONS]:
+        lines += [f"      {line}" for line in _decision(span, observations, started)]
+    if len(scaled) > MAX_DECISIONS:
+        lines.append(f"      ... and {len(scaled) - MAX_DECISIONS} more")
+    if not scaled:
+        lines.append("      none")
+    return lines
+
+
+def _is_fleet(attributes: dict[str, Any], namespace: str, name: str) -> bool:
+    return attributes.get(telemetry.NAMESPACE) == namespace and attributes.get(telemetry.INFERENCE) == name
+
+
+def _slowest(
+    ours: list[dict[str, Any]], spans: list[dict[str, Any]], namespace: str, name: str, started: float
+) -> list[str]:
+    """The slowest request's trace: its span, then each phase with its duration."""
+    slowest = max(ours, key=_seconds)
+    resource, tokens = slowest["resource"], otelcol.attributes(slowest.get("attributes", []))
+    lines = [
+        f"   slowest request of {namespace}/{name}: {_seconds(slowest):.2f} s end to end, arrived at "
+        f"t={_at(slowest, started):.0f}s, {tokens.get(twin_spans.PROMPT_TOKENS, '?')} prompt and "
+        f"{tokens.get(twin_spans.COMPLETION_TOKENS, '?')} output tokens, pod {resource.get('k8s.pod.name', '?')}, "
+        f"trace {slowest.get('traceId')}"
+    ]
+    children = [
+        s
+        for s in spans
+        if s.get("traceId") == slowest.get("traceId") and s.get("parentSpanId") == slowest.get("spanId")
+    ]
+    total = _seconds(slowest) or 1.0
+    for phase in sorted(children, key=lambda s: int(s["startTimeUnixNano"])):
+        share = _seconds(phase) / total
+        lines.append(f"      {phase.get('name', ''):8} {_seconds(phase):7.2f} s  {'#' * round(share * 40)}")
+    return lines
+
+
+def _decision(span: dict[str, Any], observations: dict[tuple[Any, Any], dict[str, Any]], started: float) -> list[str]:
+    """One scale decision: when, from how many replicas to how many, on what signals and which Prometheus read
+    (its link), then the policy's reason in full on a line of its own."""
+    attributes = otelcol.attributes(span.get("attributes", []))
+    before, after = attributes.get(telemetry.REPLICAS_BEFORE), attributes.get(telemetry.REPLICAS_AFTER)
+    latency, rate = attributes.get(telemetry.LATENCY), attributes.get(telemetry.REQUEST_RATE)
+    signals = ", ".join(
+        text
+        for text in (
+            None if latency is None else f"P{attributes.get(telemetry.SLO_PERCENTILE, '')} {float(latency):.2f} s",
+            None if rate is None else f"{float(rate):.1f} req/s",
+        )
+        if text
+    )
+    read = next((observations.get((link.get("traceId"), link.get("spanId"))) for link in span.get("links", [])), None)
+    linked = "" if read is None else f", linked to the Prometheus read {read.get('spanId')}"
+    return [
+        f"t={_at(span, started):5.0f}s  {before} -> {after} replicas on {signals or 'no signal'}{linked}",
+        f"         {attributes.get(telemetry.REASON, '')}",
+    ]

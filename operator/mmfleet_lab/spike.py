@@ -40,11 +40,21 @@ class Sample:
 class Twin:
     """``mmfleet twin serve`` for one cluster, as its own process, logging to a file."""
 
-    def __init__(self, cluster: Cluster, rate: float, spikes: tuple[Spike, ...], log: Path, traces: Path) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        rate: float,
+        spikes: tuple[Spike, ...],
+        log: Path,
+        traces: Path,
+        otlp_endpoint: str | None = None,
+    ) -> None:
+        """``otlp_endpoint``: where the pods with tracing on send their request spans (``--otlp-endpoint``)."""
         self.port = process.free_port()
         self.log = log
         argv = ["twin", "serve", "--cluster", cluster.name, "--port", str(self.port), "--rate", f"{rate:g}"]
         argv += [arg for s in spikes for arg in ("--spike", f"{s.start:g}:{s.end:g}:{s.factor:g}")]
+        argv += ["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else []
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mmfleet.cli", *argv, "--traces", str(traces)],

@@ -21,6 +21,8 @@ import yaml
 from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster.build import Progress, ensure_collector, silent
 
+COMPONENT = "otelcol"  # its name in process logs and in a cluster's state, when attached to one
+
 
 @dataclass(frozen=True)
 class Validation:
@@ -49,10 +51,7 @@ POD_ENVIRONMENT = {
     "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
     "AWS_SECRET_ACCESS_KEY": "not-a-secret",
 }
-_IN_POD = (
-    f"mount -t tmpfs tmpfs /run && mkdir -p {_TOKEN_DIR} && echo not-a-token > {_TOKEN_DIR}/token "
-    '&& exec "$@"'
-)
+_IN_POD = f'mount -t tmpfs tmpfs /run && mkdir -p {_TOKEN_DIR} && echo not-a-token > {_TOKEN_DIR}/token && exec "$@"'
 
 
 def validate(config: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None) -> Validation:
@@ -91,18 +90,26 @@ class RunningCollector:
 
     def spans(self) -> list[dict[str, Any]]:
         """Every span written so far, each with its resource's attributes under ``"resource"`` (flat dict)."""
-        found: list[dict[str, Any]] = []
-        if not self.output.exists():
-            return found
-        for line in self.output.read_text().splitlines():
-            if not line.strip():
-                continue
-            for resource_spans in json.loads(line).get("resourceSpans", []):
-                resource = attributes(resource_spans.get("resource", {}).get("attributes", []))
-                for scope in resource_spans.get("scopeSpans", []):
-                    for span in scope.get("spans", []):
-                        found.append({**span, "resource": resource})
+        return read_spans(self.output)
+
+
+def read_spans(output: Path) -> list[dict[str, Any]]:
+    """The spans in a file exporter's output (one OTLP JSON request a line), each with its resource's attributes
+    under ``"resource"`` (flat dict); a line cut short by a collector still writing is skipped, not fatal."""
+    found: list[dict[str, Any]] = []
+    if not output.exists():
         return found
+    for line in output.read_text().splitlines():
+        try:
+            request = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError:
+            continue
+        for resource_spans in request.get("resourceSpans", []):
+            resource = attributes(resource_spans.get("resource", {}).get("attributes", []))
+            for scope in resource_spans.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    found.append({**span, "resource": resource})
+    return found
 
 
 def attributes(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,7 +122,11 @@ def attributes(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def file_config(grpc_port: int, http_port: int, output: Path) -> dict[str, Any]:
-    """OTLP (gRPC and HTTP) on 127.0.0.1 -> the file exporter, flushed each second; the collector's own metrics off."""
+    """OTLP (gRPC and HTTP) on 127.0.0.1 -> the file exporter, flushed each second; the collector's own metrics off.
+
+    The file is rotated at 100 MB with one backup kept: the demo's collector stays up with the cluster, and
+    would otherwise fill the disk at the twin's base rate over days.
+    """
     return {
         "receivers": {
             "otlp": {
@@ -125,7 +136,13 @@ def file_config(grpc_port: int, http_port: int, output: Path) -> dict[str, Any]:
                 }
             }
         },
-        "exporters": {"file": {"path": str(output), "flush_interval": "1s"}},
+        "exporters": {
+            "file": {
+                "path": str(output),
+                "flush_interval": "1s",
+                "rotation": {"max_megabytes": 100, "max_backups": 1},
+            }
+        },
         "service": {
             "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["file"]}},
             "telemetry": {"metrics": {"level": "none"}},
@@ -133,12 +150,11 @@ def file_config(grpc_port: int, http_port: int, output: Path) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def run_collector(workdir: Path, progress: Progress = silent) -> Iterator[RunningCollector]:
-    """Start the collector with ``file_config`` in ``workdir``, yield once both receivers listen, stop on exit.
+def start_collector(workdir: Path, progress: Progress = silent) -> RunningCollector:
+    """Start the collector with ``file_config`` in ``workdir`` and return once both receivers listen.
 
-    Stopping is SIGTERM: the collector drains its pipeline and the file exporter flushes, so ``spans()``
-    after the block sees everything that was accepted.
+    The caller stops it (``process.stop``), or hands it to something that will (the demo attaches it to
+    the local cluster, so ``mmfleet cluster down`` ends it); if it never comes up, it is stopped here.
     """
     binary = ensure_collector(progress)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -147,19 +163,33 @@ def run_collector(workdir: Path, progress: Progress = silent) -> Iterator[Runnin
     path = workdir / "collector.yaml"
     path.write_text(yaml.safe_dump(file_config(grpc_port, http_port, output), sort_keys=False))
     log = workdir / "collector.log"
-    proc = process.start("otelcol", binary, [f"--config={path}"], log, workdir)
-    running = RunningCollector(
+    proc = process.start(COMPONENT, binary, [f"--config={path}"], log, workdir)
+    try:
+        process.wait_healthy(proc, lambda: _listening(grpc_port) and _listening(http_port), timeout=60)
+    except BaseException:
+        process.stop([proc], grace=5)
+        raise
+    return RunningCollector(
         endpoint=f"http://127.0.0.1:{grpc_port}",
         http_endpoint=f"http://127.0.0.1:{http_port}",
         output=output,
         log=log,
         proc=proc,
     )
+
+
+@contextmanager
+def run_collector(workdir: Path, progress: Progress = silent) -> Iterator[RunningCollector]:
+    """``start_collector``, yielded, and stopped on exit.
+
+    Stopping is SIGTERM: the collector drains its pipeline and the file exporter flushes, so ``spans()``
+    after the block sees everything that was accepted.
+    """
+    running = start_collector(workdir, progress)
     try:
-        process.wait_healthy(proc, lambda: _listening(grpc_port) and _listening(http_port), timeout=60)
         yield running
     finally:
-        process.stop([proc], grace=30)
+        process.stop([running.proc], grace=30)
 
 
 def _listening(port: int) -> bool:
