@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mmfleet.api import CloudName, seconds
+from mmfleet.clouds import COLLECTOR_ENDPOINT
 
 LogFormat = Literal["plain", "json"]
 ENV_PREFIX = "MMFLEET_"
+_ENDPOINT = re.compile(r"(https?://)?[A-Za-z0-9\[][A-Za-z0-9.\-\[\]:]*(/\S*)?")
+_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.IGNORECASE)
 
 
 def _seconds(value: Any, at_least: float) -> float:
@@ -50,6 +54,11 @@ class OperatorConfig(BaseSettings):
     workers: int = 16
     # Where kopf serves /healthz for the liveness probe; empty turns it off.
     health_address: str = "0.0.0.0:8080"
+    # Where fleets' pods send spans when spec.tracing.endpoint is empty, and what TracingReady looks up: the
+    # collector installed with the operator (the chart sets its release namespace's, or collector.endpoint).
+    collector_endpoint: str = COLLECTOR_ENDPOINT
+    # The cluster's DNS domain: which endpoints name a Service (name.ns.svc.<domain>) for TracingReady.
+    cluster_domain: str = "cluster.local"
 
     @field_validator("namespaces", mode="before")
     @classmethod
@@ -65,6 +74,20 @@ class OperatorConfig(BaseSettings):
     @classmethod
     def _cold_start(cls, value: Any) -> float:
         return _seconds(value, at_least=0.0)
+
+    @field_validator("collector_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if not _ENDPOINT.fullmatch(value):
+            raise ValueError("not an OTLP/gRPC endpoint such as http://otel.observability.svc:4317 or host:4317")
+        return value
+
+    @field_validator("cluster_domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        if not _DOMAIN.fullmatch(value.strip(".")):
+            raise ValueError("not a DNS domain such as cluster.local")
+        return value.strip(".").lower()
 
     @field_validator("workers")
     @classmethod

@@ -88,11 +88,13 @@ def endpoint(inference: MultimodalInference) -> str:
     return f"http://{inference.metadata.name}.{inference.metadata.namespace}.svc.cluster.local:{port}/v1"
 
 
-def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile) -> str | None:
+def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> str | None:
+    """Where the pods send spans: spec.tracing.endpoint, else the operator's collector (its setting
+    ``collector_endpoint``, which follows where the collector really is), else the cloud profile's default."""
     tracing = inference.spec.tracing
     if not tracing.enabled:
         return None
-    return tracing.endpoint or cloud.tracing_endpoint
+    return tracing.endpoint or collector or cloud.tracing_endpoint
 
 
 def problems(inference: MultimodalInference) -> list[str]:
@@ -132,7 +134,7 @@ def _model_placement(inference: MultimodalInference) -> Placement:
     return Placement(model_ref=source, volume=None, mount=None)
 
 
-def server_context(inference: MultimodalInference, cloud: CloudProfile) -> ServerContext:
+def server_context(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> ServerContext:
     shared = inference.spec.model_cache.volume == "shared"
     cache_dir = SHARED_CACHE_DIR if shared else CACHE_DIR
     return ServerContext(
@@ -140,7 +142,7 @@ def server_context(inference: MultimodalInference, cloud: CloudProfile) -> Serve
         model_ref=_model_placement(inference).model_ref,
         port=backends.get(inference.spec.backend.name).port,
         config_dir=CONFIG_DIR,
-        tracing_endpoint=tracing_endpoint(inference, cloud),
+        tracing_endpoint=tracing_endpoint(inference, cloud, collector),
         cache_dir=cache_dir,
         download_dir=f"{cache_dir}/models",
         shared_cache_dir=SHARED_CACHE_DIR if shared else None,
@@ -260,11 +262,11 @@ def build_config_map(inference: MultimodalInference, files: dict[str, str]) -> M
     }
 
 
-def build_deployment(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
+def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> Manifest:
     spec = inference.spec
     backend = backends.get(spec.backend.name)
     placement = _model_placement(inference)
-    ctx = server_context(inference, cloud)
+    ctx = server_context(inference, cloud, collector)
     files = backend.config_files(ctx)
     gpus = spec.gpu.count
     shm = _gi(SHM_GI_PER_GPU * gpus)
@@ -450,20 +452,24 @@ def build_pod_monitor(inference: MultimodalInference) -> Manifest:
 
 
 def render(
-    inference: MultimodalInference, cloud: CloudProfile | str, *, monitoring_crds: bool = False
+    inference: MultimodalInference,
+    cloud: CloudProfile | str,
+    *,
+    monitoring_crds: bool = False,
+    collector_endpoint: str | None = None,
 ) -> list[Manifest]:
-    """Every child of one resource, in the order they are applied."""
+    """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint."""
     found = problems(inference)
     if found:
         raise SpecError(found)
     profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
     backend = backends.get(inference.spec.backend.name)
-    files = backend.config_files(server_context(inference, profile))
+    files = backend.config_files(server_context(inference, profile, collector_endpoint))
     children = [build_service_account(inference, profile)]
     if files:
         children.append(build_config_map(inference, files))
     children += [
-        build_deployment(inference, profile),
+        build_deployment(inference, profile, collector_endpoint),
         build_service(inference, profile),
         build_pod_disruption_budget(inference),
     ]

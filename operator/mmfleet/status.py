@@ -63,7 +63,7 @@ class TracingSeen:
     """Where a fleet's pods send their spans, and whether the in-cluster Service that endpoint names exists."""
 
     endpoint: str
-    from_spec: bool  # spec.tracing.endpoint; else the cloud profile's collector
+    from_spec: bool  # spec.tracing.endpoint; else the operator's collector (OperatorConfig.collector_endpoint)
     cloud: str
     service: tuple[str, str] | None = None  # (namespace, name) the endpoint names; None: not an in-cluster name
     found: bool | None = None  # whether that Service exists; None when not looked up
@@ -114,7 +114,7 @@ def _also_outside(endpoint: str) -> bool:
 
 def tracing_row(seen: TracingSeen) -> ConditionRow:
     """TracingReady: where the spans go, or why they cannot get there, or that the operator could not tell."""
-    where = "spec.tracing.endpoint" if seen.from_spec else f"the {seen.cloud} profile's collector"
+    where = "spec.tracing.endpoint" if seen.from_spec else f"the operator's collector, cloud {seen.cloud}"
     if seen.service is None:
         return (
             "TracingReady",

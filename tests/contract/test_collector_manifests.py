@@ -37,6 +37,8 @@ from mmfleet.clouds.collector import (
     secret_keys,
     to_yaml,
 )
+from mmfleet.config import OperatorConfig
+from mmfleet.status import collector_service
 from tests.conftest import ROOT
 from tests.contract.test_manifests import BASE, CHART, K8S_VERSION, OVERLAYS, _strip_template, is_collector, kustomize
 
@@ -106,6 +108,19 @@ def test_the_service_is_the_endpoint_the_pods_are_given() -> None:
     assert service["spec"]["selector"].items() <= labels.items()
     ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+
+
+def test_the_operator_gives_fleets_the_collector_it_installs() -> None:
+    """MMFLEET_COLLECTOR_ENDPOINT, the fleets' default (pods and TracingReady), is the installed collector's Service,
+    where the operator's own spans go too."""
+    operator = next(o for o in kustomize(BASE) if o["kind"] == "Deployment" and not is_collector(o))
+    variables = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert variables["MMFLEET_COLLECTOR_ENDPOINT"] == variables["OTEL_EXPORTER_OTLP_ENDPOINT"] == COLLECTOR_ENDPOINT
+    assert OperatorConfig(collector_endpoint=variables["MMFLEET_COLLECTOR_ENDPOINT"]).collector_endpoint
+    assert variables["MMFLEET_CLUSTER_DOMAIN"] == OperatorConfig().cluster_domain
+    service = by_kind(collector_objects("generic"), "Service")["metadata"]
+    looked_up = collector_service(variables["MMFLEET_COLLECTOR_ENDPOINT"], "ml", variables["MMFLEET_CLUSTER_DOMAIN"])
+    assert looked_up == (service["namespace"], service["name"])
 
 
 def test_rbac_is_what_k8s_attributes_reads_and_nothing_more() -> None:
@@ -232,7 +247,9 @@ def _helm(*args: str) -> subprocess.CompletedProcess[str]:
     helm = shutil.which("helm")
     if helm is None:
         pytest.skip("helm is not installed (the checks above read the template's text)")
-    command = [helm, "template", "t", str(CHART), "--namespace", "mmfleet-system", *args]
+    command = [helm, "template", "t", str(CHART), *args]
+    if "--namespace" not in args:
+        command += ["--namespace", "mmfleet-system"]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -251,6 +268,43 @@ def test_helm_renders_one_required_secret_key_per_variable(cloud: str) -> None:
     keys = secret_keys(CollectorSettings(cloud=cloud))  # type: ignore[arg-type]
     assert refs == [{"name": COLLECTOR_SECRET, "key": key} for key in keys]
     assert "envFrom" not in container
+
+
+def _operator_env(rendered: str) -> dict[str, str]:
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != COLLECTOR_NAME)
+    return {e["name"]: e.get("value", "") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_helm_gives_fleets_the_collector_of_its_namespace_or_the_reused_one() -> None:
+    """Installed outside mmfleet-system, or reusing a collector: the fleets' default follows, not a fixed name."""
+    helm = _helm("--set", "collector.cloud=generic", "--namespace", "observability")
+    assert helm.returncode == 0, helm.stderr
+    variables = _operator_env(helm.stdout)
+    installed = "http://mmfleet-otel-collector.observability.svc:4317"
+    assert variables["MMFLEET_COLLECTOR_ENDPOINT"] == variables["OTEL_EXPORTER_OTLP_ENDPOINT"] == installed
+    assert collector_service(installed, "ml") == ("observability", COLLECTOR_NAME)
+    reused = _helm("--set", "collector.endpoint=http://otel.tracing:4317", "--set", "clusterDomain=corp.example")
+    assert reused.returncode == 0, reused.stderr
+    variables = _operator_env(reused.stdout)
+    assert (
+        variables["MMFLEET_COLLECTOR_ENDPOINT"]
+        == variables["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        == "http://otel.tracing:4317"
+    )
+    assert variables["MMFLEET_CLUSTER_DOMAIN"] == "corp.example"
+
+
+def test_chart_sets_the_fleets_collector_from_its_collector_values() -> None:
+    deployment = (CHART / "templates/deployment.yaml").read_text()
+    assert re.search(
+        r'MMFLEET_COLLECTOR_ENDPOINT\n\s+value: \{\{ include "mmfleet.collectorEndpoint" \. \| quote \}\}', deployment
+    )
+    helpers = (CHART / "templates/_helpers.tpl").read_text()
+    assert (
+        '.Values.collector.endpoint | default (printf "http://mmfleet-otel-collector.%s.svc:4317" .Release.Namespace)'
+        in helpers
+    )
 
 
 def test_helm_refuses_eks_without_a_region() -> None:

@@ -16,6 +16,8 @@ VARIABLES = (
     "MMFLEET_LOG_FORMAT",
     "MMFLEET_WORKERS",
     "MMFLEET_HEALTH_ADDRESS",
+    "MMFLEET_COLLECTOR_ENDPOINT",
+    "MMFLEET_CLUSTER_DOMAIN",
 )
 
 
@@ -47,6 +49,8 @@ def test_defaults() -> None:
         log_format="plain",
         workers=16,
         health_address="0.0.0.0:8080",
+        collector_endpoint="http://mmfleet-otel-collector.mmfleet-system.svc:4317",
+        cluster_domain="cluster.local",
     )
 
 
@@ -61,6 +65,13 @@ def test_defaults() -> None:
         ("MMFLEET_LOG_FORMAT", "json", "log_format", "json"),
         ("MMFLEET_WORKERS", "4", "workers", 4),
         ("MMFLEET_HEALTH_ADDRESS", "", "health_address", ""),
+        (
+            "MMFLEET_COLLECTOR_ENDPOINT",
+            "http://otel.observability:4317",
+            "collector_endpoint",
+            "http://otel.observability:4317",
+        ),
+        ("MMFLEET_CLUSTER_DOMAIN", "Corp.Example.", "cluster_domain", "corp.example"),
     ],
 )
 def test_each_variable_sets_its_setting(
@@ -101,6 +112,8 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
             "MMFLEET_DEFAULT_CLOUD: 'gcp': input should be 'auto', 'eks', 'aks', 'ack' or",
         ),
         ("MMFLEET_LOG_FORMAT", "text", "MMFLEET_LOG_FORMAT: 'text': input should be 'plain' or 'json'"),
+        ("MMFLEET_COLLECTOR_ENDPOINT", "", "MMFLEET_COLLECTOR_ENDPOINT: '': not an OTLP/gRPC endpoint"),
+        ("MMFLEET_CLUSTER_DOMAIN", "my_domain", "MMFLEET_CLUSTER_DOMAIN: 'my_domain': not a DNS domain"),
     ],
 )
 def test_a_bad_value_names_the_variable_the_value_and_what_is_accepted(

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mmfleet import telemetry
 from mmfleet.autoscaler import cycle, metrics
+from mmfleet.config import OperatorConfig
 from mmfleet.handlers import autoscale, fleet, state
 from mmfleet.handlers.state import STATE, State, utc_now
 from mmfleet.kube import Kube
@@ -326,3 +327,20 @@ def test_a_failed_service_look_up_says_what_failed_and_is_remembered_briefly(
     )
     kube.services, kube.slices = ["mmfleet-otel-collector"], [{"endpoints": [{"addresses": ["10.0.0.9"]}]}]
     assert _tracing_ready(kube, 3)[:2] == ("True", "CollectorFound")  # asked again once the failure expired
+
+
+def test_the_operators_collector_setting_reaches_the_pods_and_tracing_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reused collector or a chart outside mmfleet-system: fleets without spec.tracing.endpoint follow the setting."""
+    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
+    kube = FakeKube()
+    STATE.kube = kube
+    endpoint = "http://otel.observability.svc.corp.example:4317"
+    STATE.config = OperatorConfig(collector_endpoint=endpoint, cluster_domain="corp.example")
+    kube.services = ["otel"]
+    kube.slices = [{"endpoints": [{"addresses": ["10.0.0.9"]}]}]
+    status, reason, message = _tracing_ready(kube, 1)
+    assert (status, reason) == ("True", "CollectorFound")
+    assert endpoint in message and "Service observability/otel" in message
+    deployment = next(m for m in kube.applied if m["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--otlp-traces-endpoint") + 1] == endpoint

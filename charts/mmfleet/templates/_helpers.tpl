@@ -76,6 +76,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The fleets' default OTLP endpoint (the operator's MMFLEET_COLLECTOR_ENDPOINT): a reused collector's, else the
+one this chart installs, or would once it knows the cloud, in the release namespace. */}}
+{{- define "mmfleet.collectorEndpoint" -}}
+{{- .Values.collector.endpoint | default (printf "http://mmfleet-otel-collector.%s.svc:4317" .Release.Namespace) }}
+{{- end }}
+
 {{/* Where the operator's own spans go: the endpoint of a reused collector, the installed one, or nowhere. */}}
 {{- define "mmfleet.otlpEndpoint" -}}
 {{- if .Values.collector.endpoint }}

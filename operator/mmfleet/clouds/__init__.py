@@ -39,7 +39,8 @@ JsonObj = dict[str, object]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
-# mmfleet's manifests install this collector in every cloud overlay; it forwards to the cloud's tracing service.
+# The collector the kustomize base installs (it forwards to the cloud's tracing service): the default of the
+# operator's setting collector_endpoint (mmfleet.config), which the chart sets to where its collector really is.
 COLLECTOR_ENDPOINT = "http://mmfleet-otel-collector.mmfleet-system.svc:4317"
 GPU_TAINT_TOLERATION: Mapping[str, str] = MappingProxyType(
     {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}

@@ -184,8 +184,8 @@ def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen |
     meta, tracing = inference.metadata, inference.spec.tracing
     seen = None
     if tracing.enabled:
-        endpoint = render.tracing_endpoint(inference, clouds.get(cloud)) or ""
-        service = status.collector_service(endpoint, meta.namespace)
+        endpoint = render.tracing_endpoint(inference, clouds.get(cloud), STATE.config.collector_endpoint) or ""
+        service = status.collector_service(endpoint, meta.namespace, STATE.config.cluster_domain)
         if service is None:
             seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud)
         else:

@@ -118,11 +118,14 @@ def parse_spec(body: Body) -> MultimodalInference:
 def render_children(inference: MultimodalInference, cloud: str, monitoring_crds: bool) -> list[Body]:
     """``render.render``, once per uid, generation, cloud and monitoring CRDs; callers must not change the result."""
     cached = STATE.parsed.get(inference.metadata.uid or "")
+    collector = STATE.config.collector_endpoint
     if cached is None or cached.inference is not inference:
-        return render.render(inference, cloud, monitoring_crds=monitoring_crds)
+        return render.render(inference, cloud, monitoring_crds=monitoring_crds, collector_endpoint=collector)
     key = (cloud, monitoring_crds)
     if key not in cached.rendered:
-        cached.rendered[key] = render.render(inference, cloud, monitoring_crds=monitoring_crds)
+        cached.rendered[key] = render.render(
+            inference, cloud, monitoring_crds=monitoring_crds, collector_endpoint=collector
+        )
     return cached.rendered[key]
 
 
