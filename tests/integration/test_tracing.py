@@ -11,7 +11,6 @@ to the Prometheus read it was made on, and request spans with their phases under
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from mmfleet import telemetry
 from mmfleet_lab.cluster import Cluster, process
-from mmfleet_lab.cluster.collector import RunningCollector, run_collector
+from mmfleet_lab.cluster.collector import RunningCollector, attributes, read_spans, run_collector
 from mmfleet_lab.spike import Twin
 from mmfleet_lab.twin import spans as twin_spans
 from tests.conftest import ROOT
@@ -48,46 +47,23 @@ class Span:
     links: tuple[tuple[str, str], ...]
 
 
-def _value(value: dict[str, Any]) -> Any:
-    """An OTLP JSON AnyValue as Python (int64 is a string in OTLP JSON)."""
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "arrayValue" in value:
-        return [_value(v) for v in value["arrayValue"].get("values", [])]
-    for kind in ("stringValue", "doubleValue", "boolValue"):
-        if kind in value:
-            return value[kind]
-    return None
-
-
-def _attributes(items: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {item["key"]: _value(item.get("value", {})) for item in items or []}
-
-
-def read_spans(path: Path) -> list[Span]:
-    """Every span in the file exporter's output: one ExportTraceServiceRequest per line."""
-    found = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        for resource_spans in json.loads(line).get("resourceSpans", []):
-            resource = _attributes(resource_spans.get("resource", {}).get("attributes"))
-            for scope in resource_spans.get("scopeSpans", []):
-                for span in scope.get("spans", []):
-                    found.append(
-                        Span(
-                            name=span["name"],
-                            trace_id=span["traceId"],
-                            span_id=span["spanId"],
-                            parent_span_id=span.get("parentSpanId", ""),
-                            start=int(span["startTimeUnixNano"]),
-                            end=int(span["endTimeUnixNano"]),
-                            attributes=_attributes(span.get("attributes")),
-                            resource=resource,
-                            links=tuple((link["traceId"], link["spanId"]) for link in span.get("links", [])),
-                        )
-                    )
-    return found
+def read_typed_spans(path: Path) -> list[Span]:
+    """The lab's ``read_spans`` of the file exporter's output, as Spans (int64 attributes stay strings, as in
+    OTLP JSON: compared through int() below)."""
+    return [
+        Span(
+            name=span["name"],
+            trace_id=span["traceId"],
+            span_id=span["spanId"],
+            parent_span_id=span.get("parentSpanId", ""),
+            start=int(span["startTimeUnixNano"]),
+            end=int(span["endTimeUnixNano"]),
+            attributes=attributes(span.get("attributes", [])),
+            resource=span["resource"],
+            links=tuple((link["traceId"], link["spanId"]) for link in span.get("links", [])),
+        )
+        for span in read_spans(path)
+    ]
 
 
 @pytest.fixture
@@ -182,7 +158,7 @@ def test_operator_and_twin_spans_reach_the_collector(
         operator.env = saved
         operator.start()
     process.stop([collector.proc], grace=30)  # SIGTERM: the collector drains and its file exporter flushes
-    spans = read_spans(collector.output)
+    spans = read_typed_spans(collector.output)
     assert spans, f"nothing arrived (collector log: {collector.log})"
 
     def about(name: str, fleet_name: str) -> list[Span]:
@@ -199,7 +175,7 @@ def test_operator_and_twin_spans_reach_the_collector(
     assert reconciles, sorted({s.name for s in spans})
     reconcile = reconciles[0]
     assert reconcile.resource["service.name"] == telemetry.SERVICE_NAME
-    assert reconcile.attributes[telemetry.GENERATION] == 1
+    assert int(reconcile.attributes[telemetry.GENERATION]) == 1
     assert reconcile.attributes[telemetry.CLOUD] == "eks"
     applies = [s for s in spans if s.name == telemetry.APPLY and s.parent_span_id == reconcile.span_id]
     assert {s.attributes[telemetry.CHILD_KIND] for s in applies} >= {"Deployment", "Service"}
@@ -208,8 +184,8 @@ def test_operator_and_twin_spans_reach_the_collector(
     scaled = [s for s in about(telemetry.DECIDE, "traced") if s.attributes.get(telemetry.SCALED)]
     assert scaled, [s.attributes for s in about(telemetry.DECIDE, "traced")][-3:]
     decision = scaled[0]
-    assert decision.attributes[telemetry.REPLICAS_BEFORE] == 1
-    assert decision.attributes[telemetry.REPLICAS_AFTER] > 1
+    assert int(decision.attributes[telemetry.REPLICAS_BEFORE]) == 1
+    assert int(decision.attributes[telemetry.REPLICAS_AFTER]) > 1
     assert decision.attributes[telemetry.REASON] == reason or any(
         s.attributes[telemetry.REASON] == reason for s in scaled
     )
@@ -219,7 +195,7 @@ def test_operator_and_twin_spans_reach_the_collector(
     observations = {(s.trace_id, s.span_id): s for s in spans if s.name == telemetry.OBSERVE}
     assert len(decision.links) == 1 and decision.links[0] in observations
     observation = observations[decision.links[0]]
-    assert observation.attributes[telemetry.QUERIES] >= 5 and telemetry.OUTAGE not in observation.attributes
+    assert int(observation.attributes[telemetry.QUERIES]) >= 5 and telemetry.OUTAGE not in observation.attributes
     assert observation.end <= decision.start
 
     # The twin's request spans, from the fleet's pods, with their phases.

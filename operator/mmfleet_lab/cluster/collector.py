@@ -54,19 +54,36 @@ POD_ENVIRONMENT = {
 _IN_POD = f'mount -t tmpfs tmpfs /run && mkdir -p {_TOKEN_DIR} && echo not-a-token > {_TOKEN_DIR}/token && exec "$@"'
 
 
+def pod_environment() -> list[str]:
+    """The command prefix that runs a program in the pod-like environment, probed whole (``true`` run through it).
+
+    Probing ``unshare -m`` alone is not enough: some hosts grant the mount namespace but refuse the tmpfs mount,
+    and every validate would then fail with the mount's error instead of saying it cannot run here.
+    """
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise PodEnvironmentError("cannot run the collector's validate as in a pod: no unshare command")
+    command = [unshare, "-m", "--propagation", "private", "sh", "-c", _IN_POD, "sh"]
+    probe = subprocess.run(
+        [*command, "true"], capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"}
+    )
+    if probe.returncode != 0:
+        raise PodEnvironmentError(
+            "cannot run the collector's validate as in a pod (a private mount namespace with a tmpfs on /run for "
+            f"the service-account token): {probe.stderr.strip() or f'exit {probe.returncode}'}"
+        )
+    return command
+
+
 def validate(config: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None) -> Validation:
     """Run the collector's ``validate --config`` on ``config`` as it would run in a pod (``POD_ENVIRONMENT``).
 
     ``env`` adds the variables the config's ``${env:...}`` references read (what the Secret would hold).
+    ``PodEnvironmentError`` when this host cannot make that environment (tests skip on it).
     """
-    unshare = shutil.which("unshare")
-    probe = subprocess.run([unshare or "unshare", "-m", "true"], capture_output=True, check=False) if unshare else None
-    if probe is None or probe.returncode != 0:
-        why = probe.stderr.decode(errors="replace").strip() if probe else "no unshare command"
-        raise PodEnvironmentError(f"cannot make a private mount namespace for the collector's validate: {why}")
+    command = pod_environment()
     path = workdir / "validate.yaml"
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
-    command = [unshare or "unshare", "-m", "--propagation", "private", "sh", "-c", _IN_POD, "sh"]
     done = subprocess.run(
         [*command, str(ensure_collector()), "validate", f"--config={path}"],
         capture_output=True,
