@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any, cast
 
 import kopf
@@ -16,23 +14,14 @@ import pytest
 
 from mmfleet.api import MultimodalInferenceStatus
 from mmfleet.handlers import autoscale, connection, fleet
-from mmfleet.handlers.state import STATE, State, parse_spec, render_children, write_status
+from mmfleet.handlers.state import STATE, parse_spec, render_children, write_status
 from mmfleet.kube import Kube
 from mmfleet.render import INFERENCE_LABEL
 
 NOW = "2026-12-01T00:00:00Z"
 
 
-@pytest.fixture(autouse=True)
-def fresh_state() -> Iterator[None]:
-    """Each test starts from an empty operator memory and leaves none behind (STATE is the process' one)."""
-    kept = {f.name: getattr(STATE, f.name) for f in dataclasses.fields(State)}
-    empty = State()
-    for name in kept:
-        setattr(STATE, name, getattr(empty, name))
-    yield
-    for name, value in kept.items():
-        setattr(STATE, name, value)
+pytestmark = pytest.mark.usefixtures("fresh_operator_state")  # each test starts from an empty operator memory
 
 
 def deployment(uid: str, generation: int) -> dict[str, object]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -19,7 +19,7 @@ from mmfleet import telemetry
 from mmfleet.autoscaler import cycle, metrics
 from mmfleet.config import OperatorConfig
 from mmfleet.handlers import autoscale, fleet, state
-from mmfleet.handlers.state import STATE, State, utc_now
+from mmfleet.handlers.state import STATE, utc_now
 from mmfleet.kube import Kube
 
 EXPORTER = InMemorySpanExporter()
@@ -39,15 +39,9 @@ def provider() -> None:
 
 
 @pytest.fixture(autouse=True)
-def fresh_state() -> Iterator[None]:
-    kept = {f.name: getattr(STATE, f.name) for f in dataclasses.fields(State)}
-    empty = State()
-    for name in kept:
-        setattr(STATE, name, getattr(empty, name))
+def fresh_state(fresh_operator_state: None) -> None:
+    """An empty operator memory and no spans from an earlier test."""
     EXPORTER.clear()
-    yield
-    for name, value in kept.items():
-        setattr(STATE, name, value)
 
 
 class FakeKube(Kube):
