@@ -29,6 +29,15 @@ def _documents(path: str) -> list[Any]:
             raise SpecError([f"{path}: not valid YAML: {error}"]) from None
 
 
+def _collector_endpoint(value: str) -> str:
+    from mmfleet.config import otlp_endpoint
+
+    try:
+        return otlp_endpoint(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{value!r}: {error}") from None
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -42,7 +51,12 @@ def cmd_render(args: argparse.Namespace) -> int:
             problems += [f"{label}: {line}" for line in error.problems]
             continue
         cloud: CloudName = args.cloud or inference.spec.cloud
-        out += render.render(inference, "generic" if cloud == "auto" else cloud, monitoring_crds=args.monitoring_crds)
+        out += render.render(
+            inference,
+            "generic" if cloud == "auto" else cloud,
+            monitoring_crds=args.monitoring_crds,
+            collector_endpoint=args.collector_endpoint,
+        )
     if problems:
         raise SpecError(problems)
     sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False, width=120))
@@ -154,6 +168,12 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
     p_render.add_argument("--cloud", choices=PROFILE_NAMES, help="cloud profile (default: spec.cloud; auto: generic)")
     p_render.add_argument(
         "--monitoring-crds", action="store_true", help="render the PodMonitor as if Prometheus Operator were installed"
+    )
+    p_render.add_argument(
+        "--collector-endpoint",
+        type=_collector_endpoint,
+        help="where pods with tracing on and no spec.tracing.endpoint send spans, as the operator's "
+        "MMFLEET_COLLECTOR_ENDPOINT says (default: the collector installed with the operator)",
     )
     p_render.set_defaults(func=cmd_render)
 

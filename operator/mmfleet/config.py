@@ -18,6 +18,13 @@ _ENDPOINT = re.compile(r"(https?://)?[A-Za-z0-9\[][A-Za-z0-9.\-\[\]:]*(/\S*)?")
 _DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.IGNORECASE)
 
 
+def otlp_endpoint(value: str) -> str:
+    """``value`` if it can be an OTLP/gRPC endpoint (the operator's setting and ``mmfleet render`` share this)."""
+    if not _ENDPOINT.fullmatch(value):
+        raise ValueError("not an OTLP/gRPC endpoint such as http://otel.observability.svc:4317 or host:4317")
+    return value
+
+
 def _seconds(value: Any, at_least: float) -> float:
     """A duration such as 15s or 2m, or a bare number of seconds, of at least ``at_least`` seconds."""
     if isinstance(value, str):
@@ -78,9 +85,7 @@ class OperatorConfig(BaseSettings):
     @field_validator("collector_endpoint")
     @classmethod
     def _endpoint(cls, value: str) -> str:
-        if not _ENDPOINT.fullmatch(value):
-            raise ValueError("not an OTLP/gRPC endpoint such as http://otel.observability.svc:4317 or host:4317")
-        return value
+        return otlp_endpoint(value)
 
     @field_validator("cluster_domain")
     @classmethod

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT, load_example
 from tests.integration.operator_process import LAB_MODULES, mmfleet_command
 
 
@@ -64,6 +64,18 @@ def test_not_yaml_and_missing_file_are_one_line_each(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert "No such file" in missing.stderr
     assert "Traceback" not in broken.read_text() + result.stderr + missing.stderr
+
+
+def test_render_sends_spans_where_the_operators_collector_setting_says() -> None:
+    doc = load_example(EXAMPLES[0])
+    doc["spec"]["tracing"] = {"enabled": True}
+    text = yaml.safe_dump(doc)
+    result = run("render", "-f", "-", "--collector-endpoint", "http://otel.observability.svc:4317", stdin=text)
+    assert result.returncode == 0, result.stderr
+    assert "http://otel.observability.svc:4317" in result.stdout
+    bad = run("render", "-f", "-", "--collector-endpoint", "not an endpoint", stdin=text)
+    assert bad.returncode == 2
+    assert "--collector-endpoint: 'not an endpoint': not an OTLP/gRPC endpoint" in bad.stderr
 
 
 def test_render_reads_stdin() -> None:
