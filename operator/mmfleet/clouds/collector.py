@@ -67,30 +67,21 @@ DETECTORS: dict[ProfileName, tuple[str, ...]] = {
 # describes the node the collector runs on, not the pod that sent the span, so only what is the same for every
 # node of the cluster is kept (DETECTED_ATTRIBUTES); each detector's attributes are all written out, on or off,
 # so a default that changes upstream cannot stamp the collector's host.*, azure.vm.* or zone on every span.
+# What the ec2, eks and alibaba_ecs detectors read from their instance metadata: the same nine names in each.
+_INSTANCE_ATTRIBUTES = (
+    "cloud.account.id",
+    "cloud.availability_zone",
+    "cloud.platform",
+    "cloud.provider",
+    "cloud.region",
+    "host.id",
+    "host.image.id",
+    "host.name",
+    "host.type",
+)
 DETECTOR_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "eks": (
-        "cloud.account.id",
-        "cloud.availability_zone",
-        "cloud.platform",
-        "cloud.provider",
-        "cloud.region",
-        "host.id",
-        "host.image.id",
-        "host.name",
-        "host.type",
-        "k8s.cluster.name",
-    ),
-    "ec2": (
-        "cloud.account.id",
-        "cloud.availability_zone",
-        "cloud.platform",
-        "cloud.provider",
-        "cloud.region",
-        "host.id",
-        "host.image.id",
-        "host.name",
-        "host.type",
-    ),
+    "eks": (*_INSTANCE_ATTRIBUTES, "k8s.cluster.name"),
+    "ec2": _INSTANCE_ATTRIBUTES,
     "aks": ("cloud.platform", "cloud.provider", "k8s.cluster.name"),
     "azure": (
         "azure.resourcegroup.name",
@@ -105,17 +96,7 @@ DETECTOR_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "host.id",
         "host.name",
     ),
-    "alibaba_ecs": (
-        "cloud.account.id",
-        "cloud.availability_zone",
-        "cloud.platform",
-        "cloud.provider",
-        "cloud.region",
-        "host.id",
-        "host.image.id",
-        "host.name",
-        "host.type",
-    ),
+    "alibaba_ecs": _INSTANCE_ATTRIBUTES,
 }
 # Cluster-wide facts. The availability zone is the collector node's, not the sender's, so it is off too; the
 # pod's node comes from k8s_attributes (k8s.node.name). k8s.cluster.name: EKS reads it with ec2:DescribeInstances
