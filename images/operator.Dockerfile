@@ -1,7 +1,7 @@
 # The mmfleet operator: a small Python image running `mmfleet run`.
 # Build from the repository root: docker build -f images/operator.Dockerfile -t mmfleet/operator:0.1.0 .
 # Only the operator goes in: operator/mmfleet and no extra, so neither the lab (operator/mmfleet_lab)
-# nor its dependencies (numpy, numba, matplotlib, cryptography, prometheus-client) are installed.
+# nor its dependencies (numpy, numba, matplotlib, cryptography) are installed.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -8,7 +8,7 @@ and says what to install, instead of failing half-way through one.
 
 from importlib.util import find_spec
 
-_NEEDS = ("numpy", "numba", "matplotlib", "cryptography", "prometheus_client")
+_NEEDS = ("numpy", "numba", "matplotlib", "cryptography")
 _MISSING = [name for name in _NEEDS if find_spec(name) is None]
 if _MISSING:
     raise ImportError(f"the lab needs {', '.join(_MISSING)}: pip install 'mmfleet[lab]'")

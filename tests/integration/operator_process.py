@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 # What `pip install .` (no extra) leaves out: the lab and the dependencies only it needs.
-LAB_MODULES = ("mmfleet_lab", "numpy", "numba", "matplotlib", "cryptography", "prometheus_client")
+LAB_MODULES = ("mmfleet_lab", "numpy", "numba", "matplotlib", "cryptography")
 # `mmfleet ARGS` with the modules in argv[1] (comma-separated) unimportable, as if not installed.
 _WITHOUT = (
     "import sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(',')));"
