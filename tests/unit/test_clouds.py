@@ -134,6 +134,16 @@ def test_eks_gpu_families(gpu: GpuType, name: str, instance_type: str) -> None:
     assert instance_type in values_for(affinity, "node.kubernetes.io/instance-type")
 
 
+def test_eks_auto_mode_node_is_selected_by_its_own_gpu_name_label() -> None:
+    """An EKS Auto Mode p5 node carries eks.amazonaws.com/instance-gpu-name, and no Karpenter key."""
+    auto_mode_h100 = {"eks.amazonaws.com/instance-gpu-name": "h100", "eks.amazonaws.com/compute-type": "auto"}
+    assert selects(eks.PROFILE.gpu_node_affinity(GpuSpec(type="H100")), auto_mode_h100)
+    assert not selects(eks.PROFILE.gpu_node_affinity(GpuSpec(type="H200")), auto_mode_h100)
+    assert not selects(
+        eks.PROFILE.gpu_node_affinity(GpuSpec(type="H100")), {"eks.amazonaws.com/instance-gpu-name": "l4"}
+    )
+
+
 def test_eks_instance_types_do_not_leak_across_gpus() -> None:
     a10g = set(values_for(eks.PROFILE.gpu_node_affinity(GpuSpec(type="A10G")), "node.kubernetes.io/instance-type"))
     l4 = set(values_for(eks.PROFILE.gpu_node_affinity(GpuSpec(type="L4")), "node.kubernetes.io/instance-type"))
@@ -153,6 +163,8 @@ def test_aks_h100_ands_accelerator_with_vm_size() -> None:
     assert sizes is not None
     assert {"Standard_ND96isr_H100_v5", "Standard_NC40ads_H100_v5"} <= set(sizes["values"])
     assert not any("A100" in s for s in sizes["values"])
+    # Azure sells the ND H100 v5 only as ND96isr (InfiniBand); "ND96is" names no VM size.
+    assert "Standard_ND96is_H100_v5" not in sizes["values"]
 
 
 def test_aks_gpu_without_azure_vm_size_still_gets_a_valid_selector() -> None:

@@ -12,8 +12,11 @@ Sources:
   ``INSTANCES`` list), cross-checked by name in independent AKS/Azure ML scripts for
   NC24ads_A100_v4, NC96ads_A100_v4, ND96asr_v4, ND96amsr_A100_v4, NC40ads_H100_v5,
   NC80adis_H100_v5, ND96isr_H100_v5, ND96isr_H200_v5, NC4as_T4_v3, NC8as_T4_v3, NV72ads_A10_v5.
-  The rest (NC48ads_A100_v4, ND96is_H100_v5, NC16as/NC64as_T4_v3, NV36ads/NV36adms_A10_v5) rest on
-  that one list. The partitioned NV6/12/18ads_A10_v5 sizes hold a GPU fraction and are left out;
+  The rest (NC48ads_A100_v4, NC16as/NC64as_T4_v3, NV36ads/NV36adms_A10_v5) rest on that one list.
+  The ND H100 v5 series has one size, ``Standard_ND96isr_H100_v5`` (Microsoft Learn, "ND-H100-v5 size
+  series", https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ndh100v5-series);
+  ``Standard_ND96is_H100_v5``, which the list also carried, is no Azure VM size and was dropped.
+  The partitioned NV6/12/18ads_A10_v5 sizes hold a GPU fraction and are left out;
   whether AKS's device plugin serves the NVadsA10 v5 sizes at all is UNCONFIRMED.
 - Taint ``sku=gpu:NoSchedule``: the AKS GPU guide's ``az aks nodepool add --node-taints`` example;
   AKS does not add it by itself, but tolerating it costs nothing.
@@ -49,7 +52,6 @@ VM_SIZE = GpuSelector(
         ),
         "H100": (
             "Standard_ND96isr_H100_v5",
-            "Standard_ND96is_H100_v5",
             "Standard_NC40ads_H100_v5",
             "Standard_NC80adis_H100_v5",
         ),

@@ -1,9 +1,10 @@
 """Amazon EKS.
 
-GPU nodes are matched two ways, ORed, because a cluster may mix provisioners: Karpenter's
-``karpenter.k8s.aws/instance-gpu-name`` (only on Karpenter nodes) and the well-known
-``node.kubernetes.io/instance-type`` (every node, including managed node groups). A third term
-matches GPU feature discovery's ``nvidia.com/gpu.product`` for clusters running the GPU Operator.
+GPU nodes are matched three ways, ORed, because a cluster may mix provisioners: Karpenter's
+``karpenter.k8s.aws/instance-gpu-name`` (only on self-managed Karpenter nodes), EKS Auto Mode's
+``eks.amazonaws.com/instance-gpu-name`` (only on Auto Mode nodes, same lower-case values) and the
+well-known ``node.kubernetes.io/instance-type`` (every node, including managed node groups). A fourth
+term matches GPU feature discovery's ``nvidia.com/gpu.product`` for clusters running the GPU Operator.
 
 Sources:
 
@@ -14,6 +15,11 @@ Sources:
   left out: they expose no ``nvidia.com/gpu``. p5.4xlarge shows gpu-count 0 there (Karpenter will
   not pick it for a GPU request) but carries one H100, so a managed node group of it still matches.
   AWS offers no A10, H20 or GH200 instance; those types match only through the GFD term.
+- EKS Auto Mode: the Amazon EKS User Guide, "Create a Node Pool for EKS Auto Mode"
+  (https://docs.aws.amazon.com/eks/latest/userguide/create-node-pool.html), table "EKS Auto Mode Supported
+  Labels": ``eks.amazonaws.com/instance-gpu-name``, example ``t4``, "Name of the GPU on the instance, if
+  available"; the ``karpenter.k8s.aws/*`` keys are not among them. Auto Mode runs Karpenter underneath, so
+  the names are Karpenter's; AWS's own Auto Mode GPU sample selects ``h200``, ``l4``, ``a100``, ``b200``.
 - Internal NLB: kubernetes-sigs/aws-load-balancer-controller ``docs/guide/service/nlb.md``:
   ``aws-load-balancer-type: external`` hands the Service to the controller (the in-tree one
   ignores it), ``aws-load-balancer-nlb-target-type: ip`` targets pods (VPC CNI), and
@@ -53,6 +59,9 @@ KARPENTER_GPU_NAME = GpuSelector(
     },
 )
 
+# EKS Auto Mode names the GPU like Karpenter, under its own key (module docstring).
+AUTO_MODE_GPU_NAME = GpuSelector(key="eks.amazonaws.com/instance-gpu-name", values=KARPENTER_GPU_NAME.values)
+
 INSTANCE_TYPE = GpuSelector(
     key="node.kubernetes.io/instance-type",
     values={
@@ -69,7 +78,7 @@ INSTANCE_TYPE = GpuSelector(
 
 PROFILE = Profile(
     name="eks",
-    gpu_selectors=(KARPENTER_GPU_NAME, INSTANCE_TYPE, GFD_SELECTOR),
+    gpu_selectors=(KARPENTER_GPU_NAME, AUTO_MODE_GPU_NAME, INSTANCE_TYPE, GFD_SELECTOR),
     provider_id_pattern=r"aws://.*",
     storage_class="gp2",
     internal_lb_annotations=MappingProxyType(
