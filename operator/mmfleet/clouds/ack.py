@@ -23,10 +23,13 @@ Sources:
   multi-zone scenarios": it tries ESSD, then SSD, then ultra disk, and binds WaitForFirstConsumer,
   so the disk lands in the GPU pod's zone. ``alicloud-disk-essd`` also exists but fails on
   instance families without ESSD support and, per the older ACK storage docs, binds Immediately.
-- RRSA (ack-pod-identity-webhook docs): SA annotation ``pod-identity.alibabacloud.com/role-name``;
-  injection is enabled by the label ``pod-identity.alibabacloud.com/injection: 'on'`` on the pod
-  (webhook 0.2.0+, Dec 2024) or on the namespace. mmfleet labels the pod and never the namespace;
-  with an older webhook the user must label the namespace.
+- RRSA: ack-pod-identity-webhook component overview (Mar 2026,
+  https://www.alibabacloud.com/help/en/container-service-for-kubernetes/latest/ack-pod-identity-webhook):
+  SA annotation ``pod-identity.alibabacloud.com/role-name``; "Namespace configuration": the label
+  ``pod-identity.alibabacloud.com/injection`` "Set to on to enable automatic configuration injection for all
+  pods in the namespace". That namespace label is the documented switch, and docs/clouds.md tells the user
+  to set it (the operator never labels namespaces). The page says a pod level exists too, but no copy we could
+  read shows its key, so the same label on the pod, kept because it costs nothing, is UNCONFIRMED alone.
 - Tracing: ARMS (Managed Service for OpenTelemetry) gRPC endpoint
   ``http://tracing-analysis-dc-<region>[-internal].aliyuncs.com:8090`` with header
   ``Authentication: <token>`` and ``tls.insecure: true`` (help.aliyun.com/document_detail/407604.html),
