@@ -28,7 +28,9 @@ SHORT_NAMES = ["mmi"]
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
-MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^/\s]+(/\S*)?$"
+# The first segment after the scheme may not start with '-': for hf:// it becomes the server's model argument,
+# which a leading '-' would turn into a flag (and no bucket, container, claim or HF owner starts with one).
+MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^-/\s][^/\s]*(/\S*)?$"
 
 # The name becomes a Service name, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -114,13 +116,33 @@ TRTLLM_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "nvfp4")
 KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]
 
 
+def _not_a_flag(value: str) -> str:
+    """The model name is the server's positional argument: vLLM's argparse and trtllm-serve's click take a
+    leading '-' for an option, so such a name would start no server (or quietly set a flag)."""
+    if value.startswith("-"):
+        raise ValueError(
+            "it starts with '-', which the server's command line takes for a flag; "
+            "give the model as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct"
+        )
+    return value
+
+
 class ModelSpec(Model):
     """What the server loads and where it comes from."""
 
-    name: str = Field(
+    name: Annotated[str, AfterValidator(_not_a_flag)] = Field(
         min_length=1,
         max_length=253,
         description="Model to serve, as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!self.startsWith('-')",
+                    "must not start with '-' (the server would take it for a flag); give the model as the "
+                    "backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct",
+                )
+            ]
+        },
     )
     source: str | None = Field(
         default=None,

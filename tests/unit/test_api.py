@@ -126,6 +126,25 @@ def test_bad_source_scheme_is_rejected() -> None:
     assert lines[0].startswith("spec.model.source: 'http://example/m' is not accepted: string should match pattern")
 
 
+@pytest.mark.parametrize("name", ["--trust-remote-code", "-Qwen/Qwen2.5-VL-7B-Instruct"])
+def test_model_name_that_the_server_would_read_as_a_flag_is_refused(name: str) -> None:
+    lines = problems_of(spec_doc(model={"name": name}))
+    assert lines == [
+        f"spec.model.name: {name!r} is not accepted: it starts with '-', which the server's command line takes "
+        "for a flag; give the model as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct"
+    ]
+
+
+def test_hf_source_whose_repo_starts_with_a_dash_is_refused() -> None:
+    lines = problems_of(spec_doc(model={"name": "m", "source": "hf://-x/y"}))
+    assert lines[0].startswith("spec.model.source: 'hf://-x/y' is not accepted: string should match pattern")
+
+
+def test_dashes_inside_model_names_and_sources_are_fine() -> None:
+    model = parse(spec_doc(model={"name": "Qwen/Qwen2.5-VL-7B-Instruct", "source": "pvc://models/-weights"})).spec.model
+    assert model.name == "Qwen/Qwen2.5-VL-7B-Instruct"
+
+
 def test_wire_round_trip_keeps_camel_case() -> None:
     inference = MultimodalInference.model_validate(spec_doc(backend={"maxNumSeqs": 64}))
     assert inference.spec.wire()["backend"]["maxNumSeqs"] == 64
