@@ -24,11 +24,12 @@ system-deps:
 	  else echo "missing Debian packages:$$missing (run: sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
 
-## The Kubernetes, etcd and kwok binaries and the OpenTelemetry Collector, built from their Go modules once
+## The Kubernetes, etcd and kwok binaries, the OpenTelemetry Collector and helm, built from their Go modules once
 ## into ~/.cache/mmfleet.
 binaries: install
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_binaries; ensure_binaries(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_collector; ensure_collector(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_helm; ensure_helm(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests
@@ -49,10 +50,11 @@ test: lint typecheck system-deps binaries
 demo: install system-deps binaries
 	$(BIN)/mmfleet demo
 
-## Regenerate what is generated from the code (CRD, API docs, collector configurations); tests fail when these drift.
+## Regenerate what is generated from the code (CRD, chart values schema, API docs, collector configurations); tests fail when these drift.
 crds: install
 	$(BIN)/mmfleet crd > crds/multimodalinferences.mmfleet.io.yaml
 	cp crds/multimodalinferences.mmfleet.io.yaml charts/mmfleet/crds/
+	$(BIN)/python -m mmfleet.chart_values > charts/mmfleet/values.schema.json
 	$(BIN)/mmfleet docs api > docs/api.md
 	$(BIN)/mmfleet collector-config --cloud generic > manifests/base/collector-config.yaml
 	$(BIN)/mmfleet collector-config --cloud generic --kustomize-env > manifests/base/collector-env.yaml

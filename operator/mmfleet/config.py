@@ -14,8 +14,12 @@ from mmfleet.clouds import COLLECTOR_ENDPOINT
 
 LogFormat = Literal["plain", "json"]
 ENV_PREFIX = "MMFLEET_"
-_ENDPOINT = re.compile(r"(https?://)?[A-Za-z0-9\[][A-Za-z0-9.\-\[\]:]*(/\S*)?")
-_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.IGNORECASE)
+AUTOSCALE_INTERVAL_MIN = 1.0  # s: the shortest autoscaling cycle accepted
+# The patterns as strings too: the chart's values schema (mmfleet.chart_values) checks the same forms.
+ENDPOINT_PATTERN = r"(https?://)?[A-Za-z0-9\[][A-Za-z0-9.\-\[\]:]*(/\S*)?"
+DOMAIN_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_ENDPOINT = re.compile(ENDPOINT_PATTERN)
+_DOMAIN = re.compile(DOMAIN_PATTERN, re.IGNORECASE)
 
 
 def otlp_endpoint(value: str) -> str:
@@ -25,7 +29,7 @@ def otlp_endpoint(value: str) -> str:
     return value
 
 
-def _seconds(value: Any, at_least: float) -> float:
+def duration_seconds(value: Any, at_least: float) -> float:
     """A duration such as 15s or 2m, or a bare number of seconds, of at least ``at_least`` seconds."""
     if isinstance(value, str):
         try:
@@ -75,12 +79,12 @@ class OperatorConfig(BaseSettings):
     @field_validator("autoscale_interval", mode="before")
     @classmethod
     def _interval(cls, value: Any) -> float:
-        return _seconds(value, at_least=1.0)
+        return duration_seconds(value, at_least=AUTOSCALE_INTERVAL_MIN)
 
     @field_validator("default_cold_start", mode="before")
     @classmethod
     def _cold_start(cls, value: Any) -> float:
-        return _seconds(value, at_least=0.0)
+        return duration_seconds(value, at_least=0.0)
 
     @field_validator("collector_endpoint")
     @classmethod

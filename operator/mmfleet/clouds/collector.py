@@ -115,7 +115,8 @@ SECRET_KEYS: dict[str, tuple[str, ...]] = {
     "generic": ("OTLP_ENDPOINT",),
 }
 
-_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+REGION_PATTERN = r"[a-z]{2}(-[a-z]+)+-\d+"  # an AWS region such as us-west-2 (also the chart's awsRegion)
+_REGION = re.compile(REGION_PATTERN)
 _ATTRIBUTE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
 _ENDPOINT = re.compile(r"(https?://)?[A-Za-z0-9.\-\[\]:]+(:\d+)?(/\S*)?")
 

@@ -13,6 +13,8 @@ small wrapper module under ``<cache>/src/<component>``:
 - The OpenTelemetry Collector: the OpenTelemetry Collector Builder (``cmd/builder``, installed with ``go
   install`` at the collector's release) generates a ``main`` module holding exactly ``COLLECTOR_COMPONENTS``
   and compiles it (``ensure_collector``).
+- Helm: ``helm.sh/helm/v3``'s go.mod has no replace directives, so ``go build ./cmd/helm`` runs inside the
+  module the proxy serves, with its own go.sum (``ensure_helm``).
 
 A build goes into a temporary directory next to its target and is renamed into place, so a
 half-built directory never looks complete. A file lock serialises concurrent callers.
@@ -40,6 +42,7 @@ from mmfleet.clouds.collector import COLLECTOR_VERSION
 K8S_VERSION = "1.34.4"
 ETCD_VERSION = "3.6.16"
 KWOK_VERSION = "0.8.0"
+HELM_VERSION = "3.22.0"
 
 Progress = Callable[[str], None]
 
@@ -389,3 +392,76 @@ def _build_collector(final: Path, go: str, progress: Progress) -> None:
         shutil.rmtree(staging, ignore_errors=True)
     elapsed = time.monotonic() - started
     progress(f"built the OpenTelemetry Collector v{COLLECTOR_VERSION} in {elapsed:.0f}s -> {final / 'bin'}")
+
+
+# --- Helm ------------------------------------------------------------------------------------------------
+
+_HELM_MODULE = "helm.sh/helm/v3"
+
+
+def helm_path(root: Path | None = None) -> Path:
+    """Where the helm binary is (or will be); nothing is built."""
+    return (root or cache_root()) / f"helm-v{HELM_VERSION}" / "bin" / "helm"
+
+
+_CLIENT_GO = re.compile(r"^\s*k8s\.io/client-go v(\d+)\.(\d+)\.", re.MULTILINE)
+
+
+def _helm_ldflags(go_mod: str) -> str:
+    """The stamps helm's Makefile sets: its version, and the Kubernetes version its client-go stands for (which
+    ``helm template``/``lint`` report as ``.Capabilities.KubeVersion`` instead of the compiled-in v1.20)."""
+    found = _CLIENT_GO.search(go_mod)
+    if found is None:
+        raise BuildError(f"no k8s.io/client-go requirement in {_HELM_MODULE}@v{HELM_VERSION}'s go.mod")
+    major, minor = str(int(found[1]) + 1), found[2]
+    stamps = [f"-X {_HELM_MODULE}/internal/version.version=v{HELM_VERSION}"]
+    stamps += [
+        f"-X {_HELM_MODULE}/pkg/{pkg}.k8sVersion{part}={value}"
+        for pkg in ("lint/rules", "chartutil")
+        for part, value in (("Major", major), ("Minor", minor))
+    ]
+    return "-s -w " + " ".join(stamps)
+
+
+def ensure_helm(progress: Progress = silent) -> Path:
+    """The helm binary, built once from its Go module (about 3 minutes); instant when cached."""
+    root = cache_root()
+    binary = helm_path(root)
+    if os.access(binary, os.X_OK):
+        return binary
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("the 'go' command is needed to build helm and is not on PATH")
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".helm.lock"):
+        if not os.access(binary, os.X_OK):  # another process may have built it while we waited
+            _build_helm(binary.parent.parent, go, progress)
+    return binary
+
+
+def _build_helm(final: Path, go: str, progress: Progress) -> None:
+    workdir = final.parent / "src" / "helm"
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "build.log"
+    log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    progress(f"building helm v{HELM_VERSION} ... (first time only, ~3 min; log: {log})")
+    started = time.monotonic()
+    runner = _Runner(go, workdir, log, progress)
+    target = f"{_HELM_MODULE}@v{HELM_VERSION}"
+    info = json.loads(runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+    staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    try:
+        # Inside the (read-only) module: its go.mod and go.sum as released, nothing rewritten.
+        builder = _Runner(go, Path(info["Dir"]), log, progress)
+        builder.env["GOFLAGS"] = "-mod=readonly"
+        out = str(staging / "bin" / "helm")
+        ldflags = _helm_ldflags(Path(info["GoMod"]).read_text())
+        builder.run("build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/helm", note="go build helm")
+        if final.exists():  # an incomplete earlier result: replace it whole
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"built helm v{HELM_VERSION} in {time.monotonic() - started:.0f}s -> {final / 'bin'}")
