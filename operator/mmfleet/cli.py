@@ -122,11 +122,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
     logging.getLogger("mmfleet").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    kopf.run(
-        standalone=True,
-        clusterwide=not config.namespaces,
-        namespaces=list(config.namespaces),
-        liveness_endpoint=f"http://{config.health_address}/healthz" if config.health_address else None,
+    from mmfleet import metrics_export
+
+    # kopf's liveness server serves /healthz alone; the operator's serves /metrics beside it on the same address.
+    metrics_export.run(
+        config.health_address, standalone=True, clusterwide=not config.namespaces, namespaces=list(config.namespaces)
     )
     return 0
 

@@ -76,29 +76,21 @@ def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_childre
 
 
 async def _healthz(port: int) -> int:
-    """The status of kopf's liveness endpoint, served with the operator's probe handlers registered."""
+    """The status of the operator's liveness endpoint (``metrics_export``), with its probe handlers registered."""
     import aiohttp
-    from kopf._core.engines.probing import health_reporter
 
-    ready = asyncio.Event()
-    reporter = asyncio.create_task(
-        health_reporter(
-            f"http://127.0.0.1:{port}/healthz",
-            memo=cast(Any, kopf.Memo()),
-            indices=cast(Any, {}),
-            registry=kopf.get_default_registry(),
-            settings=kopf.OperatorSettings(),
-            ready_flag=ready,
-        )
+    from mmfleet import metrics_export
+
+    started = asyncio.Event()
+    started.set()
+    runner = await metrics_export.serve(
+        f"127.0.0.1:{port}", started, settings=kopf.OperatorSettings(), indices=cast(Any, {}), memo=kopf.Memo()
     )
     try:
-        await ready.wait()
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
             return response.status
     finally:
-        reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
+        await runner.cleanup()
 
 
 def _free_port() -> int:

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from mmfleet.api import (
     AutoscalingSpec,
@@ -106,6 +106,14 @@ class Seen:
     outage: str | None = None  # why Prometheus gave no answer; signals are then None
 
 
+# What a cycle did with a fleet, in a word (the label of the operator's decisions metric; the reason sentence,
+# with its numbers, is the event's). Holds name what held the fleet, the first that applies.
+Cause = Literal[
+    "scaled_up", "scaled_down", "metrics_unavailable", "warming_up", "unschedulable", "at_max_replicas", "held"
+]
+CAUSES: tuple[Cause, ...] = get_args(Cause)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one cycle decided for a fleet, and what status and events should say about it."""
@@ -113,6 +121,7 @@ class Outcome:
     current: int
     replicas: int  # to set; equal to current when holding
     reason: str  # the decision in one sentence (event message and status.lastScaleReason)
+    cause: Cause
     memory: Memory
     latency: float | None  # the measured percentile, None when nothing was measured
     idle: bool  # no request finished and none in flight
@@ -198,10 +207,11 @@ def decide(
     unavailable = _unavailable(seen, inference, held)
     latency: float | None = None
     idle = False
+    cause: Cause = "held"
     metrics: ConditionRow
     slo_met: ConditionRow
     if unavailable is not None:
-        replicas, metrics = held, unavailable
+        replicas, metrics, cause = held, unavailable, "metrics_unavailable"
         memory = replace(memory, metrics_since=None)
         reason = (
             f"metrics unavailable: holding {held}"
@@ -239,12 +249,16 @@ def decide(
         if clock - since < WARM_UP_S:
             # Young series: rate() over a window they only partly cover reads low, and a capacity learned
             # from it would grow the fleet for nothing (seen: 1 -> 4 at steady load).
-            replicas = held
+            replicas, cause = held, "warming_up"
             reason = f"series read for {clock - since:.0f}s, less than the {RATE_WINDOW} rate window: holding {held}"
         else:
             decision = policy.decide(observation, state)
             replicas, reason = decision.replicas, decision.reason
             memory = replace(memory, policy_state=decision.state)
+            if pods.unschedulable:
+                cause = "unschedulable"
+            elif replicas >= autoscaling.max_replicas:
+                cause = "at_max_replicas"
         metrics = ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
         if latency is not None:
             met = latency <= target
@@ -268,10 +282,13 @@ def decide(
                 "NoRequestsFinished",
                 f"no request finished over the last {slo.window}, {in_flight:g} in flight",
             )
+    if replicas != seen.current:
+        cause = "scaled_up" if replicas > seen.current else "scaled_down"
     return Outcome(
         current=seen.current,
         replicas=replicas,
         reason=reason,
+        cause=cause,
         memory=memory,
         latency=latency,
         idle=idle,

@@ -14,6 +14,7 @@ for one fleet (``Signals.missing``). Either way the autoscaler holds; neither is
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, get_args
@@ -102,6 +103,7 @@ class Readings:
     signals: dict[Key, Signals] = field(default_factory=dict)
     outage: str | None = None
     queries: int = 0
+    latencies: tuple[float, ...] = ()  # seconds each query sent took, the failed one included
 
 
 # A query's answer: value per (namespace, fleet, backend).
@@ -192,14 +194,21 @@ class Prometheus:
         """
         targets = list(targets)
         answers: dict[Signal | Slo, Found] = {}
+        latencies: list[float] = []
         for count, (what, query) in enumerate(build_queries(targets, self.rate_window).items(), start=1):
+            sent = time.perf_counter()
+            outage = None
             try:
                 answers[what] = parse_result(self._client.custom_query(query, params={"time": at}))
             except requests.RequestException as error:
-                return Readings(outage=f"{self.url} unreachable: {_cause(error)}", queries=count)
+                outage = f"{self.url} unreachable: {_cause(error)}"
             except PrometheusApiClientException as error:
-                return Readings(outage=f"{self.url} refused the query {query!r}: {error}", queries=count)
-        return Readings({t.key: signals_for(t, answers) for t in targets}, queries=len(answers))
+                outage = f"{self.url} refused the query {query!r}: {error}"
+            latencies.append(time.perf_counter() - sent)
+            if outage is not None:
+                return Readings(outage=outage, queries=count, latencies=tuple(latencies))
+        signals = {t.key: signals_for(t, answers) for t in targets}
+        return Readings(signals, queries=len(answers), latencies=tuple(latencies))
 
     def close(self) -> None:
         self._client.close()

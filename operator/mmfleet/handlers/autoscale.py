@@ -21,7 +21,7 @@ import kopf
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from mmfleet import status, telemetry
+from mmfleet import metrics_export, status, telemetry
 from mmfleet.api import MultimodalInference, seconds
 from mmfleet.autoscaler import cycle, metrics
 from mmfleet.handlers.fleet import resolve_cloud
@@ -86,6 +86,7 @@ def autoscale(
     # is missing for a moment, or whose spec is briefly invalid, keeps what it learned.
     for gone in STATE.scaling.keys() - {view.key for view in views}:
         STATE.scaling.pop(gone, None)
+    metrics_export.forget_others({view.key for view, _ in fleets})
     tracer = telemetry.tracer()
     with tracer.start_as_current_span(telemetry.AUTOSCALE_CYCLE, attributes={telemetry.FLEETS: len(fleets)}):
         with tracer.start_as_current_span(telemetry.OBSERVE) as observe:
@@ -103,6 +104,7 @@ def autoscale(
                 lambda f: context.copy().run(_autoscale_fleet, f[0], f[1], readings, now, children, traced), fleets
             )
         )
+    metrics_export.record_cycle(readings, time.perf_counter() - started)
     log.info(
         "autoscaling cycle: %d fleets, %d Prometheus queries%s, %d scaled, %d status writes, in %.0f ms",
         len(fleets), readings.queries, " (failed)" if readings.outage else "", sum(s for s, _ in done),
@@ -171,6 +173,7 @@ def _decide_fleet(
                 default_cold_start=config.default_cold_start,
             )
             STATE.scaling[view.key] = outcome.memory
+            metrics_export.record_decision(view.key, inference, seen, outcome, config.default_cold_start)
             _describe(span, inference, seen, outcome, config.default_cold_start)
             kube = get_kube()
             if outcome.scaled:
@@ -191,6 +194,7 @@ def _decide_fleet(
                 kopf_event(view.body, "Normal", outcome.event_reason, outcome.reason)
     except Exception as error:  # one fleet's failure (an API error, a bug) must not stop the others
         log.exception("autoscaling %s/%s failed", meta.namespace, meta.name)
+        metrics_export.error("autoscale_fleet")
         span.record_exception(error)
         span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
@@ -249,6 +253,7 @@ async def autoscale_forever(
                 await asyncio.to_thread(autoscale, views, prometheus, pool, children)
             except Exception:
                 log.exception("autoscaling cycle failed")
+                metrics_export.error("autoscale_cycle")
             else:
                 STATE.autoscaler_cycled = time.monotonic()
             await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))

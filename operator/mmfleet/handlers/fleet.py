@@ -20,7 +20,7 @@ from typing import Any, cast
 import kopf
 from opentelemetry.trace import Span
 
-from mmfleet import clouds, render, status, telemetry
+from mmfleet import clouds, metrics_export, render, status, telemetry
 from mmfleet.api import GROUP, KIND, PLURAL, VERSION, MultimodalInference
 from mmfleet.handlers.state import (
     STATE,
@@ -247,7 +247,10 @@ def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> N
     the status write inside it."""
     meta = body["metadata"]
     attributes = telemetry.fleet(meta["namespace"], meta["name"], meta.get("generation"))
-    with telemetry.tracer().start_as_current_span(telemetry.RECONCILE, attributes=attributes) as span:
+    with (
+        metrics_export.reconciling(),
+        telemetry.tracer().start_as_current_span(telemetry.RECONCILE, attributes=attributes) as span,
+    ):
         _reconcile(body, pods, live, prune, span)
 
 
@@ -499,6 +502,7 @@ async def _refresh_later(key: Key, indexes: dict[str, Any]) -> None:
                 await asyncio.to_thread(refresh_status, key, indexes)
             except Exception:  # the resync loop tries again
                 log.exception("refreshing the status of %s/%s failed", *key)
+                metrics_export.error("status_refresh")
             if key not in STATE.refresh_again:
                 return
     finally:
@@ -535,6 +539,7 @@ async def resync_forever(indexes: dict[str, Any]) -> None:
                 await asyncio.to_thread(context.copy().run, refresh_status, key, indexes)
             except Exception:  # one fleet's failure must not end the safety net for all
                 log.exception("resyncing the status of %s/%s failed", *key)
+                metrics_export.error("status_refresh")
 
 
 @kopf.on.startup()

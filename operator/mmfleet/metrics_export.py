@@ -1,0 +1,316 @@
+"""The operator's own metrics (prometheus_client), and the one HTTP server for ``/metrics`` and ``/healthz``.
+
+kopf's liveness server serves one path only (kopf 1.45.2, ``kopf/_core/engines/probing.py``
+``health_reporter`` adds a single route), so the operator serves both itself on
+``MMFLEET_HEALTH_ADDRESS``: ``/healthz`` runs kopf's probe handlers exactly as kopf's would (the
+probing activity, its answer cached 10 s, 500 when a probe fails permanently), and only once the
+startup handlers have finished (503 before); ``/metrics`` is served from the start.
+
+Per fleet, what a dashboard needs and Prometheus cannot get from the pods: the replicas the
+autoscaler set and the pods it counted, the SLO target and the percentile it read, its verdicts,
+scale events and the cold start it plans with. The fleet labels are the ones the backends' series
+carry (``namespace``, ``mmfleet_io_inference``), so one dashboard variable selects both; the
+PodMonitor scraping the operator honours them (``honorLabels``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp.web
+import kopf
+from kopf._cogs.structs import ephemera
+from kopf._core.actions import lifecycles
+from kopf._core.engines import activities, indexing
+from kopf._core.intents import causes
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from mmfleet.api import MultimodalInference, seconds
+from mmfleet.autoscaler.cycle import CAUSES, Outcome, Seen
+from mmfleet.autoscaler.metrics import FLEET_LABELS, Readings
+
+Key = tuple[str, str]
+
+REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+RECONCILE_RESULTS = ("ok", "invalid_spec", "retry", "error")
+RECONCILES = Counter(
+    "mmfleet_reconciles", "Reconciles of a MultimodalInference, by result.", ["result"], registry=REGISTRY
+)
+RECONCILE_SECONDS = Histogram(
+    "mmfleet_reconcile_duration_seconds", "Time one reconcile took (apply, observe, status).", registry=REGISTRY
+)
+ERROR_PLACES = ("reconcile", "status_refresh", "autoscale_fleet", "autoscale_cycle")
+ERRORS = Counter(
+    "mmfleet_errors", "Unexpected exceptions the operator logged, by where they happened.", ["where"], registry=REGISTRY
+)
+CYCLE_SECONDS = Histogram(
+    "mmfleet_autoscaler_cycle_duration_seconds",
+    "Time one autoscaling cycle took for all fleets (Prometheus read, decisions, scaling, status).",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+QUERY_SECONDS = Histogram(
+    "mmfleet_prometheus_query_duration_seconds",
+    "Time one autoscaler query to Prometheus took, by result.",
+    ["result"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "mmfleet_autoscaler_decisions",
+    "Autoscaling decisions per fleet, by what the cycle did (autoscaler.cycle.Cause).",
+    [*FLEET_LABELS, "decision"],
+    registry=REGISTRY,
+)
+SCALE_EVENTS = Counter(
+    "mmfleet_fleet_scale_events", "Replica changes the autoscaler made, by direction.", [*FLEET_LABELS, "direction"],
+    registry=REGISTRY,
+)  # fmt: skip
+SLO_EVALUATIONS = Counter(
+    "mmfleet_fleet_slo_evaluations",
+    "Cycles that measured the SLO percentile, by whether it met the target (the SLI of the burn-rate alerts).",
+    [*FLEET_LABELS, "result"],
+    registry=REGISTRY,
+)
+
+
+def _gauge(name: str, text: str) -> Gauge:
+    return Gauge(name, text, FLEET_LABELS, registry=REGISTRY)
+
+
+DESIRED = _gauge("mmfleet_fleet_desired_replicas", "The replicas the autoscaler set.")
+READY = _gauge("mmfleet_fleet_ready_replicas", "The fleet's Ready pods, as the autoscaler counted them.")
+STARTING = _gauge("mmfleet_fleet_starting_replicas", "The fleet's pods not Ready yet and not unschedulable.")
+UNSCHEDULABLE = _gauge("mmfleet_fleet_unschedulable_replicas", "The fleet's pods the scheduler cannot place.")
+MIN_REPLICAS = _gauge("mmfleet_fleet_min_replicas", "spec.autoscaling.minReplicas.")
+MAX_REPLICAS = _gauge("mmfleet_fleet_max_replicas", "spec.autoscaling.maxReplicas.")
+SLO_TARGET = _gauge("mmfleet_fleet_slo_target_seconds", "spec.autoscaling.slo.target.")
+SLO_PERCENTILE = _gauge("mmfleet_fleet_slo_percentile", "spec.autoscaling.slo.percentile, e.g. 90.")
+SLO_OBSERVED = _gauge(
+    "mmfleet_fleet_slo_observed_seconds", "The SLO percentile the autoscaler last read; NaN when nothing was measured."
+)
+ATTAINMENT = _gauge(
+    "mmfleet_fleet_slo_attainment_ratio", "Share of the last hour's measured cycles whose percentile met the target."
+)
+COLD_START = _gauge(
+    "mmfleet_fleet_cold_start_seconds", "The cold start the autoscaler plans with (measured or default)."
+)
+METRICS_AVAILABLE = _gauge("mmfleet_fleet_metrics_available", "1 when every signal was read this cycle, else 0.")
+
+FLEET_GAUGES = (
+    DESIRED, READY, STARTING, UNSCHEDULABLE, MIN_REPLICAS, MAX_REPLICAS, SLO_TARGET, SLO_PERCENTILE, SLO_OBSERVED,
+    ATTAINMENT, COLD_START, METRICS_AVAILABLE,
+)  # fmt: skip
+for _result in RECONCILE_RESULTS:  # every series exists from the start, so rate() and alerts see zeros
+    RECONCILES.labels(_result)
+for _where in ERROR_PLACES:
+    ERRORS.labels(_where)
+for _result in ("ok", "error"):
+    QUERY_SECONDS.labels(_result)
+
+
+@contextlib.contextmanager
+def reconciling() -> Iterator[None]:
+    """Count one reconcile by how it ended, and time it; exceptions pass through."""
+    started = time.perf_counter()
+    result = "error"
+    try:
+        yield
+        result = "ok"
+    except kopf.PermanentError:
+        result = "invalid_spec"
+        raise
+    except kopf.TemporaryError:
+        result = "retry"
+        raise
+    except Exception:
+        ERRORS.labels("reconcile").inc()
+        raise
+    finally:
+        RECONCILES.labels(result).inc()
+        RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+
+def error(where: str) -> None:
+    """One unexpected exception at ``where`` (one of ``ERROR_PLACES``), already logged by the caller."""
+    ERRORS.labels(where).inc()
+
+
+def record_cycle(readings: Readings, duration: float) -> None:
+    CYCLE_SECONDS.observe(duration)
+    for index, latency in enumerate(readings.latencies):
+        failed = readings.outage is not None and index == len(readings.latencies) - 1
+        QUERY_SECONDS.labels("error" if failed else "ok").observe(latency)
+
+
+def _first_seen(key: Key) -> None:
+    """Zero every counter of a new fleet, so increase() reads 0 rather than nothing before the first event."""
+    for cause in CAUSES:
+        DECISIONS.labels(*key, cause)
+    for direction in ("up", "down"):
+        SCALE_EVENTS.labels(*key, direction)
+    for result in ("met", "missed"):
+        SLO_EVALUATIONS.labels(*key, result)
+
+
+_KNOWN: set[Key] = set()  # fleets with series, so forget() ends them
+
+
+def record_decision(
+    key: Key, inference: MultimodalInference, seen: Seen, outcome: Outcome, default_cold_start: float
+) -> None:
+    """One fleet's cycle: what it counted, read and decided."""
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None, "only autoscaled fleets are decided"
+    if key not in _KNOWN:
+        _KNOWN.add(key)
+        _first_seen(key)
+    slo = autoscaling.slo
+    cold_start = outcome.memory.cold_start
+    values = {
+        DESIRED: outcome.replicas,
+        READY: seen.pods.ready,
+        STARTING: seen.pods.starting,
+        UNSCHEDULABLE: seen.pods.unschedulable,
+        MIN_REPLICAS: autoscaling.min_replicas,
+        MAX_REPLICAS: autoscaling.max_replicas,
+        SLO_TARGET: seconds(slo.target),
+        SLO_PERCENTILE: slo.percentile,
+        SLO_OBSERVED: math.nan if outcome.latency is None else outcome.latency,
+        ATTAINMENT: math.nan if (attained := outcome.scaling().attainment) is None else attained,
+        COLD_START: default_cold_start if cold_start is None else cold_start,
+        METRICS_AVAILABLE: 1 if outcome.conditions[0][1] is True else 0,
+    }
+    for gauge, value in values.items():
+        gauge.labels(*key).set(value)
+    DECISIONS.labels(*key, outcome.cause).inc()
+    if outcome.scaled:
+        SCALE_EVENTS.labels(*key, "up" if outcome.replicas > outcome.current else "down").inc()
+    if outcome.latency is not None:
+        SLO_EVALUATIONS.labels(*key, "met" if outcome.latency <= seconds(slo.target) else "missed").inc()
+
+
+def forget_others(keep: set[Key]) -> None:
+    """Fleets no longer autoscaled (or gone): their series end, rather than repeat their last value."""
+    for key in _KNOWN - keep:
+        _KNOWN.discard(key)
+        for gauge in FLEET_GAUGES:
+            gauge.remove(*key)
+        for counter, labels in (
+            (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed"))
+        ):  # fmt: skip
+            for label in labels:
+                counter.remove(*key, label)
+
+
+# --- the HTTP server ----------------------------------------------------------------------------------------------
+
+PROBE_CACHE = datetime.timedelta(seconds=10)  # as kopf's health_reporter caches its probes' answer
+
+
+@dataclass
+class _Health:
+    """kopf's probing activity, run on demand and cached as kopf's own liveness endpoint does."""
+
+    settings: kopf.OperatorSettings
+    indices: ephemera.Indices
+    memo: ephemera.AnyMemo
+    started: asyncio.Event
+    results: dict[str, Any] = field(default_factory=dict)
+    at: datetime.datetime | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get(self, _: aiohttp.web.Request) -> aiohttp.web.Response:
+        if not self.started.is_set():
+            return aiohttp.web.json_response({"operator": "starting"}, status=503)
+        async with self.lock:
+            now = datetime.datetime.now(datetime.UTC)
+            if self.at is None or now - self.at >= PROBE_CACHE:
+                try:
+                    results = await activities.run_activity(
+                        lifecycle=lifecycles.all_at_once,
+                        registry=kopf.get_default_registry(),
+                        settings=self.settings,
+                        activity=causes.Activity.PROBE,
+                        indices=self.indices,
+                        memo=self.memo,
+                    )
+                except activities.ActivityError as failed:
+                    return aiohttp.web.json_response({"failed": _failures(failed)}, status=500)
+                self.results = {str(handler): result for handler, result in results.items()}
+                self.at = datetime.datetime.now(datetime.UTC)
+            return aiohttp.web.json_response(self.results)
+
+
+def _failures(failed: activities.ActivityError) -> dict[str, str]:
+    return {str(handler): str(outcome.exception) for handler, outcome in failed.outcomes.items() if outcome.exception}
+
+
+async def get_metrics(_: aiohttp.web.Request) -> aiohttp.web.Response:
+    body = generate_latest(REGISTRY)
+    return aiohttp.web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[::]:8080`` for IPv6) as a listening host and port."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+async def serve(
+    address: str, started: asyncio.Event, *, settings: kopf.OperatorSettings, indices: ephemera.Indices, memo: Any
+) -> aiohttp.web.AppRunner:
+    """Listen on ``address`` now (a port in use fails here, before the operator starts); the caller cleans up."""
+    health = _Health(settings, indices, ephemera.AnyMemo(memo), started)
+    app = aiohttp.web.Application()
+    app.add_routes([aiohttp.web.get("/healthz", health.get), aiohttp.web.get("/metrics", get_metrics)])
+    runner = aiohttp.web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    host, port = split_address(address)
+    try:
+        await aiohttp.web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def operate(address: str, **options: Any) -> None:
+    """``kopf.operator(**options)``, with /healthz and /metrics on ``address`` (empty: no server)."""
+    if not address:
+        await kopf.operator(**options)
+        return
+    settings, memo, indexers = kopf.OperatorSettings(), kopf.Memo(), indexing.OperatorIndexers()
+    started = asyncio.Event()  # kopf raises it once the startup handlers have finished
+    runner = await serve(address, started, settings=settings, indices=indexers.indices, memo=memo)
+    try:
+        await kopf.operator(settings=settings, memo=memo, indexers=indexers, ready_flag=started, **options)
+    finally:
+        await runner.cleanup()
+
+
+def run(address: str, **options: Any) -> None:
+    """``kopf.run`` with the operator's own server: as kopf.run, a cancelled operator ends quietly."""
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(operate(address, **options))
