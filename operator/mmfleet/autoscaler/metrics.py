@@ -117,19 +117,28 @@ def _union(parts: dict[str, str]) -> str:
     )
 
 
-def latency_query(slo: Slo, backend_names: Iterable[str]) -> str:
+def latency_query(slo: Slo, backend_names: Iterable[str], selector: str = "") -> str:
+    """The SLO percentile of every fleet on these backends (``selector``: label matchers, for a dashboard)."""
     window = promql_duration(slo.window)
     return _union(
         {
-            name: backends.latency_quantile_promql(backends.get(name), slo.metric, slo.percentile, window, FLEET_LABELS)
+            name: backends.latency_quantile_promql(
+                backends.get(name), slo.metric, slo.percentile, window, FLEET_LABELS, selector
+            )
             for name in backend_names
         }
     )
 
 
-def signal_query(signal: Signal, backend_names: Iterable[str], rate_window: str = RATE_WINDOW) -> str:
+def signal_query(
+    signal: Signal, backend_names: Iterable[str], rate_window: str = RATE_WINDOW, selector: str = ""
+) -> str:
+    """One signal of every fleet on these backends (``selector``: label matchers, for a dashboard)."""
     return _union(
-        {name: backends.signal_promql(backends.get(name), signal, rate_window, FLEET_LABELS) for name in backend_names}
+        {
+            name: backends.signal_promql(backends.get(name), signal, rate_window, FLEET_LABELS, selector)
+            for name in backend_names
+        }
     )
 
 

@@ -188,21 +188,21 @@ def _abbreviation(token: str, owned: dict[str, OwnedFlag]) -> OwnedFlag | None:
 
 
 def latency_quantile_promql(
-    backend: Backend, metric: SloMetric, percentile: float, window: str, by: tuple[str, ...]
+    backend: Backend, metric: SloMetric, percentile: float, window: str, by: tuple[str, ...], selector: str = ""
 ) -> str:
-    """P<percentile> of one latency histogram, summed over pods, grouped by ``by``."""
-    series = backend.metrics.histogram(metric)
+    """P<percentile> of one latency histogram, summed over pods, grouped by ``by``; ``selector``: label matchers."""
+    series = backend.metrics.histogram(metric) + "_bucket" + (f"{{{selector}}}" if selector else "")
     labels = ", ".join(("le", *by))
-    return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) (rate({series}_bucket[{window}])))"
+    return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) (rate({series}[{window}])))"
 
 
-def signal_promql(backend: Backend, signal: Signal, window: str, by: tuple[str, ...]) -> str:
-    """One fleet-level signal from the per-pod series, grouped by ``by``.
+def signal_promql(backend: Backend, signal: Signal, window: str, by: tuple[str, ...], selector: str = "") -> str:
+    """One fleet-level signal from the per-pod series, grouped by ``by``; ``selector``: label matchers.
 
     Completions per second and the running and waiting requests add up over pods; KV-cache use is
     each pod's share of its own cache, so it is averaged. ``window`` is the rate window.
     """
-    series = backend.metrics.series(signal)
+    series = backend.metrics.series(signal) + (f"{{{selector}}}" if selector else "")
     labels = ", ".join(by)
     if signal == "request_rate":
         return f"sum by ({labels}) (rate({series}[{window}]))"
