@@ -50,11 +50,12 @@ test: lint typecheck system-deps binaries
 demo: install system-deps binaries
 	$(BIN)/mmfleet demo
 
-## Regenerate what is generated from the code (CRD, chart values schema, API docs, collector configurations); tests fail when these drift.
+## Regenerate what is generated from the code (CRD, chart values schema, Grafana dashboard, API docs, collector configurations); tests fail when these drift.
 crds: install
 	$(BIN)/mmfleet crd > crds/multimodalinferences.mmfleet.io.yaml
 	cp crds/multimodalinferences.mmfleet.io.yaml charts/mmfleet/crds/
 	$(BIN)/python -m mmfleet.chart_values > charts/mmfleet/values.schema.json
+	$(BIN)/python -m mmfleet.dashboard > charts/mmfleet/files/dashboards/mmfleet.json
 	$(BIN)/mmfleet docs api > docs/api.md
 	$(BIN)/mmfleet collector-config --cloud generic > manifests/base/collector-config.yaml
 	$(BIN)/mmfleet collector-config --cloud generic --kustomize-env > manifests/base/collector-env.yaml
