@@ -103,7 +103,9 @@ IMAGE = f"vllm/vllm-openai:v{VERSION}"
 STREAMED_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "az://")
 # Object stores reached through their S3-compatible API; rewritten to s3:// for vLLM.
 S3_COMPATIBLE_SCHEMES: tuple[str, ...] = ("oss://",)
-# The image's built-in non-root user (docs/deployment/docker.md).
+# The image's built-in non-root user: vllm-project/vllm docker/entrypoints/vllm-nonroot-entrypoint.sh
+# (@2cfa5c32): "The image also ships a `vllm` user (UID 2000, GID 0) with HOME /home/vllm" (also
+# docs/deployment/docker.md). Pods run the upstream image as that user; mmfleet builds no vLLM image.
 IMAGE_UID = 2000
 
 # Flags per backend.attention. auto lets vLLM pick (FA3 on Hopper, v1/attention/backends/fa_utils.py).
