@@ -29,19 +29,25 @@ class OperatorProcess:
     """Start, kill and restart `mmfleet run`; its log goes to a file for post-mortems."""
 
     def __init__(
-        self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None, without: Sequence[str] = ()
+        self,
+        kubeconfig: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        without: Sequence[str] = (),
+        health_address: str = "",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
         self.env = env or {}  # MMFLEET_* settings for the next start
         self.without = tuple(without)  # modules the process may not import (see LAB_MODULES)
+        self.health_address = health_address  # where /healthz and /metrics are served; empty: not served
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*mmfleet_command(self.without), "run", "--health-address", ""],
+                [*mmfleet_command(self.without), "run", "--health-address", self.health_address],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -34,8 +34,11 @@ def test_bad_scrape_intervals_name_the_value(text: str) -> None:
 def test_config_scrapes_the_file_sd_targets_at_the_interval(tmp_path: Path) -> None:
     short = prometheus.config("2s", tmp_path)
     assert short["global"] == {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"}
-    (job,) = short["scrape_configs"]
+    job, operator = short["scrape_configs"]
     assert job["file_sd_configs"] == [{"files": [f"{tmp_path}/*.json"], "refresh_interval": "3s"}]
+    # The operator's own /metrics, named and labelled as the chart's PodMonitor scrapes it.
+    assert (operator["job_name"], operator["honor_labels"]) == ("mmfleet-operator", True)
+    assert operator["file_sd_configs"][0]["files"] == [f"{tmp_path.with_name('operator-targets')}/*.json"]
     assert prometheus.config("1m", tmp_path)["global"]["scrape_timeout"] == "10s"  # Prometheus' default
     # Written as Prometheus parses durations: whole seconds or milliseconds, each unit once.
     assert prometheus.config("1.5s", tmp_path)["global"]["scrape_interval"] == "1500ms"
@@ -46,6 +49,7 @@ def test_config_scrapes_the_file_sd_targets_at_the_interval(tmp_path: Path) -> N
 def test_promtool_accepts_the_config(tmp_path: Path) -> None:
     prometheus.prepare(tmp_path, "5s")
     prometheus.write_targets(prometheus.targets_dir(tmp_path) / "twin.json", [Target("127.0.0.1:1", "ns", "p", "f")])
+    prometheus.write_operator_target(tmp_path, "127.0.0.1:2")
     checked = subprocess.run(
         ["promtool", "check", "config", str(tmp_path / "prometheus" / "prometheus.yml")],
         capture_output=True,

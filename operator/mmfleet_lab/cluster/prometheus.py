@@ -1,8 +1,11 @@
 """The local cluster's Prometheus: Debian's ``prometheus`` package, run as one more component.
 
 Its configuration is generated under ``<state>/prometheus/`` (``prometheus.yml``, TSDB in ``data/``).
-It scrapes one job, ``mmfleet-pods``, whose targets come from ``file_sd_configs`` on
+It scrapes two jobs. ``mmfleet-pods``, whose targets come from ``file_sd_configs`` on
 ``targets/*.json``: the simulated pods ``mmfleet twin serve`` writes there (``write_targets``).
+``mmfleet-operator``, the operator's own ``/metrics``, from ``operator-targets/*.json``
+(``write_operator_target``): the job name and ``honor_labels`` of the chart's PodMonitor, so the
+dashboard's and the alerts' queries read the same series here as in a cluster.
 Each target group is one pod and carries the labels the rendered PodMonitor's relabelling gives the
 series in a real cluster (``namespace``, ``pod``, ``mmfleet_io_inference``), so a PromQL query that
 works here works there. ``--web.enable-lifecycle`` is on, for ``/-/reload`` and ``/-/quit``.
@@ -26,6 +29,7 @@ from mmfleet_lab.cluster.process import ClusterError, Proc
 
 COMPONENT = "prometheus"
 JOB = "mmfleet-pods"
+OPERATOR_JOB = "mmfleet-operator"  # as charts/mmfleet/templates/podmonitor.yaml names it
 DEFAULT_SCRAPE_INTERVAL = "15s"
 TARGETS_REFRESH = "3s"  # file_sd also watches with inotify; this is the fallback re-read
 _MAX_SCRAPE_TIMEOUT_MS = 10_000  # Prometheus' default timeout, which may not exceed the interval
@@ -61,8 +65,14 @@ def targets_dir(state: Path) -> Path:
     return home(state) / "targets"
 
 
-def config(scrape_interval: str, targets: Path) -> dict[str, Any]:
-    """The configuration: the global intervals, and the file_sd job of the simulated pods."""
+def operator_targets_dir(state: Path) -> Path:
+    """Where the operator's metrics endpoint is written as a file_sd target (``write_operator_target``)."""
+    return home(state) / "operator-targets"
+
+
+def config(scrape_interval: str, targets: Path, operator_targets: Path | None = None) -> dict[str, Any]:
+    """The configuration: the global intervals, the file_sd job of the simulated pods and the operator's."""
+    operator_targets = operator_targets or targets.with_name("operator-targets")
     interval = promql_duration(scrape_interval)  # in the form Prometheus parses: whole seconds or milliseconds
     timeout = interval if interval_ms(scrape_interval) < _MAX_SCRAPE_TIMEOUT_MS else "10s"
     return {
@@ -75,7 +85,13 @@ def config(scrape_interval: str, targets: Path) -> dict[str, Any]:
             {
                 "job_name": JOB,
                 "file_sd_configs": [{"files": [str(targets / "*.json")], "refresh_interval": TARGETS_REFRESH}],
-            }
+            },
+            {
+                "job_name": OPERATOR_JOB,
+                # Its per-fleet series carry the fleet's namespace, as the PodMonitor's honorLabels keeps it.
+                "honor_labels": True,
+                "file_sd_configs": [{"files": [str(operator_targets / "*.json")], "refresh_interval": TARGETS_REFRESH}],
+            },
         ],
     }
 
@@ -93,8 +109,9 @@ def binary() -> Path:
 def prepare(state: Path, scrape_interval: str) -> None:
     """Write the configuration and make the data and targets dirs."""
     targets_dir(state).mkdir(parents=True, exist_ok=True)
+    operator_targets_dir(state).mkdir(exist_ok=True)
     (home(state) / "data").mkdir(exist_ok=True)
-    text = yaml.safe_dump(config(scrape_interval, targets_dir(state)), sort_keys=False)
+    text = yaml.safe_dump(config(scrape_interval, targets_dir(state), operator_targets_dir(state)), sort_keys=False)
     (home(state) / "prometheus.yml").write_text(text)
 
 
@@ -144,6 +161,17 @@ def write_targets(path: Path, targets: Sequence[Target]) -> None:
 
     The temporary name does not end in ``.json``, so the ``*.json`` glob never picks it up.
     """
+    _write_atomically(path, target_groups(targets))
+
+
+def write_operator_target(state: Path, address: str, name: str = "operator") -> Path:
+    """An operator's ``host:port`` serving /metrics, as a target of the ``mmfleet-operator`` job; the file's path."""
+    path = operator_targets_dir(state) / f"{name}.json"
+    _write_atomically(path, [{"targets": [address]}])
+    return path
+
+
+def _write_atomically(path: Path, groups: list[dict[str, Any]]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(target_groups(targets), indent=1) + "\n")
+    tmp.write_text(json.dumps(groups, indent=1) + "\n")
     tmp.replace(path)
