@@ -19,7 +19,13 @@ and still present on that ``main`` is taken to be in the pin.
 - CLI (click). In ``tensorrt_llm/commands/serve.py`` (@00209af1, a copy from before ``--served_model_name``)
   the group resolves any first argument that is not a subcommand to ``serve``. We still write ``serve``, so
   that a model called ``grpc`` or ``disaggregated`` is never taken for a subcommand. Options, with the same spelling in
-  @00209af1 and in ``main``'s ``add_serve_options`` (``trtllm_cli/_serve_metadata.py``):
+  @00209af1 and in an ``add_serve_options`` in ``trtllm_cli/_serve_metadata.py``. That second file is in no stored
+  copy of NVIDIA/TensorRT-LLM (issue 12: only a fork has it), so what rests on it alone is UNCONFIRMED in NVIDIA's
+  source: NVIDIA's own ``tensorrt_llm/commands/serve.py`` @4c05a748 (the one copy of it the index serves by
+  commit) has ``--host``, ``--port``, ``--backend``, ``--tp_size``, ``--pp_size``, ``--max_batch_size``,
+  ``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``
+  and ``--enable_chunked_prefill``, but not ``--served_model_name``, ``--otlp_traces_endpoint``, ``--config``
+  or the long aliases. The options, as rendered:
   ``--host`` (default localhost, so we bind 0.0.0.0), ``--port``, ``--backend {pytorch,...}``,
   ``--tensor_parallel_size/--tp_size``, ``--pipeline_parallel_size/--pp_size``, ``--max_batch_size``,
   ``--max_num_tokens``, ``--max_seq_len``, ``--free_gpu_memory_fraction/--kv_cache_free_gpu_memory_fraction``
