@@ -184,7 +184,9 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
     p_run.add_argument("--prometheus-url", help="Prometheus the autoscaler queries (env MMFLEET_PROMETHEUS_URL)")
     p_run.add_argument("--default-cloud", choices=CLOUD_NAMES, help="profile for spec.cloud: auto")
     p_run.add_argument("--log-format", choices=["plain", "json"], help="log format (env MMFLEET_LOG_FORMAT)")
-    p_run.add_argument("--health-address", help="host:port of /healthz; empty to disable (env MMFLEET_HEALTH_ADDRESS)")
+    p_run.add_argument(
+        "--health-address", help="host:port of /healthz and /metrics; empty: neither (env MMFLEET_HEALTH_ADDRESS)"
+    )
     p_run.add_argument("-v", "--verbose", action="store_true", help="debug logs")
     p_run.set_defaults(func=cmd_run)
 

@@ -1,0 +1,147 @@
+"""Every dashboard panel's PromQL, and every alert's, against the local cluster's Prometheus while the twin serves.
+
+Real parts throughout: kube-apiserver, scheduler and kwok GPU nodes; the operator as users run it
+(``mmfleet run``), serving /healthz and /metrics on one address, which the lab's Prometheus scrapes
+as the ``mmfleet-operator`` job (as the chart's PodMonitor does); and the twin serving the fleet's
+pods with vLLM's metrics under steady traffic. A panel whose query errors, or returns nothing while
+the twin serves, fails the test; so does an alert or recording rule that Prometheus refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mmfleet import crd, dashboard
+from mmfleet_lab.cluster import Cluster, NodePool, down, ensure_binaries, process, prometheus, up
+from mmfleet_lab.spike import Twin
+from tests.integration.operator_process import OperatorProcess, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = f"mmfleet-obs-{os.getpid()}"
+NAMESPACE = "obs"
+NAME = "qwen-vl"
+RATE = 4.0  # req/s, steady: one replica serves it within the target
+SETTLE = 240.0  # s for every panel to have an answer: series over the rate window, the SLO window, two scrapes
+RESOURCE = {
+    "apiVersion": "mmfleet.io/v1alpha1",
+    "kind": "MultimodalInference",
+    "metadata": {"name": NAME, "namespace": NAMESPACE},
+    "spec": {
+        "model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct", "servedName": NAME},
+        "gpu": {"count": 1, "type": "H100"},
+        "cloud": "eks",
+        "autoscaling": {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "slo": {"metric": "e2e", "percentile": 90, "target": "3s", "window": "20s"},
+        },
+    },
+}
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    kubectl = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    running = up(
+        CLUSTER, pod_ready_delay="5s", nodes=(NodePool(cloud="eks", gpu_type="H100", count=2),),
+        scrape_interval="2s", progress=_say,
+    )  # fmt: skip
+    yield running
+    down(CLUSTER, progress=_say)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """``mmfleet run`` serving /healthz and /metrics, written as the lab Prometheus' operator target."""
+    _kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crd.crd_yaml())
+    _kubectl(cluster, "wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
+    address = f"127.0.0.1:{process.free_port()}"
+    env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url, "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
+    log = tmp_path_factory.mktemp("observability") / "operator.log"
+    running = OperatorProcess(cluster.kubeconfig, log, env=env, health_address=address)
+    running.start()
+    prometheus.write_operator_target(cluster.state_dir, address)
+    yield running
+    running.stop()
+
+
+def query(cluster: Cluster, promql: str) -> tuple[str, list[Any]]:
+    """Prometheus' instant answer: ("success", result) or (the error, [])."""
+    url = f"{cluster.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            answer = json.load(response)
+    except urllib.error.HTTPError as refused:
+        answer = json.load(refused)
+    if answer.get("status") != "success":
+        return f"{answer.get('errorType')}: {answer.get('error')}", []
+    return "success", answer["data"]["result"]
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    """Every target of the shipped dashboard, with its variables set to the test's fleet."""
+    shipped = json.loads((ROOT / "charts" / "mmfleet" / "files" / "dashboards" / "mmfleet.json").read_text())
+    return [
+        (title, expr.replace("$namespace", NAMESPACE).replace("$fleet", NAME))
+        for title, expr in dashboard.expressions(shipped)
+    ]
+
+
+def rule_queries() -> list[tuple[str, str]]:
+    groups = yaml.safe_load((ROOT / "charts" / "mmfleet" / "files" / "alerts.yaml").read_text())["groups"]
+    return [(rule.get("alert") or rule["record"], rule["expr"]) for group in groups for rule in group["rules"]]
+
+
+def test_every_panel_answers_and_every_rule_evaluates_while_the_twin_serves(
+    cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    _kubectl(cluster, "create", "namespace", NAMESPACE)
+    _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
+    _kubectl(cluster, "-n", NAMESPACE, "wait", f"mmi/{NAME}", "--for=jsonpath={.status.phase}=Ready", "--timeout=90s")
+    health = process.http_get(f"http://{operator.health_address}/healthz")
+    assert "autoscaler" in json.loads(health), health  # the operator's probe handlers, through its own server
+    twin = Twin(cluster, RATE, (), tmp_path / "twin.log", ROOT / "tests" / "data")
+    panels = panel_queries()
+    try:
+        up_query = f'up{{job="{prometheus.OPERATOR_JOB}"}} == 1'
+        wait_for(lambda: query(cluster, up_query)[1], 60, "Prometheus scraping the operator", interval=2)
+
+        def unanswered() -> list[tuple[str, str, str]]:
+            found = [(title, expr, *query(cluster, expr)) for title, expr in panels]
+            return [(title, expr, status) for title, expr, status, result in found if status != "success" or not result]
+
+        deadline = time.monotonic() + SETTLE
+        missing = unanswered()
+        while missing and time.monotonic() < deadline:
+            time.sleep(5)
+            missing = unanswered()
+        assert not missing, f"panels without an answer after {SETTLE:.0f}s (operator log: {operator.tail(20)}): " + (
+            "\n".join(f"{title}: {status}: {expr}" for title, expr, status in missing)
+        )
+        refused = [(name, status) for name, expr in rule_queries() if (status := query(cluster, expr)[0]) != "success"]
+        assert not refused, refused
+    finally:
+        twin.stop()
