@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,19 @@ def spec_doc(**spec: Any) -> dict[str, Any]:
 def load_example(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(path.read_text())
     return doc
+
+
+def helm_binary() -> Path:
+    """The lab's helm (``make binaries`` builds it): missing, a test skips, and fails under CI=true (CI builds it)."""
+    from mmfleet_lab.cluster.build import helm_path
+
+    helm = helm_path()
+    if not os.access(helm, os.X_OK):
+        message = f"helm is not built at {helm} (make binaries builds it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return helm
 
 
 @pytest.fixture

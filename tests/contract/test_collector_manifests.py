@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from mmfleet.clouds.collector import (
 )
 from mmfleet.config import OperatorConfig
 from mmfleet.status import collector_service
-from tests.conftest import ROOT
+from tests.conftest import ROOT, helm_binary
 from tests.contract.test_manifests import BASE, CHART, K8S_VERSION, OVERLAYS, _strip_template, is_collector, kustomize
 
 Obj = dict[str, Any]
@@ -244,10 +243,7 @@ def test_chart_secret_keys_are_required_and_the_eks_region_too() -> None:
 
 
 def _helm(*args: str) -> subprocess.CompletedProcess[str]:
-    helm = shutil.which("helm")
-    if helm is None:
-        pytest.skip("helm is not installed (the checks above read the template's text)")
-    command = [helm, "template", "t", str(CHART), *args]
+    command = [str(helm_binary()), "template", "t", str(CHART), *args]
     if "--namespace" not in args:
         command += ["--namespace", "mmfleet-system"]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)

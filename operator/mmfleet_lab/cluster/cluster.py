@@ -52,6 +52,20 @@ POD_CIDR = "10.244.0.0/16"  # kwok hands out pod IPs from here; must not overlap
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODE_LEASE_SECONDS = 40  # kwok renews each node's Lease; kcm's default grace is 50s
 _HEALTH_PATHS = "/healthz,/readyz,/livez,/metrics"  # unauthenticated on kcm/scheduler, for probes and Prometheus
+# The audit log records, at level Metadata (who, verb, resource; no bodies), each request of a workload's
+# ServiceAccount (kcm's controllers, in kube-system, are left out) when it completes, and a watch also when it starts
+# (ResponseStarted): what an operator run with a ServiceAccount's token really calls, which the chart's
+# least-privilege RBAC test compares with what the ClusterRole grants.
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 _MARKER = ".mmfleet-cluster"  # marks a state dir as ours, so only ours are ever deleted
 # The client-side rate limits of kcm (20/30) and the scheduler (50/100) would make a 1,000-pod
@@ -82,6 +96,11 @@ class Cluster:
     @property
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log: one JSON event per line, for requests of ServiceAccounts (AUDIT_POLICY)."""
+        return self.logs_dir / "audit.log"
 
     @property
     def pids(self) -> dict[str, int]:
@@ -282,7 +301,9 @@ def _start(
         step(f"etcd ready on 127.0.0.1:{etcd_port}", t)
 
         t = time.monotonic()
-        apiserver = launch("kube-apiserver", binaries.kube_apiserver, _apiserver_args(pki, etcd_port, api_port))
+        (state / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        apiserver_args = _apiserver_args(pki, etcd_port, api_port, state / "audit-policy.yaml", cluster.audit_log)
+        apiserver = launch("kube-apiserver", binaries.kube_apiserver, apiserver_args)
         process.wait_healthy(apiserver, lambda: process.http_get(f"{server}/readyz", tls) == "ok", timeout)
         step(f"kube-apiserver ready on {server}", t)
 
@@ -369,7 +390,7 @@ def _etcd_args(state: Path, port: int, peer_port: int) -> list[str]:
     ]
 
 
-def _apiserver_args(pki: Pki, etcd_port: int, port: int) -> list[str]:
+def _apiserver_args(pki: Pki, etcd_port: int, port: int, audit_policy: Path, audit_log: Path) -> list[str]:
     return [
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--bind-address=127.0.0.1",
@@ -392,6 +413,9 @@ def _apiserver_args(pki: Pki, etcd_port: int, port: int) -> list[str]:
         f"--proxy-client-cert-file={pki.clients['front-proxy'].cert}",
         f"--proxy-client-key-file={pki.clients['front-proxy'].key}",
         "--authorization-mode=RBAC",
+        # As on clusters that enable it (OpenShift does): an owner reference with blockOwnerDeletion needs `update` on
+        # the owner's finalizers, so a run with a ServiceAccount's token proves that the operator's RBAC grants it.
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         "--allow-privileged=true",
         # No real node network: the default lease reconciler would publish 127.0.0.1 as the endpoint of
         # the ``kubernetes`` Service, which Endpoints validation rejects (loopback), and log errors forever.
@@ -400,6 +424,9 @@ def _apiserver_args(pki: Pki, etcd_port: int, port: int) -> list[str]:
         # On SIGTERM, drain ordinary requests, then close the HTTP server within 2s; by default it waits
         # up to --request-timeout (60s) for open watches (kubectl -w, a running operator) to end.
         "--shutdown-send-retry-after=true",
+        f"--audit-policy-file={audit_policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-maxsize=100",  # MB, then rotated (an operator's watches and patches stay far below)
     ]
 
 

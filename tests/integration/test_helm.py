@@ -1,0 +1,451 @@
+"""The chart with the real helm (built by the lab) on the local control plane: lint, template per cloud, the values
+schema refusing wrong values, install, the operator run as installed (its Deployment's args and environment, its
+ServiceAccount's token) reconciling an example, least-privilege RBAC measured from the API server's audit log,
+upgrade and uninstall (the CRD and the user's resources stay).
+
+The operator cannot run as the chart's pod here (no image registry; kwok nodes run nothing), so it runs from this
+checkout with exactly what the installed Deployment gives its container, except the health address: tests serve on
+127.0.0.1 only, so ``0.0.0.0:8080`` becomes a free port on 127.0.0.1 (the probe path is the Deployment's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet.api import GROUP, PLURAL
+from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster.process import free_port
+from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
+from mmfleet_lab.twin.spans import kubelet_env
+from tests.conftest import ROOT, helm_binary
+from tests.integration.operator_process import OperatorProcess, mmfleet_command, wait_for
+from tests.integration.test_operator import Fleet
+
+pytestmark = pytest.mark.integration
+
+CHART = ROOT / "charts" / "mmfleet"
+BASE_RBAC = ROOT / "manifests" / "base" / "rbac.yaml"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+PODMONITOR_CRD = "monitoring.coreos.com_podmonitors"
+RELEASE = "mmfleet"  # contains the chart's name, so every object is called "mmfleet"
+NAMESPACE = "mmfleet-helm"
+WATCHED = "helm-*"  # watchNamespaces as a kopf pattern: the fleets' namespaces below match it
+# minimal: the least spec; qwen-vl-eks: autoscaling, tracing, a workload identity (its own ServiceAccount);
+# llama-vision-trtllm-aks: TensorRT-LLM's ConfigMap, two replicas.
+EXAMPLES = ("minimal.yaml", "qwen-vl-eks.yaml", "llama-vision-trtllm-aks.yaml")
+CLOUD_VALUES = {
+    "eks": ["--set", "defaultCloud=eks", "--set", "collector.awsRegion=us-west-2"],
+    "aks": ["--set", "defaultCloud=aks"],
+    "ack": ["--set", "defaultCloud=ack"],
+    "generic": ["--set", "defaultCloud=generic"],
+}
+Triple = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def helm(*args: str, kubeconfig: Path | None = None, home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``helm ARGS`` with the lab's helm; its cache, config and data kept out of the user's home."""
+    env = dict(os.environ)
+    if home is not None:
+        env |= {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
+    argv = [str(helm_binary()), *args, *(["--kubeconfig", str(kubeconfig)] if kubeconfig else [])]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=env)
+
+
+def _docs(rendered: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+# --- lint, template, the values schema ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cloud", CLOUD_VALUES)
+def test_helm_lint_and_template_each_clouds_values(cloud: str, cluster: Cluster, tmp_path: Path) -> None:
+    lint = helm("lint", "--strict", str(CHART), *CLOUD_VALUES[cloud], home=tmp_path)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    # --validate: the rendered objects are checked by the local API server, as an install would send them.
+    rendered = helm(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--validate", *CLOUD_VALUES[cloud],
+        kubeconfig=cluster.kubeconfig, home=tmp_path,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    deployments = {d["metadata"]["name"]: d for d in _docs(rendered.stdout) if d["kind"] == "Deployment"}
+    env = {e["name"]: e.get("value") for e in _container(deployments[RELEASE])["env"]}
+    assert env["MMFLEET_DEFAULT_CLOUD"] == cloud
+    assert "mmfleet-otel-collector" in deployments, "a named cloud installs its collector"
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        (["--set", "defaultCloud=gcp"], "defaultCloud"),
+        (["--set", "autoscaleInterval=-15s"], "autoscaleInterval"),
+        (["--set", "defaultColdStart=two minutes"], "defaultColdStart"),
+        (["--set", "workers=-1"], "workers"),
+        (["--set", "collector.cloud=gke"], "collector/cloud"),
+        (["--set", "monitoring.alerts.enabeld=true"], "monitoring/alerts"),
+    ],
+)
+def test_a_wrong_value_fails_template_and_install_naming_the_field(
+    values: list[str], field: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    rendered = helm("template", RELEASE, str(CHART), *values, home=tmp_path)
+    assert rendered.returncode != 0
+    assert f"at '/{field}'" in rendered.stderr, rendered.stderr
+    release = f"wrong-{uuid.uuid4().hex[:6]}"
+    install = helm(
+        "install", release, str(CHART), "--namespace", "default", *values, kubeconfig=cluster.kubeconfig, home=tmp_path
+    )
+    assert install.returncode != 0
+    assert f"at '/{field}'" in install.stderr, install.stderr
+    listed = helm("list", "--namespace", "default", "--all", "--short", kubeconfig=cluster.kubeconfig, home=tmp_path)
+    assert release not in listed.stdout.split()
+
+
+# --- install, the operator as installed, RBAC, upgrade, uninstall ---------------------------------------------
+
+
+@dataclass
+class Installed:
+    cluster: Cluster
+    home: Path
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return helm(*args, "--namespace", NAMESPACE, kubeconfig=self.cluster.kubeconfig, home=self.home)
+
+    def deployment(self, api: Any) -> dict[str, Any]:
+        """The installed operator Deployment as YAML shows it (camelCase)."""
+        found: dict[str, Any] = api.sanitize_for_serialization(
+            client.AppsV1Api(api).read_namespaced_deployment(RELEASE, NAMESPACE)
+        )
+        return found
+
+
+def _no_fleets_anywhere(api: Any) -> bool:
+    try:
+        return not client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, "v1alpha1", PLURAL)["items"]
+    except ApiException as error:
+        return error.status == 404
+
+
+def _remove_crd(api: Any) -> None:
+    """Delete the CRD (when no fleet exists anywhere) so that the install is what creates it, from crds/."""
+    ext = client.ApiextensionsV1Api(api)
+    wait_for(lambda: _no_fleets_anywhere(api), 60, "earlier tests' fleets to be gone")
+    try:
+        ext.delete_custom_resource_definition(CRD_NAME)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+    def gone() -> bool:
+        try:
+            ext.read_custom_resource_definition(CRD_NAME)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone, 60, f"the CRD {CRD_NAME} to be deleted")
+
+
+def _crd_established(api: Any, name: str) -> bool:
+    try:
+        got = client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or []))
+
+
+@pytest.fixture(scope="module")
+def pod_monitor_crd(api: Any) -> Iterator[None]:
+    """The Prometheus Operator's real PodMonitor CRD served, so the operator creates and prunes PodMonitors;
+    removed again after the module when it was not there before (other tests count a fleet's children)."""
+    body = yaml.safe_load((prometheus_operator_crds() / f"{PODMONITOR_CRD}.yaml").read_text())
+    ext = client.ApiextensionsV1Api(api)
+    present = _crd_established(api, body["metadata"]["name"])
+    if not present:
+        ext.create_custom_resource_definition(body)
+        wait_for(lambda: _crd_established(api, body["metadata"]["name"]), 30, "the PodMonitor CRD established")
+    yield
+    if not present:
+        ext.delete_custom_resource_definition(body["metadata"]["name"])
+
+
+@pytest.fixture(scope="module")
+def installed(
+    cluster: Cluster,
+    api: Any,
+    operator: OperatorProcess,
+    pod_monitor_crd: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Installed]:
+    """``helm install`` of the chart; the session's operator stopped meanwhile (one operator per fleet)."""
+    operator.stop()
+    _remove_crd(api)
+    release = Installed(cluster, tmp_path_factory.mktemp("helm"))
+    result = release.helm(
+        "install", RELEASE, str(CHART), "--create-namespace",
+        "--set", f"prometheusUrl={cluster.prometheus_url}", "--set-json", f'watchNamespaces=["{WATCHED}"]',
+        # The generic collector, installed beside the operator: TracingReady looks up its Service's EndpointSlices.
+        "--set", "collector.cloud=generic",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    yield release
+    release.helm("uninstall", RELEASE)
+    operator.start()
+
+
+def _token_kubeconfig(cluster: Cluster, service_account: str, path: Path) -> Path:
+    """A kubeconfig for the cluster as the ServiceAccount (a TokenRequest token, as the kubelet mounts one)."""
+    kubectl = ensure_binaries().kubectl
+    token = subprocess.run(
+        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "create", "token", service_account,
+         "--namespace", NAMESPACE, "--duration", "1h"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip()  # fmt: skip
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": service_account}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class ChartRun:
+    username: str  # the ServiceAccount the operator ran as
+    health_url: str
+    fleets: dict[str, tuple[str, dict[str, Any]]]  # example file -> (namespace, status once Ready)
+    log: Path
+
+
+def _apiserver_calls(cluster: Cluster, username: str) -> list[dict[str, Any]]:
+    """The audit events of ``username``'s finished resource requests."""
+    events = (json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line.strip())
+    return [e for e in events if e["user"]["username"] == username and e.get("objectRef")]
+
+
+def _namespaced(api: Any, name: str) -> str:
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: _has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
+    return name
+
+
+def _has_default_sa(api: Any, namespace: str) -> bool:
+    try:
+        client.CoreV1Api(api).read_namespaced_service_account("default", namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _exercise(api: Any, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """What a user does next, so the run reaches the operator's other API calls: a PodMonitor turned off (pruned),
+    an autoscaled fleet's minimum raised (the scale subresource), a backend switched (the stale ConfigMap pruned),
+    a shared model cache whose claim is missing (read, to say why)."""
+    namespace, _ = fleets["minimal.yaml"]
+    monitors = client.CustomObjectsApi(api)
+
+    def monitor(present: bool) -> bool:
+        try:
+            monitors.get_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", "minimal")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return not present
+        return present
+
+    wait_for(lambda: monitor(present=True), 60, "the PodMonitor the served CRD makes the operator create")
+    Fleet(api, namespace).patch("minimal", {"monitoring": {"podMonitor": False}})
+    wait_for(lambda: monitor(present=False), 60, "the PodMonitor pruned once the spec turns it off")
+
+    namespace, _ = fleets["qwen-vl-eks.yaml"]
+    Fleet(api, namespace).patch("qwen-vl", {"autoscaling": {"minReplicas": 2}})
+    Fleet(api, namespace).wait_ready("qwen-vl", replicas=2, timeout=90)
+
+    namespace, _ = fleets["llama-vision-trtllm-aks.yaml"]
+    core = client.CoreV1Api(api)
+    assert core.read_namespaced_config_map("llama-vision-config", namespace)
+    tuning = {"kvCacheDtype": None, "maxModelLen": None, "maxNumSeqs": None, "maxNumBatchedTokens": None}
+    Fleet(api, namespace).patch("llama-vision", {"backend": {"name": "vllm", **tuning}})
+
+    def pruned() -> bool:
+        try:
+            core.read_namespaced_config_map("llama-vision-config", namespace)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(pruned, 60, "the TensorRT-LLM ConfigMap pruned after the switch to vLLM")
+
+    body = yaml.safe_load((ROOT / "examples" / "qwen-vl-shared-cache.yaml").read_text())
+    body["metadata"].pop("namespace", None)
+    namespace = _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+    fleet = Fleet(api, namespace)
+    fleet.create(body)
+    name = body["metadata"]["name"]
+    wait_for(lambda: fleet.status(name).get("observedGeneration"), 60, f"{name}'s status")
+    fleets["qwen-vl-shared-cache.yaml"] = (namespace, fleet.status(name))
+
+
+@pytest.fixture(scope="module")
+def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartRun]:
+    """The operator, from this checkout, with the installed Deployment's args and env and its ServiceAccount's token,
+    reconciling the examples to Ready (each in its own namespace matching watchNamespaces)."""
+    work = tmp_path_factory.mktemp("chart-operator")
+    deployment = installed.deployment(api)
+    pod = deployment["spec"]["template"]
+    service_account = pod["spec"]["serviceAccountName"]
+    container = _container(deployment)
+    env = kubelet_env(container["env"], {"metadata": {"name": f"{RELEASE}-0", "namespace": NAMESPACE}})
+    probe = container["startupProbe"]["httpGet"]
+    assert env["MMFLEET_HEALTH_ADDRESS"].endswith(f":{container['ports'][0]['containerPort']}")
+    env["MMFLEET_HEALTH_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    kubeconfig = _token_kubeconfig(installed.cluster, service_account, work / "kubeconfig")
+    # The shell's settings must not leak in: only what the pod would have, plus PATH/HOME to run Python.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("MMFLEET_", "OTEL_", "KUBECONFIG"))}
+    log = work / "operator.log"
+    argv = [*mmfleet_command(), *(container.get("args") or [])]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env={**inherited, **env, "KUBECONFIG": str(kubeconfig)}, stdout=out, stderr=out)
+    fleets: dict[str, tuple[str, dict[str, Any]]] = {}
+    try:
+        for example in EXAMPLES:
+            body = yaml.safe_load((ROOT / "examples" / example).read_text())
+            body["metadata"].pop("namespace", None)
+            namespace = _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+            fleet = Fleet(api, namespace)
+            fleet.create(body)
+            name = body["metadata"]["name"]
+            fleets[example] = (namespace, fleet.wait_ready(name, replicas=body["spec"].get("replicas", 1), timeout=90))
+        _exercise(api, fleets)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        yield ChartRun(
+            f"system:serviceaccount:{NAMESPACE}:{service_account}",
+            f"http://{env['MMFLEET_HEALTH_ADDRESS']}{probe['path']}",
+            fleets,
+            log,
+        )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for namespace, _ in fleets.values():  # their finalizers go when the session's operator is back
+            client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def test_helm_install_creates_the_crd_from_crds(installed: Installed, api: Any) -> None:
+    crd = api.sanitize_for_serialization(client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME))
+    spec_writers = {m["manager"] for m in crd["metadata"]["managedFields"] if "f:spec" in m["fieldsV1"]}
+    assert spec_writers == {"helm"}, crd["metadata"]["managedFields"]
+    shipped = yaml.safe_load((CHART / "crds" / f"{CRD_NAME}.yaml").read_text())["spec"]
+    assert {key: crd["spec"][key] for key in shipped} == shipped  # the API server only adds defaults
+
+
+def test_the_installed_operator_reconciles_the_examples_to_ready(chart_run: ChartRun, installed: Installed) -> None:
+    for example in EXAMPLES:
+        namespace, status = chart_run.fleets[example]
+        assert status["phase"] == "Ready", (example, namespace, status)
+    with urllib.request.urlopen(chart_run.health_url, timeout=5) as response:
+        assert response.status == 200
+    assert "Traceback" not in chart_run.log.read_text()
+    denied = [e for e in _apiserver_calls(installed.cluster, chart_run.username) if e["responseStatus"]["code"] == 403]
+    assert denied == [], "the chart's RBAC denied the operator"
+
+
+def _granted(rules: list[dict[str, Any]]) -> set[Triple]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def _used(calls: list[dict[str, Any]]) -> set[Triple]:
+    """What the calls needed authorized. A server-side apply that created its object (201) was authorized as create
+    as well as patch (apiserver handlers/patch.go), and with OwnerReferencesPermissionEnforcement (on in the lab) a
+    child created with blockOwnerDeletion needs update on its owner's finalizers; neither shows as a call of its own.
+    """
+    used: set[Triple] = set()
+    for event in calls:
+        ref = event["objectRef"]
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, event["verb"]))
+        if event["verb"] == "patch" and event["responseStatus"]["code"] == 201:
+            used.add((ref.get("apiGroup", ""), resource, "create"))
+            used.add((GROUP, f"{PLURAL}/finalizers", "update"))
+    return used
+
+
+def test_cluster_role_grants_only_what_the_operator_calls(chart_run: ChartRun, installed: Installed, api: Any) -> None:
+    """Every (apiGroup, resource, verb) the chart's ClusterRole grants, equal to the kustomize base's, without a
+    wildcard, and each one needed by what the operator did above as the kube-apiserver's audit log recorded it."""
+    role = client.RbacAuthorizationV1Api(api).read_cluster_role(RELEASE)
+    chart_rules = api.sanitize_for_serialization(role)["rules"]
+    base_rules = next(d for d in yaml.safe_load_all(BASE_RBAC.read_text()) if d and d["kind"] == "ClusterRole")["rules"]
+    granted = _granted(chart_rules)
+    assert granted == _granted(base_rules), "the chart's and the kustomize base's ClusterRoles differ"
+    wildcards = {t for t in granted if "*" in t}
+    assert wildcards == set()
+    used = _used(_apiserver_calls(installed.cluster, chart_run.username))
+    assert used - granted == set(), "called but not granted"
+    assert granted - used == set(), "granted but never needed in this run"
+
+
+def test_helm_upgrade_changes_the_deployment(installed: Installed, api: Any) -> None:
+    before = installed.deployment(api)
+    result = installed.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "autoscaleInterval=45s")
+    assert result.returncode == 0, result.stderr
+    after = installed.deployment(api)
+    env = {e["name"]: e.get("value") for e in _container(after)["env"]}
+    assert env["MMFLEET_AUTOSCALE_INTERVAL"] == "45s"
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    history = json.loads(installed.helm("history", RELEASE, "--output", "json").stdout)
+    assert [h["revision"] for h in history] == [1, 2]
+
+
+def test_helm_uninstall_keeps_the_crd_and_the_users_fleets(installed: Installed, chart_run: ChartRun, api: Any) -> None:
+    """Helm installs crds/ once and never deletes them (its CRD convention), so the fleets outlive the release."""
+    result = installed.helm("uninstall", RELEASE)
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(ApiException) as gone:
+        client.AppsV1Api(api).read_namespaced_deployment(RELEASE, NAMESPACE)
+    assert gone.value.status == 404
+    with pytest.raises(ApiException) as role_gone:
+        client.RbacAuthorizationV1Api(api).read_cluster_role(RELEASE)
+    assert role_gone.value.status == 404
+    client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME)
+    for example, (namespace, _) in chart_run.fleets.items():
+        name = yaml.safe_load((ROOT / "examples" / example).read_text())["metadata"]["name"]
+        assert Fleet(api, namespace).get(name)["metadata"]["name"] == name
