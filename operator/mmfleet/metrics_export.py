@@ -285,7 +285,8 @@ async def serve(
     health = _Health(settings, indices, ephemera.AnyMemo(memo), started)
     app = aiohttp.web.Application()
     app.add_routes([aiohttp.web.get("/healthz", health.get), aiohttp.web.get("/metrics", get_metrics)])
-    runner = aiohttp.web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+    # No access log: a line per probe and per scrape would drown the operator's own.
+    runner = aiohttp.web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     host, port = split_address(address)
     try:
