@@ -1,0 +1,124 @@
+"""The operator runs as its image and Deployment run it: read-only root, a tmpfs on /tmp, no lab.
+
+No container runtime here, so the image's run-time conditions are rebuilt around the real ``mmfleet run``: a
+mount namespace (``unshare -m``) in which every filesystem but /proc, /sys and /dev is remounted read-only and
+/tmp is a fresh tmpfs (the Deployment's ``readOnlyRootFilesystem`` and its ``tmp`` emptyDir), with the image's
+environment (``HOME=/tmp``, ``PYTHONDONTWRITEBYTECODE=1``, images/operator.Dockerfile) and the lab unimportable
+(the image installs no extra). Restricted to a namespace of its own, it must reconcile a resource there and
+answer its health probe, as the kubelet would ask.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet_lab.cluster import Cluster
+from tests.conftest import ROOT
+from tests.integration.operator_process import LAB_MODULES, mmfleet_command, wait_for
+
+pytestmark = pytest.mark.integration
+
+# Everything read-only but the kernel's filesystems, then the emptyDir's stand-in on /tmp; the command follows.
+READ_ONLY_ROOT = r"""
+set -e
+mount -o remount,ro,bind /
+for m in $(awk '$5 != "/" && $5 !~ "^/(proc|sys|dev)(/|$)" {print $5}' /proc/self/mountinfo); do
+  mount -o remount,ro,bind "$m" 2>/dev/null || true
+done
+mount -t tmpfs -o size=64m tmpfs /tmp
+exec "$@"
+"""
+IMAGE_ENV = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _read_only_prefix() -> list[str]:
+    unshare = shutil.which("unshare")
+    probe = (
+        subprocess.run(
+            [unshare, "-m", "sh", "-c", READ_ONLY_ROOT, "sh", "sh", "-c", "! touch /.mmfleet-rw-probe 2>/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if unshare
+        else None
+    )
+    if probe is None or probe.returncode != 0:
+        why = "no unshare command" if probe is None else f"unshare -m with a read-only remount failed: {probe.stderr}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI must run this test as root)")
+        pytest.skip(why)
+    return [str(unshare), "-m", "sh", "-c", READ_ONLY_ROOT, "sh"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_operator_reconciles_with_a_read_only_root_and_only_tmp_writable(
+    cluster: Cluster, api: Any, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    prefix = _read_only_prefix()
+    port = _free_port()
+    log = tmp_path / "operator.log"
+    env = {
+        **os.environ,
+        **IMAGE_ENV,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "MMFLEET_NAMESPACES": namespace,
+        "MMFLEET_PROMETHEUS_URL": "",
+    }
+    command = [*prefix, *mmfleet_command(LAB_MODULES), "run", "--health-address", f"127.0.0.1:{port}"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+    try:
+        minimal = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+        client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, minimal)
+
+        def deployment_made() -> bool:
+            try:
+                client.AppsV1Api(api).read_namespaced_deployment("minimal", namespace)
+            except ApiException as error:
+                if error.status == 404:
+                    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                    return False
+                raise
+            return True
+
+        wait_for(deployment_made, 60, "the read-only operator to create the fleet's Deployment")
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+                    return bool(answer.status == 200)
+            except OSError:
+                return False
+
+        wait_for(healthy, 60, "the read-only operator's /healthz to answer 200")
+        assert proc.poll() is None
+        text = log.read_text(errors="replace")
+        assert "Read-only file system" not in text and "Traceback" not in text, text[-3000:]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    # The remounts stayed inside the operator's mount namespace.
+    assert os.access(ROOT, os.W_OK)
