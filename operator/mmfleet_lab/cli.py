@@ -70,7 +70,19 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_bench_reachable(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import reachable
+
+    return reachable.main(
+        args.scenario or list(REACHABLE_CELLS), args.cold_start or [90.0], args.seed or [0, 1, 2], Path(args.docs),
+        _progress,
+    )  # fmt: skip
+
+
 QUICK_CELL = "spike-x4@azure-code"
+REACHABLE_CELLS = ("azure-code", "servegen-language", "servegen-reason", QUICK_CELL)
 # The shipped autoscaler given spec.autoscaling.capacityPerReplica: the training profile every baseline was
 # configured from (tuned.json), as a user who profiled a replica on their representative traffic would set it.
 PROFILED = "mmfleet-profiled"
@@ -210,6 +222,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bas.add_argument("--no-oracle", action="store_true", help="skip the oracles (10-70 s a cell and seed)")
     p_bas.add_argument("--tuned", default=str(_tuned()), help="the baselines' frozen settings (mmfleet bench tune)")
     p_bas.set_defaults(func=cmd_bench_autoscale)
+    p_reach = bench.add_parser(
+        "reachable", help="the least a reactive policy, told each window's exact need, pays to meet every window"
+    )
+    p_reach.add_argument("--scenario", action="append", help="scenario (repeatable; default: "
+                         + ", ".join(REACHABLE_CELLS) + ")")  # fmt: skip
+    p_reach.add_argument("--cold-start", type=float, action="append", help="cold start L in s (repeatable; default 90)")
+    p_reach.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-2)")
+    p_reach.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_reach.set_defaults(func=cmd_bench_reachable)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
     p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")

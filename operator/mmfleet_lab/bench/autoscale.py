@@ -93,7 +93,7 @@ def _scored(result: RunResult, slo: SloSpec) -> tuple[np.ndarray, np.ndarray]:
     return result.arrival[keep], result.latency(slo.metric)[keep]
 
 
-def _evaluate(
+def evaluate(
     name: str, cold_start: float, policy: str, scn: Scenario, result: RunResult, slo: SloSpec, wall: float,
     initial: int,
 ) -> Row:  # fmt: skip
@@ -130,7 +130,7 @@ def _demand(scn: Scenario, capacity: float) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _scenario(
+def scenario_of(
     name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None, seed: int = 0
 ) -> Scenario:
     """Built once per process: workers get a name, not megabytes of arrays."""
@@ -149,14 +149,14 @@ def _run_oracle(
     name: str, cold_start: float, common: dict[str, Any], trace: TraceFile | None = None, keep: bool = True
 ) -> list[tuple[Row, RunResult | None]]:
     """The true oracle and the zero-cold-start oracle, scored like every policy; their runs only with ``keep``."""
-    scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
+    scn = scenario_of(name, common["params"], common["slo"], trace, common["seed"])
     slo, initial = common["slo"], common["initial_replicas"]
     # A yardstick, not a policy: it searches up to ORACLE_PER_PEAK x the peak need, past the policies' budget.
     limit = max(common["max_replicas"], math.ceil(ORACLE_PER_PEAK * _demand(scn, float(scn.info["mu_slo"])).max()))
     oracle_cell = Cell(scn, common["params"], slo, initial, limit, WARMUP, WINDOW, name)
     rows = []
     for oracle in true_oracle(oracle_cell, cold_start):
-        row = _evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
+        row = evaluate(name, cold_start, oracle.name, scn, oracle.result, slo, oracle.seconds, initial)
         note = (f"{oracle.evaluations} window simulations in the search, windows raised after the replay: "
                 f"{oracle.repairs}, {oracle.seconds:.0f} s")  # fmt: skip
         rows.append((replace(row, note=note, seed=common["seed"]), oracle.result if keep else None))
@@ -175,11 +175,11 @@ def _run_policy(
     """One run of ``policy``, as a list like ``_run_oracle``'s (the run itself only with ``keep``); with ``check``, a
     baseline that never acts on a varying trace raises ``InertBaselineError`` (a sweep records it instead, and
     never picks it)."""
-    scn = _scenario(name, common["params"], common["slo"], trace, common["seed"])
+    scn = scenario_of(name, common["params"], common["slo"], trace, common["seed"])
     started = time.monotonic()
     result = simulate(scn, policy, **common)
     wall = time.monotonic() - started
-    row = _evaluate(name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"])
+    row = evaluate(name, cold_start, policy.name, scn, result, common["slo"], wall, common["initial_replicas"])
     row = replace(row, seed=common["seed"])
     if check:
         check_acts(row, _demand(scn, float(scn.info["mu_slo"]))[int(WARMUP // WINDOW) :])
@@ -190,7 +190,7 @@ def cell(
     name: str, cold_start: float, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None, seed: int = 0
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
     """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments."""
-    scn = _scenario(name, params, slo, trace, seed)
+    scn = scenario_of(name, params, slo, trace, seed)
     capacity = float(scn.info["mu_slo"])
     demand = _demand(scn, capacity)
     fluid_initial = max(1, int(demand[: max(1, math.ceil((WARMUP + cold_start) / WINDOW))].max()))
@@ -247,7 +247,7 @@ def run_cell(
     nan = math.nan
     rows: list[Row] = []
     for seed in seeds:
-        scn = _scenario(name, params, slo, trace, seed)
+        scn = scenario_of(name, params, slo, trace, seed)
         capacity = float(scn.info["mu_slo"])
         note = f"ceil(λ_w / μ_SLO) replicas per window, μ_SLO = {capacity:.1f} req/s"
         fluid = Row(name, cold_start, "fluid-bound", nan, nan, nan, _fluid_hours(scn, capacity), nan, nan, nan, nan,
@@ -300,7 +300,7 @@ def _with_ratio(row: Row, oracle_gpu_hours: float) -> Row:
     return replace(row, oracle_ratio=row.gpu_hours / oracle_gpu_hours if oracle_gpu_hours else math.nan)
 
 
-def _pct(value: float) -> str:
+def pct(value: float) -> str:
     return "-" if math.isnan(value) else f"{100 * value:.1f}"
 
 
@@ -308,11 +308,11 @@ def _secs(value: float) -> str:
     return "-" if math.isnan(value) else ("never" if math.isinf(value) else f"{value:.0f}")
 
 
-def _num(value: float, digits: int) -> str:
+def num(value: float, digits: int) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def _spread(rows: Sequence[Row], field: str, fmt: Callable[[float], str]) -> str:
+def spread(rows: Sequence[Row], field: str, fmt: Callable[[float], str]) -> str:
     """``mean (min-max)`` over the seeds, or the value alone when they agree or there is one seed."""
     s = Spread.of([getattr(r, field) for r in rows])
     if math.isnan(s.mean):
@@ -331,12 +331,12 @@ def cell_table(rows: Sequence[Row]) -> str:
     for (_, _, policy), group in by_policy(rows).items():
         m = summarize(group)
         body.append([
-            policy, str(len(group)), _spread(group, "attainment", _pct), _pct(m.spike_attainment),
-            _spread(group, "over_share", _pct), _spread(group, "gpu_hours", lambda v: _num(v, 1)),
-            _spread(group, "oracle_ratio", lambda v: _num(v, 2)), _num(m.actions_per_hour, 0),
-            _num(m.reversals_per_hour, 1), _num(m.spike_reversals, 1), _secs(m.recover_seconds),
-            _spread(group, "violation_minutes",
-            lambda v: _num(v, 0)),
+            policy, str(len(group)), spread(group, "attainment", pct), pct(m.spike_attainment),
+            spread(group, "over_share", pct), spread(group, "gpu_hours", lambda v: num(v, 1)),
+            spread(group, "oracle_ratio", lambda v: num(v, 2)), num(m.actions_per_hour, 0),
+            num(m.reversals_per_hour, 1), num(m.spike_reversals, 1), _secs(m.recover_seconds),
+            spread(group, "violation_minutes",
+            lambda v: num(v, 0)),
         ])  # fmt: skip
     return table(headers, body)
 
@@ -362,12 +362,12 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
         cell = [r for r in rows if (r.scenario, r.cold_start) == key]
         ours = next(r for r in cell if r.policy == "mmfleet")
         name, cold = key
-        parts = [f"{name} L={cold:.0f}s: {_pct(ours.attainment)}% windows at {_num(ours.oracle_ratio, 2)}× oracle"]
+        parts = [f"{name} L={cold:.0f}s: {pct(ours.attainment)}% windows at {num(ours.oracle_ratio, 2)}× oracle"]
         peak = next((r for r in cell if r.policy == "static"), None)
         if peak is not None:
             saved = 1 - ours.gpu_hours / peak.gpu_hours
             parts.append(f"{100 * abs(saved):.0f}% {'fewer' if saved >= 0 else 'more'} GPU-h than the tuned static "
-                         f"fleet ({_pct(peak.attainment)}% windows)")  # fmt: skip
+                         f"fleet ({pct(peak.attainment)}% windows)")  # fmt: skip
         reactive = [r for r in cell if r.policy in REACTIVE]
         if parse(name)[1] is not None and reactive:
             best = min(r.violation_minutes for r in reactive)

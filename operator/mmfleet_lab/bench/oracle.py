@@ -315,7 +315,22 @@ class Oracle:
     seconds: float  # wall time
 
 
-def _failing(cell: Cell, result: RunResult) -> list[int]:
+def replay(cell: Cell, ready: IntArray, cold_start: float, name: str) -> RunResult:
+    """``held_plan`` of ``ready`` run through ``simulate`` with the cold start, as every policy is scored.
+    ``ValueError`` if a replica would have to be ordered before the first step."""
+    plan = held_plan(
+        ready, initial=cell.initial, start=cell.start, window=cell.window, cold_start=cold_start,
+        horizon=cell.scenario.duration,
+    )  # fmt: skip
+    return simulate(
+        cell.scenario, SchedulePolicy.from_schedule(plan, plan_step(cell.window, cold_start, cell.start), name=name),
+        params=cell.params, cold_start=cold_start, slo=cell.slo, min_replicas=1,
+        max_replicas=max(cell.max_replicas, int(plan.max())), initial_replicas=cell.initial, start=0.0,
+    )  # fmt: skip
+
+
+def failing_windows(cell: Cell, result: RunResult) -> list[int]:
+    """The scored windows of ``result`` that miss the SLO, by index from ``cell.start``."""
     keep = result.arrival >= cell.start
     arrival = result.arrival[keep]
     verdicts = slo_metrics.windows(
@@ -329,26 +344,17 @@ def _failing(cell: Cell, result: RunResult) -> list[int]:
 
 
 def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple[IntArray, RunResult, int]:
-    """``held_plan`` of ``ready`` replayed through ``simulate``; failing windows raised (see the module
-    docstring) until every window passes. Returns the raised counts, their run and the raises."""
-    step = plan_step(cell.window, cold_start, cell.start)
+    """``replay`` of ``ready``; failing windows raised (see the module docstring) until every window passes.
+    Returns the raised counts, their run and the raises."""
     counts = ready.copy()
     repairs = 0
     where = f"{cell.label}, cold start {cold_start:g} s"
     for _ in range(REPAIR_ROUNDS + 1):
         try:
-            plan = held_plan(
-                counts, initial=cell.initial, start=cell.start, window=cell.window, cold_start=cold_start,
-                horizon=cell.scenario.duration,
-            )  # fmt: skip
+            result = replay(cell, counts, cold_start, name)
         except ValueError as err:  # a raise that would need a replica before it can be ordered
             raise OracleError(f"{where}: {err}") from err
-        result = simulate(
-            cell.scenario, SchedulePolicy.from_schedule(plan, step, name=name), params=cell.params,
-            cold_start=cold_start, slo=cell.slo, min_replicas=1, max_replicas=max(cell.max_replicas, int(plan.max())),
-            initial_replicas=cell.initial, start=0.0,
-        )  # fmt: skip
-        failing = _failing(cell, result)
+        failing = failing_windows(cell, result)
         if not failing:
             return counts, result, repairs
         if any(not 0 <= w < counts.size or counts[w] >= cell.max_replicas for w in failing):

@@ -73,7 +73,7 @@ def measure_profile(params: ReplicaParams = H200_QWEN25VL7B, name: str = TRAIN[0
     arrivals at μ_SLO from the trace's mix (as a profiler does), so Little's law gives the in-flight count per
     replica at capacity; the mean tokens per request; the replica's vLLM limits."""
     capacity, demand, _ = autoscale.cell(name, COLD_START, params, REFERENCE_SLO, seed=seed)
-    req = autoscale._scenario(name, params, REFERENCE_SLO, None, seed).requests
+    req = autoscale.scenario_of(name, params, REFERENCE_SLO, None, seed).requests
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / capacity, size=int(capacity * PROFILE_SECONDS)))
     probe = Scenario(f"{name}-profile", req.take(rng.integers(0, len(req), arrival.size), arrival), PROFILE_SECONDS)

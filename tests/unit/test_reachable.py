@@ -1,0 +1,56 @@
+"""``mmfleet bench reachable``: the reactive family is built from what a reactive policy could have seen, its
+reported member meets every window, and it never costs less than the oracle that sees ahead."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmfleet_lab.bench.oracle import failing_windows, replay, true_oracle
+from mmfleet_lab.bench.reachable import (
+    covering_headroom,
+    lead_windows,
+    members,
+    reactive_counts,
+    trailing_need,
+)
+from tests.unit.test_oracle import make_cell
+
+NEED = np.array([4, 4, 10, 2, 2, 8, 3], dtype=np.int64)
+
+
+def test_orders_land_one_window_later_per_started_window_of_cold_start() -> None:
+    assert [lead_windows(c, 60.0) for c in (30.0, 60.0, 90.0, 420.0)] == [1, 1, 2, 7]
+
+
+def test_a_window_is_sized_only_from_needs_known_a_lead_earlier() -> None:
+    assert trailing_need(NEED, 1, 0).tolist() == [4, 4, 4, 10, 2, 2, 8]
+    assert trailing_need(NEED, 2, 1).tolist() == [4, 4, 4, 4, 10, 10, 2]
+    # Raising a need can only change the windows that could have seen it.
+    later = NEED.copy()
+    later[5] = 50
+    changed = np.flatnonzero(trailing_need(later, 1, 1) != trailing_need(NEED, 1, 1))
+    assert changed.tolist() == [6]
+
+
+def test_the_covering_headroom_reaches_every_windows_need_and_no_less_does() -> None:
+    h = covering_headroom(NEED, 1, 0)
+    assert h == 8 / 2  # window 5 needs 8 where window 4 showed 2
+    assert (reactive_counts(NEED, 1, 0, h) >= NEED).all()
+    assert not (reactive_counts(NEED, 1, 0, 0.8 * h) >= NEED).all()
+    assert reactive_counts(NEED, 2, 0, 3.0)[:2].tolist() == [4, 4], "before an order can land: the need itself"
+
+
+def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle() -> None:
+    cell = make_cell()
+    cold = 60.0
+    oracle, _ = true_oracle(cell, cold)
+    found = members(cell, oracle.ready, cold, cell.initial)
+    assert [m.lookback for m in found] == [0, 1, 2, 4, 8]
+    meeting = [m for m in found if not m.misses]
+    assert meeting, "the raise loop must find a member that meets every window on this cell"
+    for m in meeting:
+        result = replay(cell, reactive_counts(oracle.ready, lead_windows(cold, cell.window), m.lookback, m.headroom),
+                        cold, "check")  # fmt: skip
+        assert failing_windows(cell, result) == []
+        oracle_hours = (oracle.result.gpu_seconds - cell.initial * cell.start) / 3600.0
+        assert m.row.gpu_hours >= oracle_hours - 1e-9
