@@ -1,14 +1,15 @@
 """TensorRT-LLM 1.3.0rc29: how mmfleet starts ``trtllm-serve`` on the PyTorch backend and what it reads back.
 
-Why this pin. The newest stable release, 1.2.1, cannot feed the autoscaler: its Prometheus collector has
-no ``trtllm_num_requests_running``/``_waiting`` (added by NVIDIA/TensorRT-LLM#12545, spring 2026, which
-also stopped hard-coding the ``model_name`` label to ``"undefined"``), no ``trtllm_kv_cache_utilization``
-(#11243, Feb 2026), and no ``--served_model_name`` (#11711, Feb 2026). All three landed on ``main`` after
-``release/1.2`` was cut, and the 1.3.0rcN pre-releases are cut from ``main``. 1.3.0rc29 is the newest
-release with both a PyPI version (``pip index versions tensorrt-llm --pre``) and an NGC image seen in use.
+Why this pin. The newest stable release, 1.2.1, cannot feed the autoscaler, as far as merge dates tell
+(its tag could not be read): its Prometheus collector has no ``trtllm_num_requests_running``/``_waiting``
+(added by NVIDIA/TensorRT-LLM#12545, spring 2026, which also stopped hard-coding the ``model_name`` label to
+``"undefined"``), no ``trtllm_kv_cache_utilization`` (#11243, Feb 2026), and no ``--served_model_name``
+(#11711, Feb 2026). All three landed on ``main`` after ``release/1.2`` was cut, and the 1.3.0rcN
+pre-releases are cut from ``main``. 1.3.0rc29 is the newest release with both a PyPI version
+(``pip index versions tensorrt-llm --pre``) and an NGC image seen in use.
 PyPI also lists 1.4.0rc0/rc1, but no ``release:1.4.0rc*`` image turned up anywhere, so we stay on 1.3.
-The tag's own files could not be read: the code index keeps no tag-to-commit map, and PyPI holds only a
-wheel stub. So each fact below was read in the upstream file named, in the older copy cited and/or in a
+Neither tag's own files could be read here (``docs/backends.md``, "Not re-pinned", lists every way that was
+tried), so each fact below was read in the upstream file named, in the older copy cited and/or in a
 mid-2026 ``main`` copy (the index gave no commit for some of those). A feature merged before rc29 was cut
 and still present on that ``main`` is taken to be in the pin.
 
@@ -16,36 +17,36 @@ and still present on that ``main`` is taken to be in the pin.
   ``docs/source/installation/containers.md`` (@20c5f48b). That page's ``make`` targets offer
   ``LOCAL_USER=1`` "to switch to the local user account instead of root inside the container", so the
   image runs as root, and multi-GPU runs go through MPI (``mpi4py``): ``run_as_user = None``.
-- CLI (click). In ``tensorrt_llm/commands/serve.py`` (@00209af1, a copy from before ``--served_model_name``)
-  the group resolves any first argument that is not a subcommand to ``serve``. We still write ``serve``, so
-  that a model called ``grpc`` or ``disaggregated`` is never taken for a subcommand. Options, with the same spelling in
-  @00209af1 and in an ``add_serve_options`` in ``trtllm_cli/_serve_metadata.py``. That second file is in no stored
-  copy of NVIDIA/TensorRT-LLM (issue 12: only a fork has it), so what rests on it alone is UNCONFIRMED in NVIDIA's
-  source: NVIDIA's own ``tensorrt_llm/commands/serve.py`` @4c05a748 (the one copy of it the index serves by
-  commit) has ``--host``, ``--port``, ``--backend``, ``--tp_size``, ``--pp_size``, ``--max_batch_size``,
-  ``--max_num_tokens``, ``--max_seq_len``, ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``
-  and ``--enable_chunked_prefill``, but not ``--served_model_name``, ``--otlp_traces_endpoint``, ``--config``
-  or the long aliases. The options, as rendered:
+- CLI (click), read in NVIDIA's own ``tensorrt_llm/commands/serve.py`` @00209af1 (NVIDIA/TensorRT-LLM, read by
+  commit; the older @4c05a748 has only the short parallel names and no ``--config`` or ``--otlp_traces_endpoint``).
+  The group resolves any first argument that is not a subcommand to ``serve``. We still write ``serve``, so
+  that a model called ``grpc`` or ``disaggregated`` is never taken for a subcommand. The options, as rendered, all
+  spelled so in @00209af1:
   ``--host`` (default localhost, so we bind 0.0.0.0), ``--port``, ``--backend {pytorch,...}``,
   ``--tensor_parallel_size/--tp_size``, ``--pipeline_parallel_size/--pp_size``, ``--max_batch_size``,
   ``--max_num_tokens``, ``--max_seq_len``, ``--free_gpu_memory_fraction/--kv_cache_free_gpu_memory_fraction``
   (the share of memory left *after* weights that goes to the KV cache), ``--config/--extra_llm_api_options``
-  (a YAML file of LLM-API args), ``--otlp_traces_endpoint`` and ``--enable_chunked_prefill`` (a flag that
-  defaults to False). Found only in ``main``: ``--served_model_name``, which ``launch_server`` passes as
-  ``OpenAIServer(model=served_model_name or model)``, and ``--kv_cache_dtype``.
+  (a YAML file of LLM-API args), ``--otlp_traces_endpoint`` ("Target URL to which OpenTelemetry traces will be
+  sent") and ``--enable_chunked_prefill`` (a flag that defaults to False). Newer than @00209af1:
+  ``--served_model_name``, added by NVIDIA/TensorRT-LLM#11711 (Feb 2026) and listed with that spelling in NVIDIA's
+  1.3.0rc7 docs (``commands/trtllm-serve/trtllm-serve.html``, Syntax), which ``launch_server`` passes as
+  ``OpenAIServer(model=served_model_name or model)`` (read in ``main``, no commit given); and ``--kv_cache_dtype``
+  (``main`` only).
 - The YAML is merged with ``llm_args | llm_args_dict`` (``llmapi/llm_utils.py``
   ``update_llm_args_with_extra_dict``). The merge is shallow, so a ``kv_cache_config`` in the file
   replaces the one the CLI built from ``--kv_cache_free_gpu_memory_fraction``. That is why the fraction is
   repeated inside the file whenever the file sets ``kv_cache_config.dtype``. The fields come from
   ``llmapi/llm_args.py``: ``KvCacheConfig.dtype: str = "auto"`` ("only for the Pytorch backend"),
   ``return_perf_metrics: bool = False`` and ``enable_iter_perf_stats: bool = False``.
-- Metrics (``serve/openai_server.py``). ``mount_metrics`` mounts the prometheus_client app at
-  ``/prometheus/metrics``. ``/metrics`` is JSON iteration stats, not Prometheus. A ``MetricsCollector``
-  exists only ``if self.generator.args.return_perf_metrics``, with labels
-  ``{"model_name": self.model, "engine_type": args.backend}``, so ``model_name`` carries the served name.
+- Metrics (``serve/openai_server.py`` @00057725). ``register_routes`` calls ``mount_metrics``, which mounts the
+  prometheus_client app at ``/prometheus/metrics``, only ``if self.generator.args.return_perf_metrics``, and the
+  ``MetricsCollector`` exists only under the same condition. ``/metrics`` is JSON iteration stats, not Prometheus.
   The iteration gauges (running, waiting, KV utilization) are fed by a loop that starts only when
-  ``enable_iter_perf_stats`` is also set. ``GET /health`` returns 200 once the app is up, which is after the
-  model has loaded. Names come from ``metrics/collector.py`` (@050f80de, ``metric_prefix = "trtllm_"``).
+  ``enable_iter_perf_stats`` is also set. In @00057725 the collector's labels are still hard-coded
+  ``"undefined"``; #12545 made them ``{"model_name": self.model, "engine_type": args.backend}`` (``main``), so
+  ``model_name`` carries the served name. ``GET /health`` returns 200 once the app is up, which is after the
+  model has loaded. Names come from ``metrics/collector.py`` (@050f80de, ``metric_prefix = "trtllm_"``, which also
+  defines ``trtllm_num_requests_running``/``_waiting`` and ``trtllm_kv_cache_utilization``).
   ``trtllm_request_success_total`` is a Counter. ``trtllm_time_per_output_token_seconds`` is each request's
   mean TPOT, so our "itl" here is a per-request average, unlike vLLM's per-token inter-token latency.
 - Shared cache: the LLM API downloads HF checkpoints through huggingface_hub, so ``HF_HOME`` on the shared
