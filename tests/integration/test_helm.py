@@ -250,6 +250,10 @@ def _apiserver_calls(cluster: Cluster, username: str) -> list[dict[str, Any]]:
     return [e for e in events if e["user"]["username"] == username and e.get("objectRef")]
 
 
+def _refused(cluster: Cluster, username: str) -> list[dict[str, Any]]:
+    return [e for e in _apiserver_calls(cluster, username) if e["responseStatus"]["code"] == 403]
+
+
 def _namespaced(api: Any, name: str) -> str:
     client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
     wait_for(lambda: _has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
@@ -329,6 +333,7 @@ def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathF
     assert env["MMFLEET_HEALTH_ADDRESS"].endswith(f":{container['ports'][0]['containerPort']}")
     env["MMFLEET_HEALTH_ADDRESS"] = f"127.0.0.1:{free_port()}"
     kubeconfig = _token_kubeconfig(installed.cluster, service_account, work / "kubeconfig")
+    username = f"system:serviceaccount:{NAMESPACE}:{service_account}"
     # The shell's settings must not leak in: only what the pod would have, plus PATH/HOME to run Python.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("MMFLEET_", "OTEL_", "KUBECONFIG"))}
     log = work / "operator.log"
@@ -347,12 +352,13 @@ def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathF
             fleets[example] = (namespace, fleet.wait_ready(name, replicas=body["spec"].get("replicas", 1), timeout=90))
         _exercise(api, fleets)
         assert proc.poll() is None, log.read_text()[-3000:]
-        yield ChartRun(
-            f"system:serviceaccount:{NAMESPACE}:{service_account}",
-            f"http://{env['MMFLEET_HEALTH_ADDRESS']}{probe['path']}",
-            fleets,
-            log,
-        )
+        yield ChartRun(username, f"http://{env['MMFLEET_HEALTH_ADDRESS']}{probe['path']}", fleets, log)
+    except AssertionError as error:  # say what the chart's RBAC refused, if that is why
+        denied = {
+            (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("subresource"))
+            for e in _refused(installed.cluster, username)
+        }
+        raise AssertionError(f"{error}; refused by the chart's RBAC: {sorted(denied, key=str) or 'nothing'}") from error
     finally:
         proc.terminate()
         try:
@@ -378,8 +384,7 @@ def test_the_installed_operator_reconciles_the_examples_to_ready(chart_run: Char
     with urllib.request.urlopen(chart_run.health_url, timeout=5) as response:
         assert response.status == 200
     assert "Traceback" not in chart_run.log.read_text()
-    denied = [e for e in _apiserver_calls(installed.cluster, chart_run.username) if e["responseStatus"]["code"] == 403]
-    assert denied == [], "the chart's RBAC denied the operator"
+    assert _refused(installed.cluster, chart_run.username) == [], "the chart's RBAC denied the operator"
 
 
 def _granted(rules: list[dict[str, Any]]) -> set[Triple]:
