@@ -314,4 +314,4 @@ def test_chart_reads_each_clouds_file_and_installs_none_for_auto() -> None:
     helpers = (CHART / "templates/_helpers.tpl").read_text()
     assert re.search(r'has \$cloud \(list "auto" "eks" "aks" "ack" "generic"\)', helpers)
     assert '(or .Values.collector.config (ne $cloud "auto"))' in helpers
-    assert {p.name for p in (CHART / "files").iterdir()} == {f"collector-{c}.yaml" for c in CLOUDS}
+    assert {p.name for p in (CHART / "files").glob("collector-*")} == {f"collector-{c}.yaml" for c in CLOUDS}
