@@ -146,9 +146,8 @@ def _no_fleets_anywhere(api: Any) -> bool:
 
 
 def _remove_crd(api: Any) -> None:
-    """Delete the CRD (when no fleet exists anywhere) so that the install is what creates it, from crds/."""
+    """Delete the CRD (no fleet exists any more) so that the install is what creates it, from crds/."""
     ext = client.ApiextensionsV1Api(api)
-    wait_for(lambda: _no_fleets_anywhere(api), 60, "earlier tests' fleets to be gone")
     try:
         ext.delete_custom_resource_definition(CRD_NAME)
     except ApiException as error:
@@ -199,6 +198,8 @@ def installed(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Installed]:
     """``helm install`` of the chart; the session's operator stopped meanwhile (one operator per fleet)."""
+    # Earlier tests' fleets go first (their finalizers need the session's operator), then the CRD.
+    wait_for(lambda: _no_fleets_anywhere(api), 60, "earlier tests' fleets to be gone")
     operator.stop()
     _remove_crd(api)
     release = Installed(cluster, tmp_path_factory.mktemp("helm"))
