@@ -28,7 +28,7 @@ def _type(schema: dict[str, Any]) -> str:
         return f"map of {_type(schema['additionalProperties'])}"
     if schema.get("format") == "date-time":
         return "timestamp"
-    if kind == "string" and schema.get("pattern") == api.DURATION_PATTERN:
+    if kind == "string" and schema.get("pattern") in (api.DURATION_PATTERN, api.SPEC_DURATION_PATTERN):
         return "duration (e.g. `2s`, `500ms`)"
     return str(kind)
 
