@@ -4,8 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the tests use: lua5.1 runs the Argo CD health check as Argo CD would; prometheus is the
-# local cluster's Prometheus server (each name is also the command checked for).
-SYSTEM_PACKAGES := lua5.1 prometheus
+# local cluster's Prometheus server; redis-server is Argo CD's cache (each name is also the command checked for).
+SYSTEM_PACKAGES := lua5.1 prometheus redis-server
 
 .PHONY: install system-deps binaries lint typecheck test unit demo crds clean
 
@@ -24,12 +24,13 @@ system-deps:
 	  else echo "missing Debian packages:$$missing (run: sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
 
-## The Kubernetes, etcd and kwok binaries, the OpenTelemetry Collector and helm, built from their Go modules once
+## The Kubernetes, etcd and kwok binaries, the OpenTelemetry Collector, helm and Argo CD, built from their Go modules once
 ## into ~/.cache/mmfleet.
 binaries: install
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_binaries; ensure_binaries(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_collector; ensure_collector(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_helm; ensure_helm(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_argocd; ensure_argocd(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests

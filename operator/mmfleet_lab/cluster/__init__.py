@@ -8,7 +8,7 @@ OpenTelemetry Collector. A Prometheus server (``prometheus``) scrapes the pods t
 ``mmfleet twin serve`` simulates. Integration and end-to-end tests run against it.
 """
 
-from mmfleet_lab.cluster.build import Binaries, ensure_binaries, ensure_collector, ensure_helm
+from mmfleet_lab.cluster.build import Binaries, ensure_argocd, ensure_binaries, ensure_collector, ensure_helm
 from mmfleet_lab.cluster.cluster import (
     Cluster,
     attach,
@@ -33,6 +33,7 @@ __all__ = [
     "NodePool",
     "attach",
     "down",
+    "ensure_argocd",
     "ensure_binaries",
     "ensure_collector",
     "ensure_helm",

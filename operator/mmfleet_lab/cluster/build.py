@@ -465,3 +465,161 @@ def _build_helm(final: Path, go: str, progress: Progress) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     progress(f"built helm v{HELM_VERSION} in {time.monotonic() - started:.0f}s -> {final / 'bin'}")
+
+
+# --- Argo CD ---------------------------------------------------------------------------------------------
+
+ARGOCD_VERSION = "3.5.3"
+_ARGOCD_MODULE = "github.com/argoproj/argo-cd/v3"
+# Argo CD's go.mod replaces its gitops-engine with ./gitops-engine, a nested module that the module zip leaves out.
+# The proxy serves that nested module only at the commits of the v3.5.2 and v3.5.3 tags (pseudo-versions whose
+# time is the tag's, as the proxy's .info of each tag says), so v3.5.3: the newest v3.5.7 has nothing to replace it
+# with, and every v3.6.x requires go 1.27 (the builds here use the installed go, GOTOOLCHAIN=local).
+_GITOPS_ENGINE = "github.com/argoproj/argo-cd/gitops-engine"
+_GITOPS_ENGINE_VERSION = "v0.0.0-20260914071520-c9c369efcc5b"
+ARGOCD_COMMANDS = ("argocd-application-controller", "argocd-repo-server")
+# Argo CD's cmd/main.go picks the component by argv[0] (or ARGOCD_BINARY_NAME) among all eleven; this main keeps
+# the two a sync needs, so neither the API server (with the UI), the CLI nor the other controllers are compiled.
+_ARGOCD_MAIN = """\
+package main
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+
+	appcontroller "github.com/argoproj/argo-cd/v3/cmd/argocd-application-controller/commands"
+	reposerver "github.com/argoproj/argo-cd/v3/cmd/argocd-repo-server/commands"
+	"github.com/argoproj/argo-cd/v3/common"
+	"github.com/argoproj/argo-cd/v3/util/log"
+)
+
+func init() {
+	klog.SetLogger(log.NewLogrusLogger(log.NewWithCurrentConfig()))
+}
+
+func main() {
+	name := filepath.Base(os.Args[0])
+	if val := os.Getenv("ARGOCD_BINARY_NAME"); val != "" {
+		name = val
+	}
+	var command *cobra.Command
+	switch name {
+	case common.CommandApplicationController:
+		command = appcontroller.NewCommand()
+	case common.CommandRepoServer:
+		command = reposerver.NewCommand()
+	default:
+		names := common.CommandApplicationController + " or " + common.CommandRepoServer
+		os.Stderr.WriteString("run as " + names + "\\n")
+		os.Exit(2)
+	}
+	if err := command.Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+"""
+_ARGOCD_CRDS = ("application-crd.yaml", "appproject-crd.yaml")
+_ARGOCD_CONFIG = ("argocd-cm.yaml", "argocd-rbac-cm.yaml", "argocd-secret.yaml")
+# The repo server runs git-verify-wrapper.sh for every manifest it generates (signed or not), from PATH: the
+# release's image copies these from hack/ to /usr/local/bin; here they go beside the binary.
+_ARGOCD_SCRIPTS = ("git-verify-wrapper.sh", "gpg-wrapper.sh")
+
+
+@dataclass(frozen=True)
+class ArgoCD:
+    """The built Argo CD: one binary under two names (``ARGOCD_COMMANDS``) beside the scripts the repo server runs
+    (put its directory on the repo server's PATH), and manifests of its release."""
+
+    application_controller: Path
+    repo_server: Path
+    crds: tuple[Path, ...]  # Application, AppProject (the module's manifests/crds)
+    config: tuple[Path, ...]  # argocd-cm, argocd-rbac-cm, argocd-secret as installed (manifests/base/config)
+
+
+def argocd_at(root: Path | None = None) -> ArgoCD:
+    """Where Argo CD is (or will be); nothing is built."""
+    final = (root or cache_root()) / f"argocd-v{ARGOCD_VERSION}"
+    controller, repo_server = (final / "bin" / name for name in ARGOCD_COMMANDS)
+    crds = tuple(final / "crds" / name for name in _ARGOCD_CRDS)
+    return ArgoCD(controller, repo_server, crds, tuple(final / "config" / name for name in _ARGOCD_CONFIG))
+
+
+def _argocd_complete(built: ArgoCD) -> bool:
+    scripts = [built.repo_server.parent / name for name in _ARGOCD_SCRIPTS]
+    executables = [built.application_controller, built.repo_server, *scripts]
+    return all(os.access(e, os.X_OK) for e in executables) and all(m.exists() for m in (*built.crds, *built.config))
+
+
+def ensure_argocd(progress: Progress = silent) -> ArgoCD:
+    """Argo CD's application controller and repo server, built once from its Go module (minutes); then instant."""
+    root = cache_root()
+    built = argocd_at(root)
+    if _argocd_complete(built):
+        return built
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError("the 'go' command is needed to build Argo CD and is not on PATH")
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".argocd.lock"):
+        if not _argocd_complete(built):  # another process may have built it while we waited
+            _build_argocd(built.repo_server.parent.parent, go, progress)
+    return built
+
+
+def _writable_copy(source: Path, target: Path) -> None:
+    """Copy a (read-only) module from the module cache to a directory go may write go.mod, go.sum and a main into."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("docs", "ui", "test"))
+    for directory, _, files in os.walk(target):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+
+
+def _build_argocd(final: Path, go: str, progress: Progress) -> None:
+    workdir = final.parent / "src" / "argocd"
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "build.log"
+    log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    progress(f"building Argo CD v{ARGOCD_VERSION} ... (first time only, ~8 min; log: {log})")
+    started = time.monotonic()
+    runner = _Runner(go, workdir, log, progress)
+    target = f"{_ARGOCD_MODULE}@v{ARGOCD_VERSION}"
+    info = json.loads(runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+    module = workdir / "module"
+    _writable_copy(Path(info["Dir"]), module)
+    (module / "cmd" / "mmfleet-argocd").mkdir()
+    (module / "cmd" / "mmfleet-argocd" / "main.go").write_text(_ARGOCD_MAIN)
+    staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    (staging / "crds").mkdir()
+    (staging / "config").mkdir()
+    try:
+        builder = _Runner(go, module, log, progress)
+        replace = f"{_GITOPS_ENGINE}={_GITOPS_ENGINE}@{_GITOPS_ENGINE_VERSION}"
+        builder.run("mod", "edit", f"-replace={replace}", note=f"go mod edit -replace={replace}")
+        version = f"{_ARGOCD_MODULE}/common"
+        stamps = f"-X {version}.version={ARGOCD_VERSION} -X {version}.gitTag=v{ARGOCD_VERSION}"
+        out = staging / "bin" / "argocd"
+        args = ("build", "-trimpath", "-ldflags", f"-s -w {stamps}", "-o", str(out), "./cmd/mmfleet-argocd")
+        builder.run(*args, note="go build the application controller and the repo server (the slow step)")
+        for name in ARGOCD_COMMANDS:  # the component is chosen by argv[0]
+            (staging / "bin" / name).symlink_to("argocd")
+        for name in _ARGOCD_SCRIPTS:
+            shutil.copyfile(module / "hack" / name, staging / "bin" / name)
+            os.chmod(staging / "bin" / name, 0o755)
+        for name in _ARGOCD_CRDS:
+            shutil.copyfile(module / "manifests" / "crds" / name, staging / "crds" / name)
+        for name in _ARGOCD_CONFIG:
+            shutil.copyfile(module / "manifests" / "base" / "config" / name, staging / "config" / name)
+        if final.exists():  # an incomplete earlier result: replace it whole
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(module, ignore_errors=True)
+    progress(f"built Argo CD v{ARGOCD_VERSION} in {time.monotonic() - started:.0f}s -> {final / 'bin'}")

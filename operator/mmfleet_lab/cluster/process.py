@@ -17,7 +17,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +48,10 @@ def free_port() -> int:
         return port
 
 
-def start(component: str, exe: Path, args: Sequence[str], log: Path, cwd: Path) -> Proc:
+def start(
+    component: str, exe: Path, args: Sequence[str], log: Path, cwd: Path, env: Mapping[str, str] | None = None
+) -> Proc:
+    """Start ``exe`` in its own session, logging to ``log``; ``env`` replaces the inherited environment when given."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         out.write(f"# {exe} {' '.join(args)}\n".encode())
@@ -56,6 +59,7 @@ def start(component: str, exe: Path, args: Sequence[str], log: Path, cwd: Path) 
         popen = subprocess.Popen(
             [str(exe), *args],
             cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
