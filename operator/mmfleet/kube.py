@@ -6,6 +6,9 @@ them so the operator benchmark can report requests per reconcile. Responses are 
 JSON (``serialize=False``): the dynamic client's ``ResourceInstance`` wraps every field in an
 object, 3% of the operator's profile at 1,000 fleets (docs/benchmarks.md), only to be turned back
 into dicts. Events go through ``kopf.event``.
+
+Every request has a timeout (``REQUEST_TIMEOUT``, set on the client and passed on each call): a hung
+request would hold its fleet's lock, and with it the autoscaler's cycle, for ever.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
+from kubernetes.client import rest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
@@ -28,10 +33,24 @@ from mmfleet.render import FIELD_MANAGER
 
 Obj = dict[str, Any]
 AUTOSCALER_FIELD_MANAGER = "mmfleet-autoscaler"
+# (connect, read) seconds for one request. A reconcile makes a handful; a list of every node is the largest read.
+REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 class RetryableError(Exception):
-    """The API server refused a write that a retry may get through (409, 429, 5xx)."""
+    """The API server refused a write that a retry may get through (409, 429, 5xx), or did not answer in time."""
+
+
+class RefusedError(Exception):
+    """The API server refused a write for good (400, 403, 422, ...): retrying the same request cannot help.
+
+    ``message`` is the API server's own (the Status message names the field it refused), for a condition.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
 
 
 class NamespaceTerminatingError(Exception):
@@ -48,6 +67,16 @@ def error_text(error: BaseException) -> str:
     if isinstance(error, ApiException):
         return f"{error.status} {error.reason}"
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def refusal_message(error: ApiException) -> str:
+    """The message of the API server's Status body, else the HTTP reason."""
+    try:
+        body = json.loads(error.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or error.reason or "refused")
 
 
 def _json(response: Any) -> Obj:
@@ -89,6 +118,7 @@ class Kube:
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
+        """Writes' failures sorted by what the caller can do: retry, give up on the namespace, or report."""
         try:
             yield
         except ApiException as error:
@@ -96,7 +126,11 @@ class Kube:
                 raise RetryableError(f"{error.status} {error.reason}") from error
             if error.status == 403 and "NamespaceTerminating" in str(error.body or ""):
                 raise NamespaceTerminatingError(str(error.reason)) from error
+            if error.status is not None and 400 <= error.status < 500 and error.status != 404:
+                raise RefusedError(error.status, refusal_message(error)) from error
             raise
+        except urllib3.exceptions.HTTPError as error:  # timed out, connection reset or refused
+            raise RetryableError(f"no answer: {error_text(error)}") from error
 
     def apply(self, manifest: Obj, manager: str = FIELD_MANAGER) -> Obj:
         """Server-side apply one object under our field manager, taking over fields we own."""
@@ -111,6 +145,7 @@ class Kube:
                 field_manager=manager,
                 force_conflicts=True,
                 serialize=False,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         return _json(result)
 
@@ -118,7 +153,11 @@ class Kube:
         resource = self._resource(api_version, kind)
         self._count()
         try:
-            return _json(self.dynamic.get(resource, name=name, namespace=namespace, serialize=False))
+            return _json(
+                self.dynamic.get(
+                    resource, name=name, namespace=namespace, serialize=False, _request_timeout=REQUEST_TIMEOUT
+                )
+            )
         except NotFoundError:
             return None
 
@@ -135,7 +174,12 @@ class Kube:
         self._count()
         result = _json(
             self.dynamic.get(
-                resource, namespace=namespace, label_selector=selector, field_selector=field_selector, serialize=False
+                resource,
+                namespace=namespace,
+                label_selector=selector,
+                field_selector=field_selector,
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         )
         items: list[Obj] = result.get("items", [])
@@ -146,7 +190,11 @@ class Kube:
         resource = self._resource(api_version, kind)
         self._count()
         with self._errors(), contextlib.suppress(NotFoundError):
-            _json(self.dynamic.delete(resource, name=name, namespace=namespace, serialize=False))
+            _json(
+                self.dynamic.delete(
+                    resource, name=name, namespace=namespace, serialize=False, _request_timeout=REQUEST_TIMEOUT
+                )
+            )
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = AUTOSCALER_FIELD_MANAGER) -> None:
         """Set a Deployment's replicas through its scale subresource, as their owner.
@@ -174,6 +222,7 @@ class Kube:
                 field_manager=manager,
                 force_conflicts=True,
                 serialize=False,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         _json(response)
 
@@ -190,6 +239,7 @@ class Kube:
                 content_type="application/merge-patch+json",
                 field_manager=FIELD_MANAGER,
                 serialize=False,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         _json(response)
 
@@ -209,6 +259,14 @@ class Kube:
         return True
 
 
+class _TimedRESTClient(rest.RESTClientObject):  # type: ignore[misc]  # the client has no type hints
+    """The client's transport with ``REQUEST_TIMEOUT`` for requests that name none (discovery's, for one)."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["_request_timeout"] = kwargs.get("_request_timeout") or REQUEST_TIMEOUT
+        return super().request(*args, **kwargs)
+
+
 def load_client(pool_size: int = 32) -> client.ApiClient:
     """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config.
 
@@ -221,4 +279,10 @@ def load_client(pool_size: int = 32) -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)
+    return timed(client.ApiClient(configuration))
+
+
+def timed(api_client: client.ApiClient) -> client.ApiClient:
+    """``api_client`` with ``REQUEST_TIMEOUT`` on every request that sets no timeout of its own."""
+    api_client.rest_client = _TimedRESTClient(api_client.configuration)
+    return api_client

@@ -185,6 +185,8 @@ class Observed:
     cache_problem: tuple[str, str] | None = None  # (reason, message) from ``shared_cache_problem``
     # With spec.tracing.enabled: where spans go, as last looked up; None keeps the previous TracingReady.
     tracing: TracingSeen | None = None
+    # (reason, message): why the operator applied nothing (a child it does not own, a write the API server refused).
+    refused: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,20 @@ def condition(
             "observedGeneration": generation,
         }
     )
+
+
+def replica_failure(deployment: dict[str, Any] | None) -> tuple[str, str] | None:
+    """Why the ReplicaSet cannot create the pods asked for, as the Deployment carries it (ReplicaFailure), or None.
+
+    Pods a ResourceQuota refuses never exist, so no pod explains them: the ReplicaSet controller's
+    ``FailedCreate`` message (``exceeded quota: <name>, requested: ..., used: ..., limited: ...``) is all there is.
+    """
+    for entry in ((deployment or {}).get("status") or {}).get("conditions") or []:
+        if entry.get("type") == "ReplicaFailure" and entry.get("status") == "True":
+            message = str(entry.get("message") or "")
+            reason = "QuotaExceeded" if "exceeded quota" in message else str(entry.get("reason") or "FailedCreate")
+            return reason, f"the Deployment's pods cannot be created: {message}"
+    return None
 
 
 def _deployment_progress(deployment: dict[str, Any]) -> tuple[bool, str]:
@@ -367,6 +383,19 @@ def compute_status(
 
     deployment = observed.deployment
     desired = observed.scaling.replicas if observed.scaling else desired_replicas(inference, deployment)
+    if observed.refused is not None:
+        reason, message = observed.refused
+        return status(
+            "Degraded",
+            [
+                condition("Ready", False, reason, message, before, now, generation),
+                condition(
+                    "Progressing", False, reason, "nothing applied until this is resolved", before, now, generation
+                ),
+                condition("Degraded", True, reason, message, before, now, generation),
+            ],
+            desiredReplicas=desired,
+        )
     if deployment is None:
         return status(
             "Pending",
@@ -386,6 +415,7 @@ def compute_status(
     serving = rolled_out and ready >= desired and updated >= desired and replicas <= desired
     stalled, stall_message = _deployment_progress(deployment)
     problems = observed.pod_problems
+    failed_create = replica_failure(deployment)
 
     ready_message = f"{ready}/{desired} replicas ready"
     if serving:
@@ -405,6 +435,8 @@ def compute_status(
     if observed.cache_problem is not None:
         reason, message = observed.cache_problem
         degraded = condition("Degraded", True, reason, message, before, now, generation)
+    elif failed_create is not None:
+        degraded = condition("Degraded", True, *failed_create, before, now, generation)
     elif problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -58,12 +58,13 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("mmfleet.io", ["multimodalinferences"], ["list", "watch", "patch"])
     | _triples("mmfleet.io", ["multimodalinferences/status"], ["patch"])
     | _triples("mmfleet.io", ["multimodalinferences/finalizers"], ["update"])
-    # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers.
-    | _triples("apps", ["deployments"], ["list", "watch", "create", "patch"])
+    # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers; read
+    # once before the first apply (handlers.fleet._claim_names: never adopt an object of that name).
+    | _triples("apps", ["deployments"], ["get", "list", "watch", "create", "patch"])
     | _triples("apps", ["deployments/scale"], ["patch"])  # kube.Kube.scale: server-side apply on /scale
-    | _triples("", ["services", "serviceaccounts"], ["list", "watch", "create", "patch"])
+    | _triples("", ["services", "serviceaccounts"], ["get", "list", "watch", "create", "patch"])
     | _triples("", ["configmaps"], ["get", "list", "watch", "create", "patch", "delete"])  # pruned
-    | _triples("policy", ["poddisruptionbudgets"], ["list", "watch", "create", "patch"])
+    | _triples("policy", ["poddisruptionbudgets"], ["get", "list", "watch", "create", "patch"])
     | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "create", "patch", "delete"])  # pruned
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
     | _triples("", ["persistentvolumeclaims"], ["get"])  # status.shared_cache_problem reads the shared claim
@@ -147,6 +148,7 @@ def test_kustomization_builds_valid_kubernetes(target: str) -> None:
 def test_overlay_sets_only_the_default_cloud(base: list[Obj], cloud: str) -> None:
     objs = kustomize(ROOT / "manifests/overlays" / cloud)
     assert env(operator_container(objs)) == {**env(operator_container(base)), "MMFLEET_DEFAULT_CLOUD": cloud}
+
     def same(obj: Obj) -> bool:  # the operator's Deployment and the collector's configuration differ
         return obj["kind"] != "Deployment" and not (is_collector(obj) and obj["kind"] == "ConfigMap")
 

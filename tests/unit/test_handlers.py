@@ -29,18 +29,36 @@ def deployment(uid: str, generation: int) -> dict[str, object]:
 
 
 def test_only_a_newer_generation_than_our_apply_is_a_hand_edit() -> None:
-    fleet.STATE.applied["u1"] = fleet._fingerprint(deployment("u1", 4))
-    assert not fleet._edited_by_hand(deployment("u1", 4))  # status-only updates keep the generation
-    assert not fleet._edited_by_hand(deployment("u1", 3))  # a late event about an older generation
-    assert fleet._edited_by_hand(deployment("u1", 5))
-    assert not fleet._edited_by_hand(deployment("unknown", 9))  # nothing applied yet: nothing to compare
+    applied = fleet._fingerprint(deployment("u1", 4))
+    assert not fleet.edited_by_hand(deployment("u1", 4), applied)  # status-only updates keep the generation
+    assert not fleet.edited_by_hand(deployment("u1", 3), applied)  # a late event about an older generation
+    assert fleet.edited_by_hand({**deployment("u1", 5), "spec": {"paused": True}}, applied)
+    assert not fleet.edited_by_hand(deployment("unknown", 9), None)  # nothing applied yet: nothing to compare
 
 
 def test_kinds_without_generation_compare_resource_versions() -> None:
     account = {"metadata": {"uid": "sa", "resourceVersion": "7"}}
-    fleet.STATE.applied["sa"] = fleet._fingerprint(account)
-    assert not fleet._edited_by_hand(account)
-    assert fleet._edited_by_hand({"metadata": {"uid": "sa", "resourceVersion": "8"}})
+    applied = fleet._fingerprint(account)
+    assert not fleet.edited_by_hand(account, applied)
+    assert fleet.edited_by_hand({"metadata": {"uid": "sa", "resourceVersion": "8"}}, applied)
+
+
+SCALER_FIELDS = {"manager": "mmfleet-autoscaler", "subresource": "scale", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+
+
+def scaled(generation: int, replicas: int, managers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    meta = {"uid": "d", "generation": generation, "managedFields": managers}
+    return {"metadata": meta, "spec": {"replicas": replicas, "template": {"image": "vllm"}, **spec}}
+
+
+def test_the_autoscalers_own_scale_is_not_a_hand_edit_but_a_hand_scale_or_spec_edit_is() -> None:
+    applied = fleet._fingerprint(scaled(4, 3, [SCALER_FIELDS]))
+    assert not fleet.edited_by_hand(scaled(5, 7, [SCALER_FIELDS]), applied)  # the autoscaler went 3 -> 7
+    kubectl = {"manager": "kubectl", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+    assert fleet.edited_by_hand(scaled(5, 7, [kubectl]), applied)  # kubectl scale took the field over
+    assert fleet.edited_by_hand(scaled(5, 3, [SCALER_FIELDS], paused=True), applied)  # an edit beside replicas
+    fixed = fleet._fingerprint(scaled(4, 3, []))  # no autoscaling: replicas are the spec's
+    assert fleet.edited_by_hand(scaled(5, 7, []), fixed)
 
 
 def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -> None:

@@ -80,7 +80,9 @@ def autoscale(
     for view in views:
         with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
             inference = parse_spec(view.body)
-            if inference.spec.autoscaled and view.deployment is not None:
+            # A fleet whose reconcile applied nothing (handlers.fleet: a child it does not own, a refused apply)
+            # is not scaled: its Deployment may be someone else's.
+            if inference.spec.autoscaled and view.deployment is not None and view.key not in STATE.refused:
                 fleets.append((view, inference))
     # Autoscaling turned off (or the fleet gone): start afresh if it comes back. A fleet whose Deployment
     # is missing for a moment, or whose spec is briefly invalid, keeps what it learned.

@@ -1,9 +1,11 @@
 """The fleet's handlers: reconcile, drift repair and pruning, status from what runs.
 
-One reconcile: parse the spec, resolve the cloud, render, server-side apply every child,
-observe, write status. Children are watched too, so a child deleted or edited by hand is
-re-applied, and pod or Deployment changes refresh the parent's status. kopf indexes keep
-the fleets, Deployments and pods in memory, so a status refresh costs one API request.
+One reconcile: parse the spec, resolve the cloud, render, check that no child's name is taken by an
+object this fleet does not control, server-side apply every child, observe, write status. Children
+are watched too, so a child deleted or edited by hand is re-applied, and pod or Deployment changes
+refresh the parent's status. kopf indexes keep the fleets, Deployments and pods in memory, so a
+status refresh costs one API request. A reconcile kopf does not retry (a drift repair, a refused
+apply) is retried by ``retry_forever`` with a growing delay.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -27,6 +31,7 @@ from mmfleet.handlers.state import (
     Body,
     CollectorLookup,
     Key,
+    Retry,
     get_kube,
     last_status,
     log,
@@ -37,7 +42,14 @@ from mmfleet.handlers.state import (
     utc_now,
     write_status,
 )
-from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, NamespaceTerminatingError, RetryableError, error_text, is_forbidden
+from mmfleet.kube import (
+    AUTOSCALER_FIELD_MANAGER,
+    NamespaceTerminatingError,
+    RefusedError,
+    RetryableError,
+    error_text,
+    is_forbidden,
+)
 from mmfleet.render import INFERENCE_LABEL, SpecError
 
 CHILD_LABELS: dict[str, Any] = {
@@ -60,22 +72,97 @@ WORKER_IDLE_SECONDS = 1.0
 COLLECTOR_CACHE_SECONDS = 60
 # A failed look-up is remembered this long, so the fleets reconciled meanwhile neither retry nor warn one by one.
 COLLECTOR_FAILURE_CACHE_SECONDS = 10
+# A reconcile kopf does not retry is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
+RETRY_TICK_SECONDS = 1.0
+# The API server's own message is kept whole up to this length in a condition.
+MESSAGE_LIMIT = 2048
+
+
+def retry_delay(attempts: int) -> float:
+    """Seconds before retry number ``attempts`` (0 for the first): doubling, bounded, so a refusal never spins."""
+    return min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2.0 ** min(attempts, 16))
+
+
+def schedule_retry(key: Key) -> None:
+    before = STATE.retries.get(key)
+    attempts = before.attempts + 1 if before is not None else 0
+    STATE.retries[key] = Retry(attempts, time.monotonic() + retry_delay(attempts))
+
+
+def _spec_digest(obj: Mapping[str, Any]) -> str:
+    """The spec, without replicas while the autoscaler owns them: a scale is not an edit."""
+    spec = dict(obj.get("spec") or {})
+    if _scaler_owns_replicas(dict(obj)):
+        spec.pop("replicas", None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _fingerprint(obj: Mapping[str, Any]) -> tuple[int, str]:
-    """Generation where the kind has one (it moves only on spec changes), else the resourceVersion."""
+    """Generation and spec digest where the kind has one (it moves only on spec changes), else the resourceVersion."""
     meta = obj.get("metadata", {})
     generation = meta.get("generation")
-    return (int(generation), "") if generation else (0, str(meta.get("resourceVersion") or ""))
+    return (int(generation), _spec_digest(obj)) if generation else (0, str(meta.get("resourceVersion") or ""))
 
 
-def _edited_by_hand(obj: Mapping[str, Any]) -> bool:
-    """Changed since our last apply; late events about older generations do not count."""
-    applied = STATE.applied.get(obj.get("metadata", {}).get("uid", ""))
+def edited_by_hand(obj: Mapping[str, Any], applied: tuple[int, str] | None) -> bool:
+    """Changed since our last apply (``applied``, its fingerprint): late events about older generations and the
+    autoscaler's own scale (a new generation with the same spec but replicas) do not count."""
     if applied is None:
         return False
     current = _fingerprint(obj)
-    return current[0] > applied[0] if applied[0] else current[1] != applied[1]
+    if applied[0]:
+        return current[0] > applied[0] and current[1] != applied[1]
+    return current[1] != applied[1]
+
+
+def foreign_owner(live: Mapping[str, Any] | None, uid: str | None) -> str | None:
+    """Who controls a live object that has a child's name, when it is not the fleet of ``uid``; None when the name
+    is free or the object is the fleet's own (its controller owner reference carries the fleet's uid)."""
+    if live is None:
+        return None
+    references = (live.get("metadata") or {}).get("ownerReferences") or []
+    if any(r.get("controller") and r.get("uid") == uid for r in references):
+        return None
+    controller = next((r for r in references if r.get("controller")), None)
+    if controller is None:
+        return "no controller (created by hand or by another tool)"
+    return f"{controller.get('kind')} {controller.get('name')} (uid {controller.get('uid')})"
+
+
+class _NotAppliedError(Exception):
+    """Nothing more is applied for this fleet: ``reason`` and ``message`` go into its conditions."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _claim_names(inference: MultimodalInference, children: list[Body]) -> None:
+    """Raise ``_NotAppliedError`` when a child's name is held by an object this fleet does not control.
+
+    Applying over it would adopt it: a ServiceAccount taken over this way runs the fleet's image with its
+    rights, and deleting the fleet would delete it. One read per child the first time, none after.
+    """
+    meta = inference.metadata
+    owned = STATE.owned[(meta.namespace, meta.name)]
+    for child in children:
+        kind, name = child["kind"], child["metadata"]["name"]
+        if (kind, name) in owned:
+            continue
+        live = get_kube().get(child["apiVersion"], kind, meta.namespace, name)
+        holder = foreign_owner(live, meta.uid)
+        if holder is not None:
+            raise _NotAppliedError(
+                "ChildNotOwned",
+                f"{kind} {meta.namespace}/{name} already exists with {holder}, not this MultimodalInference: the "
+                f"operator neither changes nor deletes objects it did not create; delete or rename that {kind}, or "
+                f"give this MultimodalInference another metadata.name (now {meta.name})",
+            )
+        if live is not None:
+            owned.add((kind, name))
 
 
 # One look at the nodes or at discovery when the cached answer expires, not one per handler thread.
@@ -198,14 +285,15 @@ def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen |
 
 
 def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
+    meta = inference.metadata
     observed = status.Observed(
         deployment=deployment,
         pod_problems=status.pod_problems(pods),
         cloud=cloud,
         cache_problem=_cache_problem(inference),
         tracing=_tracing(inference, cloud),
+        refused=STATE.refused.get((meta.namespace, meta.name)),
     )
-    meta = inference.metadata
     previous = last_status((meta.namespace, meta.name), body)
     write_status(body, status.compute_status(inference, observed, previous, utc_now()), previous)
 
@@ -242,19 +330,19 @@ def _hand_over_replicas(inference: MultimodalInference, live: Body | None) -> No
     get_kube().scale(meta.namespace, meta.name, status.desired_replicas(inference, live))
 
 
-def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool) -> None:
+def reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, attempt: int = 0) -> None:
     """Bring the children in line with the spec and write status. Idempotent. One span, the applies and
-    the status write inside it."""
+    the status write inside it. ``attempt``: kopf's retry count, for the delay of the next one."""
     meta = body["metadata"]
     attributes = telemetry.fleet(meta["namespace"], meta["name"], meta.get("generation"))
     with (
         metrics_export.reconciling(),
         telemetry.tracer().start_as_current_span(telemetry.RECONCILE, attributes=attributes) as span,
     ):
-        _reconcile(body, pods, live, prune, span)
+        _reconcile(body, pods, live, prune, span, attempt)
 
 
-def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, span: Span) -> None:
+def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, span: Span, attempt: int) -> None:
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     started, requests_before = time.perf_counter(), get_kube().thread_requests()
@@ -262,6 +350,7 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
         try:
             inference = parse_spec(body)
         except SpecError as error:
+            STATE.retries.pop(key, None)  # only a new spec can help
             previous = previous_status(body)
             invalid_spec = status.InvalidSpec(error.problems, meta.get("generation"))
             invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
@@ -274,11 +363,13 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
         )
         deployment: Body | None = None
         try:
+            _claim_names(inference, children)
             _hand_over_replicas(inference, live)
             for child in children:
                 applied = _apply(child)
                 STATE.applied[applied["metadata"]["uid"]] = _fingerprint(applied)
                 STATE.children[key].add(applied["metadata"]["uid"])
+                STATE.owned[key].add((child["kind"], child["metadata"]["name"]))
                 if child["kind"] == "Deployment":
                     deployment = applied
             if deployment is not None and inference.spec.autoscaled:
@@ -286,10 +377,21 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
             if prune:
                 _prune(inference, children)
         except RetryableError as error:
-            raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=5) from error
+            raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=retry_delay(attempt)) from error
         except NamespaceTerminatingError:
             log.info("%s/%s: its namespace is being deleted; nothing to apply", *key)
             return
+        except (_NotAppliedError, RefusedError) as error:
+            refused = (
+                error if isinstance(error, _NotAppliedError) else _NotAppliedError("ApplyRefused", _refusal(error))
+            )
+            log.warning("%s/%s: %s: %s", *key, refused.reason, refused.message)
+            STATE.refused[key] = (refused.reason, refused.message)
+            schedule_retry(key)
+            _observe(body, inference, live, pods, cloud)
+            raise kopf.PermanentError(f"{refused.reason}: {refused.message}") from None
+        STATE.refused.pop(key, None)
+        STATE.retries.pop(key, None)
         _observe(body, inference, deployment, pods, cloud)
     log.info(
         "reconciled %s/%s in %.1f ms with %d API requests",
@@ -299,11 +401,21 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
     )
 
 
+def _refusal(error: RefusedError) -> str:
+    text = f"the API server refused a write ({error.status}): {error.message}"
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
 def _apply(child: Body) -> Body:
-    """One server-side apply, as a span of the reconcile that asked for it."""
-    attributes = {telemetry.CHILD_KIND: child["kind"], telemetry.CHILD_NAME: child["metadata"]["name"]}
+    """One server-side apply, as a span of the reconcile that asked for it; a refusal names the child."""
+    kind, meta = child["kind"], child["metadata"]
+    attributes = {telemetry.CHILD_KIND: kind, telemetry.CHILD_NAME: meta["name"]}
     with telemetry.tracer().start_as_current_span(telemetry.APPLY, attributes=attributes):
-        return get_kube().apply(child)
+        try:
+            return get_kube().apply(child)
+        except RefusedError as error:
+            where = f"{kind} {meta.get('namespace')}/{meta['name']}"
+            raise RefusedError(error.status, f"applying {where}: {error.message}") from error
 
 
 def _prune(inference: MultimodalInference, children: list[Body]) -> None:
@@ -352,6 +464,10 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = STATE.config.workers
     settings.watching.server_timeout = 600
+    # kopf's own requests (annotation patches, events) end within this long: a hung one would hold its fleet's
+    # worker. Watches are bounded by server_timeout and kopf's inactivity_timeout.
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 5
     # kopf waits this long for its own annotation patch to come back through the watch before it
     # trusts an older copy; on a busy API server the 5 s default made it re-run creation handlers.
     settings.persistence.consistency_timeout = 60
@@ -418,15 +534,17 @@ async def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
-def create_fleet(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
+def create_fleet(body: kopf.Body, namespace: str | None, name: str, retry: int, **kwargs: Any) -> None:
     key = (namespace or "", name)
-    reconcile(dict(body), _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key), prune=False)
+    pods, deployment = _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key)
+    reconcile(dict(body), pods, deployment, prune=False, attempt=retry)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def update_fleet(body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
+def update_fleet(body: kopf.Body, namespace: str | None, name: str, retry: int, **kwargs: Any) -> None:
     key = (namespace or "", name)
-    reconcile(dict(body), _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key), prune=True)
+    pods, deployment = _index(kwargs, "fleet_pods", key), _first(kwargs, "fleet_deployments", key)
+    reconcile(dict(body), pods, deployment, prune=True, attempt=retry)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -446,6 +564,9 @@ async def forget_fleet(event: kopf.RawEvent, namespace: str | None, name: str, *
     STATE.scaling.pop(key, None)
     STATE.cache_problems.pop(key, None)
     STATE.tracing.pop(key, None)
+    STATE.owned.pop(key, None)
+    STATE.refused.pop(key, None)
+    STATE.retries.pop(key, None)
     for child in STATE.children.pop(key, set()):
         STATE.applied.pop(child, None)
 
@@ -468,16 +589,19 @@ async def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Label
     meta = obj.get("metadata", {})
     deleted = event["type"] == "DELETED"
     edited = (
-        event["type"] == "MODIFIED" and kind != "Pod" and not meta.get("deletionTimestamp") and _edited_by_hand(obj)
+        event["type"] == "MODIFIED"
+        and kind != "Pod"
+        and not meta.get("deletionTimestamp")
+        and edited_by_hand(obj, STATE.applied.get(meta.get("uid", "")))
     )
     indexes = {name: kwargs[name] for name in INDEXES}
     if kind != "Pod" and (deleted or edited):
         log.info("%s %s/%s was %s by hand; re-applying", kind, namespace, meta["name"],
                  "deleted" if deleted else "edited")  # fmt: skip
         STATE.applied.pop(meta.get("uid", ""), None)
-        pods, deployment = _index(indexes, "fleet_pods", key), _first(indexes, "fleet_deployments", key)
-        with contextlib.suppress(kopf.PermanentError):
-            await asyncio.to_thread(reconcile, parent, pods, deployment, False)
+        if deleted:
+            STATE.owned[key].discard((kind, meta["name"]))
+        await _repair(key, parent, indexes)
         return
     if kind not in ("Pod", "Deployment"):
         return
@@ -485,6 +609,50 @@ async def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Label
         STATE.refresh_again.add(key)
     else:
         STATE.refreshes[key] = asyncio.create_task(_refresh_later(key, indexes))
+
+
+async def _repair(key: Key, parent: Body, indexes: dict[str, Any]) -> None:
+    """Reconcile on a child's behalf; kopf retries no event handler, so a failure is retried by ``retry_forever``."""
+    pods, deployment = _index(indexes, "fleet_pods", key), _first(indexes, "fleet_deployments", key)
+    try:
+        await asyncio.to_thread(reconcile, parent, pods, deployment, False)
+    except kopf.PermanentError:  # an invalid spec (its status says so) or a refusal (which scheduled its retry)
+        return
+    except Exception as error:
+        log.warning("repairing %s/%s failed (%s); trying again later", *key, error_text(error))
+        metrics_export.error("repair")
+        schedule_retry(key)
+
+
+async def retry_forever(indexes: dict[str, Any]) -> None:
+    """Reconcile again each fleet whose retry is due: a failed repair, a refused apply, a child not owned.
+
+    Level-triggered: the retry reads the fleet and its children as the indexes show them then, and a fleet
+    whose cause is gone (the conflicting object deleted) converges without any event about it.
+    """
+    while True:
+        await asyncio.sleep(RETRY_TICK_SECONDS)
+        now = time.monotonic()
+        for key in [k for k, r in STATE.retries.items() if r.due <= now]:
+            parent = _first(indexes, "fleets", key)
+            if parent is None or parent.get("metadata", {}).get("deletionTimestamp"):
+                STATE.retries.pop(key, None)
+                continue
+            schedule_retry(key)  # not due again until a success clears it or the next delay passes
+            context = STATE.kopf_context or contextvars.Context()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(context.copy().run, _retry, key, parent, indexes)
+
+
+def _retry(key: Key, parent: Body, indexes: dict[str, Any]) -> None:
+    pods, deployment = _index(indexes, "fleet_pods", key), _first(indexes, "fleet_deployments", key)
+    try:
+        reconcile(parent, pods, deployment, False)
+    except kopf.PermanentError:
+        raise
+    except Exception as error:
+        log.warning("retrying %s/%s failed: %s", *key, error_text(error))
+        raise
 
 
 async def _refresh_later(key: Key, indexes: dict[str, Any]) -> None:
@@ -545,11 +713,13 @@ async def resync_forever(indexes: dict[str, Any]) -> None:
 @kopf.on.startup()
 async def start_resync(**kwargs: Any) -> None:
     STATE.resync = asyncio.create_task(resync_forever(kwargs), name="mmfleet status resync")
+    STATE.retry = asyncio.create_task(retry_forever(kwargs), name="mmfleet reconcile retries")
 
 
 @kopf.on.cleanup()
 async def stop_resync(**_: Any) -> None:
-    for task in [*STATE.refreshes.values(), *([STATE.resync] if STATE.resync else [])]:
+    loops = [task for task in (STATE.resync, STATE.retry) if task is not None]
+    for task in [*STATE.refreshes.values(), *loops]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

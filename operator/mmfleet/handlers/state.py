@@ -50,6 +50,14 @@ class CollectorLookup:
 
 
 @dataclass
+class Retry:
+    """A fleet whose last reconcile failed where kopf does not retry (drift repair, a refused apply): when next."""
+
+    attempts: int
+    due: float  # time.monotonic()
+
+
+@dataclass
 class State:
     """What the operator keeps between handler calls (created at startup)."""
 
@@ -62,6 +70,13 @@ class State:
     # Generation or resourceVersion of each child as our last apply left it, to tell hand edits apart.
     applied: dict[str, tuple[int, str]] = field(default_factory=dict)
     children: defaultdict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # (kind, name) of each fleet's children seen controlled by it: looked up once, not before every apply.
+    owned: defaultdict[Key, set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
+    # Why nothing was applied for a fleet, (reason, message): the autoscaler leaves such a fleet alone.
+    refused: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    # Reconciles to try again (handlers.fleet.retry_forever), with a backoff that grows per attempt.
+    retries: dict[Key, Retry] = field(default_factory=dict)
+    retry: asyncio.Task[None] | None = None
     written: dict[Key, MultimodalInferenceStatus] = field(default_factory=dict)
     locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
     # The autoscaler's memory of each autoscaled fleet (policy state, attainment, cold start).
