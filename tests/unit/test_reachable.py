@@ -7,6 +7,7 @@ import numpy as np
 
 from mmfleet_lab.bench.oracle import failing_windows, replay, true_oracle
 from mmfleet_lab.bench.reachable import (
+    LOOKBACKS,
     covering_headroom,
     lead_windows,
     members,
@@ -45,7 +46,7 @@ def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle(
     cold = 60.0
     oracle, _ = true_oracle(cell, cold)
     found = members(cell, oracle.ready, cold, cell.initial)
-    assert [m.lookback for m in found] == [0, 1, 2, 4, 8]
+    assert [m.lookback for m in found] == list(LOOKBACKS)
     meeting = [m for m in found if not m.misses]
     assert meeting, "the raise loop must find a member that meets every window on this cell"
     for m in meeting:

@@ -34,7 +34,7 @@ from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, Shipped, simulate
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 
-LOOKBACKS = (0, 1, 2, 4, 8)
+LOOKBACKS = (0, 1, 2, 4, 8, 16, 32)  # up to half the hour: the peak a fleet that rarely scales down holds
 RAISE = 1.05  # the headroom's step when a replay still misses a window
 RAISES = 8
 
