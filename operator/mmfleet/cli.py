@@ -17,16 +17,89 @@ from mmfleet.validation import parse
 EXIT_INVALID = 2
 
 
+# A MultimodalInference is a few levels deep and a few hundred values; these bounds leave wide room above that
+# and refuse alias bombs (YAML "billion laughs") and deep nesting before anything expands or recurses.
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+MAX_INT_DIGITS = 4300  # Python's own limit on converting a string to an int (sys.get_int_max_str_digits)
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+def _check_nodes(root: yaml.Node, label: str) -> None:
+    """Refuse a document that nests too deep, expands to too many values through aliases, or holds an integer Python
+    will not convert; walked without recursion and with a budget, so a cyclic or exponential alias graph ends early."""
+    stack: list[tuple[yaml.Node, str, int]] = [(root, "", 0)]
+    seen = 0
+    while stack:
+        node, path, depth = stack.pop()
+        where = f"{label}: {path or '(document)'}"
+        seen += 1
+        if seen > MAX_VALUES:
+            raise SpecError([f"{where}: more than {MAX_VALUES} values once YAML aliases are expanded (an alias bomb?); "
+                             "a MultimodalInference needs a few hundred"])  # fmt: skip
+        if depth > MAX_DEPTH:
+            raise SpecError([f"{where}: nested more than {MAX_DEPTH} levels deep; no field of a MultimodalInference "
+                             "nests beyond a few levels"])  # fmt: skip
+        if isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG and len(node.value) > MAX_INT_DIGITS:
+            raise SpecError([f"{where}: an integer of {len(node.value)} digits (line {node.start_mark.line + 1}); "
+                             "no field accepts more than 19"])  # fmt: skip
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = f"{path}.{key.value}" if isinstance(key, yaml.ScalarNode) else f"{path}.(key)"
+                stack += [(key, name.lstrip("."), depth + 1), (value, name.lstrip("."), depth + 1)]
+
+
+def _yaml_error(label: str, error: yaml.YAMLError) -> str:
+    """One line: where the parser stopped and why (PyYAML's own message spans several, with a caret)."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return f"{label}: not valid YAML: {' '.join(str(error).split())}"
+    return f"{label}: not valid YAML: line {mark.line + 1}, column {mark.column + 1}: {getattr(error, 'problem', '')}"
+
+
+def load_documents(data: bytes, label: str) -> list[Any]:
+    """The non-empty YAML documents in ``data``; anything unreadable is a ``SpecError`` naming where, never a crash."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SpecError([f"{label}: not UTF-8 text: byte {data[error.start]:#04x} on line {line}"]) from None
+    documents = []
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except RecursionError:
+        raise SpecError([f"{label}: nested more than {MAX_DEPTH} levels deep; no field of a MultimodalInference "
+                         "nests beyond a few levels"]) from None  # fmt: skip
+    except yaml.YAMLError as error:
+        raise SpecError([_yaml_error(label, error)]) from None
+    for index, node in enumerate(nodes):
+        if node is None:
+            continue
+        _check_nodes(node, f"{label}#{index}" if index else label)
+        try:
+            documents.append(yaml.constructor.SafeConstructor().construct_document(node))
+        except yaml.YAMLError as error:
+            raise SpecError([_yaml_error(label, error)]) from None
+        except ValueError as error:  # a scalar YAML tags as a timestamp that is no date, such as 2026-13-45
+            raise SpecError([f"{label}: a value YAML cannot read: {error}"]) from None
+    return [document for document in documents if document is not None]
+
+
 def _documents(path: str) -> list[Any]:
     try:
-        stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as stream:
+                data = stream.read()
     except OSError as error:
         raise SpecError([f"{path}: {error.strerror}"]) from None
-    with stream:
-        try:
-            return [doc for doc in yaml.safe_load_all(stream) if doc is not None]
-        except yaml.YAMLError as error:
-            raise SpecError([f"{path}: not valid YAML: {error}"]) from None
+    documents = load_documents(data, path)
+    if not documents:
+        raise SpecError([f"{path}: empty; expected one or more MultimodalInference resources"])
+    return documents
 
 
 def _collector_endpoint(value: str) -> str:

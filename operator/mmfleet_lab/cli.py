@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from mmfleet.cli import EXIT_INVALID
 from mmfleet_lab.cluster import register_cli
+
+if TYPE_CHECKING:
+    from mmfleet_lab.twin.scenarios import TraceFile
 
 
 def cmd_demo(_: argparse.Namespace) -> int:
@@ -50,12 +55,22 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     from mmfleet_lab.bench import traces, tune
     from mmfleet_lab.twin import Shipped
 
+    if trace is not None:
+        problem = _unreadable("--trace", args.trace, lambda: _load_trace(trace))
+        if problem:
+            print(problem, file=sys.stderr)
+            return EXIT_INVALID
+    frozen: list[tuple[list[Any], dict[str, Any]]] = []
+    problem = _unreadable("--tuned", args.tuned, lambda: frozen.append(tune.frozen(Path(args.tuned))))
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_INVALID
     if args.quick:
         default, colds = [QUICK_CELL], [tune.COLD_START]
     else:
         default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
     scenarios = args.scenario or (["trace"] if trace is not None else default)
-    baselines, record = tune.frozen(Path(args.tuned))
+    baselines, record = frozen[0]
     return autoscale.main(
         scenarios,
         args.cold_start or colds,
@@ -68,6 +83,30 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
         oracle=not args.no_oracle,
         tuned_from=f"`{record['command']}`, {args.tuned}",
     )
+
+
+def _load_trace(trace: TraceFile) -> None:
+    """Read the user's trace once before the benchmark starts, so a bad file is reported, not met in a worker."""
+    import numpy as np
+
+    from mmfleet_lab.twin.scenarios import base_requests, traces_dir
+
+    base_requests("trace", traces_dir(), np.random.default_rng(0), trace=trace)
+
+
+def _unreadable(flag: str, path: str, read: Callable[[], object]) -> str | None:
+    """Why the file given with ``flag`` cannot be used (missing, a directory, not UTF-8, empty, malformed), or None."""
+    try:
+        read()
+    except UnicodeDecodeError as error:
+        return f"{flag} {path}: not UTF-8 text (byte {error.object[error.start]:#04x})"
+    except OSError as error:
+        return f"{flag} {path}: {error.strerror or error}"
+    except KeyError as error:
+        return f"{flag} {path}: no key {error}"
+    except (ValueError, TypeError) as error:  # malformed CSV or JSON, a missing column
+        return f"{flag} {path}: {error}"
+    return None
 
 
 def cmd_bench_reachable(args: argparse.Namespace) -> int:
