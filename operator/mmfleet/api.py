@@ -14,7 +14,17 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, AliasGenerator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
@@ -31,11 +41,40 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # The first segment after the scheme may not start with '-': for hf:// it becomes the server's model argument,
 # which a leading '-' would turn into a flag (and no bucket, container, claim or HF owner starts with one).
 MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^-/\s][^/\s]*(/\S*)?$"
+# A pvc:// source's claim becomes a volume's claimName, a DNS-1123 subdomain. (No backslash: also a CEL literal.)
+PVC_SOURCE_PATTERN = "^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*(/.*)?$"
 
 # The name becomes a Service name, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# An IPv4 or IPv6 CIDR, as loadBalancerSourceRanges takes (the API server parses it; this catches the shape).
+CIDR_PATTERN = r"^([0-9]{1,3}([.][0-9]{1,3}){3}|[0-9a-fA-F:]+)/[0-9]{1,3}$"
 # PersistentVolumeClaim names are DNS-1123 subdomains.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Label keys and values as kube-apiserver checks them (k8s.io/apimachinery pkg/util/validation IsQualifiedName,
+# IsValidLabelValue): an optional DNS-subdomain prefix of at most 253 characters and '/', then a name of at most 63.
+# (No backslash: the pattern is also a CEL string literal.)
+LABEL_KEY_PATTERN = (
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+LABEL_KEY_MAX = 253 + 1 + 63
+# What a user is told a label key or value may be.
+LABEL_KEY_TEXT = (
+    "an optional DNS subdomain prefix (at most 253 characters) and '/', then a name of 1 to 63 letters, digits, "
+    "'-', '_' or '.' starting and ending with a letter or digit, e.g. example.com/gpu-pool"
+)
+LABEL_VALUE_TEXT = "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit (or empty)"
+DNS_SUBDOMAIN_TEXT = (
+    "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+)
+# The prefix's own length limit, which no RE2 pattern states; the CEL a label key passes besides its pattern.
+LABEL_KEY_PREFIX_CEL = "!self.contains('/') || self.indexOf('/') <= 253"
+# The most a condition's message may hold (Condition.message's maxLength): longer ones are cut with TRUNCATED.
+CONDITION_MESSAGE_MAX = 32768
+TRUNCATED = " ... (truncated)"
+SCALE_REASON_MAX = 4096
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -157,14 +196,15 @@ KvCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5
 
 
 def _not_a_flag(value: str) -> str:
-    """The model name is the server's positional argument: vLLM's argparse and trtllm-serve's click take a
-    leading '-' for an option, so such a name would start no server (or quietly set a flag)."""
+    """A value that lands on the server's command line (the model, its served name, the traces endpoint): vLLM's
+    argparse and trtllm-serve's click take a leading '-' for an option, so it would start no server, or quietly
+    set a flag."""
     if value.startswith("-"):
-        raise ValueError(
-            "it starts with '-', which the server's command line takes for a flag; "
-            "give the model as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct"
-        )
+        raise ValueError("it starts with '-', which the server's command line takes for a flag")
     return value
+
+
+NOT_A_FLAG_CEL = cel("!self.startsWith('-')", "must not start with '-' (the server would take it for a flag)")
 
 
 class ModelSpec(Model):
@@ -174,40 +214,48 @@ class ModelSpec(Model):
         min_length=1,
         max_length=253,
         description="Model to serve, as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!self.startsWith('-')",
-                    "must not start with '-' (the server would take it for a flag); give the model as the "
-                    "backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct",
-                )
-            ]
-        },
+        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL]},
     )
     source: str | None = Field(
         default=None,
+        max_length=2048,
         pattern=MODEL_SOURCE_PATTERN,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"!self.startsWith('pvc://') || self.matches('{PVC_SOURCE_PATTERN}')",
+                    f"pvc://<claim>/<path>: the claim must be {DNS_SUBDOMAIN_TEXT}",
+                )
+            ]
+        },
         description=(
             "Where the weights come from: hf://<repo>, s3://, gs://, oss://, az://<bucket>/<path>, "
             "or pvc://<claim>/<path> for a PersistentVolumeClaim in the same namespace. "
             "Default: hf://<model.name>."
         ),
     )
-    served_name: str | None = Field(
+    served_name: Annotated[str, AfterValidator(_not_a_flag)] | None = Field(
         default=None,
         min_length=1,
         max_length=253,
         description="Model name clients send in requests and the model_name metric label. Default: metadata.name.",
+        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL]},
     )
-    credentials_secret: str | None = Field(
+    credentials_secret: DnsSubdomain | None = Field(
         default=None,
-        min_length=1,
-        max_length=253,
         description=(
             "Secret in the same namespace whose keys become environment variables of the server "
             "(HF_TOKEN, AWS_ACCESS_KEY_ID, ...)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.source and self.source.startswith("pvc://") and not re.fullmatch(PVC_SOURCE_PATTERN, self.source):
+            raise ValueError(
+                f"source: {self.source} names no valid claim; pvc://<claim>/<path> needs {DNS_SUBDOMAIN_TEXT}"
+            )
+        return self
 
     def resolved_source(self) -> str:
         return self.source or f"hf://{self.name}"
@@ -253,7 +301,11 @@ class BackendSpec(Model):
     image: str = Field(
         default="",
         max_length=512,
-        description="Container image. Empty: the image of the backend version mmfleet pins.",
+        # kube-apiserver refuses an image with leading or trailing whitespace (validateContainerOnlyForPod).
+        pattern=r"^(\S(.*\S)?)?$",
+        description=(
+            "Container image, without surrounding whitespace. Empty: the image of the backend version mmfleet pins."
+        ),
     )
     attention: Attention = Field(
         default="auto",
@@ -425,34 +477,299 @@ class TracingSpec(Model):
 
     enabled: bool = Field(default=False, description="Send request traces over OTLP.")
     sample_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description="Share of requests traced.")
-    endpoint: str = Field(
+    endpoint: Annotated[str, AfterValidator(_not_a_flag)] = Field(
         default="",
         max_length=512,
         description="OTLP/gRPC endpoint, e.g. http://collector:4317. Empty: the cloud's collector.",
+        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL]},
     )
+
+
+def _label_key(value: str) -> str:
+    prefix, _, _name = value.rpartition("/")
+    if len(value) > LABEL_KEY_MAX or len(prefix) > 253 or not re.fullmatch(LABEL_KEY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a label key; accepted: {LABEL_KEY_TEXT}")
+    return value
+
+
+def _label_value(value: str) -> str:
+    if not re.fullmatch(LABEL_VALUE_PATTERN, value):
+        raise ValueError(f"{value!r} is not a label value; accepted: {LABEL_VALUE_TEXT}")
+    return value
+
+
+def _label_keys(labels: dict[str, str]) -> dict[str, str]:
+    for key in labels:
+        _label_key(key)
+    return labels
+
+
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, value):
+        raise ValueError(f"{value!r} is not {DNS_SUBDOMAIN_TEXT}, at most 253 characters")
+    return value
+
+
+# The pattern goes in the schema (so the API server checks it) but not into pydantic's own check, so that the
+# operator's message says what is accepted in words rather than as a regular expression.
+LabelKey = Annotated[
+    str,
+    AfterValidator(_label_key),
+    Field(
+        json_schema_extra={
+            "pattern": LABEL_KEY_PATTERN,
+            "maxLength": LABEL_KEY_MAX,
+            "x-kubernetes-validations": [cel(LABEL_KEY_PREFIX_CEL, "the prefix before '/' is at most 253 characters")],
+        }
+    ),
+]
+LabelValue = Annotated[
+    str, AfterValidator(_label_value), Field(json_schema_extra={"pattern": LABEL_VALUE_PATTERN, "maxLength": 63})
+]
+# Label maps (nodeSelector, matchLabels): values are checked by the schema, keys by the models, so a bad key becomes
+# an InvalidSpec condition naming it. A CEL rule on map keys costs more than the API server allows (it estimates every
+# key at the largest request: 1.3x the per-rule budget even for nodeSelector alone, measured on kube-apiserver 1.34).
+LabelMap = Annotated[dict[str, LabelValue], AfterValidator(_label_keys), Field(max_length=32)]
+# Object names the API server checks as DNS-1123 subdomains (Secret, StorageClass, PersistentVolumeClaim, Node).
+DnsSubdomain = Annotated[
+    str,
+    AfterValidator(_dns_subdomain),
+    Field(json_schema_extra={"pattern": DNS_SUBDOMAIN_PATTERN, "maxLength": 253, "minLength": 1}),
+]
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
+
+# How many values a requirement may list, and how many requirements and terms: bounded, so the CRD's CEL rules
+# have a cost the API server accepts and no spec is deeper or wider than a person would write.
+_VALUES_MAX = 64
+_TERMS_MAX = 16
+
+_VALUES_BY_OPERATOR = cel(
+    "self.operator in ['In', 'NotIn'] ? (has(self.values) && self.values.size() > 0) : "
+    "self.operator in ['Gt', 'Lt'] ? (has(self.values) && self.values.size() == 1) : "
+    "(!has(self.values) || self.values.size() == 0)",
+    "values: In and NotIn need at least one value, Gt and Lt exactly one, Exists and DoesNotExist none",
+    ".values",
+)
+
+
+def _check_values(operator: str, values: list[str]) -> None:
+    """The API server's rule (ValidateNodeSelectorRequirement, ValidateLabelSelectorRequirement)."""
+    if operator in ("In", "NotIn") and not values:
+        raise ValueError(f"values: operator {operator} needs at least one value")
+    if operator in ("Gt", "Lt") and len(values) != 1:
+        raise ValueError(f"values: operator {operator} needs exactly one value, got {len(values)}")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise ValueError(f"values: operator {operator} takes no values, got {values}")
+
+
+class NodeSelectorRequirement(Model):
+    """A node label requirement of a node selector term."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_VALUES_BY_OPERATOR]})
+
+    key: LabelKey = Field(description="Node label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
+        description="In, NotIn, Exists, DoesNotExist, Gt or Lt."
+    )
+    values: list[LabelValue] = Field(
+        default_factory=list,
+        max_length=_VALUES_MAX,
+        description="In/NotIn: one or more; Gt/Lt: exactly one (an integer); Exists/DoesNotExist: none.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> NodeSelectorRequirement:
+        _check_values(self.operator, self.values)
+        return self
+
+
+class NodeFieldRequirement(Model):
+    """A node field requirement: the node's name, the only field the API server accepts."""
+
+    key: Literal["metadata.name"] = Field(description="metadata.name, the only node field selectable.")
+    operator: Literal["In", "NotIn"] = Field(description="In or NotIn.")
+    values: list[DnsSubdomain] = Field(min_length=1, max_length=1, description="Exactly one node name.")
+
+
+class NodeSelectorTerm(Model):
+    """Requirements that all hold on a node (ANDed); terms of a list are ORed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.matchExpressions) && self.matchExpressions.size() > 0) || "
+                    "(has(self.matchFields) && self.matchFields.size() > 0)",
+                    "a node selector term needs matchExpressions or matchFields: an empty term matches no node",
+                )
+            ]
+        }
+    )
+
+    match_expressions: list[NodeSelectorRequirement] = Field(
+        default_factory=list, max_length=_TERMS_MAX, description="Node label requirements."
+    )
+    match_fields: list[NodeFieldRequirement] = Field(
+        default_factory=list, max_length=1, description="Node field requirements (metadata.name)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> NodeSelectorTerm:
+        if not self.match_expressions and not self.match_fields:
+            raise ValueError("matchExpressions: an empty node selector term matches no node; give a requirement")
+        return self
+
+
+class NodeSelector(Model):
+    """Terms of which a node must match one."""
+
+    node_selector_terms: list[NodeSelectorTerm] = Field(
+        min_length=1, max_length=_TERMS_MAX, description="At least one term; a node must match one of them."
+    )
+
+
+class PreferredSchedulingTerm(Model):
+    """A weighted node preference."""
+
+    weight: int = Field(ge=1, le=100, description="1 to 100.")
+    preference: NodeSelectorTerm = Field(description="The nodes preferred.")
+
+
+class NodeAffinity(Model):
+    """Which nodes the pods may or should run on, on top of the cloud profile's GPU selection."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
+        default=None, description="Nodes the pods must run on (ANDed with the GPU selection)."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = Field(
+        default_factory=list, max_length=_TERMS_MAX, description="Nodes the pods should run on."
+    )
+
+
+class LabelSelectorRequirement(Model):
+    """A label requirement of a label selector."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_VALUES_BY_OPERATOR]})
+
+    key: LabelKey = Field(description="Label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="In, NotIn, Exists or DoesNotExist.")
+    values: list[LabelValue] = Field(
+        default_factory=list, max_length=_VALUES_MAX, description="In/NotIn: one or more; Exists/DoesNotExist: none."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LabelSelectorRequirement:
+        _check_values(self.operator, self.values)
+        return self
+
+
+class LabelSelector(Model):
+    """A Kubernetes label selector."""
+
+    match_labels: LabelMap = Field(default_factory=dict, description="Labels that must be equal.")
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, max_length=_TERMS_MAX, description="Label requirements, ANDed."
+    )
+
+
+class PodAffinityTerm(Model):
+    """Pods (by labels, in namespaces) near which, by a topology key, the fleet's pods run or do not run."""
+
+    label_selector: LabelSelector | None = Field(default=None, description="The other pods.")
+    namespace_selector: LabelSelector | None = Field(default=None, description="Namespaces of the other pods.")
+    namespaces: list[NamespaceName] = Field(
+        default_factory=list, max_length=_TERMS_MAX, description="Namespaces of the other pods, by name."
+    )
+    topology_key: LabelKey = Field(description="Node label that defines 'near', e.g. kubernetes.io/hostname.")
+
+
+class WeightedPodAffinityTerm(Model):
+    """A weighted pod (anti-)affinity preference."""
+
+    weight: int = Field(ge=1, le=100, description="1 to 100.")
+    pod_affinity_term: PodAffinityTerm = Field(description="The term preferred.")
+
+
+class PodAffinity(Model):
+    """Pod affinity or anti-affinity rules."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = Field(
+        default_factory=list, max_length=_TERMS_MAX, description="Terms that must hold."
+    )
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] = Field(
+        default_factory=list, max_length=_TERMS_MAX, description="Terms that should hold."
+    )
+
+
+class Affinity(Model):
+    """The Kubernetes Affinity fields mmfleet passes on, typed and checked as the API server checks them."""
+
+    node_affinity: NodeAffinity | None = Field(default=None, description="Node affinity.")
+    pod_affinity: PodAffinity | None = Field(default=None, description="Pod affinity.")
+    pod_anti_affinity: PodAffinity | None = Field(default=None, description="Pod anti-affinity.")
 
 
 class Toleration(Model):
-    """A Kubernetes toleration."""
+    """A Kubernetes toleration, with the API server's rules (ValidateTolerations)."""
 
-    key: str | None = Field(default=None, description="Taint key; empty with operator Exists matches all.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                    "operator must be Exists when key is empty (which tolerates every taint)",
+                    ".operator",
+                ),
+                cel(
+                    "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                    "effect must be NoExecute when tolerationSeconds is set",
+                    ".effect",
+                ),
+                cel(
+                    "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                    "value must be empty when operator is Exists",
+                    ".value",
+                ),
+            ]
+        }
+    )
+
+    key: LabelKey | None = Field(default=None, description="Taint key; empty with operator Exists matches all.")
     operator: Literal["Equal", "Exists"] | None = Field(default=None, description="Equal (default) or Exists.")
-    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    value: LabelValue | None = Field(default=None, description="Taint value for operator Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect matched; empty matches all."
     )
-    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long the pod stays.")
+    toleration_seconds: int | None = Field(
+        # An upper bound the schema can state exactly (2**63 - 1 would pass through a float and come out negative).
+        default=None,
+        ge=0,
+        le=10**9,
+        description="For NoExecute: how long the pod stays, in seconds.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError(
+                f"operator: {self.operator or 'Equal'} needs a key; with key empty only Exists is accepted "
+                "(it tolerates every taint)"
+            )
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(f"effect: {self.effect or 'empty'} with tolerationSeconds set; only NoExecute is accepted")
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"value: {self.value!r} with operator Exists; the value must be empty")
+        return self
 
 
 class PlacementSpec(Model):
     """Scheduling constraints, merged over the cloud profile's."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels required.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Extra tolerations.")
-    affinity: dict[str, Any] = Field(
-        default_factory=dict,
-        description="A Kubernetes Affinity, used as given.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    node_selector: LabelMap = Field(default_factory=dict, description="Extra node labels required.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Extra tolerations.")
+    affinity: Affinity = Field(
+        default_factory=Affinity,
+        description="Node and pod (anti-)affinity; required node terms are ANDed with the cloud's GPU selection.",
     )
 
 
@@ -504,7 +821,7 @@ class ModelCacheSpec(Model):
             "every replica mounts. Required then, and rejected with the other volumes."
         ),
     )
-    storage_class_name: str | None = Field(
+    storage_class_name: DnsSubdomain | None = Field(
         default=None, description="Storage class of the ephemeral volume. Default: the cloud profile's."
     )
 
@@ -537,12 +854,29 @@ class IdentitySpec(Model):
     alibaba_role_name: str | None = Field(default=None, description="ACK: RAM role name (RRSA).")
 
 
+class SecretKeySelector(Model):
+    """One key of a Secret in the fleet's namespace."""
+
+    name: DnsSubdomain = Field(description="Secret name.")
+    key: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret's data."
+    )
+
+
 class ServiceSpec(Model):
     """How clients reach the fleet."""
 
     type: Literal["ClusterIP", "LoadBalancer"] = Field(
         default="ClusterIP",
-        description="ClusterIP, or LoadBalancer (internal to the VPC/VNet on eks, aks and ack; as is on generic).",
+        description=(
+            "ClusterIP, or LoadBalancer (internal to the VPC/VNet on eks, aks and ack; on generic, or auto, it needs "
+            "loadBalancerSourceRanges or spec.apiKeySecret, so it is never public and unauthenticated)."
+        ),
+    )
+    load_balancer_source_ranges: list[Annotated[str, Field(max_length=43, pattern=CIDR_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="With LoadBalancer: the client CIDRs the load balancer admits, e.g. 10.0.0.0/8.",
     )
 
 
@@ -598,6 +932,20 @@ class MultimodalInferenceSpec(Model):
                     ".backend.attention",
                 ),
                 cel(
+                    "!has(self.apiKeySecret) || !has(self.backend) || !has(self.backend.name) || "
+                    "self.backend.name == 'vllm'",
+                    "apiKeySecret: tensorrt-llm's trtllm-serve has no API-key option; only vllm takes one",
+                    ".apiKeySecret",
+                ),
+                cel(
+                    "!has(self.service) || !has(self.service.type) || self.service.type != 'LoadBalancer' || "
+                    "(has(self.cloud) && self.cloud in ['eks', 'aks', 'ack']) || has(self.apiKeySecret) || "
+                    "(has(self.service.loadBalancerSourceRanges) && self.service.loadBalancerSourceRanges.size() > 0)",
+                    "service.type LoadBalancer on cloud generic or auto would be public and unauthenticated: set "
+                    "service.loadBalancerSourceRanges or apiKeySecret",
+                    ".service.type",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -629,6 +977,14 @@ class MultimodalInferenceSpec(Model):
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="How clients reach the fleet.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus Operator objects.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="CPU and memory per replica.")
+    api_key_secret: SecretKeySelector | None = Field(
+        default=None,
+        description=(
+            "The Secret key holding the API key clients must send (Authorization: Bearer <key>), handed to vllm as "
+            "VLLM_API_KEY from the Secret, so the key is never in this resource or the pod spec. vllm checks it on "
+            "/v1 (not on /health, /metrics or /invocations). Not supported by tensorrt-llm."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MultimodalInferenceSpec:
@@ -646,6 +1002,23 @@ class MultimodalInferenceSpec(Model):
             raise ValueError(
                 f"multimodal.limitPerPrompt: set, but spec.backend.name: {self.backend.name} takes no per-prompt "
                 "limit (only vllm does)"
+            )
+        if self.api_key_secret is not None and self.backend.name != "vllm":
+            raise ValueError(
+                f"apiKeySecret: set, but spec.backend.name: {self.backend.name} has no API-key option "
+                "(trtllm-serve, tensorrt_llm/commands/serve.py); only vllm takes one, or put an authenticating "
+                "gateway in front"
+            )
+        if (
+            self.service.type == "LoadBalancer"
+            and self.cloud not in ("eks", "aks", "ack")
+            and self.api_key_secret is None
+            and not self.service.load_balancer_source_ranges
+        ):
+            raise ValueError(
+                f"service.type: LoadBalancer on cloud {self.cloud} would be public and unauthenticated; set "
+                "spec.service.loadBalancerSourceRanges (the client CIDRs) or spec.apiKeySecret, or use cloud eks, "
+                "aks or ack (internal load balancers)"
             )
         if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
             raise ValueError(
@@ -687,7 +1060,14 @@ CONDITION_TYPES: tuple[str, ...] = (
 )  # fmt: skip
 
 
-class Condition(Model):
+class StatusModel(Model):
+    """Base of what ``.status`` holds: fields it does not know are ignored, not refused, because a status written
+    by another version of the operator (after a rollback) is still this resource's status."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
     """A status condition, as Kubernetes conventions define it."""
 
     type: ConditionType = Field(
@@ -695,12 +1075,12 @@ class Condition(Model):
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
-    message: str = Field(default="", max_length=32768, description="What happened, for a person.")
+    message: str = Field(default="", max_length=CONDITION_MESSAGE_MAX, description="What happened, for a person.")
     last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
     observed_generation: int | None = Field(default=None, description="Generation the condition was computed for.")
 
 
-class SloStatus(Model):
+class SloStatus(StatusModel):
     """The latency objective as last measured."""
 
     observed: str | None = Field(default=None, description="Measured percentile latency, e.g. 1.42s.")
@@ -717,7 +1097,7 @@ class SloStatus(Model):
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
 
 
-class MultimodalInferenceStatus(Model):
+class MultimodalInferenceStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
     phase: Phase | None = Field(default=None, description="Pending, Progressing, Ready, Degraded or Failed.")
@@ -734,7 +1114,7 @@ class MultimodalInferenceStatus(Model):
     last_scale_time: datetime | None = Field(default=None, description="When the autoscaler last changed the replicas.")
     last_scale_reason: str | None = Field(
         default=None,
-        max_length=4096,
+        max_length=SCALE_REASON_MAX,
         description="Why the autoscaler last changed the replicas, e.g. P90 2.8s > target 2s, ...: 4 -> 7.",
     )
 
@@ -764,6 +1144,16 @@ class MultimodalInference(Model):
     metadata: ObjectMeta
     spec: MultimodalInferenceSpec
     status: MultimodalInferenceStatus | None = None
+
+    @field_validator("status", mode="wrap")
+    @classmethod
+    def _any_status(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> MultimodalInferenceStatus | None:
+        """A status this version cannot read (another version wrote it) is no reason to refuse the spec."""
+        try:
+            status: MultimodalInferenceStatus | None = handler(value)
+        except ValidationError:
+            return None
+        return status
 
     @property
     def served_name(self) -> str:

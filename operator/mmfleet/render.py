@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfleet import backends, clouds
-from mmfleet.api import API_VERSION, KIND, MultimodalInference
+from mmfleet.api import API_VERSION, KIND, Affinity, MultimodalInference
 from mmfleet.backends import Backend, ServerContext
 from mmfleet.clouds import CloudProfile
 
@@ -201,17 +201,17 @@ def _probe(backend: Backend, period: int, failures: int, timeout: int) -> Manife
     }
 
 
-def _merge_affinity(cloud_affinity: Manifest | None, user: dict[str, Any]) -> Manifest | None:
+def _merge_affinity(cloud_affinity: Manifest | None, user: Affinity) -> Manifest | None:
     """The user's affinity on top of the cloud's GPU selection, which it narrows but never drops.
 
     Required node selector terms are ORed within a list, so "cloud AND user" is every pairing of
-    a cloud term with a user term.
+    a cloud term with a user term. The typed ``Affinity`` guarantees every shape read here.
     """
-    merged: Manifest = dict(user)
+    merged: Manifest = user.model_dump(by_alias=True, exclude_defaults=True, mode="json")
     if not cloud_affinity:
         return merged or None
     key = "requiredDuringSchedulingIgnoredDuringExecution"
-    node = dict(user.get("nodeAffinity", {}))
+    node = dict(merged.get("nodeAffinity", {}))
     cloud_terms = cloud_affinity[key]["nodeSelectorTerms"]
     user_terms = node.get(key, {}).get("nodeSelectorTerms") or [{}]
     node[key] = {
@@ -296,6 +296,12 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
         volumes.append({"name": "config", "configMap": {"name": config_map_name(inference)}})
         mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
 
+    for path in backend.writable_paths:
+        # The image's own directory may not be writable by the pod's non-root user.
+        name = "writable" + path.replace("/", "-")
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
+
     env: list[Manifest] = [{"name": "HOME", "value": CACHE_DIR}, *backend.env(ctx)]
     container: Manifest = {
         "name": CONTAINER,
@@ -324,6 +330,9 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
         pod_annotations["mmfleet.io/config-checksum"] = _config_checksum(files)
     pod_spec: Manifest = {
         "serviceAccountName": inference.metadata.name,
+        # The servers never call the API server. Workload identity (IRSA, Azure workload identity, RRSA) needs no
+        # default token either: each webhook mounts a projected token of its own audience (docs/clouds.md).
+        "automountServiceAccountToken": False,
         # A Service named like the backend would otherwise inject VLLM_PORT=tcp://..., which vLLM misreads.
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": DRAIN_SECONDS + SHUTDOWN_SECONDS + 10,
@@ -397,16 +406,15 @@ def build_service(inference: MultimodalInference, cloud: CloudProfile) -> Manife
     meta = _metadata(inference, inference.metadata.name)
     if service_type == "LoadBalancer" and cloud.internal_lb_annotations:
         meta["annotations"] = dict(cloud.internal_lb_annotations)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "type": service_type,
-            "selector": selector_labels(inference),
-            "ports": [{"name": "http", "port": backend.port, "targetPort": "http", "protocol": "TCP"}],
-        },
+    spec: Manifest = {
+        "type": service_type,
+        "selector": selector_labels(inference),
+        "ports": [{"name": "http", "port": backend.port, "targetPort": "http", "protocol": "TCP"}],
     }
+    ranges = inference.spec.service.load_balancer_source_ranges
+    if service_type == "LoadBalancer" and ranges:
+        spec["loadBalancerSourceRanges"] = list(ranges)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
 def build_pod_disruption_budget(inference: MultimodalInference) -> Manifest:

@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 
 from mmfleet import render
 from mmfleet.api import (
+    CONDITION_MESSAGE_MAX,
+    SCALE_REASON_MAX,
+    TRUNCATED,
     Condition,
     MultimodalInference,
     MultimodalInferenceStatus,
@@ -234,6 +237,11 @@ def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] 
     return low if current is None else clamp_replicas(int(current), low, high)
 
 
+def truncate(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters (the API server counts characters), ending in TRUNCATED when cut."""
+    return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
+
+
 def condition(
     kind: str,
     ok: bool | None,
@@ -243,7 +251,11 @@ def condition(
     now: datetime,
     generation: int | None,
 ) -> Condition:
-    """A condition whose transition time moves only when its status does; ``ok`` None is Unknown."""
+    """A condition whose transition time moves only when its status does; ``ok`` None is Unknown.
+
+    A message longer than the API server accepts (Condition.message's maxLength) is cut, with a marker, so that a
+    long list of problems never makes the status itself unwritable.
+    """
     status = "Unknown" if ok is None else "True" if ok else "False"
     before = previous.get(kind)
     since = before.last_transition_time if before is not None and before.status == status else now
@@ -252,7 +264,7 @@ def condition(
             "type": kind,
             "status": status,
             "reason": reason,
-            "message": message,
+            "message": truncate(message, CONDITION_MESSAGE_MAX),
             "lastTransitionTime": since,
             "observedGeneration": generation,
         }
@@ -320,7 +332,7 @@ def _scaling_part(
             last_evaluated=last.last_evaluated,
         ),
         "lastScaleTime": now if scaling.scaled else previous.last_scale_time,
-        "lastScaleReason": scaling.reason if scaling.scaled else previous.last_scale_reason,
+        "lastScaleReason": truncate(scaling.reason, SCALE_REASON_MAX) if scaling.scaled else previous.last_scale_reason,
     }
     conditions = [condition(kind, ok, why, text, before, now, generation) for kind, ok, why, text in scaling.conditions]
     return fields, conditions

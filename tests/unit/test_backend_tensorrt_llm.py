@@ -66,7 +66,7 @@ def test_pinned_image_matches_the_version() -> None:
 
 def test_endpoints_and_user() -> None:
     assert (BACKEND.port, BACKEND.metrics_path, BACKEND.health_path) == (8000, "/prometheus/metrics", "/health")
-    assert BACKEND.run_as_user is None
+    assert BACKEND.run_as_user == 1000
     assert BACKEND.drain_args(30) == []
 
 
@@ -170,6 +170,7 @@ def test_tracing_on_sets_endpoint_service_and_sampler() -> None:
     assert flags(ctx)["--otlp_traces_endpoint"] == "http://collector:4317"
     assert env(ctx) == {
         "HF_HOME": "/cache/huggingface",
+        "USER": "trtllm",
         "MMFLEET_POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         "MMFLEET_POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=$(MMFLEET_POD_NAMESPACE),k8s.pod.name=$(MMFLEET_POD_NAME),"

@@ -182,7 +182,7 @@ def test_workload_identity_per_cloud() -> None:
 
 
 def test_internal_load_balancer_only_when_asked() -> None:
-    lb = children(spec_doc(service={"type": "LoadBalancer"}), "aks")["Service"]
+    lb = children(spec_doc(service={"type": "LoadBalancer"}, cloud="aks"), "aks")["Service"]
     assert lb["spec"]["type"] == "LoadBalancer"
     assert lb["metadata"]["annotations"]
     assert "annotations" not in children(spec_doc(), "aks")["Service"]["metadata"]

@@ -79,6 +79,8 @@ class Backend(Protocol):
     health_path: str
     # The image's own non-root uid, or None when the server must run as root.
     run_as_user: int | None
+    # Directories the server writes to that the image's non-root user may not own: emptyDirs are mounted there.
+    writable_paths: tuple[str, ...]
     metrics: MetricNames
     owned_flags: tuple[OwnedFlag, ...]
 

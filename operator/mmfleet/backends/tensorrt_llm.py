@@ -16,7 +16,9 @@ and still present on that ``main`` is taken to be in the pin.
 - Image ``nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc29``. The ``release:x.y.z`` naming comes from
   ``docs/source/installation/containers.md`` (@20c5f48b). That page's ``make`` targets offer
   ``LOCAL_USER=1`` "to switch to the local user account instead of root inside the container", so the
-  image runs as root, and multi-GPU runs go through MPI (``mpi4py``): ``run_as_user = None``.
+  image runs as root and ships no user of its own. Pods run it as UID 1000 anyway (``RUN_AS_USER``), so they pass
+  Pod Security "restricted": HOME is the cache volume, ``/tmp`` (where MPI, which multi-GPU runs go through, keeps
+  its session files) is an emptyDir, and ``USER`` is set because the UID is not in the image's ``/etc/passwd``.
 - CLI (click), read in NVIDIA's own ``tensorrt_llm/commands/serve.py`` @00209af1 (NVIDIA/TensorRT-LLM, read by
   commit; the older @4c05a748 has only the short parallel names and no ``--config`` or ``--otlp_traces_endpoint``).
   The group resolves any first argument that is not a subcommand to ``serve``. We still write ``serve``, so
@@ -78,6 +80,8 @@ VERSION = "1.3.0rc29"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
 # The LLM-API options file handed to --config, mounted at ctx.config_dir.
 CONFIG_FILE = "llm-api-options.yaml"
+# The pods' UID: the image has none of its own; any non-zero one does, and 1000 is the first a distribution hands out.
+RUN_AS_USER = 1000
 
 
 class TensorRtLlmBackend:
@@ -89,8 +93,9 @@ class TensorRtLlmBackend:
     port = 8000
     metrics_path = "/prometheus/metrics"
     health_path = "/health"
-    # The NGC image has no non-root user of its own (containers.md); None keeps the pod as root.
-    run_as_user: int | None = None
+    # The NGC image has no non-root user of its own (containers.md); see the module docstring.
+    run_as_user: int | None = RUN_AS_USER
+    writable_paths: tuple[str, ...] = ("/tmp",)
     metrics = MetricNames(
         e2e="trtllm_e2e_request_latency_seconds",
         ttft="trtllm_time_to_first_token_seconds",
@@ -165,6 +170,8 @@ class TensorRtLlmBackend:
         # The LLM API downloads HF checkpoints through huggingface_hub, so weights land under HF_HOME too.
         env: list[dict[str, object]] = [
             {"name": "HF_HOME", "value": f"{ctx.cache_dir}/huggingface"},
+            # getpass.getuser() falls back to a passwd lookup that fails for a UID the image does not list.
+            {"name": "USER", "value": "trtllm"},
         ]
         if ctx.tracing_endpoint:
             # TensorRT-LLM passes no sampler, resource or TLS choice to the SDK (llmapi/tracing.py), so

@@ -136,6 +136,7 @@ class VllmBackend:
     metrics_path = "/metrics"
     health_path = "/health"  # 503 once the engine is dead (entrypoints/serve/instrumentator/health.py)
     run_as_user: int | None = IMAGE_UID
+    writable_paths: tuple[str, ...] = ()
     metrics = MetricNames(
         e2e="vllm:e2e_request_latency_seconds",
         ttft="vllm:time_to_first_token_seconds",
@@ -173,6 +174,21 @@ class VllmBackend:
             reason="it removes every vllm:* metric, which autoscaling and the drain hook read",
         ),
         OwnedFlag("--shutdown-timeout", "(drain)", reason="mmfleet sets it to match the pod's grace period"),
+        # Secrets: an argument is stored in plain text in this resource, the pod spec and kopf's annotations.
+        # --api-key (entrypoints/common/cli_args.py) yields to nothing; VLLM_API_KEY is read only without it
+        # (entrypoints/serve/middleware/register.py). --hf-token is the model's (engine/arg_utils.py).
+        OwnedFlag(
+            "--api-key",
+            "apiKeySecret",
+            reason="a key on the command line is stored in plain text in this resource, the pod spec and kopf's "
+            "annotations; put it in a Secret and set spec.apiKeySecret",
+        ),
+        OwnedFlag(
+            "--hf-token",
+            "model.credentialsSecret",
+            reason="a token on the command line is stored in plain text in this resource, the pod spec and kopf's "
+            "annotations; put HF_TOKEN in the Secret named by spec.model.credentialsSecret",
+        ),
     )
 
     def command(self, ctx: ServerContext) -> list[str]:
@@ -214,6 +230,10 @@ class VllmBackend:
             # does not list (docker/entrypoints/vllm-nonroot-entrypoint.sh does the same).
             {"name": "USER", "value": "vllm"},
         ]
+        key = ctx.inference.spec.api_key_secret
+        if key is not None:
+            # Read by the server only when no --api-key is given (entrypoints/serve/middleware/register.py).
+            env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}}})
         if ctx.shared_cache_dir:
             # torch.compile artifacts go to $VLLM_CACHE_ROOT/torch_compile_cache/<hash of config, env,
             # traced source and compiler> (compilation/backends.py, decorators.py), so replicas of one

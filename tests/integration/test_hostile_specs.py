@@ -1,0 +1,165 @@
+"""What the API server accepts, the operator serves: proved against kube-apiserver 1.34's own validation.
+
+Tricky specs the CRD admits are rendered and every child is sent with ``kubectl apply --dry-run=server`` (and each
+inference pod, as a Pod, to a namespace that enforces Pod Security "restricted"): the API server must accept all.
+Specs whose children it would refuse must be refused already by the CRD, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from mmfleet import render
+from mmfleet.validation import parse
+from mmfleet_lab.cluster import Cluster, ensure_binaries
+
+pytestmark = pytest.mark.integration
+
+TERM = {"matchExpressions": [{"key": "example.com/pool", "operator": "In", "values": ["a", "b"]}]}
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [TERM, {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "preference": {"matchExpressions": [{"key": "gpu-mem", "operator": "Gt", "values": ["40"]}]},
+            }
+        ],
+    },
+    "podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"app": "cache"}},
+                "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+                "topologyKey": "topology.kubernetes.io/zone",
+            }
+        ]
+    },
+    "podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"namespaces": ["ml"], "topologyKey": "kubernetes.io/hostname"}}
+        ]
+    },
+}
+ACCEPTED: dict[str, dict[str, Any]] = {
+    "typed-placement": {
+        "gpu": {"type": "H100"},
+        "placement": {
+            "nodeSelector": {"example.com/tier": "gold", "plain": ""},
+            "tolerations": [
+                {"operator": "Exists"},
+                {"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30},
+            ],
+            "affinity": AFFINITY,
+        },
+    },
+    "trtllm-ephemeral": {
+        "backend": {"name": "tensorrt-llm"},
+        "modelCache": {"volume": "ephemeral", "storageClassName": "fast.ssd-1"},
+        "model": {"name": "m", "source": "pvc://weights.v2/llava", "credentialsSecret": "hf.token"},
+    },
+    "api-key-load-balancer": {
+        "cloud": "generic",
+        "apiKeySecret": {"name": "qwen-key", "key": "api.key"},
+        "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8", "fd00::/8"]},
+        "tracing": {"enabled": True, "endpoint": "http://collector.obs:4317"},
+    },
+}
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "node-selector-value": (
+        {"placement": {"nodeSelector": {"pool": "not a value"}}},
+        "spec.placement.nodeSelector.pool",
+    ),
+    "toleration-no-key": (
+        {"placement": {"tolerations": [{"operator": "Equal", "value": "x"}]}},
+        "spec.placement.tolerations[0].operator",
+    ),
+    "toleration-seconds": (
+        {"placement": {"tolerations": [{"key": "k", "tolerationSeconds": 5}]}},
+        "spec.placement.tolerations[0].effect",
+    ),
+    "empty-node-term": (
+        {"placement": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}},
+        "spec.placement.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    ),
+    "deep-affinity": ({"placement": {"affinity": {"nodeAffinity": {"nodeAffinity": {}}}}}, "nodeAffinity"),
+    "storage-class": (
+        {"modelCache": {"volume": "ephemeral", "storageClassName": "Fast_SSD"}},
+        "spec.modelCache.storageClassName",
+    ),
+    "credentials-secret": ({"model": {"name": "m", "credentialsSecret": "HF Token"}}, "spec.model.credentialsSecret"),
+    "pvc-claim": ({"model": {"name": "m", "source": "pvc://My_Claim/w"}}, "spec.model.source"),
+    "served-name-flag": ({"model": {"name": "m", "servedName": "--api-key=x"}}, "spec.model.servedName"),
+    "public-lb": ({"cloud": "generic", "service": {"type": "LoadBalancer"}}, "spec.service.type"),
+    "trtllm-api-key": (
+        {"backend": {"name": "tensorrt-llm"}, "apiKeySecret": {"name": "k", "key": "k"}},
+        "spec.apiKeySecret",
+    ),
+}
+
+
+def kubectl(cluster: Cluster, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    command = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), *args]
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120, check=False)
+
+
+def resource(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    spec = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, **spec}
+    return {
+        "apiVersion": "mmfleet.io/v1alpha1",
+        "kind": "MultimodalInference",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+@pytest.fixture
+def restricted(api: Any, namespace: str) -> str:
+    """The test namespace, with Pod Security "restricted" enforced by the API server's admission."""
+    client.CoreV1Api(api).patch_namespace(
+        namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    return namespace
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+@pytest.mark.parametrize("cloud", ["generic", "eks", "aks", "ack"])
+def test_children_of_an_accepted_spec_are_accepted_by_the_api_server(
+    cluster: Cluster, crd: None, restricted: str, name: str, cloud: str
+) -> None:
+    doc = resource(name, restricted, ACCEPTED[name])
+    created = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(doc))
+    assert created.returncode == 0, created.stderr
+    children = render.render(parse(doc), cloud, monitoring_crds=False)
+    result = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(children))
+    assert result.returncode == 0, f"{name} on {cloud}: {result.stderr}"
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    template = deployment["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{name}-pod", "namespace": restricted, "labels": template["metadata"]["labels"]},
+        # The ServiceAccount is a child that a dry run does not create; Pod Security does not look at it.
+        "spec": {**template["spec"], "serviceAccountName": "default"},
+    }
+    admitted = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pod))
+    assert admitted.returncode == 0, f"{name} on {cloud}, Pod Security restricted: {admitted.stderr}"
+    assert "would violate PodSecurity" not in admitted.stderr
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_spec_whose_children_the_api_server_would_refuse_is_refused_naming_the_field(
+    cluster: Cluster, crd: None, namespace: str, name: str
+) -> None:
+    spec, field = REFUSED[name]
+    result = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(resource(name, namespace, spec)))
+    assert result.returncode != 0, f"{name} was accepted"
+    assert field in result.stderr, result.stderr
