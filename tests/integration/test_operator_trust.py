@@ -1,0 +1,166 @@
+"""The operator on the local control plane against objects it does not own, refusals, quotas and old finalizers."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, dynamic
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from tests.integration.operator_process import wait_for
+from tests.integration.test_operator import Fleet, fleet, mmi
+
+pytestmark = pytest.mark.integration
+__all__ = ["fleet"]  # the fixture, imported for the tests here
+
+
+def test_a_same_named_service_account_is_never_adopted_nor_deleted_and_the_fleet_converges_once_it_goes(
+    fleet: Fleet,
+) -> None:
+    fleet.core.create_namespaced_service_account(fleet.namespace, {"metadata": {"name": "taken"}})
+    fleet.create(mmi("taken"))
+    degraded = fleet.wait_condition("taken", "Degraded", status="True", reason="ChildNotOwned", timeout=30)
+    assert f"ServiceAccount {fleet.namespace}/taken already exists with no controller" in degraded["message"]
+    assert fleet.status("taken")["phase"] == "Degraded"
+    assert fleet.deployment("taken") is None, "no Deployment may run as someone else's ServiceAccount"
+    account = fleet.core.read_namespaced_service_account("taken", fleet.namespace)
+    assert not account.metadata.owner_references
+    events = fleet.core.list_namespaced_event(fleet.namespace, field_selector="involvedObject.name=taken").items
+    assert any(e.reason == "ChildNotOwned" and e.type == "Warning" for e in events)
+
+    # Level-triggered: no event tells the operator the name is free again; its retry finds out.
+    fleet.core.delete_namespaced_service_account("taken", fleet.namespace)
+    fleet.wait_ready("taken", timeout=90)
+    account = fleet.core.read_namespaced_service_account("taken", fleet.namespace)
+    assert account.metadata.owner_references[0].uid == fleet.get("taken")["metadata"]["uid"]
+
+
+def test_deleting_a_fleet_leaves_the_object_it_refused_to_adopt(fleet: Fleet) -> None:
+    fleet.core.create_namespaced_service(
+        fleet.namespace, {"metadata": {"name": "shared"}, "spec": {"ports": [{"port": 80}]}}
+    )
+    fleet.create(mmi("shared"))
+    fleet.wait_condition("shared", "Degraded", status="True", reason="ChildNotOwned", timeout=30)
+    fleet.custom.delete_namespaced_custom_object(
+        "mmfleet.io", "v1alpha1", fleet.namespace, "multimodalinferences", "shared"
+    )
+    time.sleep(5)  # the garbage collector's time to act, were anything owned
+    service = fleet.core.read_namespaced_service("shared", fleet.namespace)
+    assert not service.metadata.owner_references
+
+
+@pytest.fixture
+def refusing_policy(api: Any, namespace: str) -> Iterator[str]:
+    """A ValidatingAdmissionPolicy that refuses (422 Invalid) Deployments labelled ``mmfleet.io/inference: refused``
+    in ``namespace``, as a cluster's own policy may; the policy's name is yielded, deleted after."""
+    name = f"it-refuse-{uuid.uuid4().hex[:6]}"
+    dyn = dynamic.DynamicClient(api)
+    policies = dyn.resources.get(api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy")
+    bindings = dyn.resources.get(api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding")
+    label = "object.metadata.labels"
+    policies.create(
+        body={
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["deployments"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": f"!has({label}) || {label}[?'mmfleet.io/inference'].orValue('') != 'refused'",
+                        "message": "spec.template.spec.nodeSelector: this cluster admits no fleet named refused",
+                        "reason": "Invalid",
+                    }
+                ],
+            },
+        }
+    )
+    bindings.create(
+        body={
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+            },
+        }
+    )
+    apps = client.AppsV1Api(api)
+    probe = {
+        "metadata": {"name": "probe", "labels": {"mmfleet.io/inference": "refused"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "example.com/c:1"}]},
+            },
+        },
+    }
+
+    def enforced() -> bool:
+        try:
+            apps.create_namespaced_deployment(namespace, probe, dry_run="All")
+        except ApiException as error:
+            return error.status == 422
+        return False
+
+    wait_for(enforced, 30, "the admission policy to be enforced")
+    yield name
+    with contextlib.suppress(NotFoundError):  # a test may have lifted the policy already
+        bindings.delete(name=name)
+    policies.delete(name=name)
+
+
+def test_a_child_the_api_server_refuses_is_a_condition_quoting_it_and_converges_when_admitted(
+    fleet: Fleet, api: Any, refusing_policy: str
+) -> None:
+    fleet.create(mmi("refused"))
+    condition = fleet.wait_condition("refused", "Degraded", status="True", reason="ApplyRefused", timeout=30)
+    assert f"(422): applying Deployment {fleet.namespace}/refused" in condition["message"]
+    assert "this cluster admits no fleet named refused" in condition["message"]
+    assert fleet.condition("refused", "Ready")["reason"] == "ApplyRefused"
+    dynamic.DynamicClient(api).resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding"
+    ).delete(name=refusing_policy)
+    fleet.wait_ready("refused", timeout=90)  # retried with backoff, without a spec change
+    assert fleet.condition("refused", "Degraded")["reason"] == "AsExpected"
+
+
+def test_a_gpu_quota_that_refuses_pods_is_named_and_the_fleet_grows_when_it_is_raised(fleet: Fleet) -> None:
+    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}
+    fleet.core.create_namespaced_resource_quota(fleet.namespace, quota)
+    fleet.create(mmi("quota", replicas=2))
+    condition = fleet.wait_condition("quota", "Degraded", status="True", reason="QuotaExceeded", timeout=60)
+    assert "exceeded quota: gpus" in condition["message"] and "nvidia.com/gpu" in condition["message"]
+    assert fleet.status("quota")["phase"] == "Degraded"
+    fleet.core.patch_namespaced_resource_quota(
+        "gpus", fleet.namespace, {"spec": {"hard": {"requests.nvidia.com/gpu": "2"}}}
+    )
+    fleet.wait_ready("quota", replicas=2, timeout=120)
+    assert fleet.condition("quota", "Degraded")["reason"] == "AsExpected"
+
+
+def test_a_finalizer_an_earlier_version_left_is_removed_so_deleting_never_hangs(fleet: Fleet) -> None:
+    body = mmi("legacy")
+    body["metadata"]["finalizers"] = ["mmfleet.io/finalizer"]
+    fleet.create(body)
+    wait_for(lambda: not fleet.get("legacy")["metadata"].get("finalizers"), 30, "the old finalizer to be removed")
+    fleet.wait_ready("legacy")
