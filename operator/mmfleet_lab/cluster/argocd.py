@@ -123,8 +123,8 @@ def start_argocd(
 ) -> RunningArgoCD:
     """Install Argo CD's objects (``install``), start Redis, the repo server and the controller, and return once all
     three answer. ``resync_seconds`` is how often the controller compares Applications with Git, and how long the
-    repo server caches what a branch points at (both default to 3 minutes upstream; short here, as no webhook tells
-    Argo CD about a push). The caller stops them (``RunningArgoCD.stop``, or ``run_argocd``)."""
+    repo server caches what a branch points at (2 and 3 minutes upstream; short here, as no webhook tells Argo CD
+    about a push). The caller stops them (``RunningArgoCD.stop``, or ``run_argocd``)."""
     built = ensure_argocd(progress)
     install(kubeconfig, cm_patches)
     workdir.mkdir(parents=True, exist_ok=True)
