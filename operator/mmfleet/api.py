@@ -880,6 +880,50 @@ class ServiceSpec(Model):
     )
 
 
+class NetworkPeer(Model):
+    """Pods allowed in: by namespace labels, by pod labels, or both (pods with those labels in those namespaces)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.namespaceSelector) || has(self.podSelector)",
+                    "give namespaceSelector, podSelector or both",
+                )
+            ]
+        }
+    )
+
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description="Namespaces by label; {} is every namespace. Unset: the fleet's own."
+    )
+    pod_selector: LabelSelector | None = Field(default=None, description="Pods by label; {} is every pod.")
+
+    @model_validator(mode="after")
+    def _check(self) -> NetworkPeer:
+        if self.namespace_selector is None and self.pod_selector is None:
+            raise ValueError("namespaceSelector: give namespaceSelector, podSelector or both")
+        return self
+
+
+class NetworkPolicySpec(Model):
+    """Who may reach the serving port (the API and /metrics share it). The fleet's NetworkPolicy admits only these."""
+
+    ingress_from: list[NetworkPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Clients allowed to the API. Empty: every pod in the fleet's namespace.",
+    )
+    metrics_from: list[NetworkPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Scrapers allowed to /metrics, besides the namespace of the operator's Prometheus (its setting "
+            "prometheusUrl, when that names an in-cluster Service), which is always allowed."
+        ),
+    )
+
+
 class MonitoringSpec(Model):
     """Prometheus Operator integration."""
 
@@ -977,6 +1021,13 @@ class MultimodalInferenceSpec(Model):
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="How clients reach the fleet.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus Operator objects.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="CPU and memory per replica.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        description=(
+            "The fleet's NetworkPolicy: the serving port admits the fleet's namespace (or ingressFrom), the "
+            "operator's Prometheus and metricsFrom, and with a LoadBalancer its source ranges (every source without)."
+        ),
+    )
     api_key_secret: SecretKeySelector | None = Field(
         default=None,
         description=(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfleet import backends, clouds
-from mmfleet.api import API_VERSION, KIND, Affinity, MultimodalInference
+from mmfleet.api import API_VERSION, KIND, Affinity, MultimodalInference, NetworkPeer
 from mmfleet.backends import Backend, ServerContext
 from mmfleet.clouds import CloudProfile
 
@@ -431,6 +431,43 @@ def build_pod_disruption_budget(inference: MultimodalInference) -> Manifest:
     }
 
 
+def build_network_policy(inference: MultimodalInference, prometheus_namespace: str | None = None) -> Manifest:
+    """Ingress to the serving port (the API and /metrics share it) only from those the spec and the operator name.
+
+    The fleet's namespace, or spec.networkPolicy.ingressFrom; the namespace of the operator's Prometheus and
+    metricsFrom; and with a LoadBalancer its source ranges, or every source when none are given (the load
+    balancer's clients are no pods a selector could name; spec.apiKeySecret then guards the API).
+    """
+    policy = inference.spec.network_policy
+    service = inference.spec.service
+    port = [{"port": "http", "protocol": "TCP"}]
+
+    def peers(items: list[NetworkPeer]) -> list[Manifest]:
+        # exclude_defaults keeps a selector given as {} (every namespace or pod) as {}.
+        return [p.model_dump(by_alias=True, exclude_defaults=True, mode="json") for p in items]
+
+    rules: list[Manifest] = [{"ports": port, "from": peers(policy.ingress_from) or [{"podSelector": {}}]}]
+    scrapers = peers(policy.metrics_from)
+    if prometheus_namespace and prometheus_namespace != inference.metadata.namespace:
+        namespace_label = {"kubernetes.io/metadata.name": prometheus_namespace}
+        scrapers.append({"namespaceSelector": {"matchLabels": namespace_label}})
+    if scrapers:
+        rules.append({"ports": port, "from": scrapers})
+    if service.type == "LoadBalancer":
+        ranges = service.load_balancer_source_ranges
+        rules.append({"ports": port, **({"from": [{"ipBlock": {"cidr": r}} for r in ranges]} if ranges else {})})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(inference, inference.metadata.name),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(inference)},
+            "policyTypes": ["Ingress"],
+            "ingress": rules,
+        },
+    }
+
+
 def build_pod_monitor(inference: MultimodalInference) -> Manifest:
     """Scrape every replica and stamp the series with the labels the autoscaler groups by."""
     backend = backends.get(inference.spec.backend.name)
@@ -465,8 +502,10 @@ def render(
     *,
     monitoring_crds: bool = False,
     collector_endpoint: str | None = None,
+    prometheus_namespace: str | None = None,
 ) -> list[Manifest]:
-    """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint."""
+    """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint;
+    ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics."""
     found = problems(inference)
     if found:
         raise SpecError(found)
@@ -480,6 +519,7 @@ def render(
         build_deployment(inference, profile, collector_endpoint),
         build_service(inference, profile),
         build_pod_disruption_budget(inference),
+        build_network_policy(inference, prometheus_namespace),
     ]
     wants_monitor = inference.spec.monitoring.pod_monitor
     if wants_monitor or (wants_monitor is None and monitoring_crds):

@@ -70,6 +70,10 @@ ACCEPTED: dict[str, dict[str, Any]] = {
         "cloud": "generic",
         "apiKeySecret": {"name": "qwen-key", "key": "api.key"},
         "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8", "fd00::/8"]},
+        "networkPolicy": {
+            "ingressFrom": [{"namespaceSelector": {"matchLabels": {"team": "vision"}}, "podSelector": {}}],
+            "metricsFrom": [{"namespaceSelector": {}}],
+        },
         "tracing": {"enabled": True, "endpoint": "http://collector.obs:4317"},
     },
 }
@@ -99,6 +103,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "pvc-claim": ({"model": {"name": "m", "source": "pvc://My_Claim/w"}}, "spec.model.source"),
     "served-name-flag": ({"model": {"name": "m", "servedName": "--api-key=x"}}, "spec.model.servedName"),
     "public-lb": ({"cloud": "generic", "service": {"type": "LoadBalancer"}}, "spec.service.type"),
+    "empty-network-peer": ({"networkPolicy": {"ingressFrom": [{}]}}, "spec.networkPolicy.ingressFrom[0]"),
     "trtllm-api-key": (
         {"backend": {"name": "tensorrt-llm"}, "apiKeySecret": {"name": "k", "key": "k"}},
         "spec.apiKeySecret",
@@ -138,7 +143,8 @@ def test_children_of_an_accepted_spec_are_accepted_by_the_api_server(
     doc = resource(name, restricted, ACCEPTED[name])
     created = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(doc))
     assert created.returncode == 0, created.stderr
-    children = render.render(parse(doc), cloud, monitoring_crds=False)
+    children = render.render(parse(doc), cloud, monitoring_crds=False, prometheus_namespace="monitoring")
+    assert "NetworkPolicy" in {c["kind"] for c in children}
     result = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(children))
     assert result.returncode == 0, f"{name} on {cloud}: {result.stderr}"
     deployment = next(c for c in children if c["kind"] == "Deployment")

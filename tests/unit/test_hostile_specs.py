@@ -205,3 +205,39 @@ def test_unknown_status_fields_from_another_version_do_not_fail_the_fleet() -> N
     )
     doc["status"] = {"phase": "Sharding"}  # a value this version does not know
     assert parse(doc).status is None
+
+
+def network_policy(doc: dict[str, Any], prometheus_namespace: str | None = "monitoring") -> dict[str, Any]:
+    children = render.render(parse(doc), "generic", prometheus_namespace=prometheus_namespace)
+    policy: dict[str, Any] = next(c for c in children if c["kind"] == "NetworkPolicy")["spec"]
+    return policy
+
+
+def test_the_serving_port_admits_the_namespace_and_prometheus_only_by_default() -> None:
+    policy = network_policy(spec_doc())
+    assert policy["podSelector"]["matchLabels"] == render.selector_labels(parse(spec_doc()))
+    assert policy["policyTypes"] == ["Ingress"]
+    clients, scrapers = policy["ingress"]
+    assert clients == {"ports": [{"port": "http", "protocol": "TCP"}], "from": [{"podSelector": {}}]}
+    assert scrapers["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert len(network_policy(spec_doc(), prometheus_namespace=None)["ingress"]) == 1
+
+
+def test_the_user_names_clients_and_scrapers_and_a_load_balancer_its_sources() -> None:
+    team = {"namespaceSelector": {"matchLabels": {"team": "vision"}}, "podSelector": {}}
+    doc = spec_doc(
+        networkPolicy={"ingressFrom": [team], "metricsFrom": [{"namespaceSelector": {}}]},
+        service={"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]},
+        cloud="generic",
+    )
+    clients, scrapers, balancer = network_policy(doc)["ingress"]
+    assert clients["from"] == [team]
+    assert scrapers["from"][0] == {"namespaceSelector": {}}
+    assert balancer["from"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    keyed = spec_doc(service={"type": "LoadBalancer"}, apiKeySecret={"name": "k", "key": "k"})
+    assert "from" not in network_policy(keyed)["ingress"][-1]  # every source; the API key guards it
+
+
+def test_a_network_peer_names_namespaces_or_pods() -> None:
+    (line,) = problems_of(spec_doc(networkPolicy={"ingressFrom": [{}]}))
+    assert line.startswith("spec.networkPolicy.ingressFrom[0].namespaceSelector: give namespaceSelector, podSelector")

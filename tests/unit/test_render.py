@@ -47,7 +47,13 @@ def test_every_child_is_owned_and_labelled(cloud: str, backend: str) -> None:
 
 
 def test_children_are_the_expected_set() -> None:
-    assert list(children(spec_doc())) == ["ServiceAccount", "Deployment", "Service", "PodDisruptionBudget"]
+    assert list(children(spec_doc())) == [
+        "ServiceAccount",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    ]
     with_monitor = children(spec_doc(), monitoring_crds=True)
     assert "PodMonitor" in with_monitor
     assert "PodMonitor" in children(spec_doc(monitoring={"podMonitor": True}))

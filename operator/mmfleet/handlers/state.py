@@ -133,14 +133,18 @@ def parse_spec(body: Body) -> MultimodalInference:
 def render_children(inference: MultimodalInference, cloud: str, monitoring_crds: bool) -> list[Body]:
     """``render.render``, once per uid, generation, cloud and monitoring CRDs; callers must not change the result."""
     cached = STATE.parsed.get(inference.metadata.uid or "")
-    collector = STATE.config.collector_endpoint
+    # The NetworkPolicy admits the operator's Prometheus to /metrics when its URL names an in-cluster Service.
+    prometheus = status.collector_service(STATE.config.prometheus_url, "") if STATE.config.prometheus_url else None
+    settings: dict[str, Any] = {
+        "monitoring_crds": monitoring_crds,
+        "collector_endpoint": STATE.config.collector_endpoint,
+        "prometheus_namespace": prometheus[0] if prometheus else None,
+    }
     if cached is None or cached.inference is not inference:
-        return render.render(inference, cloud, monitoring_crds=monitoring_crds, collector_endpoint=collector)
+        return render.render(inference, cloud, **settings)
     key = (cloud, monitoring_crds)
     if key not in cached.rendered:
-        cached.rendered[key] = render.render(
-            inference, cloud, monitoring_crds=monitoring_crds, collector_endpoint=collector
-        )
+        cached.rendered[key] = render.render(inference, cloud, **settings)
     return cached.rendered[key]
 
 
