@@ -35,6 +35,12 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   ``vllm:request_success`` is a Counter, scraped as ``vllm:request_success_total``.
   ``--disable-log-stats`` stops ``AsyncLLM`` from building any stat logger (``v1/engine/async_llm.py``),
   so every ``vllm:*`` series vanishes; it is never emitted and is rejected in extraArgs.
+- API key: ``--api-key`` (``entrypoints/common/cli_args.py``, a list) wins; only without it does
+  ``entrypoints/serve/middleware/register.py`` read ``envs.VLLM_API_KEY`` and add ``AuthenticationMiddleware``,
+  which guards paths under ``/v1``, ``/v2``, ``/inference`` and ``/cohere`` only
+  (``serve/middleware/authenticate.py`` ``GUARDED_PREFIX``): ``/health`` and ``/metrics`` stay open for the
+  probes and Prometheus. ``spec.apiKeySecret`` is passed as ``VLLM_API_KEY`` from the Secret; ``--api-key`` and
+  ``--hf-token`` (``engine/arg_utils.py``) are refused in extraArgs, which would store them in plain text.
 - Object stores: a model URL starting with ``s3://``, ``gs://`` or ``az://`` (``SUPPORTED_SCHEMES`` in
   ``transformers_utils/runai_utils.py``) is pulled by the Run:ai Model Streamer; with
   ``--load-format auto`` vLLM switches to ``runai_streamer`` itself and refuses other formats
