@@ -197,14 +197,14 @@ def test_nothing_finished_while_requests_are_in_flight_is_unknown_and_held() -> 
 def test_the_cold_start_measured_on_pods_reaches_the_policy_and_is_kept_when_they_go() -> None:
     """The policy plans over L + one interval; its reason says over how long."""
     within = busy(1.0, waiting=0.0)
-    outcomes, memory, current = run(fleet(), 2, within, cycles=12, pods=Pods(ready=2, cold_start=42.0))
+    outcomes, memory, current = run(fleet(), 2, within, cycles=14, pods=Pods(ready=2, cold_start=42.0))
     assert memory.cold_start == 42.0
     assert "over 57s" in outcomes[-1].reason
     outcomes, memory, _ = run(fleet(), current, within, cycles=1, pods=Pods(ready=2), memory=memory,
                               start=T0 + timedelta(minutes=2))  # fmt: skip
     assert memory.cold_start == 42.0, "the measurement outlives the pods it was made on"
     assert "over 57s" in outcomes[-1].reason
-    outcomes, _, _ = run(fleet(), 2, within, cycles=12, pods=Pods(ready=2))
+    outcomes, _, _ = run(fleet(), 2, within, cycles=14, pods=Pods(ready=2))
     assert "over 135s" in outcomes[-1].reason, "no pod seen Ready yet: the configured default, 120 s"
 
 

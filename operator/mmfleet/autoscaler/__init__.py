@@ -36,6 +36,7 @@ class Observation:
     waiting: float | None = None  # sum of num_requests_waiting over pods
     running: float | None = None  # sum of num_requests_running over pods
     kv_cache_usage: float | None = None  # mean over ready pods, 0..1
+    reporting: int | None = None  # pods whose series were read; None when not known (the twin)
 
     @property
     def metrics_available(self) -> bool:

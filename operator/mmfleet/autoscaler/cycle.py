@@ -5,6 +5,10 @@ hands it here; nothing in this module does I/O, so every rule below is unit-test
 
 - silence is not zero: with Prometheus unavailable or a series missing the fleet holds its
   replicas, and ``MetricsAvailable`` says which; the policy is not even asked;
+- nor is bad data: a refused query, a value that is not a number, NaN, an infinity, a negative
+  value or one no pod could produce (``implausible``) holds the fleet too, and ``MetricsAvailable``
+  quotes it; a partial scrape (fewer pods reporting than are Ready) may grow the fleet, never
+  shrink it, since its sums miss pods;
 - a fleet that finished no request and has none in flight is idle, which meets any target: the
   policy sees a latency of 0, so an idle fleet can return to ``minReplicas`` once its window passes;
 - the cold start L the policy plans with is measured on the fleet's own pods (creation to Ready),
@@ -20,6 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
 
+from mmfleet import backends
 from mmfleet.api import (
     AutoscalingSpec,
     MultimodalInference,
@@ -29,13 +34,18 @@ from mmfleet.api import (
     seconds,
 )
 from mmfleet.autoscaler import Observation
-from mmfleet.autoscaler.metrics import RATE_WINDOW, Signals
+from mmfleet.autoscaler.metrics import RATE_WINDOW, SIGNALS, Signals
 from mmfleet.autoscaler.policy import SloPolicy
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
 ATTAINMENT_WINDOW = 3600.0  # s
 RATE_WINDOW_S = seconds(RATE_WINDOW)
 WARM_UP_S = RATE_WINDOW_S  # the policy is asked once a fleet's series cover a whole rate window
+# What no pod produces, so a sample beyond it is a broken exporter or a glitch, not load. Generous: vLLM's
+# max_num_seqs defaults to 256-1024 running, and a replica serving 10,000 requests/s is far beyond any GPU.
+MAX_LATENCY = 86400.0  # s: histogram_quantile answers at most the highest finite bucket, else +Inf
+MAX_RATE_PER_POD = 10_000.0  # finished requests/s
+MAX_IN_FLIGHT_PER_POD = 100_000.0  # waiting, and running, requests
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,27 @@ def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> S
     )
 
 
+def implausible(signals: Signals, pods: Pods, inference: MultimodalInference) -> list[str]:
+    """The samples no healthy fleet produces (NaN, infinite, negative, beyond what its pods could), quoted."""
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None
+    names = backends.get(inference.spec.backend.name).metrics
+    per_pod = max(signals.reporting or 0, pods.ready + pods.starting, 1)
+    highs = {
+        "request_rate": MAX_RATE_PER_POD * per_pod,
+        "waiting": MAX_IN_FLIGHT_PER_POD * per_pod,
+        "running": MAX_IN_FLIGHT_PER_POD * per_pod,
+        "kv_cache_usage": 1.0,
+    }
+    checks = [(f"P{autoscaling.slo.percentile:g} latency", signals.latency, MAX_LATENCY)]
+    checks += [(names.series(signal), getattr(signals, signal), highs[signal]) for signal in SIGNALS]
+    return [
+        f"{name} = {value:g} (accepted: 0 to {high:g} for {per_pod} pods)"
+        for name, value, high in checks
+        if value is not None and not 0.0 <= value <= high  # NaN fails every comparison
+    ]
+
+
 def _unavailable(seen: Seen, inference: MultimodalInference, held: int) -> ConditionRow | None:
     """MetricsAvailable when the signals cannot be used (then the fleet holds), or None when they can.
 
@@ -169,7 +200,12 @@ def _unavailable(seen: Seen, inference: MultimodalInference, held: int) -> Condi
     holding = f"holding {held} replicas"
     if seen.outage is not None:
         return ("MetricsAvailable", False, "PrometheusUnavailable", f"{seen.outage}; {holding}")
+    if seen.signals is not None and seen.signals.failed is not None:
+        return ("MetricsAvailable", False, "QueryFailed", f"{seen.signals.failed}; {holding}")
     if seen.signals is not None and not seen.signals.missing:
+        rejected = implausible(seen.signals, seen.pods, inference)
+        if rejected:
+            return ("MetricsAvailable", False, "SamplesRejected", f"not trusted: {'; '.join(rejected)}; {holding}")
         return None
     if seen.pods.ready == 0:
         return ("MetricsAvailable", None, "NoPodServing", f"no pod is Ready, so none is scraped yet; {holding}")
@@ -243,6 +279,7 @@ def decide(
             waiting=signals.waiting,
             running=signals.running,
             kv_cache_usage=signals.kv_cache_usage,
+            reporting=signals.reporting,
         )
         since = memory.metrics_since if memory.metrics_since is not None else clock
         memory = replace(memory, metrics_since=since)
@@ -259,7 +296,13 @@ def decide(
                 cause = "unschedulable"
             elif replicas >= autoscaling.max_replicas:
                 cause = "at_max_replicas"
-        metrics = ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
+        partial = signals.reporting is not None and signals.reporting < pods.ready
+        metrics = (
+            ("MetricsAvailable", False, "PartialScrape", f"{signals.reporting} of {pods.ready} Ready pods report "
+             "series, so the sums miss pods: the fleet may grow, not shrink (does Prometheus scrape every pod?)")
+            if partial
+            else ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
+        )  # fmt: skip
         if latency is not None:
             met = latency <= target
             memory = replace(

@@ -9,6 +9,11 @@ one query per distinct (metric, percentile, window) among the fleets.
 Two kinds of silence are kept apart, because the operator says different things about them:
 Prometheus giving no answer at all (``Readings.outage``) and Prometheus answering without a series
 for one fleet (``Signals.missing``). Either way the autoscaler holds; neither is read as zero.
+
+Nothing read is trusted blindly, and one fleet's bad answer stays that fleet's: a query Prometheus
+refuses, or an answer that is not a number, marks only the fleets that needed it (``Signals.failed``);
+only an unreachable or silent Prometheus is an outage for all. Whether the numbers are plausible is
+judged by ``cycle``, which knows how many pods are Ready.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Final, Literal, get_args
 
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -37,6 +42,8 @@ BACKEND_LABEL = "mmfleet_backend"
 RATE_WINDOW = "1m"
 QUERY_TIMEOUT = 5  # seconds per query
 SIGNALS: tuple[Signal, ...] = get_args(Signal)
+# The pods that report each fleet's series, compared with the Ready ones: a partial scrape under-counts the sums.
+REPORTING: Final = "reporting"
 
 Key = tuple[str, str]
 
@@ -85,7 +92,8 @@ class Signals:
     """One fleet's signals; a value is None when Prometheus has no series for it (named in ``missing``).
 
     ``latency`` is also None, but not missing, when the series exist and no request finished over
-    the SLO window (``histogram_quantile`` of nothing is NaN).
+    the SLO window (``histogram_quantile`` of nothing is NaN). Any other NaN is kept as NaN: a series
+    that exists but holds no number is bad data (judged by ``cycle``), not a missing series.
     """
 
     latency: float | None = None
@@ -94,6 +102,8 @@ class Signals:
     running: float | None = None
     kv_cache_usage: float | None = None
     missing: tuple[str, ...] = ()
+    reporting: int | None = None  # pods with series for this fleet; None when not asked (the twin)
+    failed: str | None = None  # why this fleet's answer cannot be used (a refused query, a malformed value)
 
 
 @dataclass(frozen=True)
@@ -106,8 +116,9 @@ class Readings:
     latencies: tuple[float, ...] = ()  # seconds each query sent took, the failed one included
 
 
-# A query's answer: value per (namespace, fleet, backend).
-Found = dict[tuple[str, str, str], float]
+# A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
+Found = dict[tuple[str, str, str], float | str]
+Query = Signal | Slo | Literal["reporting"]
 
 
 def _union(parts: dict[str, str]) -> str:
@@ -142,47 +153,87 @@ def signal_query(
     )
 
 
-def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> dict[Signal | Slo, str]:
-    """Every query of one cycle: one per signal, one per distinct SLO; only the backends in use."""
+def reporting_query(backend_names: Iterable[str]) -> str:
+    """How many pods of each fleet have series: distinct ``pod`` labels of the running-requests gauge."""
+    by = ", ".join(FLEET_LABELS)
+    return _union(
+        {
+            name: f"count by ({by}) (count by ({by}, pod) ({backends.get(name).metrics.series('running')}))"
+            for name in backend_names
+        }
+    )
+
+
+def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> dict[Query, str]:
+    """Every query of one cycle: one per signal, the pods reporting, one per distinct SLO; only the backends in use."""
     targets = list(targets)
     if not targets:
         return {}
     backends_used = {t.backend for t in targets}
-    queries: dict[Signal | Slo, str] = {s: signal_query(s, backends_used, rate_window) for s in SIGNALS}
+    queries: dict[Query, str] = {s: signal_query(s, backends_used, rate_window) for s in SIGNALS}
+    queries[REPORTING] = reporting_query(backends_used)
     for slo in dict.fromkeys(t.slo for t in targets):
         queries[slo] = latency_query(slo, {t.backend for t in targets if t.slo == slo})
     return queries
 
 
-def parse_result(result: list[dict[str, Any]]) -> Found:
-    """An instant vector as Prometheus' HTTP API returns it, keyed by fleet and backend."""
+class MalformedAnswerError(ValueError):
+    """Prometheus answered with something that is not an instant vector."""
+
+
+def parse_result(result: Any) -> Found:
+    """An instant vector as Prometheus' HTTP API returns it, keyed by fleet and backend.
+
+    A sample whose value is not a number keeps its text, so only its fleet is affected; a result that is
+    not a list of samples at all raises ``MalformedAnswerError``.
+    """
+    if not isinstance(result, list):
+        raise MalformedAnswerError(f"a result of type {type(result).__name__} where an instant vector was expected")
     found: Found = {}
     for sample in result:
-        labels = sample.get("metric", {})
+        labels = sample.get("metric") if isinstance(sample, dict) else None
+        if not isinstance(labels, dict):
+            raise MalformedAnswerError(f"a sample without labels: {str(sample)[:200]!r}")
         key = (labels.get("namespace", ""), labels.get("mmfleet_io_inference", ""), labels.get(BACKEND_LABEL, ""))
-        found[key] = float(sample["value"][1])
+        value = sample.get("value")
+        raw = value[1] if isinstance(value, list) and len(value) == 2 else value
+        try:
+            found[key] = float(raw)
+        except (TypeError, ValueError):
+            found[key] = str(raw)[:100]
     return found
 
 
-def signals_for(target: Target, answers: dict[Signal | Slo, Found]) -> Signals:
-    """Pick one fleet's values out of the cycle's answers, naming the series it has none of."""
+def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query, str] | None = None) -> Signals:
+    """Pick one fleet's values out of the cycle's answers, naming the series it has none of.
+
+    ``errors``: the queries that got no usable answer, and why; a fleet that needs one of them is ``failed``.
+    """
     metrics = backends.get(target.backend).metrics
+    needed: tuple[Query, ...] = (target.slo, *SIGNALS, REPORTING)
+    for query in needed:
+        if errors and query in errors:
+            return Signals(failed=errors[query])
     key = (target.namespace, target.name, target.backend)
-    latency = answers[target.slo].get(key)
-    missing = [] if latency is not None else [f"{metrics.histogram(target.slo.metric)}_bucket"]
-    values: dict[Signal, float | None] = {}
-    for signal in SIGNALS:
-        value = answers[signal].get(key)
-        values[signal] = None if value is None or math.isnan(value) else value
-        if values[signal] is None:
-            missing.append(metrics.series(signal))
+    names: dict[Query, str] = {
+        target.slo: f"{metrics.histogram(target.slo.metric)}_bucket",
+        **{signal: metrics.series(signal) for signal in SIGNALS},
+    }
+    found = {query: answers.get(query, {}).get(key) for query in needed}
+    malformed = [f"{names.get(q, 'pods reporting')} = {v!r}" for q, v in found.items() if isinstance(v, str)]
+    if malformed:
+        return Signals(failed=f"Prometheus answered a value that is not a number: {', '.join(malformed)}")
+    values = {query: value for query, value in found.items() if isinstance(value, float)}
+    latency = values.get(target.slo)
+    missing = tuple(names[q] for q in (target.slo, *SIGNALS) if q not in values)
     return Signals(
         latency=None if latency is None or math.isnan(latency) else latency,
-        request_rate=values["request_rate"],
-        waiting=values["waiting"],
-        running=values["running"],
-        kv_cache_usage=values["kv_cache_usage"],
-        missing=tuple(missing),
+        request_rate=values.get("request_rate"),
+        waiting=values.get("waiting"),
+        running=values.get("running"),
+        kv_cache_usage=values.get("kv_cache_usage"),
+        missing=missing,
+        reporting=int(values[REPORTING]) if REPORTING in values and math.isfinite(values[REPORTING]) else None,
     )
 
 
@@ -198,26 +249,31 @@ class Prometheus:
     def read(self, targets: Iterable[Target], at: float) -> Readings:
         """Every fleet's signals as of ``at`` (epoch seconds): one query per signal and per SLO.
 
-        Stops at the first failed query: when Prometheus is down, the others would only wait for
-        their own timeouts.
+        Stops at the first query that gets no answer (unreachable, timed out): when Prometheus is down or
+        stalled, the others would only wait for their own timeouts. A query Prometheus answers with an
+        error, or with something that is not an instant vector, fails only the fleets that need it.
         """
         targets = list(targets)
-        answers: dict[Signal | Slo, Found] = {}
+        answers: dict[Query, Found] = {}
+        errors: dict[Query, str] = {}
         latencies: list[float] = []
         for count, (what, query) in enumerate(build_queries(targets, self.rate_window).items(), start=1):
             sent = time.perf_counter()
-            outage = None
             try:
                 answers[what] = parse_result(self._client.custom_query(query, params={"time": at}))
+            except requests.JSONDecodeError as error:  # a RequestException too, but an answer was given
+                errors[what] = f"{self.url} answered the query {query!r} with what is not JSON: {error}"
             except requests.RequestException as error:
+                latencies.append(time.perf_counter() - sent)
                 outage = f"{self.url} unreachable: {_cause(error)}"
-            except PrometheusApiClientException as error:
-                outage = f"{self.url} refused the query {query!r}: {error}"
-            latencies.append(time.perf_counter() - sent)
-            if outage is not None:
                 return Readings(outage=outage, queries=count, latencies=tuple(latencies))
-        signals = {t.key: signals_for(t, answers) for t in targets}
-        return Readings(signals, queries=len(answers), latencies=tuple(latencies))
+            except PrometheusApiClientException as error:
+                errors[what] = f"{self.url} refused the query {query!r}: {str(error)[:500]}"
+            except (MalformedAnswerError, KeyError, TypeError) as error:  # KeyError, TypeError: no data.result
+                errors[what] = f"{self.url} answered the query {query!r} with {type(error).__name__} {error}"[:800]
+            latencies.append(time.perf_counter() - sent)
+        signals = {t.key: signals_for(t, answers, errors) for t in targets}
+        return Readings(signals, queries=len(latencies), latencies=tuple(latencies))
 
     def close(self) -> None:
         self._client.close()

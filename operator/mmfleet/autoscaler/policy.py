@@ -36,7 +36,13 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   the past being served), only when it frees a tenth of the fleet, and at most
   once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
   at a time (each step down that demand soon reverses is a reversal and a cold start paid);
-- silence is not zero: a missing metric holds the current count; unschedulable pods stop growth.
+- silence is not zero: a missing metric holds the current count; unschedulable pods stop growth;
+- no single sample decides much: growth per cycle is capped as the HPA's default scale-up policy
+  caps it (the larger of 4 pods and 100 % per 15 s: kubernetes/kubernetes
+  ``pkg/apis/autoscaling/v2/defaults.go``), μ_SLO is raised only by a throughput seen in
+  consecutive cycles (the least of them), and it decays toward what the replicas serve while they
+  miss the target with a queue that does not drain, so a glitch neither holds a fleet small nor
+  sends it to maxReplicas; a partial scrape (fewer pods reporting than are Ready) never scales down.
 """
 
 from __future__ import annotations
@@ -65,6 +71,12 @@ CAPACITY_RECOVERY = 300.0  # s, time constant for the correction to return to 1 
 DOWN_MARGIN = 0.1  # scale down only when it frees at least this share of the fleet (and one pod)
 DOWN_PAUSE = 120.0  # s between scale-downs, so a falling window maximum is followed in few steps
 REVERSAL_WINDOWS = 2.0  # a scale-down undone within this many down windows is a reversal (the benchmark's horizon)
+STEP_PERIOD = 15.0  # s: within any such period the fleet grows by at most the larger of ``step_pods`` pods and
+# ``step_ratio`` times the replicas it had (the HPA's default scale-up policies: 4 pods, 100 %)
+# μ_SLO is raised only by a throughput seen this many cycles in a row within the SLO, the least of them: one outlier
+# teaches nothing (a whole rate window's worth, 5 at 15 s, cost 42 % more GPU-hours on the quick cell; 2 cost 4 %).
+CAPACITY_SAMPLES = 2
+CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated replicas missing the target serve
 
 Samples = tuple[tuple[float, float], ...]
 
@@ -77,7 +89,8 @@ class SloState:
     inflights: Samples = ()  # (time, running + waiting) over the rate window, for demand without arrival_rate
     level: float | None = None  # fast EWMA of demand, req/s
     demand: Samples = ()  # (time, req/s) over the rise window (the trend reads its last TREND_WINDOW)
-    learned_capacity: float | None = None  # best throughput per Ready replica seen within the SLO
+    learned_capacity: float | None = None  # best throughput per Ready replica held for a rate window within the SLO
+    streak: Samples = ()  # (time, throughput per Ready replica) of the last cycles in a row that could teach μ_SLO
     capacity_scale: float = 1.0  # <= 1: replicas with a standing queue served less than assumed
     recommendations: tuple[tuple[float, int], ...] = ()  # (time, replicas needed) in the down window
     history: tuple[tuple[float, int, float], ...] = ()  # (time, ready, waiting) over the latency window
@@ -161,6 +174,11 @@ def rise_quantile(samples: Samples, horizon: float, percentile: float) -> float:
     return math.exp(z * spread * math.sqrt(max(horizon, RISE_LAG) / RISE_LAG)) - 1.0
 
 
+def partial_scrape(obs: Observation) -> bool:
+    """Fewer pods report than are Ready: the sums miss pods, so the fleet looks less loaded than it is."""
+    return obs.reporting is not None and obs.reporting < obs.ready
+
+
 def projected_backlog(
     queued: float,
     demand: float,
@@ -190,14 +208,16 @@ def projected_backlog(
 class SloPolicy:
     """Scale so the SLO percentile stays under target through spikes, on as few GPUs as that allows.
 
-    μ_SLO is learned online, conservatively, as the best throughput per Ready replica seen while the
-    SLO held; being what a replica did within the SLO, it gets no headroom. ``drain_time``: seconds
-    in which a backlog should clear once new pods are Ready. ``stabilization``: the scale-down
-    window, default max(300 s, L). ``settle``: how far back the latency and rate signals reach (the
-    SLO window). ``rate_window``: the window of the request rate, over which in-flight growth is taken too.
-    ``capacity_per_replica``: μ_SLO from a profile (``spec.autoscaling.capacityPerReplica``),
-    believed from the first cycle; what is learned online only raises it, and the standing-queue
-    correction lowers either.
+    μ_SLO is learned online, conservatively, as the best throughput per Ready replica held for
+    ``CAPACITY_SAMPLES`` cycles in a row while the SLO held; being what a replica did within the SLO,
+    it gets no headroom; it decays toward what replicas serve while they miss the target with a
+    standing queue. ``drain_time``: seconds in which a backlog should clear once new pods are Ready.
+    ``stabilization``: the scale-down window, default max(300 s, L). ``settle``: how far back the
+    latency and rate signals reach (the SLO window). ``rate_window``: the window of the request
+    rate, over which in-flight growth is taken too. ``capacity_per_replica``: μ_SLO from a profile
+    (``spec.autoscaling.capacityPerReplica``), believed from the first cycle; what is learned online
+    only raises it, and the standing-queue correction lowers either. ``step_pods``, ``step_ratio``:
+    the most the fleet grows within ``STEP_PERIOD``, the larger of the two.
     """
 
     name: str = "mmfleet"
@@ -207,6 +227,8 @@ class SloPolicy:
     settle: float = 60.0
     capacity_per_replica: float | None = None
     rate_window: float = 60.0
+    step_pods: int = 4
+    step_ratio: float = 1.0
 
     def initial_state(self) -> SloState:
         return SloState()
@@ -255,8 +277,13 @@ class SloPolicy:
                 floor = max(floor, math.ceil(sizing.demand * (1.0 + rise) / sizing.capacity - 1e-9))
             paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
             worth = current - floor >= max(1, math.ceil(DOWN_MARGIN * current - 1e-9))
-            desired = current if paused or not worth else min(current, floor)
-        desired = clamp_replicas(desired, low, high)
+            desired = current if paused or not worth or partial_scrape(obs) else min(current, floor)
+        # The HPA's default scale-up limit, over what this policy added within the last period.
+        added = sum(n for t, n in state.orders if t > obs.time - STEP_PERIOD)
+        base = max(0, current - added)
+        step_cap = max(base + self.step_pods, math.floor(base * (1.0 + self.step_ratio)))
+        stepped = desired > step_cap and step_cap < high
+        desired = clamp_replicas(min(desired, step_cap), low, high)
         blocked = obs.unschedulable > 0 and desired > current
         if blocked:
             desired = clamp_replicas(current, low, high)
@@ -265,7 +292,7 @@ class SloPolicy:
             orders = (*orders, (obs.time, desired - current))
         last_down = obs.time if desired < current else state.last_down
         state = replace(state, recommendations=recs, orders=orders, last_down=last_down)
-        return Decision(desired, self._reason(obs, sizing, desired, window, blocked), state)
+        return Decision(desired, self._reason(obs, sizing, desired, window, blocked, stepped), state)
 
     def _starting_ready_at(self, obs: Observation, state: SloState) -> list[float]:
         """When each starting pod should be Ready: the newest orders are the ones still starting."""
@@ -328,9 +355,23 @@ class SloPolicy:
         ready_ref = min(h[1] for h in history)
         ready_steady = spans and obs.ready > 0 and ready_ref == max(h[1] for h in history)
 
+        # μ_SLO rises only to a throughput seen in consecutive cycles within the SLO, the least of them.
         learned = state.learned_capacity
+        draining = obs.waiting < history[0][2]
         if obs.latency <= target and ready_steady and obs.request_rate > 0:
-            learned = max(learned or 0.0, obs.request_rate / obs.ready)
+            streak = (*state.streak[-(CAPACITY_SAMPLES - 1) :], (obs.time, obs.request_rate / obs.ready))
+            if len(streak) >= CAPACITY_SAMPLES:
+                learned = max(learned or 0.0, min(v for _, v in streak))
+        else:
+            streak = ()
+            # Replicas missing the target with a queue that does not drain serve all they can: μ_SLO above that
+            # was never true, or is no longer (a heavier mix), and falls toward it.
+            served = obs.request_rate / obs.ready if obs.ready else None
+            standing_queue = obs.waiting > 0 and not draining
+            missing = obs.latency > target and ready_steady and standing_queue and dt is not None
+            if missing and served is not None and learned is not None and served < learned:
+                assert dt is not None
+                learned = _ewma(learned, served, dt, CAPACITY_DECAY)
 
         scale = state.capacity_scale
         capacity: float | None = None
@@ -369,7 +410,6 @@ class SloPolicy:
         # latency window, whose queue is not draining, and whose replicas are busy: otherwise the
         # percentile is looking back at a fleet or a queue that is gone, or more replicas would not help.
         feedback: int | None = None
-        draining = obs.waiting < history[0][2]
         busy = capacity is None or obs.request_rate >= BUSY * capacity * obs.ready
         if obs.latency > target and ready_steady and not draining and busy:
             feedback = math.ceil(ready_ref * min(obs.latency / target, MAX_FEEDBACK_RATIO) - 1e-9)
@@ -384,12 +424,15 @@ class SloPolicy:
             level=level,
             demand=samples,
             learned_capacity=learned,
+            streak=streak,
             capacity_scale=scale,
             history=history,
         )
         return state, Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining)
 
-    def _reason(self, obs: Observation, sz: Sizing, desired: int, window: float, blocked: bool) -> str:
+    def _reason(
+        self, obs: Observation, sz: Sizing, desired: int, window: float, blocked: bool, stepped: bool = False
+    ) -> str:
         """One sentence for a Kubernetes event: what was seen, what it needs, what is done."""
         assert obs.latency is not None
         op = ">" if obs.latency > obs.slo_target else "<="
@@ -410,6 +453,8 @@ class SloPolicy:
             parts.append(f"{obs.starting} pods starting")
         if blocked:
             parts.append(f"{obs.unschedulable} pods unschedulable (no node with free GPUs), not adding more")
+        if stepped:
+            parts.append(f"growth capped at max({self.step_pods} pods, {self.step_ratio:.0%}) per {STEP_PERIOD:g}s")
         text = ", ".join(parts)
         current = obs.current
         if desired > current:
@@ -419,6 +464,8 @@ class SloPolicy:
             return f"{text}: {current} -> {desired}"
         if sz.needed < current and obs.latency > obs.slo_target:
             return f"{text}: holding {current} while over target"
+        if sz.needed < current and partial_scrape(obs):
+            return f"{text}: holding {current}, only {obs.reporting} of {obs.ready} Ready pods report metrics"
         if sz.needed < current and not blocked:
             return f"{text}: holding {current} until demand stays lower for {duration_text(window)}"
         return f"{text}: holding {current}"
