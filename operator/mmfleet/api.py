@@ -583,10 +583,18 @@ class NodeSelectorRequirement(Model):
         return self
 
 
+def _enum_not_const(schema: JsonDict) -> None:
+    """A structural schema has no const (kube-apiserver drops it, checking nothing): the one value goes as an enum."""
+    schema["enum"] = [schema.pop("const")]
+
+
 class NodeFieldRequirement(Model):
     """A node field requirement: the node's name, the only field the API server accepts."""
 
-    key: Literal["metadata.name"] = Field(description="metadata.name, the only node field selectable.")
+    key: Literal["metadata.name"] = Field(
+        description="metadata.name, the only node field selectable.",
+        json_schema_extra=_enum_not_const,
+    )
     operator: Literal["In", "NotIn"] = Field(description="In or NotIn.")
     values: list[DnsSubdomain] = Field(min_length=1, max_length=1, description="Exactly one node name.")
 

@@ -77,6 +77,13 @@ def test_quantities_are_int_or_string_and_durations_have_a_pattern() -> None:
     assert nodes[".spec.autoscaling.slo.target"]["type"] == "string"
 
 
+def test_no_keyword_the_api_server_would_drop() -> None:
+    """kube-apiserver keeps only OpenAPI v3 keywords; a dropped one (const, propertyNames) would check nothing."""
+    dropped = {"const", "propertyNames", "$ref", "$defs", "prefixItems"}
+    found = [(path, key) for path, node in walk(schema()) for key in node if key in dropped]
+    assert found == []
+
+
 def test_no_field_is_free_form() -> None:
     """Every field is typed, so no spec nests deeper than the models, and the API server checks all of it."""
     free = [path for path, node in walk(schema()) if node.get("x-kubernetes-preserve-unknown-fields")]

@@ -94,6 +94,22 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"placement": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}},
         "spec.placement.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
     ),
+    "node-field-key": (
+        {
+            "placement": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchFields": [{"key": "spec.unschedulable", "operator": "In", "values": ["x"]}]}
+                            ]
+                        }
+                    }
+                }
+            }
+        },
+        "matchFields[0].key",
+    ),
     "deep-affinity": ({"placement": {"affinity": {"nodeAffinity": {"nodeAffinity": {}}}}}, "nodeAffinity"),
     "storage-class": (
         {"modelCache": {"volume": "ephemeral", "storageClassName": "Fast_SSD"}},
