@@ -133,6 +133,8 @@ def _quantity(value: str | int) -> str | int:
 
 
 Quantity = Annotated[str | int, AfterValidator(_quantity), Field(json_schema_extra={"x-mmfleet-quantity": True})]
+# A quantity that is zero, whatever its unit. (No backslash: also a CEL literal.)
+ZERO_QUANTITY_PATTERN = "^0+([.]0+)?[a-zA-Z]*$"
 
 
 def seconds(duration: str) -> float:
@@ -798,6 +800,12 @@ class ModelCacheSpec(Model):
                     "claimName is only read when volume is shared; set volume: shared or remove claimName",
                     ".claimName",
                 ),
+                # A claim template asking for 0 bytes is refused by kube-apiserver ("must be greater than zero").
+                cel(
+                    f"!has(self.size) || !string(self.size).matches('{ZERO_QUANTITY_PATTERN}')",
+                    "size must be greater than zero, e.g. 200Gi",
+                    ".size",
+                ),
             ]
         }
     )
@@ -835,6 +843,8 @@ class ModelCacheSpec(Model):
 
     @model_validator(mode="after")
     def _check(self) -> ModelCacheSpec:
+        if re.fullmatch(ZERO_QUANTITY_PATTERN, str(self.size)):
+            raise ValueError(f"size: {self.size} is not accepted; a size greater than zero such as 200Gi is")
         if self.volume == "shared" and self.claim_name is None:
             raise ValueError(
                 "claimName: required when spec.modelCache.volume is shared (the name of an existing "

@@ -115,6 +115,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"modelCache": {"volume": "ephemeral", "storageClassName": "Fast_SSD"}},
         "spec.modelCache.storageClassName",
     ),
+    "cache-size-zero": ({"modelCache": {"volume": "ephemeral", "size": "0"}}, "spec.modelCache.size"),
     "credentials-secret": ({"model": {"name": "m", "credentialsSecret": "HF Token"}}, "spec.model.credentialsSecret"),
     "pvc-claim": ({"model": {"name": "m", "source": "pvc://My_Claim/w"}}, "spec.model.source"),
     "served-name-flag": ({"model": {"name": "m", "servedName": "--api-key=x"}}, "spec.model.servedName"),

@@ -111,6 +111,8 @@ def test_what_the_api_server_refuses_in_the_pod_is_refused_in_the_spec(placement
     ("spec", "field"),
     [
         ({"modelCache": {"volume": "ephemeral", "storageClassName": "Fast_SSD"}}, "spec.modelCache.storageClassName"),
+        ({"modelCache": {"volume": "ephemeral", "size": "0Gi"}}, "spec.modelCache.size"),
+        ({"modelCache": {"size": 0}}, "spec.modelCache.size"),
         ({"model": {"name": "m", "credentialsSecret": "HF Token"}}, "spec.model.credentialsSecret"),
         ({"model": {"name": "m", "source": "pvc://My_Claim/weights"}}, "spec.model.source"),
         ({"model": {"name": "m", "servedName": "--api-key=x"}}, "spec.model.servedName"),
