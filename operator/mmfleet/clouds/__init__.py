@@ -18,6 +18,11 @@ Shared facts (sources):
   GFD README example, older drivers). NVIDIA-A100-SXM4-40GB, NVIDIA-H200, NVIDIA-B200,
   NVIDIA-H20, NVIDIA-H100-PCIe appear only in third-party configs; NVIDIA-H100-NVL is
   UNCONFIRMED (derived from the NVML name "NVIDIA H100 NVL").
+- Workload identity needs no default service account token, so inference pods mount none
+  (``automountServiceAccountToken: false``): the IRSA webhook injects its own projected ``aws-iam-token``
+  volume (aws/amazon-eks-pod-identity-webhook ``pkg/handler/handler.go`` @0048675f), Azure's its own
+  ``azure-identity-token`` (Azure/azure-workload-identity ``pkg/webhook/webhook.go`` @0042363d,
+  ``addProjectedVolume``); ACK RRSA's webhook does the same per its docs (source not read: UNCONFIRMED).
 - The usual GPU taint is ``nvidia.com/gpu:NoSchedule``; no cloud here adds it by itself, but
   Karpenter/EKS node pools and GPU Operator installs conventionally do, so every profile
   tolerates it.
