@@ -58,7 +58,7 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     time.sleep(6)  # until the rate window holds only samples of steady load
     readings = client.read(targets, time.time())
     assert readings.outage is None
-    assert readings.queries == 6  # four signals and two SLOs, for four fleets on two backends
+    assert readings.queries == 7  # four signals, the pods reporting and two SLOs, for four fleets on two backends
 
     x, y, z = (readings.signals[t.key] for t in targets[:3])
     # Every request takes 0.7 s, in vLLM's (0.5, 0.8] bucket: P90 interpolates to 0.5 + 0.9 x 0.3.
@@ -68,6 +68,7 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     assert x.request_rate == pytest.approx(20, rel=0.25)  # two pods at 10/s each
     assert (x.waiting, x.running, x.kv_cache_usage) == (7, 11, pytest.approx(0.3))  # sums; the KV share averaged
     assert (y.waiting, z.waiting, z.running) == (9, 1, 2)
+    assert (x.reporting, y.reporting, z.reporting) == (2, 1, 1), "pods with series, counted per fleet"
     assert z.request_rate == pytest.approx(4, rel=0.25)
 
     nothing = readings.signals[("team-b", "nothing")]
