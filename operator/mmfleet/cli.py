@@ -196,11 +196,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=log_format)
     logging.getLogger("mmfleet").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     from mmfleet import metrics_export
+    from mmfleet.handlers.state import get_kube
+    from mmfleet.kube import Elector, lease_namespace
 
-    # kopf's liveness server serves /healthz alone; the operator's serves /metrics beside it on the same address.
-    metrics_export.run(
-        config.health_address, standalone=True, clusterwide=not config.namespaces, namespaces=list(config.namespaces)
-    )
+    # Only the Lease's holder acts (it waits here until then); losing the Lease ends the process.
+    elector = None
+    if config.leader_election_lease:
+        namespace = lease_namespace(config.leader_election_namespace)
+        elector = Elector(get_kube(), namespace, config.leader_election_lease)
+        elector.wait()
+        elector.keep()
+    try:
+        # kopf's liveness server serves /healthz alone; the operator's serves /metrics beside it on the same address.
+        metrics_export.run(
+            config.health_address,
+            standalone=True,
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
 
 

@@ -20,6 +20,7 @@ ENDPOINT_PATTERN = r"(https?://)?[A-Za-z0-9\[][A-Za-z0-9.\-\[\]:]*(/\S*)?"
 DOMAIN_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _ENDPOINT = re.compile(ENDPOINT_PATTERN)
 _DOMAIN = re.compile(DOMAIN_PATTERN, re.IGNORECASE)
+_NAME = re.compile(DOMAIN_PATTERN)
 
 
 def otlp_endpoint(value: str) -> str:
@@ -70,6 +71,11 @@ class OperatorConfig(BaseSettings):
     collector_endpoint: str = COLLECTOR_ENDPOINT
     # The cluster's DNS domain: which endpoints name a Service (name.ns.svc.<domain>) for TracingReady.
     cluster_domain: str = "cluster.local"
+    # Leader election: only the holder of this coordination.k8s.io Lease reconciles and scales, so two operator
+    # processes (a rolling update, replicas: 2, a second install sharing the Lease) never both act. Empty: none.
+    leader_election_lease: str = ""
+    # The Lease's namespace (the chart sets the operator's own); empty: the pod's own, else "default".
+    leader_election_namespace: str = ""
 
     @field_validator("namespaces", mode="before")
     @classmethod
@@ -90,6 +96,13 @@ class OperatorConfig(BaseSettings):
     @classmethod
     def _endpoint(cls, value: str) -> str:
         return otlp_endpoint(value)
+
+    @field_validator("leader_election_lease", "leader_election_namespace")
+    @classmethod
+    def _object_name(cls, value: str) -> str:
+        if value and (len(value) > 63 or not _NAME.fullmatch(value)):
+            raise ValueError("not an object name: at most 63 lowercase letters, digits, '-' or '.' (or empty)")
+        return value
 
     @field_validator("cluster_domain")
     @classmethod

@@ -139,6 +139,8 @@ def test_kustomization_builds_valid_kubernetes(target: str) -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "Deployment",
     }
     for obj in objs:
@@ -189,6 +191,28 @@ def test_cluster_role_is_nothing_like_cluster_admin(base: list[Obj]) -> None:
         assert not ESCALATING & set(rule["verbs"]), rule
         assert "nonResourceURLs" not in rule, rule
         assert "secrets" not in rule["resources"], rule
+
+
+def test_leader_election_may_touch_its_own_lease_and_nothing_else(base: list[Obj]) -> None:
+    role = one(base, "Role")
+    assert role["metadata"]["namespace"] == one(base, "Deployment")["metadata"]["namespace"]
+    lease = env(operator_container(base))["MMFLEET_LEADER_ELECTION_LEASE"]
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = one(base, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == one(base, "ClusterRoleBinding")["subjects"]
 
 
 def test_binding_gives_the_role_to_the_operator_service_account(base: list[Obj]) -> None:

@@ -18,6 +18,8 @@ VARIABLES = (
     "MMFLEET_HEALTH_ADDRESS",
     "MMFLEET_COLLECTOR_ENDPOINT",
     "MMFLEET_CLUSTER_DOMAIN",
+    "MMFLEET_LEADER_ELECTION_LEASE",
+    "MMFLEET_LEADER_ELECTION_NAMESPACE",
 )
 
 
@@ -114,6 +116,8 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
         ("MMFLEET_LOG_FORMAT", "text", "MMFLEET_LOG_FORMAT: 'text': input should be 'plain' or 'json'"),
         ("MMFLEET_COLLECTOR_ENDPOINT", "", "MMFLEET_COLLECTOR_ENDPOINT: '': not an OTLP/gRPC endpoint"),
         ("MMFLEET_CLUSTER_DOMAIN", "my_domain", "MMFLEET_CLUSTER_DOMAIN: 'my_domain': not a DNS domain"),
+        ("MMFLEET_LEADER_ELECTION_LEASE", "Op_Lease", "MMFLEET_LEADER_ELECTION_LEASE: 'Op_Lease': not an object name"),
+        ("MMFLEET_LEADER_ELECTION_NAMESPACE", "-ops", "MMFLEET_LEADER_ELECTION_NAMESPACE: '-ops': not an object name"),
     ],
 )
 def test_a_bad_value_names_the_variable_the_value_and_what_is_accepted(

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -15,9 +16,11 @@ import urllib3
 from kubernetes import client
 
 from mmfleet import kube as kube_module
+from mmfleet import status
+from mmfleet.config import OperatorConfig
 from mmfleet.handlers import autoscale, fleet, state
 from mmfleet.handlers.state import STATE
-from mmfleet.kube import Kube, RefusedError, timed
+from mmfleet.kube import Kube, RefusedError, lease_holder, lease_namespace, timed
 
 pytestmark = pytest.mark.usefixtures("fresh_operator_state")
 
@@ -242,3 +245,39 @@ def test_a_hung_api_server_fails_a_call_within_the_timeout_instead_of_holding_it
     assert not thread.is_alive(), "the call still hangs after 15 s"
     assert isinstance(outcome[0], urllib3.exceptions.HTTPError), outcome
     assert time.monotonic() - started < 15
+
+
+def test_a_lease_is_free_when_unheld_expired_or_ours_and_taken_while_another_renews_it() -> None:
+    now = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+    renewed = {"holderIdentity": "pod-a", "leaseDurationSeconds": 15, "renewTime": "2026-12-01T11:59:50.000000Z"}
+    assert lease_holder(renewed, "pod-b", now) == "pod-a"  # renewed 10 s ago, held for 15
+    assert lease_holder(renewed, "pod-a", now) is None  # ours
+    assert lease_holder({**renewed, "renewTime": "2026-12-01T11:59:44.000000Z"}, "pod-b", now) is None  # expired
+    assert lease_holder({}, "pod-b", now) is None
+    assert lease_holder({"holderIdentity": "", "renewTime": renewed["renewTime"]}, "pod-b", now) is None
+
+
+def test_leader_election_settings_name_the_variable_and_the_rule() -> None:
+    assert OperatorConfig.load().leader_election_lease == ""  # off unless asked for (the chart asks)
+    assert OperatorConfig.load(leader_election_lease="mmfleet-operator").leader_election_lease == "mmfleet-operator"
+    with pytest.raises(ValueError, match="MMFLEET_LEADER_ELECTION_LEASE: 'Not A Name': not an object name"):
+        OperatorConfig.load(leader_election_lease="Not A Name")
+    assert lease_namespace("ops") == "ops"
+
+
+def test_pods_a_quota_refused_count_as_refused_and_name_the_quota() -> None:
+    message = 'pods "q-1" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, used: 1, limited: 1'
+    failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message}
+    deployment = {"spec": {"replicas": 3}, "status": {"replicas": 1, "conditions": [failure]}}
+    count, why = status.refused_pods(deployment)
+    assert count == 2 and "exceeded quota: gpus" in why
+    assert status.replica_failure(deployment) == (
+        "QuotaExceeded",
+        f"the Deployment's pods cannot be created: {message}",
+    )
+    webhook = {**failure, "message": "admission webhook denied the request"}
+    assert status.replica_failure({"status": {"conditions": [webhook]}}) == (
+        "FailedCreate",
+        f"the Deployment's pods cannot be created: {webhook['message']}",
+    )
+    assert status.refused_pods({"spec": {"replicas": 3}, "status": {"replicas": 1}}) == (0, "")
