@@ -285,6 +285,19 @@ def replica_failure(deployment: dict[str, Any] | None) -> tuple[str, str] | None
     return None
 
 
+def refused_pods(deployment: dict[str, Any] | None) -> tuple[int, str]:
+    """How many of the pods the Deployment wants its ReplicaSet could not create (a quota), and why; (0, "") if none.
+
+    For the autoscaler they are as unschedulable pods are: more replicas would be refused too, so growth stops.
+    """
+    failure = replica_failure(deployment)
+    if failure is None or deployment is None:
+        return 0, ""
+    wanted = int((deployment.get("spec") or {}).get("replicas") or 0)
+    existing = int((deployment.get("status") or {}).get("replicas") or 0)
+    return max(0, wanted - existing), failure[1]
+
+
 def _deployment_progress(deployment: dict[str, Any]) -> tuple[bool, str]:
     """Whether the Deployment gave up rolling out (ProgressDeadlineExceeded), and its message."""
     for entry in deployment.get("status", {}).get("conditions") or []:

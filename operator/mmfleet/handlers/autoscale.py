@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -175,7 +176,14 @@ def _decide_fleet(
     config = STATE.config
     try:
         with STATE.locks[view.key]:
-            seen = cycle.Seen(replicas, cycle.count_pods(view.pods), readings.signals.get(view.key), readings.outage)
+            counted = cycle.count_pods(view.pods)
+            refused, why = status.refused_pods(view.deployment)
+            if refused:  # pods a quota refused never exist; like unschedulable ones, they stop growth
+                why = counted.why_unschedulable or why
+                counted = dataclasses.replace(
+                    counted, unschedulable=counted.unschedulable + refused, why_unschedulable=why
+                )
+            seen = cycle.Seen(replicas, counted, readings.signals.get(view.key), readings.outage)
             memory = STATE.scaling.get(view.key, cycle.Memory())
             outcome = cycle.decide(
                 inference,
