@@ -435,8 +435,9 @@ def build_network_policy(inference: MultimodalInference, prometheus_namespace: s
     """Ingress to the serving port (the API and /metrics share it) only from those the spec and the operator name.
 
     The fleet's namespace, or spec.networkPolicy.ingressFrom; the namespace of the operator's Prometheus and
-    metricsFrom; and with a LoadBalancer its source ranges, or every source when none are given (the load
-    balancer's clients are no pods a selector could name; spec.apiKeySecret then guards the API).
+    metricsFrom; and with a LoadBalancer every source: its clients reach the pods through the load balancer,
+    often with the balancer's or a node's address (SNAT), which no rule can tell apart, so the balancer's own
+    loadBalancerSourceRanges and spec.apiKeySecret guard them.
     """
     policy = inference.spec.network_policy
     service = inference.spec.service
@@ -454,8 +455,7 @@ def build_network_policy(inference: MultimodalInference, prometheus_namespace: s
     if scrapers:
         rules.append({"ports": port, "from": scrapers})
     if service.type == "LoadBalancer":
-        ranges = service.load_balancer_source_ranges
-        rules.append({"ports": port, **({"from": [{"ipBlock": {"cidr": r}} for r in ranges]} if ranges else {})})
+        rules.append({"ports": port})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
