@@ -1,0 +1,103 @@
+{{/*
+The operator's RBAC rules (the same as manifests/base/rbac.yaml, where each one is explained; the contract test
+tests/contract/test_manifests.py fails when they differ), split by scope. With watchNamespaces all plain names
+(no kopf pattern such as `ml-*` or `!ns`), the namespaced rules go into a Role in each watched namespace and the
+ClusterRole keeps only what is cluster-scoped: writes never reach a namespace the operator does not watch.
+With watchNamespaces empty or a pattern, namespaces are not known in advance, so the ClusterRole holds them all.
+*/}}
+{{- define "mmfleet.namespacedOnly" -}}
+{{- $plain := true -}}
+{{- range .Values.watchNamespaces -}}
+{{- if regexMatch "[*?!\\[]" . -}}{{- $plain = false -}}{{- end -}}
+{{- end -}}
+{{- if and .Values.watchNamespaces $plain -}}true{{- end -}}
+{{- end -}}
+
+{{- define "mmfleet.clusterScopedRules" -}}
+# kopf: scans the served resources at startup and watches CRDs, so the MultimodalInference
+# CRD installed or upgraded after the operator started is picked up without a restart.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+# kopf, when restricted to namespaces (MMFLEET_NAMESPACES): lists and watches namespaces to
+# match the names or patterns (e.g. `ml-*`) and to notice new ones. Without this it retries the
+# forbidden list for about a minute on every start, serving nothing meanwhile, then falls back
+# to exact names. Cluster-wide (the default) kopf does not read namespaces at all; the rule
+# stays so that one environment variable switches modes. It reveals namespaces' names and
+# labels, nothing inside them.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+# Cloud detection from node providerIDs (kube.Kube.provider_ids) when spec.cloud and
+# MMFLEET_DEFAULT_CLOUD are both `auto`.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
+{{- end -}}
+
+{{- define "mmfleet.namespacedRules" -}}
+# kopf posts handler progress and kopf.event (handlers.state.kopf_event, the autoscaler's scale
+# events included) as core v1 Events with POST only; it never patches them or uses events.k8s.io.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# The MultimodalInference: kopf watches it and patches only metadata (its progress and
+# diff-base annotations under mmfleet.io/, and the finalizer). The operator never writes spec.
+- apiGroups: [mmfleet.io]
+  resources: [multimodalinferences]
+  verbs: [list, watch, patch]
+# controller._write_status -> kube.Kube.patch_status (merge patch on the status subresource).
+- apiGroups: [mmfleet.io]
+  resources: [multimodalinferences/status]
+  verbs: [patch]
+# Children carry ownerReferences with blockOwnerDeletion: true (render._metadata). Where the
+# OwnerReferencesPermissionEnforcement admission plugin is on, setting that requires `update`
+# on the owner's finalizers subresource.
+- apiGroups: [mmfleet.io]
+  resources: [multimodalinferences/finalizers]
+  verbs: [update]
+# Children: applied (create+patch), watched (kopf indexes and watch_* event handlers); each is
+# read (get) once before its first apply, so that an object of that name the fleet does not
+# control is never adopted (handlers.fleet._claim_names), and optional ones before pruning.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+# The autoscaler sets replicas with server-side apply on the scale subresource (kube.Kube.scale);
+# an apply there never creates anything, so patch is all it needs (checked on kube-apiserver 1.34).
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
+  verbs: [get, list, watch, create, patch]
+# ConfigMaps come and go with the backend, so controller._prune deletes a stale one.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch]
+# Each fleet's NetworkPolicy is applied (read once before, to adopt nothing), never watched or pruned.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
+# PodMonitors are applied and pruned, never watched.
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [get, create, patch, delete]
+# Pods are only observed (kopf index fleet_pods) to explain why replicas are not ready.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+# A shared model cache's claim is read, never written, to say why it cannot serve every replica
+# (status.shared_cache_problem).
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
+# TracingReady's CollectorNotReady: the collector Service's EndpointSlices, listed by its
+# kubernetes.io/service-name label (handlers.fleet._ready_endpoints), at most once a minute per
+# collector. Without it the Service is taken on trust (TracingReady True with no endpoint check).
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list]
+{{- end -}}
