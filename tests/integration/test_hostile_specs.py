@@ -16,8 +16,11 @@ import yaml
 from kubernetes import client
 
 from mmfleet import render
+from mmfleet.api import CONDITION_MESSAGE_MAX, TRUNCATED
 from mmfleet.validation import parse
 from mmfleet_lab.cluster import Cluster, ensure_binaries
+from tests.integration.operator_process import OperatorProcess
+from tests.integration.test_operator import Fleet, mmi
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +189,28 @@ def test_a_spec_whose_children_the_api_server_would_refuse_is_refused_naming_the
     result = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(resource(name, namespace, spec)))
     assert result.returncode != 0, f"{name} was accepted"
     assert field in result.stderr, result.stderr
+
+
+@pytest.fixture
+def fleet(api: Any, namespace: str, operator: OperatorProcess) -> Fleet:
+    return Fleet(api, namespace)
+
+
+def test_what_the_crd_admits_but_the_operator_cannot_serve_becomes_a_condition_within_the_size_limit(
+    fleet: Fleet,
+) -> None:
+    """Label keys in maps are judged by the operator only (no CEL: the cost budget); 512 bad ones, ~200 KB of
+    problems, still give a status the API server stores, cut at 32 KiB, and nothing is rendered."""
+    keys = {f"{'k' * 250}/bad key {i}!": "v" for i in range(32)}
+    terms = [{"labelSelector": {"matchLabels": keys}, "topologyKey": "kubernetes.io/hostname"}] * 16
+    spec = {"placement": {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}}}
+    fleet.create(mmi("bad-keys", **spec))
+    ready = fleet.wait_condition("bad-keys", "Ready", status="False", reason="InvalidSpec")
+    assert len(ready["message"]) == CONDITION_MESSAGE_MAX and ready["message"].endswith(TRUNCATED)
+    assert ready["message"].startswith(
+        "spec.placement.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector"
+        ".matchLabels"
+    )
+    assert "is not a label key; accepted:" in ready["message"]
+    assert fleet.status("bad-keys")["phase"] == "Failed"
+    assert fleet.deployment("bad-keys") is None
