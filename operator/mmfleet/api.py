@@ -1043,7 +1043,7 @@ class MultimodalInferenceSpec(Model):
         default_factory=NetworkPolicySpec,
         description=(
             "The fleet's NetworkPolicy: the serving port admits the fleet's namespace (or ingressFrom), the "
-            "operator's Prometheus and metricsFrom, and with a LoadBalancer its source ranges (every source without)."
+            "operator's Prometheus and metricsFrom; with a LoadBalancer, every source (its source ranges guard it)."
         ),
     )
     api_key_secret: SecretKeySelector | None = Field(
