@@ -10,6 +10,7 @@ and the operator give the same answer without a cluster.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
@@ -46,8 +47,6 @@ PVC_SOURCE_PATTERN = "^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]
 
 # The name becomes a Service name, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-# An IPv4 or IPv6 CIDR, as loadBalancerSourceRanges takes (the API server parses it; this catches the shape).
-CIDR_PATTERN = r"^([0-9]{1,3}([.][0-9]{1,3}){3}|[0-9a-fA-F:]+)/[0-9]{1,3}$"
 # PersistentVolumeClaim names are DNS-1123 subdomains.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -872,6 +871,29 @@ class IdentitySpec(Model):
     alibaba_role_name: str | None = Field(default=None, description="ACK: RAM role name (RRSA).")
 
 
+def _cidr(value: str) -> str:
+    """What CEL's isCIDR accepts (netip.ParsePrefix, no IPv4-mapped IPv6): the Service's own check admits it too."""
+    try:
+        network = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        network = None
+    if network is None or "/" not in value or getattr(network.network_address, "ipv4_mapped", None) is not None:
+        raise ValueError(f"{value!r} is not a CIDR such as 10.0.0.0/8 or fd00::/8")
+    return value
+
+
+Cidr = Annotated[
+    str,
+    AfterValidator(_cidr),
+    Field(
+        max_length=64,
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("isCIDR(self)", "must be a CIDR such as 10.0.0.0/8 or fd00::/8")]
+        },
+    ),
+]
+
+
 class SecretKeySelector(Model):
     """One key of a Secret in the fleet's namespace."""
 
@@ -891,7 +913,7 @@ class ServiceSpec(Model):
             "loadBalancerSourceRanges or spec.apiKeySecret, so it is never public and unauthenticated)."
         ),
     )
-    load_balancer_source_ranges: list[Annotated[str, Field(max_length=43, pattern=CIDR_PATTERN)]] = Field(
+    load_balancer_source_ranges: list[Cidr] = Field(
         default_factory=list,
         max_length=32,
         description="With LoadBalancer: the client CIDRs the load balancer admits, e.g. 10.0.0.0/8.",

@@ -122,6 +122,10 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "credentials-secret": ({"model": {"name": "m", "credentialsSecret": "HF Token"}}, "spec.model.credentialsSecret"),
     "pvc-claim": ({"model": {"name": "m", "source": "pvc://My_Claim/w"}}, "spec.model.source"),
     "served-name-flag": ({"model": {"name": "m", "servedName": "--api-key=x"}}, "spec.model.servedName"),
+    "source-range": (
+        {"service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["999.0.0.0/8"]}, "cloud": "eks"},
+        "spec.service.loadBalancerSourceRanges[0]",
+    ),
     "public-lb": ({"cloud": "generic", "service": {"type": "LoadBalancer"}}, "spec.service.type"),
     "empty-network-peer": ({"networkPolicy": {"ingressFrom": [{}]}}, "spec.networkPolicy.ingressFrom[0]"),
     "trtllm-api-key": (

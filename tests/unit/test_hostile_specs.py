@@ -118,6 +118,10 @@ def test_what_the_api_server_refuses_in_the_pod_is_refused_in_the_spec(placement
         ({"model": {"name": "m", "servedName": "--api-key=x"}}, "spec.model.servedName"),
         ({"tracing": {"enabled": True, "endpoint": "--disable-log-stats"}}, "spec.tracing.endpoint"),
         ({"backend": {"image": " vllm/vllm-openai:v0.33.0"}}, "spec.backend.image"),
+        (
+            {"service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["999.0.0.0/8"]}, "cloud": "eks"},
+            "spec.service.loadBalancerSourceRanges[0]",
+        ),
     ],
 )
 def test_names_and_arguments_the_children_cannot_take_are_refused(spec: dict[str, Any], field: str) -> None:
