@@ -6,6 +6,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,10 +14,12 @@ from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError
 
-from tests.integration.operator_process import wait_for
+from tests.integration.fake_pods import FakePod, prometheus_scraping
+from tests.integration.operator_process import OperatorProcess, wait_for
 from tests.integration.test_operator import Fleet, fleet, mmi
 
 pytestmark = pytest.mark.integration
+SLO = {"target": "2s", "window": "10s"}  # a short window: the policy's latency feedback waits one window
 __all__ = ["fleet"]  # the fixture, imported for the tests here
 
 
@@ -164,3 +167,46 @@ def test_a_finalizer_an_earlier_version_left_is_removed_so_deleting_never_hangs(
     fleet.create(body)
     wait_for(lambda: not fleet.get("legacy")["metadata"].get("finalizers"), 30, "the old finalizer to be removed")
     fleet.wait_ready("legacy")
+
+
+@pytest.fixture
+def scaling_fleet(api: Any, namespace: str, operator: OperatorProcess, tmp_path: Path) -> Iterator[tuple[Fleet, Any]]:
+    """The session's operator, restarted to read this test's Prometheus every second; restored after."""
+    with prometheus_scraping(tmp_path) as scraped:
+        saved = operator.env
+        operator.stop()
+        operator.env = {**saved, "MMFLEET_PROMETHEUS_URL": scraped[0].url, "MMFLEET_AUTOSCALE_INTERVAL": "1s"}
+        operator.start()
+        try:
+            yield Fleet(api, namespace), scraped
+        finally:
+            operator.stop()
+            operator.env = saved
+            operator.start()
+
+
+def test_a_gpu_quota_stops_the_autoscalers_growth_says_so_and_growth_resumes_when_it_is_raised(
+    scaling_fleet: tuple[Fleet, Any],
+) -> None:
+    fleet, (server, pods) = scaling_fleet
+    ns = fleet.namespace
+    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}
+    fleet.core.create_namespaced_resource_quota(ns, quota)
+    pods.add(FakePod(ns, "capped-fake", "capped", rate=5, latency=4.0, waiting=5, running=5))
+    server.scrape(pods)
+    fleet.create(mmi("capped", autoscaling={"minReplicas": 1, "maxReplicas": 3, "slo": SLO}))
+
+    def replicas() -> int | None:
+        found = fleet.deployment("capped")
+        return None if found is None else int(found.spec.replicas)
+
+    wait_for(lambda: replicas() == 2, 150, "the first scale-up, 1 -> 2")
+    limited = fleet.wait_condition("capped", "ScalingLimited", status="True", reason="PodsUnschedulable", timeout=60)
+    assert "exceeded quota: gpus" in limited["message"], limited
+    assert fleet.condition("capped", "Degraded")["reason"] == "QuotaExceeded"
+    deadline = time.monotonic() + 10  # ten cycles over target: no replica beyond what the quota refuses
+    while time.monotonic() < deadline:
+        assert replicas() == 2
+        time.sleep(0.5)
+    fleet.core.patch_namespaced_resource_quota("gpus", ns, {"spec": {"hard": {"requests.nvidia.com/gpu": "3"}}})
+    fleet.wait_ready("capped", replicas=3, timeout=150)
