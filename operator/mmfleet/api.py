@@ -860,15 +860,21 @@ class ModelCacheSpec(Model):
 class IdentitySpec(Model):
     """Cloud workload identity the server uses to read the model store."""
 
+    # Bounded (they become ServiceAccount annotations): a sanity limit, not the clouds' own rules.
     aws_role_arn: str | None = Field(
-        default=None, pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$", description="EKS: IAM role (IRSA)."
+        default=None,
+        max_length=2048,
+        pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/\S+$",
+        description="EKS: IAM role (IRSA).",
     )
     azure_client_id: str | None = Field(
         default=None,
         pattern=r"^[0-9a-fA-F-]{36}$",
         description="AKS: client ID of the managed identity (Azure workload identity).",
     )
-    alibaba_role_name: str | None = Field(default=None, description="ACK: RAM role name (RRSA).")
+    alibaba_role_name: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=r"^\S+$", description="ACK: RAM role name (RRSA)."
+    )
 
 
 def _cidr(value: str) -> str:
