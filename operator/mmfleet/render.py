@@ -449,7 +449,7 @@ def build_network_policy(inference: MultimodalInference, prometheus_namespace: s
 
     rules: list[Manifest] = [{"ports": port, "from": peers(policy.ingress_from) or [{"podSelector": {}}]}]
     scrapers = peers(policy.metrics_from)
-    if prometheus_namespace and prometheus_namespace != inference.metadata.namespace:
+    if prometheus_namespace:  # even the fleet's own: ingressFrom may leave it out
         namespace_label = {"kubernetes.io/metadata.name": prometheus_namespace}
         scrapers.append({"namespaceSelector": {"matchLabels": namespace_label}})
     if scrapers:

@@ -227,6 +227,10 @@ def test_the_serving_port_admits_the_namespace_and_prometheus_only_by_default() 
     assert clients == {"ports": [{"port": "http", "protocol": "TCP"}], "from": [{"podSelector": {}}]}
     assert scrapers["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert len(network_policy(spec_doc(), prometheus_namespace=None)["ingress"]) == 1
+    # Prometheus in the fleet's own namespace still scrapes when ingressFrom names only other clients.
+    team = {"namespaceSelector": {"matchLabels": {"team": "vision"}}}
+    _, scrapers = network_policy(spec_doc(networkPolicy={"ingressFrom": [team]}), prometheus_namespace="ml")["ingress"]
+    assert scrapers["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}}}]
 
 
 def test_the_user_names_clients_and_scrapers_and_a_load_balancer_opens_the_port() -> None:
