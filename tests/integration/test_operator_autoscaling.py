@@ -61,7 +61,9 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
 ) -> None:
     server, pods = scraped
     ns = fleet.namespace
-    pods.add(FakePod(ns, "hot-fake", "hot", rate=5, latency=4.0, waiting=5, running=5))
+    # As many reporting pods as "hot" will have Ready (3, its maxReplicas): fewer would be a partial scrape.
+    for i in range(3):
+        pods.add(FakePod(ns, f"hot-fake-{i}", "hot", rate=5, latency=4.0, waiting=5, running=5))
     server.scrape(pods)
     fleet.create(mmi("hot", autoscaling={"minReplicas": 1, "maxReplicas": 3, "slo": SLO}))
     fleet.create(mmi("quiet", autoscaling={"minReplicas": 1, "maxReplicas": 4, "slo": SLO}))

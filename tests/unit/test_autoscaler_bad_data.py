@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
 from mmfleet.autoscaler.cycle import Pods
 from mmfleet.autoscaler.metrics import Signals
-from tests.unit.test_autoscaler_cycle import busy, conditions, fleet, run
+from tests.unit.test_autoscaler_cycle import T0, busy, conditions, fleet, run
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,16 @@ def test_a_partial_scrape_says_so_and_never_scales_down() -> None:
     assert message.startswith("1 of 6 Ready pods report series")
     _, _, current = run(fleet(), 6, replace(quiet, reporting=6), cycles=60, pods=Pods(ready=6), memory=learned)
     assert current < 6, "the same numbers from every pod do scale down"
+
+
+def test_pods_ready_for_less_than_a_scrape_interval_are_not_yet_expected_to_report() -> None:
+    """Right after a scale-up, new pods are Ready before Prometheus has scraped them: not a partial scrape."""
+    signals = replace(busy(1.0, waiting=0.0), reporting=3)
+    just_ready = Pods(ready=5, ready_since=(T0 - timedelta(minutes=10),) * 3 + (T0 - timedelta(seconds=10),) * 2)
+    outcomes, _, _ = run(fleet(), 5, signals, cycles=1, pods=just_ready)
+    assert conditions(outcomes[-1])["MetricsAvailable"][:2] == (True, "SeriesPresent")
+    outcomes, _, _ = run(fleet(), 5, signals, cycles=1, pods=just_ready, start=T0 + timedelta(minutes=2))
+    assert conditions(outcomes[-1])["MetricsAvailable"][:3] == (
+        False, "PartialScrape", "3 of 5 Ready pods report series, so the sums miss pods: the fleet may grow, not "
+        "shrink (does Prometheus scrape every pod?)",
+    )  # fmt: skip

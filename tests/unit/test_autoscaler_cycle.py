@@ -95,6 +95,7 @@ def test_pods_are_counted_as_the_policy_needs_and_cold_start_is_their_median_cre
         unschedulable=1,
         why_unschedulable="pod e: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
         cold_start=90.0,
+        ready_since=tuple(datetime.fromisoformat(f"2026-11-29T11:0{t}Z") for t in ("1:30", "1:00", "3:00")),
     )
     assert count_pods([pod("h", phase="Pending")]).cold_start is None
 

@@ -46,6 +46,9 @@ WARM_UP_S = RATE_WINDOW_S  # the policy is asked once a fleet's series cover a w
 MAX_LATENCY = 86400.0  # s: histogram_quantile answers at most the highest finite bucket, else +Inf
 MAX_RATE_PER_POD = 10_000.0  # finished requests/s
 MAX_IN_FLIGHT_PER_POD = 100_000.0  # waiting, and running, requests
+# A pod Ready for less than this may not have been scraped yet (Prometheus' default scrape interval is 1m), so it is
+# not counted among the pods that should report.
+SCRAPE_GRACE = 60.0  # s
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Pods:
     unschedulable: int = 0  # the scheduler found no node (for GPU pods: no free GPUs)
     why_unschedulable: str = ""  # the scheduler's message about the first of them
     cold_start: float | None = None  # median creation -> Ready of the Ready pods, s
+    ready_since: tuple[datetime, ...] = ()  # when each Ready pod turned Ready, where the kubelet said
 
 
 def _time(text: str | None) -> datetime | None:
@@ -76,6 +80,7 @@ def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
     ready = starting = unschedulable = 0
     why = ""
     cold_starts: list[float] = []
+    ready_since: list[datetime] = []
     for pod in pods:
         meta = pod.get("metadata", {})
         if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -84,6 +89,8 @@ def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
         failure = scheduling_failure(pod)
         if is_ready:
             ready += 1
+            if since is not None:
+                ready_since.append(since)
             created = _time(meta.get("creationTimestamp"))
             if created is not None and since is not None and since >= created:
                 cold_starts.append((since - created).total_seconds())
@@ -93,7 +100,12 @@ def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
         else:
             starting += 1
     cold_start = statistics.median(cold_starts) if cold_starts else None
-    return Pods(ready, starting, unschedulable, why, cold_start)
+    return Pods(ready, starting, unschedulable, why, cold_start, tuple(ready_since))
+
+
+def should_report(pods: Pods, now: datetime) -> int:
+    """The Ready pods that Prometheus has had a scrape interval to find: all but those Ready for under SCRAPE_GRACE."""
+    return pods.ready - sum(1 for since in pods.ready_since if (now - since).total_seconds() < SCRAPE_GRACE)
 
 
 @dataclass(frozen=True)
@@ -261,6 +273,7 @@ def decide(
         in_flight = (signals.waiting or 0.0) + (signals.running or 0.0)
         latency = signals.latency
         idle = latency is None and signals.request_rate == 0 and in_flight == 0
+        expected = should_report(pods, now)
         policy = policy_for(autoscaling, slo, interval)
         state = memory.policy_state if memory.policy_state is not None else policy.initial_state()
         observation = Observation(
@@ -279,7 +292,8 @@ def decide(
             waiting=signals.waiting,
             running=signals.running,
             kv_cache_usage=signals.kv_cache_usage,
-            reporting=signals.reporting,
+            # pods too newly Ready to have been scraped count as reporting: only a scrape that misses pods is partial
+            reporting=None if signals.reporting is None else signals.reporting + pods.ready - expected,
         )
         since = memory.metrics_since if memory.metrics_since is not None else clock
         memory = replace(memory, metrics_since=since)
@@ -296,9 +310,9 @@ def decide(
                 cause = "unschedulable"
             elif replicas >= autoscaling.max_replicas:
                 cause = "at_max_replicas"
-        partial = signals.reporting is not None and signals.reporting < pods.ready
+        partial = signals.reporting is not None and signals.reporting < expected
         metrics = (
-            ("MetricsAvailable", False, "PartialScrape", f"{signals.reporting} of {pods.ready} Ready pods report "
+            ("MetricsAvailable", False, "PartialScrape", f"{signals.reporting} of {expected} Ready pods report "
              "series, so the sums miss pods: the fleet may grow, not shrink (does Prometheus scrape every pod?)")
             if partial
             else ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
