@@ -96,7 +96,7 @@ def autoscale(
             if prometheus is None:
                 readings = metrics.Readings(outage="no Prometheus configured (MMFLEET_PROMETHEUS_URL is empty)")
             else:
-                readings = _read(prometheus, [metrics.Target.of(inference) for _, inference in fleets], now.timestamp())
+                readings = _read(prometheus, [inference for _, inference in fleets], now.timestamp())
             telemetry.set_present(observe, {telemetry.QUERIES: readings.queries, telemetry.OUTAGE: readings.outage})
         # The fleets' threads run in kopf's context, which has no span: the cycle's is handed over.
         traced = Traced(otel_context.get_current(), observe.get_span_context())
@@ -116,11 +116,11 @@ def autoscale(
     )  # fmt: skip
 
 
-def _read(prometheus: metrics.Prometheus, targets: list[metrics.Target], at: float) -> metrics.Readings:
-    """Prometheus' answers; whatever goes wrong reading them holds every fleet, said in MetricsAvailable, instead of
-    ending the cycle before any fleet's status is written."""
+def _read(prometheus: metrics.Prometheus, inferences: list[MultimodalInference], at: float) -> metrics.Readings:
+    """Prometheus' answers; whatever goes wrong building the queries or reading them holds every fleet, said in
+    MetricsAvailable, instead of ending the cycle before any fleet's status is written."""
     try:
-        return prometheus.read(targets, at)
+        return prometheus.read([metrics.Target.of(inference) for inference in inferences], at)
     except Exception as error:  # a bug or an answer no check foresaw: the fleets hold and say so
         log.exception("reading Prometheus failed")
         metrics_export.error("autoscale_cycle")
