@@ -1,0 +1,252 @@
+"""Least privilege, proved on the local control plane with the operator as the chart installs it (test_helm's
+``chart_run``: its ServiceAccount's token, its Deployment's args and env):
+
+- as that ServiceAccount, the API server's own authorizer (SelfSubjectAccessReview) and real calls refuse reading
+  Secrets, impersonating, escalating, binding, minting tokens and creating pods or RBAC;
+- a fleet given a model token Secret and an API-key Secret is served, scaled and deleted by that operator with no
+  call refused, in a namespace where Pod Security "restricted" is enforced (its pods are admitted, or it could not
+  be Ready); the operator's pod passes the same admission, and so does every running inference pod of the run;
+- after all that, neither Secret's value appears in the operator's log, any event, any fleet's status or
+  annotations, or the fleet's children.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet.render import INFERENCE_LABEL
+from mmfleet_lab.cluster import Cluster, ensure_binaries
+from tests.conftest import ROOT
+from tests.integration import test_helm
+from tests.integration.operator_process import wait_for
+from tests.integration.test_helm import NAMESPACE, ChartRun, Installed, _refused, _token_kubeconfig
+from tests.integration.test_operator import Fleet
+
+pytestmark = pytest.mark.integration
+
+# test_helm's fixtures, shared rather than copied: this module gets its own install and run of the chart.
+installed = test_helm.installed
+chart_run = test_helm.chart_run
+pod_monitor_crd = test_helm.pod_monitor_crd
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+# (verb, apiGroup, resource, subresource, namespace or "" for every namespace): none may be allowed.
+FORBIDDEN = [
+    *[(verb, "", "secrets", "", ns) for verb in ("get", "list", "watch") for ns in ("", "default", NAMESPACE)],
+    *[("impersonate", "", kind, "", "") for kind in ("users", "groups", "serviceaccounts")],
+    ("impersonate", "authentication.k8s.io", "userextras", "", ""),
+    ("impersonate", "authentication.k8s.io", "uids", "", ""),
+    *[("escalate", "rbac.authorization.k8s.io", kind, "", "") for kind in ("roles", "clusterroles")],
+    *[("bind", "rbac.authorization.k8s.io", kind, "", "") for kind in ("roles", "clusterroles")],
+    *[
+        (verb, "rbac.authorization.k8s.io", kind, "", "")
+        for verb in ("create", "update", "patch")
+        for kind in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+    ],
+    ("create", "", "serviceaccounts", "token", ""),
+    ("create", "", "pods", "", ""),
+    ("create", "", "pods", "exec", ""),
+    ("get", "", "nodes", "proxy", ""),
+    ("create", "", "secrets", "", ""),
+    ("update", "certificates.k8s.io", "certificatesigningrequests", "approval", ""),
+    ("patch", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", ""),
+    ("patch", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+    ("update", GROUP, PLURAL, "", ""),  # the operator never writes a fleet's spec
+    ("*", "*", "*", "", ""),
+]
+
+
+@pytest.fixture(scope="module")
+def as_operator(installed: Installed, chart_run: ChartRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig with a fresh token of the ServiceAccount the operator ran as."""
+    service_account = chart_run.username.rsplit(":", 1)[1]
+    return _token_kubeconfig(installed.cluster, service_account, tmp_path_factory.mktemp("sa") / "kubeconfig")
+
+
+def _kubectl(cluster: Cluster, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(ensure_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("verb", "group", "resource", "subresource", "namespace"), FORBIDDEN)
+def test_the_operators_service_account_may_not(
+    as_operator: Path, verb: str, group: str, resource: str, subresource: str, namespace: str
+) -> None:
+    """Asked of the API server's authorizer, as the ServiceAccount itself."""
+    with config.new_client_from_config(config_file=str(as_operator)) as api:
+        attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
+        review = client.AuthorizationV1Api(api).create_self_subject_access_review(
+            {"spec": {"resourceAttributes": {**attributes, **({"namespace": namespace} if namespace else {})}}}
+        )
+    assert review.status.allowed is False, (attributes, namespace, review.status.reason)
+
+
+def test_real_attempts_as_the_operator_are_refused(
+    installed: Installed, chart_run: ChartRun, as_operator: Path
+) -> None:
+    cluster = installed.cluster
+    service_account = chart_run.username.rsplit(":", 1)[1]
+    attempts = {
+        "list every Secret": ("get", "secrets", "--all-namespaces"),
+        "read a Secret": ("get", "secret", "sh.helm.release.v1.mmfleet.v1", "--namespace", NAMESPACE, "-o", "yaml"),
+        "impersonate an admin": ("--as=system:admin", "--as-group=system:masters", "get", "namespaces"),
+        "bind cluster-admin to itself": (
+            "create", "clusterrolebinding", f"lp-{uuid.uuid4().hex[:6]}", "--clusterrole=cluster-admin",
+            f"--serviceaccount={NAMESPACE}:{service_account}",
+        ),
+        "escalate with a role granting everything": (
+            "create", "clusterrole", f"lp-{uuid.uuid4().hex[:6]}", "--verb=*", "--resource=*",
+        ),
+        "mint a token for another ServiceAccount": ("create", "token", "default", "--namespace", "default"),
+        "run a pod": ("run", f"lp-{uuid.uuid4().hex[:6]}", "--image=busybox", "--namespace", "default"),
+    }  # fmt: skip
+    for what, args in attempts.items():
+        result = _kubectl(cluster, as_operator, *args)
+        assert result.returncode != 0, f"{what}: allowed: {result.stdout}"
+        assert "Forbidden" in result.stderr or "forbidden" in result.stderr, f"{what}: {result.stderr}"
+
+
+def _restricted_namespace(api: Any) -> str:
+    """A namespace the chart's operator watches (helm-*), enforcing Pod Security "restricted"."""
+    name = f"helm-lp-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name, "labels": RESTRICTED}})
+    wait_for(lambda: test_helm._has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
+    return name
+
+
+@pytest.fixture(scope="module")
+def secret_fleet(api: Any, chart_run: ChartRun, installed: Installed) -> dict[str, Any]:
+    """A fleet with a model token and an API key from Secrets, served, scaled and deleted by the chart's operator;
+    yields the Secrets' values and what the run left to search. It goes beside the minimal example, in a namespace
+    the operator already watches, now enforcing Pod Security "restricted"."""
+    namespace = chart_run.fleets["minimal.yaml"][0]
+    core = client.CoreV1Api(api)
+    core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED}})
+    values = {"HF_TOKEN": f"hf_{secrets.token_hex(16)}", "api-key": f"sk-{secrets.token_hex(16)}"}
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "hf-token"}, "stringData": {"HF_TOKEN": values["HF_TOKEN"]}}
+    )
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "vl-key"}, "stringData": {"key": values["api-key"]}})
+    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    body["metadata"]["name"] = "lp-secrets"
+    body["spec"]["model"]["credentialsSecret"] = "hf-token"
+    body["spec"]["apiKeySecret"] = {"name": "vl-key", "key": "key"}
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 3, "slo": {"target": "2s"}}
+    name = body["metadata"]["name"]
+    fleet = Fleet(api, namespace)
+    fleet.create(body)
+    try:
+        fleet.wait_ready(name, replicas=1, timeout=90)
+        fleet.patch(name, {"autoscaling": {"minReplicas": 2}})  # the autoscaler scales through deployments/scale
+        fleet.wait_ready(name, replicas=2, timeout=90)
+    except AssertionError as error:
+        events = [(e.reason, e.message) for e in core.list_namespaced_event(namespace).items]
+        log = chart_run.log.read_text(errors="replace")[-3000:]
+        raise AssertionError(f"{error}; status: {fleet.status(name)}; events: {events}; log: {log}") from error
+    children = [
+        api.sanitize_for_serialization(read(name, namespace))
+        for read in (
+            client.AppsV1Api(api).read_namespaced_deployment,
+            core.read_namespaced_service,
+            core.read_namespaced_service_account,
+        )
+    ]
+    pods = api.sanitize_for_serialization(
+        core.list_namespaced_pod(namespace, label_selector=f"{INFERENCE_LABEL}={name}").items
+    )
+    fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def gone() -> bool:
+        try:
+            fleet.get(name)
+        except ApiException as error:
+            return error.status == 404 and fleet.deployment(name) is None
+        return False
+
+    wait_for(gone, 90, f"{namespace}/{name} deleted, its Deployment collected")
+    return {"values": values, "namespace": namespace, "children": children, "pods": pods}
+
+
+def test_the_operator_serves_scales_and_deletes_a_fleet_with_nothing_refused(
+    secret_fleet: dict[str, Any], installed: Installed, chart_run: ChartRun
+) -> None:
+    assert len(secret_fleet["pods"]) >= 2, "the fleet's pods were admitted under Pod Security restricted"
+    refused = [
+        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("subresource"), e["objectRef"].get("namespace"))
+        for e in _refused(installed.cluster, chart_run.username)
+        if not e.get("userAgent", "").startswith("kubectl/")  # this module's deliberate attempts, made with kubectl
+    ]
+    assert refused == [], "calls of the operator's the API server refused"
+
+
+def _everything_the_run_left(api: Any, chart_run: ChartRun, fleet: dict[str, Any]) -> dict[str, str]:
+    custom = client.CustomObjectsApi(api)
+    fleets = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    events = api.sanitize_for_serialization(client.CoreV1Api(api).list_event_for_all_namespaces().items)
+    return {
+        "the operator's log": chart_run.log.read_text(errors="replace"),
+        "events": json.dumps(events),
+        "fleets' status and annotations": json.dumps(
+            [(f["metadata"].get("annotations"), f.get("status")) for f in fleets]
+        ),
+        "the fleet's children": json.dumps(fleet["children"]),
+        "the fleet's pods": json.dumps(fleet["pods"]),
+    }
+
+
+def test_no_secret_value_appears_in_logs_events_status_or_children(
+    api: Any, chart_run: ChartRun, secret_fleet: dict[str, Any]
+) -> None:
+    places = _everything_the_run_left(api, chart_run, secret_fleet)
+    assert "hf-token" in places["the fleet's children"], "the search reads the fleet's pod spec"
+    hits = [
+        (key, place) for key, value in secret_fleet["values"].items() for place, text in places.items() if value in text
+    ]
+    assert hits == []
+
+
+def test_the_operator_pod_and_every_inference_pod_pass_restricted(
+    api: Any, installed: Installed, chart_run: ChartRun
+) -> None:
+    """The operator's own pod, as the chart's Deployment makes it, created (dry run) where "restricted" is enforced;
+    every fleet namespace of the run checked against "restricted" with its running pods (a server-side dry run of
+    the label: the API server evaluates each existing pod and warns of any that would be refused)."""
+    namespace = _restricted_namespace(api)
+    try:
+        template = installed.deployment(api)["spec"]["template"]
+        pod = {
+            "metadata": {"name": "operator", "labels": template["metadata"].get("labels", {})},
+            "spec": template["spec"],
+        }
+        pod["spec"]["serviceAccountName"] = "default"  # the chart's lives in its own namespace; Pod Security ignores it
+        client.CoreV1Api(api).create_namespaced_pod(namespace, pod, dry_run="All")
+    finally:
+        client.CoreV1Api(api).delete_namespace(namespace)
+    checked = 0
+    for example, (fleet_namespace, _) in chart_run.fleets.items():
+        pods = client.CoreV1Api(api).list_namespaced_pod(fleet_namespace).items
+        if not pods:
+            continue
+        labels = [f"{key}={value}" for key, value in RESTRICTED.items()]
+        result = _kubectl(
+            installed.cluster, installed.cluster.kubeconfig,
+            "label", "--dry-run=server", "--overwrite", "namespace", fleet_namespace, *labels,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "violate" not in result.stderr, f"{example}: {result.stderr}"
+        checked += len(pods)
+    assert checked >= 3, "every example's pods were checked"
