@@ -153,16 +153,15 @@ def binaries_at(root: Path) -> Binaries:
 def ensure_binaries(progress: Progress = silent) -> Binaries:
     """Return the binaries, building whichever are missing (minutes, once); instant when cached."""
     root = cache_root()
-    if all(_complete(c, root) for c in COMPONENTS):
-        return binaries_at(root)
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("the 'go' command is needed to build the local cluster's binaries and is not on PATH")
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / ".build.lock"):
+
+    def build(go: str) -> None:
         for component in COMPONENTS:
             if not _complete(component, root):  # another process may have built it while we waited
                 _build(component, root, go, progress)
+
+    _ensure_built(
+        root, lambda: all(_complete(c, root) for c in COMPONENTS), "the local cluster's binaries", "build", build
+    )
     return binaries_at(root)
 
 
@@ -175,6 +174,20 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ensure_built(root: Path, built: Callable[[], bool], what: str, lock: str, build: Callable[[str], None]) -> None:
+    """``build(go)`` unless ``built()``, holding ``<root>/.<lock>.lock``; ``built()`` is asked again under the lock
+    because another process may have built it while this one waited."""
+    if built():
+        return
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError(f"the 'go' command is needed to build {what} and is not on PATH")
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / f".{lock}.lock"):
+        if not built():
+            build(go)
 
 
 class _Runner:
@@ -220,16 +233,47 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+class _Build:
+    """One build of ``final``: a fresh ``build.log`` in ``<cache>/src/<key>``, a runner writing to it, and the
+    "building"/"built" progress lines, so every component reports and logs alike."""
+
+    def __init__(self, final: Path, key: str, what: str, estimate: str, go: str, progress: Progress) -> None:
+        self.final = final
+        self.what = what
+        self.progress = progress
+        self.workdir = final.parent / "src" / key
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log = self.workdir / "build.log"
+        self.log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        progress(f"building {what} ... (first time only, {estimate}; log: {self.log})")
+        self.started = time.monotonic()
+        self.runner = _Runner(go, self.workdir, self.log, progress)
+
+    @contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A fresh ``<final>.tmp-<pid>`` with a ``bin`` directory, renamed to ``final`` when the block succeeds
+        (replacing an incomplete earlier result whole), so a half-built directory never looks complete."""
+        staging = self.final.parent / f".{self.final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "bin").mkdir(parents=True)
+        try:
+            yield staging
+            if self.final.exists():  # an incomplete earlier result: replace it whole
+                shutil.rmtree(self.final)
+            os.rename(staging, self.final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        elapsed = time.monotonic() - self.started
+        self.progress(f"built {self.what} in {elapsed:.0f}s -> {self.final / 'bin'}")
+
+
 def _build(component: _Component, root: Path, go: str, progress: Progress) -> None:
-    workdir = root / "src" / component.key
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "build.log"
-    log.write_text(f"# build of {component.dir_name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
     names = ", ".join(component.binaries)
-    progress(f"building {names} v{component.version} ... (first time only, {component.estimate}; log: {log})")
-    started = time.monotonic()
-    runner = _Runner(go, workdir, log, progress)
-    if not (workdir / "go.mod").exists():
+    build = _Build(
+        root / component.dir_name, component.key, f"{names} v{component.version}", component.estimate, go, progress
+    )
+    runner = build.runner
+    if not (build.workdir / "go.mod").exists():
         runner.run("mod", "init", f"mmfleet.local/{component.key}bin")
     if component.key == "k8s":
         _require_kubernetes(runner, component.version)
@@ -237,10 +281,7 @@ def _build(component: _Component, root: Path, go: str, progress: Progress) -> No
         target = f"{component.module}@v{component.version}"
         runner.run("get", target, note=f"go get {target}")
 
-    staging = root / f".{component.dir_name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "bin").mkdir(parents=True)
-    try:
+    with build.staging() as staging:
         # With one package, -o names the file (etcd's package would otherwise be called "v3").
         out = staging / "bin" / component.binaries[0] if len(component.packages) == 1 else f"{staging / 'bin'}/"
         runner.run(
@@ -253,13 +294,6 @@ def _build(component: _Component, root: Path, go: str, progress: Progress) -> No
             *component.packages,
             note=f"go build {names} (compiling; the slow step)",
         )
-        final = root / component.dir_name
-        if final.exists():  # an incomplete earlier result: replace it whole
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    progress(f"built {names} v{component.version} in {time.monotonic() - started:.0f}s -> {bin_dir(component, root)}")
 
 
 _STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/\S+)\s+=>\s+\./staging/", re.MULTILINE)
@@ -350,34 +384,24 @@ def ensure_collector(progress: Progress = silent) -> Path:
     root = cache_root()
     final = collector_dir(root)
     binary = final / "bin" / COLLECTOR_BINARY
-    if os.access(binary, os.X_OK):
-        return binary
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("the 'go' command is needed to build the OpenTelemetry Collector and is not on PATH")
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / ".collector.lock"):
-        if not os.access(binary, os.X_OK):  # another process may have built it while we waited
-            _build_collector(final, go, progress)
+    _ensure_built(
+        root,
+        lambda: os.access(binary, os.X_OK),
+        "the OpenTelemetry Collector",
+        "collector",
+        lambda go: _build_collector(final, go, progress),
+    )
     return binary
 
 
 def _build_collector(final: Path, go: str, progress: Progress) -> None:
-    workdir = final.parent / "src" / "otelcol"
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "build.log"
-    log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    progress(f"building the OpenTelemetry Collector v{COLLECTOR_VERSION} ... (first time only, ~7 min; log: {log})")
-    started = time.monotonic()
-    runner = _Runner(go, workdir, log, progress)
+    build = _Build(final, "otelcol", f"the OpenTelemetry Collector v{COLLECTOR_VERSION}", "~7 min", go, progress)
+    runner, workdir = build.runner, build.workdir
     runner.env["GOBIN"] = str(workdir / "bin")
     builder = f"{_CORE}/cmd/builder@{_RELEASE}"
     runner.run("install", builder, note=f"go install {builder}")
 
-    staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "bin").mkdir(parents=True)
-    try:
+    with build.staging() as staging:
         sources = staging / "src"
         manifest = workdir / "builder-config.yaml"
         manifest.write_text(yaml.safe_dump(collector_manifest(sources), sort_keys=False))
@@ -385,13 +409,6 @@ def _build_collector(final: Path, go: str, progress: Progress) -> None:
         runner.run(f"--config={manifest}", program=str(workdir / "bin" / "builder"), note=note)
         os.rename(sources / COLLECTOR_BINARY, staging / "bin" / COLLECTOR_BINARY)
         shutil.rmtree(sources)
-        if final.exists():  # an incomplete earlier result: replace it whole
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    elapsed = time.monotonic() - started
-    progress(f"built the OpenTelemetry Collector v{COLLECTOR_VERSION} in {elapsed:.0f}s -> {final / 'bin'}")
 
 
 # --- Helm ------------------------------------------------------------------------------------------------
@@ -427,44 +444,27 @@ def ensure_helm(progress: Progress = silent) -> Path:
     """The helm binary, built once from its Go module (about 3 minutes); instant when cached."""
     root = cache_root()
     binary = helm_path(root)
-    if os.access(binary, os.X_OK):
-        return binary
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("the 'go' command is needed to build helm and is not on PATH")
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / ".helm.lock"):
-        if not os.access(binary, os.X_OK):  # another process may have built it while we waited
-            _build_helm(binary.parent.parent, go, progress)
+    _ensure_built(
+        root,
+        lambda: os.access(binary, os.X_OK),
+        "helm",
+        "helm",
+        lambda go: _build_helm(binary.parent.parent, go, progress),
+    )
     return binary
 
 
 def _build_helm(final: Path, go: str, progress: Progress) -> None:
-    workdir = final.parent / "src" / "helm"
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "build.log"
-    log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    progress(f"building helm v{HELM_VERSION} ... (first time only, ~3 min; log: {log})")
-    started = time.monotonic()
-    runner = _Runner(go, workdir, log, progress)
+    build = _Build(final, "helm", f"helm v{HELM_VERSION}", "~3 min", go, progress)
     target = f"{_HELM_MODULE}@v{HELM_VERSION}"
-    info = json.loads(runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
-    staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "bin").mkdir(parents=True)
-    try:
+    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+    with build.staging() as staging:
         # Inside the (read-only) module: its go.mod and go.sum as released, nothing rewritten.
-        builder = _Runner(go, Path(info["Dir"]), log, progress)
+        builder = _Runner(go, Path(info["Dir"]), build.log, progress)
         builder.env["GOFLAGS"] = "-mod=readonly"
         out = str(staging / "bin" / "helm")
         ldflags = _helm_ldflags(Path(info["GoMod"]).read_text())
         builder.run("build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/helm", note="go build helm")
-        if final.exists():  # an incomplete earlier result: replace it whole
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    progress(f"built helm v{HELM_VERSION} in {time.monotonic() - started:.0f}s -> {final / 'bin'}")
 
 
 # --- Argo CD ---------------------------------------------------------------------------------------------
@@ -557,15 +557,13 @@ def ensure_argocd(progress: Progress = silent) -> ArgoCD:
     """Argo CD's application controller and repo server, built once from its Go module (minutes); then instant."""
     root = cache_root()
     built = argocd_at(root)
-    if _argocd_complete(built):
-        return built
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("the 'go' command is needed to build Argo CD and is not on PATH")
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / ".argocd.lock"):
-        if not _argocd_complete(built):  # another process may have built it while we waited
-            _build_argocd(built.repo_server.parent.parent, go, progress)
+    _ensure_built(
+        root,
+        lambda: _argocd_complete(built),
+        "Argo CD",
+        "argocd",
+        lambda go: _build_argocd(built.repo_server.parent.parent, go, progress),
+    )
     return built
 
 
@@ -580,46 +578,33 @@ def _writable_copy(source: Path, target: Path) -> None:
 
 
 def _build_argocd(final: Path, go: str, progress: Progress) -> None:
-    workdir = final.parent / "src" / "argocd"
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "build.log"
-    log.write_text(f"# build of {final.name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-    progress(f"building Argo CD v{ARGOCD_VERSION} ... (first time only, ~8 min; log: {log})")
-    started = time.monotonic()
-    runner = _Runner(go, workdir, log, progress)
+    build = _Build(final, "argocd", f"Argo CD v{ARGOCD_VERSION}", "~8 min", go, progress)
     target = f"{_ARGOCD_MODULE}@v{ARGOCD_VERSION}"
-    info = json.loads(runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
-    module = workdir / "module"
+    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+    module = build.workdir / "module"
     _writable_copy(Path(info["Dir"]), module)
     (module / "cmd" / "mmfleet-argocd").mkdir()
     (module / "cmd" / "mmfleet-argocd" / "main.go").write_text(_ARGOCD_MAIN)
-    staging = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "bin").mkdir(parents=True)
-    (staging / "crds").mkdir()
-    (staging / "config").mkdir()
     try:
-        builder = _Runner(go, module, log, progress)
-        replace = f"{_GITOPS_ENGINE}={_GITOPS_ENGINE}@{_GITOPS_ENGINE_VERSION}"
-        builder.run("mod", "edit", f"-replace={replace}", note=f"go mod edit -replace={replace}")
-        version = f"{_ARGOCD_MODULE}/common"
-        stamps = f"-X {version}.version={ARGOCD_VERSION} -X {version}.gitTag=v{ARGOCD_VERSION}"
-        out = staging / "bin" / "argocd"
-        args = ("build", "-trimpath", "-ldflags", f"-s -w {stamps}", "-o", str(out), "./cmd/mmfleet-argocd")
-        builder.run(*args, note="go build the application controller and the repo server (the slow step)")
-        for name in ARGOCD_COMMANDS:  # the component is chosen by argv[0]
-            (staging / "bin" / name).symlink_to("argocd")
-        for name in _ARGOCD_SCRIPTS:
-            shutil.copyfile(module / "hack" / name, staging / "bin" / name)
-            os.chmod(staging / "bin" / name, 0o755)
-        for name in _ARGOCD_CRDS:
-            shutil.copyfile(module / "manifests" / "crds" / name, staging / "crds" / name)
-        for name in _ARGOCD_CONFIG:
-            shutil.copyfile(module / "manifests" / "base" / "config" / name, staging / "config" / name)
-        if final.exists():  # an incomplete earlier result: replace it whole
-            shutil.rmtree(final)
-        os.rename(staging, final)
+        with build.staging() as staging:
+            (staging / "crds").mkdir()
+            (staging / "config").mkdir()
+            builder = _Runner(go, module, build.log, progress)
+            replace = f"{_GITOPS_ENGINE}={_GITOPS_ENGINE}@{_GITOPS_ENGINE_VERSION}"
+            builder.run("mod", "edit", f"-replace={replace}", note=f"go mod edit -replace={replace}")
+            version = f"{_ARGOCD_MODULE}/common"
+            stamps = f"-X {version}.version={ARGOCD_VERSION} -X {version}.gitTag=v{ARGOCD_VERSION}"
+            out = staging / "bin" / "argocd"
+            args = ("build", "-trimpath", "-ldflags", f"-s -w {stamps}", "-o", str(out), "./cmd/mmfleet-argocd")
+            builder.run(*args, note="go build the application controller and the repo server (the slow step)")
+            for name in ARGOCD_COMMANDS:  # the component is chosen by argv[0]
+                (staging / "bin" / name).symlink_to("argocd")
+            for name in _ARGOCD_SCRIPTS:
+                shutil.copyfile(module / "hack" / name, staging / "bin" / name)
+                os.chmod(staging / "bin" / name, 0o755)
+            for name in _ARGOCD_CRDS:
+                shutil.copyfile(module / "manifests" / "crds" / name, staging / "crds" / name)
+            for name in _ARGOCD_CONFIG:
+                shutil.copyfile(module / "manifests" / "base" / "config" / name, staging / "config" / name)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(module, ignore_errors=True)
-    progress(f"built Argo CD v{ARGOCD_VERSION} in {time.monotonic() - started:.0f}s -> {final / 'bin'}")
