@@ -16,6 +16,7 @@ paid there for every window. ``reactive-exact`` is the same rule with no headroo
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -89,6 +90,7 @@ def members(cell: Cell, need: IntArray, cold_start: float, initial: int) -> list
         for _ in range(RAISES + 1):
             result = replay_counts(cell, reactive_counts(need, lead, k, h), cold_start, "reactive-bound")
             misses = len(failing_windows(cell, result))
+            gc.collect()  # a run's engine and metric book refer to each other: free each replay (GBs on spikes)
             if not misses:
                 break
             h *= RAISE
