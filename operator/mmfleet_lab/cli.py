@@ -71,17 +71,24 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
         default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
     scenarios = args.scenario or (["trace"] if trace is not None else default)
     baselines, record = frozen[0]
+    policies = [Shipped(), Shipped(PROFILED, capacity_per_replica=float(record["profile"]["capacity"])), *baselines]
+    names = [p.name for p in policies]
+    unknown = sorted(set(args.policy or ()) - set(names))
+    if unknown:
+        print(f"--policy: {', '.join(unknown)} is not a policy; accepted: {', '.join(names)}", file=sys.stderr)
+        return EXIT_INVALID
     return autoscale.main(
         scenarios,
         args.cold_start or colds,
         Path(args.docs),
         Path(args.plots),
         _progress,
-        [Shipped(), Shipped(PROFILED, capacity_per_replica=float(record["profile"]["capacity"])), *baselines],
+        [p for p in policies if not args.policy or p.name in args.policy],
         seeds=args.seed or list(autoscale.SEEDS),
         trace=trace,
         oracle=not args.no_oracle,
         tuned_from=f"`{record['command']}`, {args.tuned}",
+        only=args.policy or (),
     )
 
 
@@ -259,6 +266,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bas.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
     p_bas.add_argument("--quick", action="store_true", help=f"one cell: {QUICK_CELL} at 90 s")
     p_bas.add_argument("--no-oracle", action="store_true", help="skip the oracles (10-70 s a cell and seed)")
+    p_bas.add_argument("--policy", action="append", help="run only this policy (repeatable; default: all)")
     p_bas.add_argument("--tuned", default=str(_tuned()), help="the baselines' frozen settings (mmfleet bench tune)")
     p_bas.set_defaults(func=cmd_bench_autoscale)
     p_reach = bench.add_parser(

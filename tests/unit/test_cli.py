@@ -152,3 +152,11 @@ def test_twin_profile_prints_the_capacity_as_a_spec_a_fleet_accepts() -> None:
     impossible = run("twin", "profile", "--target", "0.01s")
     assert impossible.returncode == 2
     assert "--target 0.01s: no steady rate meets" in impossible.stderr and "Traceback" not in impossible.stderr
+
+
+def test_bench_autoscale_refuses_an_unknown_policy_naming_those_it_has(tmp_path: Path) -> None:
+    docs = tmp_path / "benchmarks.md"
+    result = run("bench", "autoscale", "--quick", "--policy", "mmfleet", "--policy", "hpa2", "--docs", str(docs))
+    assert result.returncode == 2
+    assert "--policy: hpa2 is not a policy; accepted: mmfleet, mmfleet-profiled, static, hpa" in result.stderr
+    assert not docs.exists()

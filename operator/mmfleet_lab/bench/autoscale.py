@@ -441,9 +441,10 @@ def main(
     trace: TraceFile | None = None,
     oracle: bool = True,
     tuned_from: str = "",
+    only: Sequence[str] = (),
 ) -> int:
     """Run every cell, print its table, write the section and the plots; ``tuned_from`` says where the
-    baselines' settings came from."""
+    baselines' settings came from, ``only`` which policies were asked for (for the reproduce line)."""
     slo = REFERENCE_SLO
     params = H200_QWEN25VL7B
     shipped = Shipped()
@@ -474,7 +475,7 @@ def main(
     print("\n".join(summary))
     command = "mmfleet bench autoscale " + " ".join(
         [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts),
-         *(f"--seed {s}" for s in seeds), *(() if oracle else ("--no-oracle",))]
+         *(f"--seed {s}" for s in seeds), *(() if oracle else ("--no-oracle",)), *(f"--policy {p}" for p in only)]
     )  # fmt: skip
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores). "
