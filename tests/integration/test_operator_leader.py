@@ -69,6 +69,8 @@ def test_two_operators_one_lease_exactly_one_scale_per_fleet_per_cycle_and_a_sta
     assert scaled(standby, namespace, "spike") == []
     steps = scaled(leader, namespace, "spike")
     assert [re.findall(r": (\d+ -> \d+)", s)[-1] for s in steps] == ["1 -> 2", "2 -> 3"], steps  # once per cycle
+    # The operator's own scales are not hand edits: no "was edited by hand; re-applying" and no re-apply after them.
+    assert "was edited by hand" not in leader.log.read_text(errors="replace")
     events = fleet.core.list_namespaced_event(namespace, field_selector="involvedObject.name=spike").items
     assert sum(e.count or 1 for e in events if e.reason == "ScaledUp") == 2
 

@@ -57,8 +57,11 @@ def test_the_autoscalers_own_scale_is_not_a_hand_edit_but_a_hand_scale_or_spec_e
     kubectl = {"manager": "kubectl", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
     assert fleet.edited_by_hand(scaled(5, 7, [kubectl]), applied)  # kubectl scale took the field over
     assert fleet.edited_by_hand(scaled(5, 3, [SCALER_FIELDS], paused=True), applied)  # an edit beside replicas
-    fixed = fleet._fingerprint(scaled(4, 3, []))  # no autoscaling: replicas are the spec's
-    assert fleet.edited_by_hand(scaled(5, 7, []), fixed)
+    # The first apply of an autoscaled fleet: replicas defaulted to 1, owned by no one; then the autoscaler's clamp.
+    first = fleet._fingerprint(scaled(1, 1, [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:template": {}}}}]))
+    assert not fleet.edited_by_hand(scaled(2, 2, [SCALER_FIELDS]), first)
+    fixed = fleet._fingerprint(scaled(4, 3, [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]))
+    assert fleet.edited_by_hand(scaled(5, 7, [kubectl]), fixed)  # no autoscaling: kubectl scale is repaired
 
 
 def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -> None:

@@ -50,7 +50,7 @@ from mmfleet.kube import (
     error_text,
     is_forbidden,
 )
-from mmfleet.render import INFERENCE_LABEL, SpecError
+from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL, SpecError
 
 CHILD_LABELS: dict[str, Any] = {
     INFERENCE_LABEL: kopf.PRESENT,
@@ -91,10 +91,20 @@ def schedule_retry(key: Key) -> None:
     STATE.retries[key] = Retry(attempts, time.monotonic() + retry_delay(attempts))
 
 
+def _replicas_set_by_others(obj: Mapping[str, Any]) -> bool:
+    """Whether a manager other than the operator's two (its apply, the autoscaler's scale) owns ``spec.replicas``."""
+    return any(
+        entry.get("manager") not in (FIELD_MANAGER, AUTOSCALER_FIELD_MANAGER)
+        and "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
+        for entry in obj.get("metadata", {}).get("managedFields") or []
+    )
+
+
 def _spec_digest(obj: Mapping[str, Any]) -> str:
-    """The spec, without replicas while the autoscaler owns them: a scale is not an edit."""
+    """The spec, with replicas only when someone else set them: the operator's own scales are not edits (its apply
+    leaves replicas to the autoscaler, whose scale then bumps the generation), ``kubectl scale`` is."""
     spec = dict(obj.get("spec") or {})
-    if _scaler_owns_replicas(dict(obj)):
+    if not _replicas_set_by_others(obj):
         spec.pop("replicas", None)
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
