@@ -205,12 +205,17 @@ def cmd_twin_profile(args: argparse.Namespace) -> int:
     except ValidationError as error:
         print(f"mmfleet twin profile: {'; '.join(e['msg'] for e in error.errors())}", file=sys.stderr)
         return EXIT_INVALID
-    try:
-        folder = traces_dir(Path(args.traces) if args.traces else None)
-        mix, _ = base_requests(args.mix, folder, np.random.default_rng(args.seed))
-    except (ValueError, FileNotFoundError, OSError) as error:
-        print(f"mmfleet twin profile: {error}", file=sys.stderr)
-        return 1
+    folder = traces_dir(Path(args.traces) if args.traces else None)
+    loaded: list[Any] = []
+    problem = _unreadable(
+        "--traces",
+        str(folder),
+        lambda: loaded.append(base_requests(args.mix, folder, np.random.default_rng(args.seed))),
+    )
+    if problem:
+        print(f"mmfleet twin profile: {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    mix, _ = loaded[0]
     capacity = capacity_at_slo(PROFILES[args.profile], mix, slo)
     if capacity <= 0:
         print(f"mmfleet twin profile: --target {args.target}: no steady rate meets P{slo.percentile:g} {slo.metric} "

@@ -130,3 +130,31 @@ def test_bench_refuses_a_broken_tuned_file(make: Callable[[Path], Path], says: s
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith(f"--tuned {path}") and says in result.stderr, result.stderr
+
+
+def _traces(content: bytes | None) -> Callable[[Path], Path]:
+    """A --traces folder whose token statistics file (the first one `twin profile` reads) holds ``content``."""
+
+    def make(folder: Path) -> Path:
+        if content is not None:
+            (folder / "servegen_client_token_stats_6h.csv").write_bytes(content)
+        return folder
+
+    return make
+
+
+TRACE_FOLDERS: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("a missing folder", lambda folder: folder / "nope", "is missing. Get it from"),
+    ("a folder without the file", _traces(None), "is missing. Get it from"),
+    ("non-UTF-8", _traces(b"model,window\n\xff\xfe,1\n"), ": not UTF-8 text (byte 0xff)"),
+    ("an empty file", _traces(b""), "no multimodal token rows"),
+]
+
+
+@pytest.mark.parametrize(("make", "says"), [case[1:] for case in TRACE_FOLDERS], ids=[c[0] for c in TRACE_FOLDERS])
+def test_twin_profile_refuses_a_broken_traces_folder(make: Callable[[Path], Path], says: str, tmp_path: Path) -> None:
+    folder = make(tmp_path)
+    result = run("twin", "profile", "--traces", str(folder))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"mmfleet twin profile: --traces {folder}") and says in result.stderr, result.stderr
