@@ -47,13 +47,14 @@ from mmfleet.render import SpecError
 from mmfleet.validation import parse
 from mmfleet_lab.cluster import Cluster, ensure_binaries
 from tests.conftest import ROOT
-from tests.integration import test_helm
+from tests.integration import test_helm, test_least_privilege
 
 pytestmark = pytest.mark.integration
 
 # The Prometheus Operator's released PodMonitor CRD, served while this module runs (test_helm's fixture), so that the
 # operator renders PodMonitors as it would with the CRD installed and the API server validates them too.
 pod_monitor_crd = test_helm.pod_monitor_crd
+settled_pod_monitor_crd = test_least_privilege.settled_pod_monitor_crd
 
 SEED = int(os.environ.get("MMFLEET_FUZZ_SEED", "13"))
 COUNT = int(os.environ.get("MMFLEET_FUZZ_COUNT", "1200"))  # half from the schema, half mutations of the examples
