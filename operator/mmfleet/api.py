@@ -900,12 +900,23 @@ Cidr = Annotated[
 ]
 
 
+def _secret_key(value: str) -> str:
+    """The API server refuses '.' and '..' as a secretKeyRef key though they match the key pattern."""
+    if value in (".", ".."):
+        raise ValueError(f"{value!r} is not a Secret key: use letters, digits, '-', '_' and '.', not '.' or '..' alone")
+    return value
+
+
 class SecretKeySelector(Model):
     """One key of a Secret in the fleet's namespace."""
 
     name: DnsSubdomain = Field(description="Secret name.")
-    key: str = Field(
-        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret's data."
+    key: Annotated[str, AfterValidator(_secret_key)] = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key in the Secret's data.",
+        json_schema_extra={"x-kubernetes-validations": [cel("self != '.' && self != '..'", "must not be '.' or '..'")]},
     )
 
 

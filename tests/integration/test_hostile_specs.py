@@ -132,6 +132,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"backend": {"name": "tensorrt-llm"}, "apiKeySecret": {"name": "k", "key": "k"}},
         "spec.apiKeySecret",
     ),
+    # Found by the fuzzer (tests/integration/test_fuzz.py, seed 13): the key pattern admits '..', secretKeyRef does not.
+    "dot-dot-secret-key": ({"apiKeySecret": {"name": "k", "key": ".."}}, "spec.apiKeySecret.key"),
 }
 
 

@@ -250,3 +250,9 @@ def test_the_user_names_clients_and_scrapers_and_a_load_balancer_opens_the_port(
 def test_a_network_peer_names_namespaces_or_pods() -> None:
     (line,) = problems_of(spec_doc(networkPolicy={"ingressFrom": [{}]}))
     assert line.startswith("spec.networkPolicy.ingressFrom[0].namespaceSelector: give namespaceSelector, podSelector")
+
+
+@pytest.mark.parametrize("key", [".", ".."])
+def test_a_secret_key_of_dots_alone_is_refused_naming_the_field(key: str) -> None:
+    (line,) = problems_of(spec_doc(apiKeySecret={"name": "k", "key": key}))
+    assert line.startswith("spec.apiKeySecret.key:") and "not '.' or '..' alone" in line, line
