@@ -113,7 +113,7 @@ class FaultProxy:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="mmfleet-fault-proxy-")
-        self._watches: set[web.BaseRequest] = set()
+        self._watches: dict[int, web.BaseRequest] = {}  # id -> an open watch (requests are not hashable)
 
     def _ssl(self) -> ssl.SSLContext:
         cluster = self._admin["clusters"][0]["cluster"]
@@ -141,7 +141,7 @@ class FaultProxy:
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -150,6 +150,8 @@ class FaultProxy:
     def stop(self) -> None:
         async def _stop() -> None:
             self._cleared.set()
+            for request in list(self._watches.values()):
+                _drop(request)
             if self._runner is not None:
                 await self._runner.cleanup()
             if self._session is not None:
@@ -164,7 +166,7 @@ class FaultProxy:
         def _set() -> None:
             self._fault = fault
             self._cleared.clear()
-            for request in list(self._watches):
+            for request in list(self._watches.values()):
                 if fault.matches(request, True):
                     _drop(request)
 
@@ -225,20 +227,20 @@ class FaultProxy:
                 status=upstream.status,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS},
             )
-            await response.prepare(request)
             fault = self._fault
             if watch and fault is not None and fault.matches(request, watch):
                 self.counts.faulted += 1
                 asyncio.get_running_loop().call_later(WATCH_DROP_AFTER, _drop, request)
             if watch:
-                self._watches.add(request)
+                self._watches[id(request)] = request
             try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                with contextlib.suppress(ConnectionResetError):
+                with contextlib.suppress(ConnectionResetError):  # the operator (or a drop) closed the stream
+                    await response.prepare(request)
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
                     await response.write_eof()
             finally:
-                self._watches.discard(request)
+                self._watches.pop(id(request), None)
             return response
 
 
