@@ -103,3 +103,14 @@ def test_a_partial_scrape_never_scales_down() -> None:
         assert partial_d.replicas == 8, partial_d.reason
     assert any(downs), "with every pod reporting, the same numbers do scale down"
     assert "only 2 of 8 Ready pods report metrics" in partial_d.reason
+
+
+def test_a_standing_queue_while_pods_start_teaches_nothing_about_capacity() -> None:
+    """A spike: the fleet has ordered pods and its queue stands until they are Ready; that is not a wrong μ_SLO."""
+    policy = SloPolicy()
+    state, _ = settled(policy, 3, 600)
+    late = {"request_rate": MU * 3 * 0.5, "running": MU * 3, "waiting": 500.0, "latency": 3 * TARGET}
+    for i in range(8):
+        d = policy.decide(seen(600.0 + 15.0 * i, 9, ready=3, starting=6, **late), state)
+        state = d.state
+    assert state.learned_capacity == MU
