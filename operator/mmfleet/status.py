@@ -190,6 +190,8 @@ class Observed:
     tracing: TracingSeen | None = None
     # (reason, message): why the operator applied nothing (a child it does not own, a write the API server refused).
     refused: tuple[str, str] | None = None
+    # Why this reconcile's apply failed for now (409, 429, 5xx, no answer): kopf retries it with backoff.
+    retrying: str | None = None
 
 
 @dataclass(frozen=True)
@@ -457,6 +459,8 @@ def compute_status(
             now,
             generation,
         )
+    if observed.retrying is not None:
+        progressing = condition("Progressing", False, "ApiServerRetrying", observed.retrying, before, now, generation)
     if observed.cache_problem is not None:
         reason, message = observed.cache_problem
         degraded = condition("Degraded", True, reason, message, before, now, generation)

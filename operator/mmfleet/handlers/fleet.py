@@ -294,7 +294,14 @@ def _tracing(inference: MultimodalInference, cloud: str) -> status.TracingSeen |
     return seen
 
 
-def _observe(body: Body, inference: MultimodalInference, deployment: Body | None, pods: list[Body], cloud: str) -> None:
+def _observe(
+    body: Body,
+    inference: MultimodalInference,
+    deployment: Body | None,
+    pods: list[Body],
+    cloud: str,
+    retrying: str | None = None,
+) -> None:
     meta = inference.metadata
     observed = status.Observed(
         deployment=deployment,
@@ -303,6 +310,7 @@ def _observe(body: Body, inference: MultimodalInference, deployment: Body | None
         cache_problem=_cache_problem(inference),
         tracing=_tracing(inference, cloud),
         refused=STATE.refused.get((meta.namespace, meta.name)),
+        retrying=retrying,
     )
     previous = last_status((meta.namespace, meta.name), body)
     write_status(body, status.compute_status(inference, observed, previous, utc_now()), previous)
@@ -387,7 +395,12 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
             if prune:
                 _prune(inference, children)
         except RetryableError as error:
-            raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=retry_delay(attempt)) from error
+            delay = retry_delay(attempt)
+            with contextlib.suppress(RetryableError):  # the status write may meet the same fault
+                _observe(
+                    body, inference, live, pods, cloud, f"the API server asked to retry: {error}; next in {delay:.0f} s"
+                )
+            raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=delay) from error
         except NamespaceTerminatingError:
             log.info("%s/%s: its namespace is being deleted; nothing to apply", *key)
             return
