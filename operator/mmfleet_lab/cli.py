@@ -32,6 +32,14 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
     return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress, args.floor)
 
 
+def cmd_bench_faults(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab import faults_crash
+
+    return faults_crash.main(args.kills, args.seed, Path(args.docs), _progress)
+
+
 def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -256,6 +264,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--floor", action="store_true", help="also apply the children with no operator: what the cluster alone needs"
     )
     p_bop.set_defaults(func=cmd_bench_operator)
+    p_bfa = bench.add_parser("faults", help="SIGKILL the operator mid-reconcile N times; orphans, duplicates, converge")
+    p_bfa.add_argument("--kills", type=int, default=100, help="trials, one SIGKILL each (default 100)")
+    p_bfa.add_argument("--seed", type=int, default=0, help="seed of the operations and kill moments")
+    p_bfa.add_argument("--docs", default="docs/reliability.md", help="where the table is written")
+    p_bfa.set_defaults(func=cmd_bench_faults)
     p_bas = bench.add_parser("autoscale", help="every policy and the oracle in the digital twin, on real traces")
     p_bas.add_argument("--scenario", action="append", help="scenario (repeatable; default: all)")
     p_bas.add_argument("--cold-start", type=float, action="append", help="cold start L in s (repeatable)")

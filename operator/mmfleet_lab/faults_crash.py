@@ -10,12 +10,16 @@ Ready not matching the Deployment), stuck deletions (deletionTimestamp set, stil
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mmfleet.api import GROUP, VERSION
@@ -261,3 +265,45 @@ def run(
             f"in {time.monotonic() - restarted:.1f}s"
         )
     return report
+
+
+CLUSTER = "mmfleet-faults"
+DOCS_KEY = "faults-crash"
+
+
+def main(kills: int, seed: int, docs: Path, progress: Callable[[str], None]) -> int:
+    """``mmfleet bench faults``: a fresh local cluster, the operator as its own process, ``kills`` trials; the table."""
+    from mmfleet_lab.bench.operator_scale import NAMESPACE, _install
+    from mmfleet_lab.bench.report import table, write_section
+    from mmfleet_lab.cluster import down, up
+
+    cluster = up(CLUSTER, pod_ready_delay="2s", progress=progress)
+    log = cluster.state_dir / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def restart() -> None:
+        if procs:
+            procs[-1].kill()
+            procs[-1].wait(timeout=10)
+        with log.open("ab") as out:
+            command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""]
+            procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
+
+    try:
+        api = _install(cluster)
+        restart()
+        report = run(Namespace(api, NAMESPACE), restart, kills, seed, progress=progress)
+    finally:
+        if procs:
+            procs[-1].terminate()
+            procs[-1].wait(timeout=15)
+        down(CLUSTER, progress=progress)
+    body = (
+        f"{table(HEADERS, [report.row()])}\n\nSeed {seed}, 8 fleets; reproduce: "
+        f"`mmfleet bench faults --kills {kills} --seed {seed}`"
+    )
+    write_section(docs, DOCS_KEY, "Crash mid-reconcile benchmark (`mmfleet bench faults`)", body)
+    if report.unconverged:
+        progress(f"{report.unconverged} trial(s) did not converge: {report.worst.problems[:10]}")
+    return 1 if report.unconverged else 0
