@@ -128,11 +128,23 @@ def cmd_bench_reachable(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from mmfleet_lab.bench import reachable
+    from mmfleet_lab.twin.scenarios import NAMES
 
-    return reachable.main(
-        args.scenario or list(REACHABLE_CELLS), args.cold_start or [90.0], args.seed or [0, 1, 2], Path(args.docs),
-        _progress,
-    )  # fmt: skip
+    scenarios = args.scenario or list(REACHABLE_CELLS)
+    unknown = [s for s in scenarios if s not in NAMES]
+    if unknown:
+        print(f"--scenario: {', '.join(unknown)} is not a scenario; accepted: {', '.join(NAMES)}", file=sys.stderr)
+        return EXIT_INVALID
+    colds = args.cold_start or [90.0]
+    odd = [c for c in colds if c <= 0 or not float(c).is_integer()]
+    if odd:
+        print(f"--cold-start: {', '.join(f'{c:g}' for c in odd)}: the oracle plans in whole seconds; give a whole "
+              "number of seconds above 0, e.g. 90", file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
+    if args.workers < 1:
+        print(f"--workers: {args.workers}; at least 1", file=sys.stderr)
+        return EXIT_INVALID
+    return reachable.main(scenarios, colds, args.seed or [0, 1, 2], Path(args.docs), _progress, args.workers)
 
 
 QUICK_CELL = "spike-x4@azure-code"
@@ -295,6 +307,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_reach.add_argument("--cold-start", type=float, action="append", help="cold start L in s (repeatable; default 90)")
     p_reach.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-2)")
     p_reach.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_reach.add_argument("--workers", type=int, default=2, help="processes (default 2; a spike cell's takes ~8 GB)")
     p_reach.set_defaults(func=cmd_bench_reachable)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")

@@ -160,3 +160,16 @@ def test_bench_autoscale_refuses_an_unknown_policy_naming_those_it_has(tmp_path:
     assert result.returncode == 2
     assert "--policy: hpa2 is not a policy; accepted: mmfleet, mmfleet-profiled, static, hpa" in result.stderr
     assert not docs.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--scenario", "azure-cod"], "--scenario: azure-cod is not a scenario; accepted: azure-conv"),
+        (["--cold-start", "45.5"], "--cold-start: 45.5: the oracle plans in whole seconds"),
+        (["--workers", "0"], "--workers: 0; at least 1"),
+    ],
+)
+def test_bench_reachable_refuses_a_bad_flag_naming_it(tmp_path: Path, flags: list[str], said: str) -> None:
+    result = run("bench", "reachable", *flags, "--docs", str(tmp_path / "b.md"))
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr

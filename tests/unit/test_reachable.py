@@ -55,3 +55,7 @@ def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle(
         assert failing_windows(cell, result) == []
         oracle_hours = (oracle.result.gpu_seconds - cell.initial * cell.start) / 3600.0
         assert m.row.gpu_hours >= oracle_hours - 1e-9
+
+
+def test_the_family_keeps_within_the_policies_max_replicas() -> None:
+    assert reactive_counts(NEED, 1, 0, 3.0, cap=9).tolist() == [4, 9, 9, 9, 6, 6, 9]

@@ -7,11 +7,12 @@ sizing rule can reach on a cell, by granting it far more than metrics show: the 
 estimate. Ordered then, replicas are Ready ``lead`` = ceil(L / window) windows later, so window w gets
 ``ceil(h × max(need[w - lead - k .. w - lead]))``: a headroom ``h`` over the largest need of the last ``k + 1``
 windows it could have seen, which is the shape of every autoscaler compared here (a target utilisation is a
-headroom, a stabilisation window a trailing max). Both knobs are then picked in hindsight, on the cell itself:
-for each ``k``, the smallest ``h`` that covers every window's need, raised while the replay still misses one.
-The cheapest such member that meets every window is ``reactive-bound``: a bound on the family, not a policy
-(it is tuned on the cell it is scored on), so ``× oracle`` of it is the least a reactive policy could have
-paid there for every window. ``reactive-exact`` is the same rule with no headroom and no lookback.
+headroom, a stabilisation window a trailing max), capped at the policies' maxReplicas. Both knobs are then
+picked in hindsight, on the cell itself: for each ``k``, the smallest ``h`` that covers every window's need,
+raised while the replay still misses a window, then bisected down while it meets them all. The cheapest member
+found that meets every window is ``reactive-bound``: tuned on the cell it is scored on, so not a policy. It is
+the result of a search, not a proof: a member between the grid's points, or a policy ordering within a window
+rather than at its start, could pay less. ``reactive-exact`` is the same rule with no headroom and no lookback.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 LOOKBACKS = (0, 1, 2, 4, 8, 16, 32)  # up to half the hour: the peak a fleet that rarely scales down holds
 RAISE = 1.05  # the headroom's step when a replay still misses a window
 RAISES = 8
+LOWEST = 0.5  # the bisection's floor for the headroom
+BISECTIONS = 5
 
 Progress = Callable[[str], None]
 
@@ -57,9 +60,12 @@ def trailing_need(need: IntArray, lead: int, lookback: int) -> IntArray:
     return base
 
 
-def reactive_counts(need: IntArray, lead: int, lookback: int, headroom: float) -> IntArray:
-    """ceil(headroom × trailing need) from ``lead`` on; the need itself before."""
+def reactive_counts(need: IntArray, lead: int, lookback: int, headroom: float, cap: int | None = None) -> IntArray:
+    """ceil(headroom × trailing need) from ``lead`` on, at most ``cap`` (the policies' maxReplicas); the need
+    itself before."""
     counts: IntArray = np.ceil(headroom * trailing_need(need, lead, lookback) - 1e-9).astype(np.int64)
+    if cap is not None:
+        np.minimum(counts, cap, out=counts)
     counts[:lead] = need[:lead]
     return counts
 
@@ -80,23 +86,40 @@ class Member:
     misses: int
 
 
-def members(cell: Cell, need: IntArray, cold_start: float, initial: int) -> list[Member]:
+def members(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
     """For each lookback, the cheapest headroom found that meets every window (or the last tried, with its
-    misses), replayed and scored like every policy."""
+    misses), replayed and scored like every policy: raised from the covering headroom until a replay meets every
+    window, then bisected down towards ``LOWEST`` (a window can pass below the oracle's count when earlier
+    windows had headroom)."""
     lead = lead_windows(cold_start, cell.window)
     found = []
-    for k in LOOKBACKS:
-        h = covering_headroom(need, lead, k)
-        for _ in range(RAISES + 1):
-            result = replay_counts(cell, reactive_counts(need, lead, k, h), cold_start, "reactive-bound")
-            misses = len(failing_windows(cell, result))
-            gc.collect()  # a run's engine and metric book refer to each other: free each replay (GBs on spikes)
-            if not misses:
-                break
-            h *= RAISE
+
+    def tried(k: int, h: float) -> Member:
+        result = replay_counts(cell, reactive_counts(need, lead, k, h, cap), cold_start, "reactive-bound")
+        misses = len(failing_windows(cell, result))
         row = autoscale.evaluate(cell.label, cold_start, "reactive-bound", cell.scenario, result, cell.slo, 0.0,
                                  initial)  # fmt: skip
-        found.append(Member(k, h, replace(row, note=f"k={k}, h={h:.2f}"), misses))
+        del result
+        gc.collect()  # a run's engine and metric book refer to each other: free each replay (GBs on spikes)
+        return Member(k, h, replace(row, note=f"k={k}, h={h:.2f}"), misses)
+
+    for k in LOOKBACKS:
+        h = covering_headroom(need, lead, k)
+        member = tried(k, h)
+        for _ in range(RAISES):
+            if not member.misses:
+                break
+            h *= RAISE
+            member = tried(k, h)
+        if not member.misses:
+            low = LOWEST
+            for _ in range(BISECTIONS):
+                lower = tried(k, (low + member.headroom) / 2)
+                if lower.misses:
+                    low = lower.headroom
+                else:
+                    member = lower
+        found.append(member)
     return found
 
 
@@ -115,7 +138,7 @@ def _cell_seed(name: str, cold_start: float, seed: int) -> list[autoscale.Row]:
     lead = lead_windows(cold_start, cell.window)
     exact = replay_counts(cell, reactive_counts(oracle.ready, lead, 0, 1.0), cold_start, "reactive-exact")
     rows.append(autoscale.evaluate(name, cold_start, "reactive-exact", scn, exact, slo, 0.0, initial))
-    meeting = [m for m in members(cell, oracle.ready, cold_start, initial) if not m.misses]
+    meeting = [m for m in members(cell, oracle.ready, cold_start, initial, common["max_replicas"]) if not m.misses]
     if not meeting:
         raise RuntimeError(f"{name}, cold start {cold_start:g} s, seed {seed}: no member met every window")
     rows.append(min(meeting, key=lambda m: m.row.gpu_hours).row)
