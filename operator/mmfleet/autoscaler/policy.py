@@ -74,7 +74,8 @@ REVERSAL_WINDOWS = 2.0  # a scale-down undone within this many down windows is a
 STEP_PERIOD = 15.0  # s: within any such period the fleet grows by at most the larger of ``step_pods`` pods and
 # ``step_ratio`` times the replicas it had (the HPA's default scale-up policies: 4 pods, 100 %)
 # μ_SLO is raised only by a throughput seen this many cycles in a row within the SLO, the least of them: one outlier
-# teaches nothing (a whole rate window's worth, 5 at 15 s, cost 42 % more GPU-hours on the quick cell; 2 cost 4 %).
+# teaches nothing. Picked on the quick cell, a test cell (5, a whole rate window at 15 s, cost 42 % more GPU-hours
+# there; 2 cost 4 %); on the training cells 1 and 2 are within 1 % (docs/benchmarks.md).
 CAPACITY_SAMPLES = 2
 CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated replicas missing the target serve
 
@@ -454,7 +455,7 @@ class SloPolicy:
         if obs.starting:
             parts.append(f"{obs.starting} pods starting")
         if blocked:
-            parts.append(f"{obs.unschedulable} pods unschedulable (no node with free GPUs), not adding more")
+            parts.append(f"{obs.unschedulable} pods unschedulable (no free GPUs, or a quota), not adding more")
         if stepped:
             parts.append(f"growth capped at max({self.step_pods} pods, {self.step_ratio:.0%}) per {STEP_PERIOD:g}s")
         text = ", ".join(parts)
