@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages the tests use: lua5.1 runs the Argo CD health check as Argo CD would; prometheus is the
-# local cluster's Prometheus server; redis-server is Argo CD's cache (each name is also the command checked for).
-SYSTEM_PACKAGES := lua5.1 prometheus redis-server
+# Debian packages (each name is also the command checked for): prometheus is the local cluster's Prometheus server
+# (the demo's too); lua5.1 runs the Argo CD health check as Argo CD would; redis-server is Argo CD's cache.
+DEMO_PACKAGES   := prometheus
+SYSTEM_PACKAGES := $(DEMO_PACKAGES) lua5.1 redis-server
 
-.PHONY: install system-deps binaries lint typecheck test unit demo crds clean
+.PHONY: install system-deps demo-deps binaries test-binaries lint typecheck test unit demo crds clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,18 +18,27 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+define apt_install
+	@missing=""; for p in $(1); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "missing Debian packages:$$missing (run: sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
+endef
 
-## The Kubernetes, etcd and kwok binaries, the OpenTelemetry Collector, helm and Argo CD, built from their Go modules once
-## into ~/.cache/mmfleet.
+system-deps:
+	$(call apt_install,$(SYSTEM_PACKAGES))
+
+demo-deps:
+	$(call apt_install,$(DEMO_PACKAGES))
+
+## Built from their Go modules once into ~/.cache/mmfleet: the Kubernetes, etcd and kwok binaries and the OpenTelemetry
+## Collector (the demo's); helm and Argo CD too for the tests.
 binaries: install
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_binaries; ensure_binaries(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_collector; ensure_collector(print)"
+
+test-binaries: binaries
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_helm; ensure_helm(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_argocd; ensure_argocd(print)"
 
@@ -43,12 +53,12 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -q tests/unit tests/contract
 
-test: lint typecheck system-deps binaries
+test: lint typecheck system-deps test-binaries
 	$(BIN)/pytest -q
 
 ## The main job on the embedded default: a local control plane with Prometheus, the operator, the
 ## examples, and a traffic spike served by the digital twin while the operator scales.
-demo: install system-deps binaries
+demo: install demo-deps binaries
 	$(BIN)/mmfleet demo
 
 ## Regenerate what is generated from the code (CRD, chart values schema, Grafana dashboard, API docs, collector configurations); tests fail when these drift.
