@@ -1,8 +1,8 @@
 """``mmfleet bench reachable``: what the true oracle's GPU-hours ask of a policy that cannot see ahead.
 
 The true oracle (``bench.oracle``) orders each replica one cold start before the window that needs it: it
-knows the future. A policy reacting to what it observes cannot. This benchmark bounds what any reactive
-sizing rule can reach on a cell, by granting it far more than metrics show: the exact need of every window
+knows the future. A policy reacting to what it observes cannot. This benchmark estimates the least a family of
+reactive sizing rules pays on a cell, granting it far more than metrics show: the exact need of every window
 (the oracle's own per-window counts), known the moment the window begins, with no scrape, rate window or
 estimate. Ordered then, replicas are Ready ``lead`` = ceil(L / window) windows later, so window w gets
 ``ceil(h × max(need[w - lead - k .. w - lead]))``: a headroom ``h`` over the largest need of the last ``k + 1``
