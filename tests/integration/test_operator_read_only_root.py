@@ -1,8 +1,8 @@
-"""The operator runs as its image and Deployment run it: read-only root, a tmpfs on /tmp, no lab.
+"""The operator runs as its image and Deployment run it: read-only root, only /tmp writable, no lab.
 
 No container runtime here, so the image's run-time conditions are rebuilt around the real ``mmfleet run``: a
-mount namespace (``unshare -m``) in which every filesystem but /proc, /sys and /dev is remounted read-only and
-/tmp is a fresh tmpfs (the Deployment's ``readOnlyRootFilesystem`` and its ``tmp`` emptyDir), with the image's
+mount namespace (``unshare -m``) in which every filesystem but /proc, /sys, /dev and /tmp is remounted read-only
+(the Deployment's ``readOnlyRootFilesystem`` and its ``tmp`` emptyDir), with the image's
 environment (``HOME=/tmp``, ``PYTHONDONTWRITEBYTECODE=1``, images/operator.Dockerfile) and the lab unimportable
 (the image installs no extra). Restricted to a namespace of its own, it must reconcile a resource there and
 answer its health probe, as the kubelet would ask.
@@ -30,14 +30,16 @@ from tests.integration.operator_process import LAB_MODULES, mmfleet_command, wai
 
 pytestmark = pytest.mark.integration
 
-# Everything read-only but the kernel's filesystems, then the emptyDir's stand-in on /tmp; the command follows.
+# Everything read-only but the kernel's filesystems and /tmp, the emptyDir's stand-in; the command follows. /tmp
+# stays the host's (a mount of its own, left writable) rather than a fresh tmpfs, because the checkout and its venv
+# may live under it (CI clones into /tmp): what is tested is that the operator writes nowhere else.
 READ_ONLY_ROOT = r"""
 set -e
+mount --bind /tmp /tmp
 mount -o remount,ro,bind /
-for m in $(awk '$5 != "/" && $5 !~ "^/(proc|sys|dev)(/|$)" {print $5}' /proc/self/mountinfo); do
+for m in $(awk '$5 != "/" && $5 != "/tmp" && $5 !~ "^/(proc|sys|dev)(/|$)" {print $5}' /proc/self/mountinfo); do
   mount -o remount,ro,bind "$m" 2>/dev/null || true
 done
-mount -t tmpfs -o size=64m tmpfs /tmp
 exec "$@"
 """
 IMAGE_ENV = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
