@@ -71,8 +71,13 @@ def test_two_operators_one_lease_exactly_one_scale_per_fleet_per_cycle_and_a_sta
     assert [re.findall(r": (\d+ -> \d+)", s)[-1] for s in steps] == ["1 -> 2", "2 -> 3"], steps  # once per cycle
     # The operator's own scales are not hand edits: no "was edited by hand; re-applying" and no re-apply after them.
     assert "was edited by hand" not in leader.log.read_text(errors="replace")
-    events = fleet.core.list_namespaced_event(namespace, field_selector="involvedObject.name=spike").items
-    assert sum(e.count or 1 for e in events if e.reason == "ScaledUp") == 2
+    # Events are posted after the scale, asynchronously: wait for both, then none more.
+    def scaled_up() -> int:
+        events = fleet.core.list_namespaced_event(namespace, field_selector="involvedObject.name=spike").items
+        return sum(e.count or 1 for e in events if e.reason == "ScaledUp")
+
+    wait_for(lambda: scaled_up() >= 2, 30, "two ScaledUp events")
+    assert scaled_up() == 2
 
     # The leader dies without a word: the standby takes the Lease once it expires, and acts.
     leader.kill()
