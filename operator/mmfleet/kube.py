@@ -45,7 +45,15 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 class RetryableError(Exception):
-    """The API server refused a write that a retry may get through (409, 429, 5xx), or did not answer in time."""
+    """A call the API server may answer next time: it refused it for now (409, 429, 5xx) or did not answer.
+
+    ``failure`` says what happened, ``call`` which request (``apply Deployment ml/foo``), for a condition;
+    ``retry_after``: the whole seconds a 429 or 5xx asked to wait (its ``Retry-After``), else None.
+    """
+
+    def __init__(self, failure: str, *, call: str = "", retry_after: int | None = None) -> None:
+        super().__init__(f"{call}: {failure}" if call else failure)
+        self.failure, self.call, self.retry_after = failure, call, retry_after
 
 
 class RefusedError(Exception):
@@ -76,6 +84,28 @@ def error_text(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
+def retry_after(error: ApiException) -> int | None:
+    """The seconds a 429 or 5xx asks to wait in its ``Retry-After`` header, read as client-go reads it (whole seconds,
+    ``checkWait`` and ``retryAfterSeconds`` in k8s.io/client-go/rest): None for another status, no header or a date."""
+    if error.status != 429 and (error.status or 0) < 500:
+        return None
+    value = str((error.headers or {}).get("Retry-After") or "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def transport_failure(error: urllib3.exceptions.HTTPError) -> str:
+    """What a request that got no HTTP answer met, in a user's words (urllib3 nests the cause in MaxRetryError)."""
+    if isinstance(error, urllib3.exceptions.MaxRetryError) and isinstance(error.reason, urllib3.exceptions.HTTPError):
+        error = error.reason
+    if isinstance(error, urllib3.exceptions.ReadTimeoutError):
+        return f"no answer from the API server within {REQUEST_TIMEOUT[1]:g} s"
+    if isinstance(error, (urllib3.exceptions.ConnectTimeoutError, urllib3.exceptions.NewConnectionError)):
+        return f"could not connect to the API server: {error_text(error)}"
+    if isinstance(error, urllib3.exceptions.ProtocolError):
+        return "connection reset by the API server, without an answer"
+    return f"no answer from the API server: {error_text(error)}"
+
+
 def refusal_message(error: ApiException) -> str:
     """The message of the API server's Status body, else the HTTP reason."""
     try:
@@ -94,6 +124,10 @@ def _json(response: Any) -> Obj:
     """
     data: Obj = json.loads(response.data)
     return data
+
+
+def _where(namespace: str | None, name: str) -> str:
+    return f"{namespace}/{name}" if namespace else name
 
 
 class Kube:
@@ -124,31 +158,35 @@ class Kube:
         return self._resources[key]
 
     @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Writes' failures sorted by what the caller can do: retry, give up on the namespace, or report."""
+    def _errors(self, call: str, refusals: bool = True) -> Iterator[None]:
+        """Failures of ``call`` sorted by what the caller can do: retry (any call), give up on the namespace, or
+        report (``refusals``, writes; a read's other errors stay ``ApiException``, e.g. 403 for ``is_forbidden``)."""
         try:
             yield
         except ApiException as error:
             if error.status in (409, 429) or (error.status or 0) >= 500:
-                raise RetryableError(f"{error.status} {error.reason}") from error
+                text = f"{error.status} {error.reason}"
+                raise RetryableError(text, call=call, retry_after=retry_after(error)) from error
+            if not refusals:
+                raise
             if error.status == 403 and "NamespaceTerminating" in str(error.body or ""):
                 raise NamespaceTerminatingError(str(error.reason)) from error
             if error.status is not None and 400 <= error.status < 500 and error.status != 404:
                 raise RefusedError(error.status, refusal_message(error)) from error
             raise
         except urllib3.exceptions.HTTPError as error:  # timed out, connection reset or refused
-            raise RetryableError(f"no answer: {error_text(error)}") from error
+            raise RetryableError(transport_failure(error), call=call) from error
 
     def apply(self, manifest: Obj, manager: str = FIELD_MANAGER) -> Obj:
         """Server-side apply one object under our field manager, taking over fields we own."""
-        resource = self._resource(manifest["apiVersion"], manifest["kind"])
+        meta = manifest["metadata"]
         self._count()
-        with self._errors():
+        with self._errors(f"apply {manifest['kind']} {_where(meta.get('namespace'), meta['name'])}"):
             result = self.dynamic.server_side_apply(
-                resource,
+                self._resource(manifest["apiVersion"], manifest["kind"]),
                 body=manifest,
-                name=manifest["metadata"]["name"],
-                namespace=manifest["metadata"].get("namespace"),
+                name=meta["name"],
+                namespace=meta.get("namespace"),
                 field_manager=manager,
                 force_conflicts=True,
                 serialize=False,
@@ -157,16 +195,20 @@ class Kube:
         return _json(result)
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
-        resource = self._resource(api_version, kind)
         self._count()
-        try:
-            return _json(
-                self.dynamic.get(
-                    resource, name=name, namespace=namespace, serialize=False, _request_timeout=REQUEST_TIMEOUT
+        with self._errors(f"get {kind} {_where(namespace, name)}", refusals=False):
+            try:
+                return _json(
+                    self.dynamic.get(
+                        self._resource(api_version, kind),
+                        name=name,
+                        namespace=namespace,
+                        serialize=False,
+                        _request_timeout=REQUEST_TIMEOUT,
+                    )
                 )
-            )
-        except NotFoundError:
-            return None
+            except NotFoundError:
+                return None
 
     def list_objects(
         self,
@@ -177,29 +219,32 @@ class Kube:
         field_selector: str | None = None,
     ) -> list[Obj]:
         """A list; ``field_selector`` (``metadata.name=x``) looks one object up with the list verb alone."""
-        resource = self._resource(api_version, kind)
         self._count()
-        result = _json(
-            self.dynamic.get(
-                resource,
-                namespace=namespace,
-                label_selector=selector,
-                field_selector=field_selector,
-                serialize=False,
-                _request_timeout=REQUEST_TIMEOUT,
+        with self._errors(f"list {kind}" + (f" in {namespace}" if namespace else ""), refusals=False):
+            result = _json(
+                self.dynamic.get(
+                    self._resource(api_version, kind),
+                    namespace=namespace,
+                    label_selector=selector,
+                    field_selector=field_selector,
+                    serialize=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
             )
-        )
         items: list[Obj] = result.get("items", [])
         return items
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete if present; the garbage collector removes what it owns."""
-        resource = self._resource(api_version, kind)
         self._count()
-        with self._errors(), contextlib.suppress(NotFoundError):
+        with self._errors(f"delete {kind} {namespace}/{name}"), contextlib.suppress(NotFoundError):
             _json(
                 self.dynamic.delete(
-                    resource, name=name, namespace=namespace, serialize=False, _request_timeout=REQUEST_TIMEOUT
+                    self._resource(api_version, kind),
+                    name=name,
+                    namespace=namespace,
+                    serialize=False,
+                    _request_timeout=REQUEST_TIMEOUT,
                 )
             )
 
@@ -211,7 +256,6 @@ class Kube:
         when autoscaling) would then reset the field to 1. Applied, the field is owned by
         ``manager`` even when the value does not change (checked on kube-apiserver 1.34).
         """
-        resource = self._resource("apps/v1", "Deployment").subresources["scale"]
         body = {
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
@@ -219,9 +263,9 @@ class Kube:
             "spec": {"replicas": replicas},
         }
         self._count()
-        with self._errors():
+        with self._errors(f"scale Deployment {namespace}/{name} to {replicas}"):
             response = self.dynamic.patch(
-                resource,
+                self._resource("apps/v1", "Deployment").subresources["scale"],
                 body=body,
                 name=name,
                 namespace=namespace,
@@ -235,11 +279,10 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, status: Obj) -> None:
         """Replace the fields of a MultimodalInference's status; never touches its spec."""
-        resource = self._resource(API_VERSION, KIND).subresources["status"]
         self._count()
-        with self._errors():
+        with self._errors(f"write the status of {KIND} {namespace}/{name}"):
             response = self.dynamic.patch(
-                resource,
+                self._resource(API_VERSION, KIND).subresources["status"],
                 body={"status": status},
                 name=name,
                 namespace=namespace,
@@ -259,10 +302,11 @@ class Kube:
         CRD installed or removed since the last look is seen (callers ask every few minutes, not per reconcile)."""
         self._resources.pop((api_version, kind), None)
         self.dynamic.resources.invalidate_cache()
-        try:
-            self._resource(api_version, kind)
-        except ResourceNotFoundError:
-            return False
+        with self._errors(f"discover {kind}", refusals=False):
+            try:
+                self._resource(api_version, kind)
+            except ResourceNotFoundError:
+                return False
         return True
 
 

@@ -190,7 +190,7 @@ class Observed:
     tracing: TracingSeen | None = None
     # (reason, message): why the operator applied nothing (a child it does not own, a write the API server refused).
     refused: tuple[str, str] | None = None
-    # Why this reconcile's apply failed for now (409, 429, 5xx, no answer): kopf retries it with backoff.
+    # Why the last reconcile failed for now (409, 429, 5xx, no answer), naming the call: it is retried with backoff.
     retrying: str | None = None
 
 
@@ -423,12 +423,16 @@ def compute_status(
             ],
             desiredReplicas=desired,
         )
+    retrying = None
+    if observed.retrying is not None:
+        retrying = condition("Progressing", False, "ApiServerRetrying", observed.retrying, before, now, generation)
     if deployment is None:
         return status(
             "Pending",
             [
                 condition("Ready", False, "Creating", "creating the Deployment", before, now, generation),
-                condition("Progressing", True, "Creating", "creating the Deployment", before, now, generation),
+                retrying
+                or condition("Progressing", True, "Creating", "creating the Deployment", before, now, generation),
                 condition("Degraded", False, "AsExpected", "", before, now, generation),
             ],
             desiredReplicas=desired,
@@ -459,8 +463,7 @@ def compute_status(
             now,
             generation,
         )
-    if observed.retrying is not None:
-        progressing = condition("Progressing", False, "ApiServerRetrying", observed.retrying, before, now, generation)
+    progressing = retrying or progressing
     if observed.cache_problem is not None:
         reason, message = observed.cache_problem
         degraded = condition("Degraded", True, reason, message, before, now, generation)

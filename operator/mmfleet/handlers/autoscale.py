@@ -209,6 +209,7 @@ def _decide_fleet(
                 scaling=outcome.scaling(),
                 cache_problem=STATE.cache_problems.get(view.key),
                 tracing=STATE.tracing.get(view.key),
+                retrying=STATE.retrying.get(view.key),
             )
             wrote = write_status(view.body, status.compute_status(inference, observed, previous, now), previous)
             if outcome.scaled:

@@ -76,6 +76,12 @@ COLLECTOR_FAILURE_CACHE_SECONDS = 10
 RETRY_FIRST_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
 RETRY_TICK_SECONDS = 1.0
+# A Retry-After is waited for as asked, within these bounds (0 would spin; the header is the server's to set), for the
+# first RETRY_AFTER_ATTEMPTS retries, as client-go honours it for 10 retries of a request (rest.Request's maxRetries);
+# after that the doubling backoff starts again from RETRY_FIRST_SECONDS, never shorter than the header.
+RETRY_AFTER_MIN_SECONDS = 1
+RETRY_AFTER_MAX_SECONDS = 60
+RETRY_AFTER_ATTEMPTS = 10
 # The API server's own message is kept whole up to this length in a condition.
 MESSAGE_LIMIT = 2048
 
@@ -85,10 +91,28 @@ def retry_delay(attempts: int) -> float:
     return min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2.0 ** min(attempts, 16))
 
 
-def schedule_retry(key: Key) -> None:
+def api_retry_delay(retry_after: int | None, attempts: int) -> float:
+    """Seconds before retry number ``attempts`` of a call the API server may answer next time: its ``Retry-After``
+    (bounded) when it sent one, else the doubling backoff."""
+    if retry_after is None:
+        return retry_delay(attempts)
+    asked = float(min(RETRY_AFTER_MAX_SECONDS, max(RETRY_AFTER_MIN_SECONDS, retry_after)))
+    if attempts < RETRY_AFTER_ATTEMPTS:
+        return asked
+    return max(asked, retry_delay(attempts - RETRY_AFTER_ATTEMPTS))
+
+
+def retrying_message(error: RetryableError, delay: float) -> str:
+    """The Progressing condition's message: the call, what it met, what the API server asked, when the next try is."""
+    asked = f"; the API server asked to retry after {error.retry_after} s" if error.retry_after is not None else ""
+    return f"{error}{asked}; next in {delay:.0f} s"
+
+
+def schedule_retry(key: Key, delay: float | None = None) -> None:
+    """Make ``key`` due for ``retry_forever`` after ``delay`` (a Retry-After's), else the next doubling delay."""
     before = STATE.retries.get(key)
     attempts = before.attempts + 1 if before is not None else 0
-    STATE.retries[key] = Retry(attempts, time.monotonic() + retry_delay(attempts))
+    STATE.retries[key] = Retry(attempts, time.monotonic() + (retry_delay(attempts) if delay is None else delay))
 
 
 def _replicas_set_by_others(obj: Mapping[str, Any]) -> bool:
@@ -299,20 +323,20 @@ def _observe(
     inference: MultimodalInference,
     deployment: Body | None,
     pods: list[Body],
-    cloud: str,
-    retrying: str | None = None,
+    cloud: str | None,
 ) -> None:
     meta = inference.metadata
+    key = (meta.namespace, meta.name)
     observed = status.Observed(
         deployment=deployment,
         pod_problems=status.pod_problems(pods),
         cloud=cloud,
         cache_problem=_cache_problem(inference),
-        tracing=_tracing(inference, cloud),
-        refused=STATE.refused.get((meta.namespace, meta.name)),
-        retrying=retrying,
+        tracing=_tracing(inference, cloud) if cloud is not None else None,
+        refused=STATE.refused.get(key),
+        retrying=STATE.retrying.get(key),
     )
-    previous = last_status((meta.namespace, meta.name), body)
+    previous = last_status(key, body)
     write_status(body, status.compute_status(inference, observed, previous, utc_now()), previous)
 
 
@@ -374,13 +398,13 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
             invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
             write_status(body, invalid, previous)
             raise kopf.PermanentError("; ".join(error.problems)) from None
-        cloud = resolve_cloud(inference)
-        children = render_children(inference, cloud, _monitoring_crds())
-        span.set_attributes(
-            {telemetry.CLOUD: cloud, telemetry.BACKEND: inference.spec.backend.name, telemetry.CHILDREN: len(children)}
-        )
+        cloud: str | None = None
         deployment: Body | None = None
         try:
+            cloud = resolve_cloud(inference)
+            children = render_children(inference, cloud, _monitoring_crds())
+            backend = inference.spec.backend.name
+            span.set_attributes({telemetry.CLOUD: cloud, telemetry.BACKEND: backend, telemetry.CHILDREN: len(children)})
             _claim_names(inference, children)
             _hand_over_replicas(inference, live)
             for child in children:
@@ -394,13 +418,19 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
                 deployment = _clamp_replicas(inference, deployment)
             if prune:
                 _prune(inference, children)
+            STATE.refused.pop(key, None)
+            STATE.retries.pop(key, None)
+            STATE.retrying.pop(key, None)
+            _observe(body, inference, deployment, pods, cloud)
         except RetryableError as error:
-            delay = retry_delay(attempt)
+            # Said in Progressing until a reconcile goes through; every status write (refresh, autoscaler) keeps it.
+            scheduled = STATE.retries.get(key)  # a retry of retry_forever's is numbered there, kopf's by kopf
+            delay = api_retry_delay(error.retry_after, max(attempt, scheduled.attempts if scheduled else 0))
+            STATE.retrying[key] = retrying_message(error, delay)
+            seen = last_status(key, body)
             with contextlib.suppress(RetryableError):  # the status write may meet the same fault
-                _observe(
-                    body, inference, live, pods, cloud, f"the API server asked to retry: {error}; next in {delay:.0f} s"
-                )
-            raise kopf.TemporaryError(f"API server asked to retry: {error}", delay=delay) from error
+                _observe(body, inference, deployment or live, pods, cloud or (seen.cloud if seen else None))
+            raise kopf.TemporaryError(STATE.retrying[key], delay=delay) from error
         except NamespaceTerminatingError:
             log.info("%s/%s: its namespace is being deleted; nothing to apply", *key)
             return
@@ -410,12 +440,10 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
             )
             log.warning("%s/%s: %s: %s", *key, refused.reason, refused.message)
             STATE.refused[key] = (refused.reason, refused.message)
+            STATE.retrying.pop(key, None)
             schedule_retry(key)
             _observe(body, inference, live, pods, cloud)
             raise kopf.PermanentError(f"{refused.reason}: {refused.message}") from None
-        STATE.refused.pop(key, None)
-        STATE.retries.pop(key, None)
-        _observe(body, inference, deployment, pods, cloud)
     log.info(
         "reconciled %s/%s in %.1f ms with %d API requests",
         *key,
@@ -590,6 +618,7 @@ async def forget_fleet(event: kopf.RawEvent, namespace: str | None, name: str, *
     STATE.owned.pop(key, None)
     STATE.refused.pop(key, None)
     STATE.retries.pop(key, None)
+    STATE.retrying.pop(key, None)
     for child in STATE.children.pop(key, set()):
         STATE.applied.pop(child, None)
 
@@ -644,7 +673,7 @@ async def _repair(key: Key, parent: Body, indexes: dict[str, Any]) -> None:
     except Exception as error:
         log.warning("repairing %s/%s failed (%s); trying again later", *key, error_text(error))
         metrics_export.error("repair")
-        schedule_retry(key)
+        schedule_retry(key, error.delay if isinstance(error, kopf.TemporaryError) else None)
 
 
 async def retry_forever(indexes: dict[str, Any]) -> None:
@@ -668,6 +697,7 @@ async def retry_forever(indexes: dict[str, Any]) -> None:
 
 
 def _retry(key: Key, parent: Body, indexes: dict[str, Any]) -> None:
+    """One retry; when the API server asks for another (a TemporaryError), it is due when the error's delay says."""
     pods, deployment = _index(indexes, "fleet_pods", key), _first(indexes, "fleet_deployments", key)
     try:
         reconcile(parent, pods, deployment, False)
@@ -675,6 +705,8 @@ def _retry(key: Key, parent: Body, indexes: dict[str, Any]) -> None:
         raise
     except Exception as error:
         log.warning("retrying %s/%s failed: %s", *key, error_text(error))
+        if isinstance(error, kopf.TemporaryError) and error.delay is not None and key in STATE.retries:
+            STATE.retries[key].due = time.monotonic() + error.delay
         raise
 
 

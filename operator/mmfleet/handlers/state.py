@@ -76,6 +76,9 @@ class State:
     refused: dict[Key, tuple[str, str]] = field(default_factory=dict)
     # Reconciles to try again (handlers.fleet.retry_forever), with a backoff that grows per attempt.
     retries: dict[Key, Retry] = field(default_factory=dict)
+    # Why a fleet's reconcile waits to be retried (a call the API server may answer next time), for Progressing:
+    # every status write carries it (a refresh, the autoscaler's cycle) until a reconcile goes through.
+    retrying: dict[Key, str] = field(default_factory=dict)
     retry: asyncio.Task[None] | None = None
     written: dict[Key, MultimodalInferenceStatus] = field(default_factory=dict)
     locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
