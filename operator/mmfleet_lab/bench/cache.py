@@ -5,7 +5,7 @@ into its own empty volume and compiles again. With ``volume: shared`` every repl
 holding the Hugging Face cache and vLLM's compile cache (``VLLM_CACHE_ROOT``, docs/backends.md), so a new pod reads
 the weights from the claim and finds the compiled graphs. Each test cell runs at both cold starts, in the same twin
 and harness as the autoscaling tables (``bench.autoscale.run_cell``), for the shipped autoscaler and the best
-train-tuned baseline, and the two are compared seed by seed.
+train-tuned baseline, on the same seeds (so the same arrivals) with either cache.
 
 Two sets of cold starts, so that measured and assumed stay apart:
 
@@ -272,7 +272,7 @@ def main(
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores), at commit "
         f"{commit()}: the `mmfleet` row is the shipped autoscaler (`twin.Shipped`, `autoscaler.cycle.decide` with "
-        f"the operator's defaults) with that commit's `autoscaler/policy.py`. {_DOC}"
+        f"the operator's defaults) with that commit's `autoscaler/policy.py`.\n\n{_DOC}"
         "\n**Measured and assumed.**\n\n"
         f"- Measured: {COLD_COMPILE:.0f} s to healthy with an empty compile cache, {COLD_WARM:.0f} s with it warm "
         "(one H200, vLLM 0.33.0, a Qwen2.5-7B-shaped text model with dummy weights: no vision encoder, no weight "
