@@ -19,10 +19,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, key: str, title: str, body: str) -> None:
-    """Replace (or append) the section marked with ``key``; other benchmarks' sections stay."""
+def write_section(path: Path, key: str, title: str, body: str, level: int = 2) -> None:
+    """Replace (or append) the section marked with ``key``; other benchmarks' sections stay. ``level``: the title's
+    heading level, 3 for a part of a page's section (docs/reliability.md)."""
     begin, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
-    section = f"{begin}\n## {title}\n\n{body.rstrip()}\n{end}"
+    section = f"{begin}\n{'#' * level} {title}\n\n{body.rstrip()}\n{end}"
     text = path.read_text() if path.exists() else HEADER
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else f"{text.rstrip()}\n\n{section}\n"

@@ -1,0 +1,881 @@
+"""Generated hostile specs through kube-apiserver and the running operator (``mmfleet bench fuzz``, issue 13).
+
+Specs come from two reproducible sources (seeded): property-based from the CRD's schema, which is generated from the
+pydantic models (hypothesis, derandomized: within bounds mostly, with a hostile value now and then: wrong types,
+out-of-bound, huge and negative numbers, unicode, long and flag-like strings, unknown fields), and mutations of
+``examples/*.yaml`` (the same hostile values at random paths, long and non-DNS names, deep nesting); plus YAML-level
+attacks (alias bombs, deep nesting, huge integers).
+
+Two legs. The dry run (``Checker``): each spec is created with ``dryRun=All`` and strict field validation, as
+``kubectl apply --dry-run=server`` sends it; an accepted one is parsed as the operator reads it back (defaulted,
+pruned) and rendered for its cloud, and every child, and the inference pod as a Pod in a namespace enforcing Pod
+Security "restricted", is created with ``dryRun=All`` too. The live leg (``live``): every accepted spec is created for
+real, in batches, each in a namespace of its own enforcing "restricted" (with a ResourceQuota of ``QUOTA_PODS`` pods,
+so a fleet of 1,000 replicas costs two pods), while ``mmfleet run`` serves the cluster as its own process; within
+``BOUND`` seconds the operator must write a status for the fleet's generation and either serve it (its Deployment
+made, the pods the quota allows created, no ReplicaSet ``FailedCreate`` but the quota's) or refuse it with
+``InvalidSpec`` naming the field. The fleets are deleted after each batch and must be gone, children included.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mmfleet import crd as crd_module
+from mmfleet import render
+from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet.cli import load_documents
+from mmfleet.render import INFERENCE_LABEL, SpecError
+from mmfleet.validation import parse
+
+Progress = Callable[[str], None]
+
+HANG = 5.0  # seconds: parsing and rendering one spec takes milliseconds; an API call, tens of them
+BOUND = 60.0  # seconds from a fleet's creation to its status (served or refused), and from its deletion to gone
+BATCH = 40  # fleets live at once: what 2 cores serve within BOUND, each with its namespace, children and pods
+QUOTA_PODS = 2  # pods per fleet's namespace: enough to see the pods admitted, few enough for 1,000-replica specs
+RETRY_LIMIT = 5  # the same warning for one fleet more often than this within a batch is a retry loop
+# A problem line of the operator's: a field path rooted at the document, then what is wrong (tests/unit/test_properties)
+PROBLEM = re.compile(r"^(spec|metadata|kind|apiVersion)(\.[A-Za-z0-9_-]+|\[\d+\])*: .+")
+FIELD_PATH = re.compile(r"\b(spec|metadata)(\.[A-Za-z0-9_-]+|\[\d+\])*\b")
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+RUN_LABEL = "fuzz.mmfleet.io/run"
+TRACEBACK = "Traceback (most recent call last)"
+
+GOOD_STRINGS = [
+    "a", "m", "gpu", "ml", "default", "node-1", "hf-token", "1", "a.b.c", "A_b-c.D", "metadata.name",
+    "Qwen/Qwen2.5-VL-7B-Instruct", "meta-llama/Llama-3.2-11B-Vision-Instruct", "hf://Qwen/Qwen2.5-VL-7B-Instruct",
+    "s3://bucket/models/m", "oss://b/m", "pvc://cache/models", "2s", "500ms", "1m30s", "0s", "0.0001ms", "99999h",
+    "kubernetes.io/hostname", "topology.kubernetes.io/zone", "example.com/gpu-class", "nvidia.com/gpu",
+    "vllm/vllm-openai:v0.33.0", "http://otel-collector.observability.svc:4317", "https://x.example.com:4318",
+    "--trust-remote-code", "--max-loras=2",
+]  # fmt: skip
+HOSTILE_STRINGS = [
+    "", " ", "-", "-x", "--api-key=sk-fuzz-secret", "--disable-log-stats", "é", "模型", "🙂", "a" * 64, "a" * 254,
+    "a" * 2049, "a/b/c/d", "UPPER", "a b", "a\nb", "${HOME}", "$(id)", "'; DROP TABLE x", "\u0000", "..", "a..b",
+    "-a", "a-", "http://", "hf://-flag", "pvc://", "1e309", "0", "-1s", "1.5.5s", "999999999999h", ".", "a:b", "a=b",
+]  # fmt: skip
+HOSTILE_VALUES: list[Any] = [
+    None, True, -1, 0, 2**31, 2**63, 2**64, 10**30, -(10**30), 1.5, -0.0, 1e308, "1", "true", [], {}, [1, "a"],
+    {"a": {"b": {"c": 1}}}, *HOSTILE_STRINGS,
+]  # fmt: skip
+NAMES = ["fz", "a" * 63, "a" * 64, "a" * 253, "a.b", "x-1", "9start", "UPPER", "é", "a--b", "-a", "a_b", ""]
+
+
+def _schema() -> dict[str, Any]:
+    body = yaml.safe_load(crd_module.crd_yaml())
+    schema: dict[str, Any] = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema
+
+
+def _strings(node: dict[str, Any]) -> list[str]:
+    pattern = node.get("pattern")
+    low, high = node.get("minLength", 0), node.get("maxLength", 10**9)
+    fits = [
+        s
+        for s in GOOD_STRINGS + HOSTILE_STRINGS
+        if (pattern is None or re.search(pattern, s)) and low <= len(s) <= high
+    ]
+    return fits or GOOD_STRINGS
+
+
+def _valid(node: dict[str, Any], depth: int) -> st.SearchStrategy[Any]:
+    """Mostly within the schema's bounds (its enums, ranges and patterns), so that many specs get past the CRD."""
+    kind = node.get("type")
+    if "enum" in node:
+        return st.sampled_from(node["enum"])
+    if "const" in node:
+        return st.just(node["const"])
+    if kind == "integer":
+        low, high = node.get("minimum", -(2**63)), node.get("maximum", 2**63 - 1)
+        return st.one_of(st.sampled_from([low, high]), st.integers(low, high))
+    if kind == "number":
+        low, high = node.get("minimum", -1e9), node.get("maximum", 1e9)
+        return st.floats(
+            low, high, allow_nan=False, allow_infinity=False, exclude_min=node.get("exclusiveMinimum", False)
+        )
+    if kind == "string":
+        return st.sampled_from(_strings(node))
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "array":
+        return st.lists(_value(node["items"], depth + 1), max_size=min(node.get("maxItems", 3), 3))
+    if kind == "object" and "properties" in node:
+        properties = node["properties"]
+        required = set(node.get("required", []))
+        return st.fixed_dictionaries(
+            {k: _value(v, depth + 1) for k, v in properties.items() if k in required},
+            optional={k: _value(v, depth + 1) for k, v in properties.items() if k not in required},
+        )
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        keys = st.sampled_from(["a", "example.com/tier", "kubernetes.io/hostname", "team", "é", "-bad", "a" * 70])
+        return st.dictionaries(keys, _value(node["additionalProperties"], depth + 1), max_size=3)
+    return st.sampled_from(HOSTILE_VALUES)
+
+
+def _value(node: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
+    """One field: one time in 64 a hostile value (any type), else a valid-looking one; one object in 32 gains an
+    unknown field. Rarely enough that a fifth of the specs get past the CRD, to the operator."""
+    if depth > 12:
+        return st.sampled_from(HOSTILE_VALUES)
+    valid = st.deferred(lambda: _valid(node, depth))
+    if node.get("type") == "object" and "properties" in node:
+        plain = valid
+        valid = st.integers(0, 31).flatmap(
+            lambda roll: plain.map(lambda d: {**d, "fuzzUnknown": 1}) if roll == 0 else plain
+        )
+    return st.integers(0, 63).flatmap(lambda roll: st.sampled_from(HOSTILE_VALUES) if roll == 0 else valid)
+
+
+def schema_specs(count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` specs drawn by hypothesis from the CRD schema, the same for the same seed."""
+    found: list[dict[str, Any]] = []
+    strategy = _value(_schema())
+
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @hypothesis.seed(seed)
+    @given(strategy)
+    def collect(spec: Any) -> None:
+        found.append(spec)
+
+    collect()
+    return found[:count]
+
+
+def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if len(prefix) > 12:  # the inside of a value an earlier mutation nested deep
+        return
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield (*prefix, key)
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            yield (*prefix, index)
+            yield from _paths(value, (*prefix, index))
+
+
+def _get(doc: Any, path: tuple[Any, ...]) -> Any:
+    for step in path:
+        doc = doc[step]
+    return doc
+
+
+def _set(doc: Any, path: tuple[Any, ...], value: Any) -> None:
+    _get(doc, path[:-1])[path[-1]] = value
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    deep: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        deep = {"n": deep}
+    return deep
+
+
+def examples_dir() -> Path:
+    """``examples/`` of the source tree this module runs from (the lab runs from a checkout)."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "examples" / "minimal.yaml").exists():
+            return parent / "examples"
+    raise FileNotFoundError("examples/ not found next to the mmfleet source tree")
+
+
+def example_mutations(count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` examples, each with one to three of: a hostile value at a random path, a field dropped, an unknown
+    field, a deeply nested value, a hostile name."""
+    rng = random.Random(seed)
+    paths = sorted(examples_dir().glob("*.yaml"))
+    examples = [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
+    out = []
+    for _ in range(count):
+        doc = copy.deepcopy(rng.choice(examples))
+        for _ in range(rng.randint(1, 3)):
+            found = list(_paths(doc["spec"], ("spec",)))
+            move = rng.randrange(5)
+            if move == 0 and found:
+                _set(doc, rng.choice(found), rng.choice(HOSTILE_VALUES))
+            elif move == 1 and found:
+                path = rng.choice(found)
+                del _get(doc, path[:-1])[path[-1]]
+            elif move == 2:
+                target = rng.choice([p for p in found if isinstance(_get(doc, p), dict)] or [("spec",)])
+                _get(doc, target)["fuzzUnknown" + str(rng.randrange(9))] = rng.choice(HOSTILE_VALUES)
+            elif move == 3 and found:
+                _set(doc, rng.choice(found), _nested(rng.choice([10, 100, 250])))  # deeper: the YAML attacks
+            else:
+                doc["metadata"]["name"] = rng.choice(NAMES)
+        out.append(doc)
+    return out
+
+
+def generated(count: int, seed: int) -> list[dict[str, Any]]:
+    """The run's documents: half drawn from the schema, half mutated examples."""
+    specs = [
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MultimodalInference", "metadata": {}, "spec": spec}
+        for spec in schema_specs(count // 2, seed)
+    ]
+    return specs + example_mutations(count - len(specs), seed)
+
+
+@dataclass
+class Tally:
+    """What happened to each spec; ``failures`` holds a sample of each kind of failure, with the spec."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    failures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    yaml: dict[str, str] = field(default_factory=dict)  # how kubectl refused each YAML attack
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, kind: str) -> None:
+        with self.lock:
+            self.counts[kind] += 1
+
+    def fail(self, kind: str, spec: Any, why: str) -> None:
+        with self.lock:
+            self.counts[kind] += 1
+            self.failures.setdefault(kind, [])
+            if len(self.failures[kind]) < 5:
+                self.failures[kind].append({"why": why[:1500], "spec": spec})
+
+
+def refusal_names_fields(body: str) -> bool:
+    """The API server's Status for a refusal: each cause carries its field path (kubectl prints it before the
+    message); a refusal without causes (strict decoding: an unknown field) names the path in its message."""
+    try:
+        status = json.loads(body)
+    except (TypeError, ValueError):
+        return False
+    causes = (status.get("details") or {}).get("causes") or []
+    if causes:
+        return all(c.get("field") for c in causes)
+    return bool(FIELD_PATH.search(status.get("message", "")))
+
+
+class Checker:
+    """The dry-run leg for one spec at a time (thread-safe)."""
+
+    def __init__(self, api: Any, namespace: str, tally: Tally) -> None:
+        from kubernetes import client, dynamic
+
+        self.custom = client.CustomObjectsApi(api)
+        self.dyn = dynamic.DynamicClient(api)
+        self.discovery = threading.Lock()
+        self.namespace = namespace
+        self.tally = tally
+
+    def check(self, number: int, spec_doc: dict[str, Any]) -> dict[str, Any] | None:
+        """The body as sent when the API server accepted it (for the live leg), else None."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = {**spec_doc, "metadata": {"name": f"fz-{number}", **spec_doc["metadata"], "namespace": self.namespace}}
+        self.tally.add("specs")
+        try:
+            served = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body, dry_run="All", field_validation="Strict",
+                _request_timeout=30,
+            )  # fmt: skip
+        except ApiException as error:
+            self.tally.add("refused by the API server")
+            if not refusal_names_fields(error.body):
+                self.tally.fail("API server refusals not naming a field", body, str(error.body))
+            return None
+        except Exception as error:  # a timeout or a broken connection: a hang
+            self.tally.fail("hangs", body, repr(error))
+            return None
+        self.tally.add("accepted by the API server")
+        started = time.monotonic()
+        try:
+            inference = parse(served)
+            cloud = inference.spec.cloud
+            children = render.render(inference, "generic" if cloud == "auto" else cloud, monitoring_crds=True)
+        except SpecError as error:
+            self.tally.add("accepted, refused by the operator")
+            if not all(PROBLEM.match(line) for line in error.problems):
+                self.tally.fail("operator refusals not naming a field", served, "\n".join(error.problems))
+            return body
+        except Exception as error:  # the count of exactly this must be 0
+            self.tally.fail("crashes", served, repr(error))
+            return body
+        finally:
+            if time.monotonic() - started > HANG:
+                self.tally.fail("hangs", served, f"parse and render took {time.monotonic() - started:.1f}s")
+        self.tally.add("accepted, rendered")
+        refused = self._dry_run_children(children)
+        if refused:
+            self.tally.fail("accepted specs whose children the API server refuses", served, refused)
+        else:
+            self.tally.add("accepted, every child accepted")
+        return body
+
+    def _dry_run_children(self, children: list[dict[str, Any]]) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        deployment = next(c for c in children if c["kind"] == "Deployment")
+        template = deployment["spec"]["template"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": deployment["metadata"]["name"], "labels": template["metadata"].get("labels", {})},
+            "spec": template["spec"],
+        }
+        for child in [*children, pod]:
+            if child["kind"] == "ServiceAccount":  # created for real (a Pod names an existing one), without an owner
+                self._ensure(child)
+                continue
+            with self.discovery:  # the dynamic client's discovery cache is not thread-safe
+                resource = self.dyn.resources.get(api_version=child["apiVersion"], kind=child["kind"])
+            try:
+                resource.create(body=child, namespace=self.namespace, dry_run="All", _request_timeout=30)
+            except ApiException as error:
+                return f"{child['kind']} {child['metadata']['name']}: {error.body}"
+        return ""
+
+    def _ensure(self, account: dict[str, Any]) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        meta = {k: v for k, v in account["metadata"].items() if k != "ownerReferences"}
+        try:
+            client.CoreV1Api(self.custom.api_client).create_namespaced_service_account(
+                self.namespace, {**account, "metadata": meta}
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+
+def dry_run(api: Any, namespace: str, specs: list[dict[str, Any]], tally: Tally) -> list[dict[str, Any]]:
+    """The dry-run leg over ``specs`` in ``namespace`` (enforcing "restricted"); the accepted bodies, in order."""
+    checker = Checker(api, namespace, tally)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        bodies = list(pool.map(lambda item: checker.check(*item), enumerate(specs)))
+    return [b for b in bodies if b is not None]
+
+
+YAML_ATTACKS = {
+    "alias bomb in a free field": "l0: &l0 [a,a,a,a,a,a,a,a,a]\n"
+    + "".join(f"l{i}: &l{i} [{','.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9)),
+    "deep flow nesting": "spec: " + "[" * 5000 + "]" * 5000 + "\n",
+    "deep block nesting": "spec:\n" + "".join("  " * i + "a:\n" for i in range(1, 400)) + "  " * 400 + "b: 1\n",
+    "huge integer": "spec:\n  model: {name: m}\n  replicas: " + "9" * 5000 + "\n",
+    "alias cycle": "spec: &s\n  model: *s\n",
+}
+YAML_HEADER = "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\nmetadata: {name: fz-yaml}\n"
+
+
+def yaml_attacks(kubectl: Path, kubeconfig: Path, folder: Path, tally: Tally) -> None:
+    """Each YAML attack through the real ``kubectl apply --dry-run=server`` and the operator's own reader."""
+    for name, text in YAML_ATTACKS.items():
+        path = folder / f"fuzz-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(YAML_HEADER + text)
+        tally.add("specs")
+        argv = [str(kubectl), "--kubeconfig", str(kubeconfig), "apply", "--dry-run=server", "-f", str(path)]
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            tally.fail("hangs", name, "kubectl apply did not return in 60 s")
+            continue
+        if result.returncode == 0:
+            tally.fail("YAML attacks kubectl accepted", name, result.stdout)
+        else:
+            tally.add("refused by the API server")
+            tally.yaml[name] = result.stderr.strip()[:300]
+        try:
+            load_documents(path.read_bytes(), str(path))
+        except SpecError:
+            tally.add("YAML attacks the operator refuses")
+        except Exception as error:
+            tally.fail("crashes", name, repr(error))
+        else:
+            tally.fail("YAML attacks the operator reads", name, "")
+        path.unlink()
+
+
+@dataclass(frozen=True)
+class Running:
+    """The operator process the live leg watches: whether it exited, its log, its /healthz."""
+
+    exited: Callable[[], int | None]
+    log: Path
+    healthz: str  # URL
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def _condition(fleet: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (fleet.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+@dataclass
+class _Live:
+    """One fleet of the live leg: where it runs and what was seen of it."""
+
+    namespace: str
+    body: dict[str, Any]
+    created: float = 0.0
+    verdict: str = ""  # empty until judged
+
+
+class _Cluster:
+    """The cluster-wide lists one poll of the live leg reads (a handful of requests for a whole batch)."""
+
+    def __init__(self, api: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.net = client.NetworkingV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.api = api
+
+    def _by_namespace(self, items: list[Any]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for item in items:
+            obj = item if isinstance(item, dict) else self.api.sanitize_for_serialization(item)
+            out.setdefault(obj["metadata"]["namespace"], []).append(obj)
+        return out
+
+    def fleets(self) -> dict[str, list[dict[str, Any]]]:
+        return self._by_namespace(
+            self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=30)["items"]
+        )
+
+    def deployments(self) -> dict[str, list[dict[str, Any]]]:
+        found = self.apps.list_deployment_for_all_namespaces(label_selector=INFERENCE_LABEL, _request_timeout=30)
+        return self._by_namespace(found.items)
+
+    def pods(self) -> dict[str, list[dict[str, Any]]]:
+        found = self.core.list_pod_for_all_namespaces(label_selector=INFERENCE_LABEL, _request_timeout=30)
+        return self._by_namespace(found.items)
+
+    def failed_creates(self) -> dict[str, list[dict[str, Any]]]:
+        found = self.core.list_event_for_all_namespaces(field_selector="reason=FailedCreate", _request_timeout=30)
+        return self._by_namespace(found.items)
+
+    def children(self) -> dict[str, list[dict[str, Any]]]:
+        """Every labelled child kind the operator makes (PodMonitors are checked through their owner's deletion)."""
+        selector = {"label_selector": INFERENCE_LABEL, "_request_timeout": 30}
+        lists = [
+            self.apps.list_deployment_for_all_namespaces(**selector),
+            self.core.list_service_for_all_namespaces(**selector),
+            self.core.list_service_account_for_all_namespaces(**selector),
+            self.core.list_config_map_for_all_namespaces(**selector),
+            self.net.list_network_policy_for_all_namespaces(**selector),
+            self.policy.list_pod_disruption_budget_for_all_namespaces(**selector),
+        ]
+        return self._by_namespace([item for found in lists for item in found.items])
+
+
+def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed: list[Any]) -> tuple[str, str]:
+    """(verdict, why) for one fleet as it stands; verdict "" while it may still change."""
+    status, generation = fleet.get("status") or {}, fleet["metadata"].get("generation")
+    if status.get("observedGeneration") != generation:
+        return "", f"observedGeneration {status.get('observedGeneration')} of generation {generation}"
+    ready = _condition(fleet, "Ready")
+    message = str(ready.get("message") or "")
+    if ready.get("reason") == "InvalidSpec":
+        if PROBLEM.match(message):
+            return "refused naming the field", message
+        return "refusals not naming a field", message
+    if ready.get("reason") in ("ApplyRefused", "ChildNotOwned"):
+        return "accepted specs whose children the API server refuses", f"{ready.get('reason')}: {message}"
+    refusals = [e.get("message", "") for e in failed if "exceeded quota" not in (e.get("message") or "")]
+    if refusals:
+        return "accepted specs whose pods the API server refuses", refusals[0]
+    if not deployments:
+        return "", f"status written ({ready.get('reason')}), no Deployment yet"
+    want = min(int(deployments[0]["spec"].get("replicas") or 0), QUOTA_PODS)
+    if len(pods) < want:
+        return "", f"{len(pods)} of {want} pods created"
+    return "served", f"{ready.get('reason')}: {message}"
+
+
+def retry_loops(text: str, namespaces: list[str]) -> dict[str, tuple[int, str]]:
+    """Per fleet namespace, the warning or error the operator logged most often (count, line without digits), when
+    logged more than ``RETRY_LIMIT`` times."""
+    counts: dict[str, Counter[str]] = {ns: Counter() for ns in namespaces}
+    prefix = re.compile(r"^\[[^]]*\]\s*")  # kopf's time stamp
+    pattern = re.compile(r"\b(" + "|".join(re.escape(ns) for ns in namespaces) + r")/") if namespaces else None
+    for line in text.splitlines():
+        if pattern is None or not re.search(r"\[(WARNING|ERROR)", line):
+            continue
+        found = pattern.search(line)
+        if found:
+            counts[found.group(1)][re.sub(r"\d+", "#", prefix.sub("", line))[:300]] += 1
+    loops = {}
+    for ns, seen in counts.items():
+        if seen:
+            line, count = seen.most_common(1)[0]
+            if count > RETRY_LIMIT:
+                loops[ns] = (count, line)
+    return loops
+
+
+def _wait_all(what: Callable[[], list[str]], bound: float) -> list[str]:
+    """Poll ``what`` (the names still waited for) until it is empty or ``bound`` seconds passed; what is left."""
+    deadline = time.monotonic() + bound
+    left = what()
+    while left and time.monotonic() < deadline:
+        time.sleep(2)
+        left = what()
+    return left
+
+
+def live(
+    api: Any,
+    bodies: list[dict[str, Any]],
+    operator: Running,
+    tally: Tally,
+    progress: Progress,
+    batch: int = BATCH,
+    bound: float = BOUND,
+) -> None:
+    """The live leg: each accepted body created for real in a namespace of its own, ``batch`` at a time."""
+    from kubernetes.client.exceptions import ApiException
+
+    cluster = _Cluster(api)
+    run = uuid.uuid4().hex[:5]
+    for start in range(0, len(bodies), batch):
+        if operator.exited() is not None:
+            tally.fail("crashes", None, f"the operator exited with {operator.exited()} before batch {start}")
+            return
+        fleets = [_Live(f"fz-{run}-{start + i}", body) for i, body in enumerate(bodies[start : start + batch])]
+        offset = operator.log.stat().st_size if operator.log.exists() else 0
+        _namespaces(cluster, run, fleets, bound)
+        for fleet in fleets:
+            body = {**fleet.body, "metadata": {**fleet.body["metadata"], "namespace": fleet.namespace}}
+            fleet.created = time.monotonic()
+            try:
+                cluster.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, fleet.namespace, PLURAL, body, field_validation="Strict", _request_timeout=30
+                )
+            except ApiException as error:  # accepted in the dry run: a refusal now is a finding of its own
+                fleet.verdict = "accepted in the dry run, refused when created"
+                tally.fail(fleet.verdict, body, str(error.body))
+        tally.counts["live"] += len(fleets)
+        unhealthy = _observe(cluster, fleets, operator, tally, bound)
+        if unhealthy:
+            tally.fail("/healthz failures", None, f"{unhealthy} failed polls in batch {start}")
+        _delete(cluster, fleets, tally, bound)
+        text = operator.log.read_bytes()[offset:].decode(errors="replace") if operator.log.exists() else ""
+        for found in re.finditer(re.escape(TRACEBACK), text):
+            at = found.start()
+            tally.fail("crashes", None, f"a traceback in the operator's log: {text[max(0, at - 300) : at + 1200]}")
+        for ns, (count, line) in retry_loops(text, [f.namespace for f in fleets]).items():
+            body = next(f.body for f in fleets if f.namespace == ns)
+            tally.fail("retry loops", body, f"{count} times in the batch: {line}")
+        done = Counter(f.verdict for f in fleets)
+        progress(f"live {start + len(fleets)}/{len(bodies)}: {dict(done)}")
+
+
+def _namespaces(cluster: _Cluster, run: str, fleets: list[_Live], bound: float) -> None:
+    """Each fleet's namespace, enforcing "restricted", with its pod quota counted (a quota without status refuses
+    every pod until the quota controller fills it in)."""
+    for fleet in fleets:
+        labels = {**RESTRICTED, RUN_LABEL: run}
+        cluster.core.create_namespace({"metadata": {"name": fleet.namespace, "labels": labels}}, _request_timeout=30)
+        quota = {"metadata": {"name": "fuzz-pods"}, "spec": {"hard": {"pods": str(QUOTA_PODS)}}}
+        cluster.core.create_namespaced_resource_quota(fleet.namespace, quota, _request_timeout=30)
+    names = {f.namespace for f in fleets}
+
+    def uncounted() -> list[str]:
+        quotas = cluster.core.list_resource_quota_for_all_namespaces(
+            field_selector="metadata.name=fuzz-pods", _request_timeout=30
+        )
+        counted = {q.metadata.namespace for q in quotas.items if q.status and q.status.hard}
+        return sorted(names - counted)
+
+    left = _wait_all(uncounted, bound)
+    if left:
+        raise TimeoutError(f"the quota controller counted no pods in {left[:5]} within {bound:.0f} s")
+
+
+def _observe(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: Tally, bound: float) -> int:
+    """Poll until every fleet is judged or ``bound`` passed since its creation; the failed /healthz polls."""
+    unhealthy = 0
+    why: dict[str, str] = {}
+    while True:
+        pending = [f for f in fleets if not f.verdict]
+        if not pending:
+            return unhealthy
+        unhealthy += not healthy(operator.healthz)
+        if operator.exited() is not None:
+            for fleet in pending:
+                fleet.verdict = "crashes"
+                tally.fail("crashes", fleet.body, f"the operator exited with {operator.exited()}")
+            return unhealthy
+        listed = cluster.fleets(), cluster.deployments(), cluster.pods(), cluster.failed_creates()
+        fleets_by_ns, deployments, pods, failed = listed
+        now = time.monotonic()
+        for fleet in pending:
+            ns = fleet.namespace
+            found = fleets_by_ns.get(ns, [])
+            verdict, why[ns] = (
+                judge(found[0], deployments.get(ns, []), pods.get(ns, []), failed.get(ns, []))
+                if found
+                else ("", "the fleet is not listed")
+            )
+            if verdict:
+                fleet.verdict = verdict
+                if verdict in ("served", "refused naming the field"):
+                    tally.add(f"live: {verdict}")
+                    if verdict == "served" and pods.get(ns):
+                        tally.add("live: served, pods admitted")
+                else:
+                    tally.fail(verdict, fleet.body, why[ns])
+            elif now - fleet.created > bound:
+                fleet.verdict = "silent"
+                tally.fail("silent", fleet.body, f"after {bound:.0f} s: {why[ns]}")
+        time.sleep(2)
+
+
+def _delete(cluster: _Cluster, fleets: list[_Live], tally: Tally, bound: float) -> None:
+    """Delete the batch's fleets; within ``bound`` they and their children must be gone. Then their namespaces."""
+    from kubernetes.client.exceptions import ApiException
+
+    names = {f.namespace for f in fleets}
+    for fleet in fleets:
+        try:
+            cluster.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, fleet.namespace, PLURAL, fleet.body["metadata"]["name"], _request_timeout=30
+            )
+        except ApiException as error:
+            if error.status != 404:  # refused when created
+                raise
+
+    def remaining() -> list[str]:
+        left = {ns for ns in cluster.fleets() if ns in names} | {ns for ns in cluster.children() if ns in names}
+        return sorted(left)
+
+    for ns in _wait_all(remaining, bound):
+        body = next(f.body for f in fleets if f.namespace == ns)
+        tally.fail("stuck deletions", body, f"fleet or children of namespace {ns} still there after {bound:.0f} s")
+    for ns in sorted(names):
+        cluster.core.delete_namespace(ns, _request_timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+FAILURES = (
+    "crashes",
+    "hangs",
+    "silent",
+    "retry loops",
+    "stuck deletions",
+    "/healthz failures",
+    "API server refusals not naming a field",
+    "operator refusals not naming a field",
+    "refusals not naming a field",
+    "accepted specs whose children the API server refuses",
+    "accepted specs whose pods the API server refuses",
+    "accepted in the dry run, refused when created",
+    "YAML attacks kubectl accepted",
+    "YAML attacks the operator reads",
+)
+HEADERS = [
+    "seed",
+    "specs",
+    "refused by the API server",
+    "accepted",
+    "dry run: refused by the operator naming the field",
+    "dry run: every child and the pod accepted",
+    "live: served (with pods admitted)",
+    "live: refused naming the field (InvalidSpec)",
+    "silent",
+    "children or pods refused",
+    "crashes",
+    "hangs",
+    "retry loops",
+    "stuck deletions",
+    "/healthz failures",
+    "refusals not naming a field",
+    "minutes",
+]
+
+
+def row(seed: int, tally: Tally, minutes: float) -> list[object]:
+    c = tally.counts
+    refused_children = sum(
+        c[k]
+        for k in (
+            "accepted specs whose children the API server refuses",
+            "accepted specs whose pods the API server refuses",
+            "accepted in the dry run, refused when created",
+        )
+    )
+    unnamed = sum(
+        c[k]
+        for k in (
+            "API server refusals not naming a field",
+            "operator refusals not naming a field",
+            "refusals not naming a field",
+        )
+    )
+    return [
+        seed,
+        f"{c['specs']:,}",
+        f"{c['refused by the API server']:,}",
+        c["accepted by the API server"],
+        c["accepted, refused by the operator"],
+        c["accepted, every child accepted"],
+        f"{c['live: served']} ({c['live: served, pods admitted']})" if c["live"] else "-",
+        c["live: refused naming the field"] if c["live"] else "-",
+        c["silent"],
+        refused_children,
+        c["crashes"],
+        c["hangs"],
+        c["retry loops"],
+        c["stuck deletions"],
+        c["/healthz failures"],
+        unnamed,
+        f"{minutes:.1f}",
+    ]
+
+
+def failed(tally: Tally) -> bool:
+    return any(tally.counts[kind] for kind in FAILURES)
+
+
+CLUSTER = "mmfleet-fuzz"
+DOCS_KEY = "fuzz"
+PODMONITOR_FILE = "monitoring.coreos.com_podmonitors.yaml"
+
+
+def _podmonitor_crd(api: Any) -> None:
+    """The Prometheus Operator's released PodMonitor CRD, so PodMonitors are rendered and validated too."""
+    from kubernetes import client
+
+    from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
+
+    body = yaml.safe_load((prometheus_operator_crds() / PODMONITOR_FILE).read_text())
+    ext = client.ApiextensionsV1Api(api)
+    ext.create_custom_resource_definition(body)
+
+    def established() -> bool:
+        got = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or []))
+
+    if _wait_all(lambda: [] if established() else ["PodMonitor"], 30):
+        raise TimeoutError("the PodMonitor CRD was not established within 30 s")
+
+
+def _live_under_operator(
+    cluster: Any, seed: int, accepted: list[dict[str, Any]], tally: Tally, progress: Progress, batch: int
+) -> None:
+    """The live leg with ``mmfleet run`` as its own process, reading the cluster's Prometheus, /healthz served."""
+    import os
+
+    log = cluster.state_dir / f"operator-fuzz-{seed}.log"
+    health = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url}
+    command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", health]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    running = Running(proc.poll, log, f"http://{health}/healthz")
+    try:
+        if _wait_all(lambda: [] if healthy(running.healthz) or proc.poll() is not None else ["up"], 60):
+            raise TimeoutError(f"the operator's /healthz did not answer within 60 s; see {log}")
+        live(cluster.api_client(), accepted, running, tally, progress, batch)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        progress(f"seed {seed}: the operator's log is {log}")
+
+
+def _commit() -> str:
+    """The commit of the source tree that ran, with "+ changes" when it differs from it."""
+    where = str(examples_dir().parent)
+    git = ["git", "-C", where]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run([*git, "status", "--porcelain", "operator"], capture_output=True, text=True, check=False)
+    return (head.stdout.strip() or "unknown") + (" + changes" if dirty.stdout.strip() else "")
+
+
+def main(
+    seeds: list[int],
+    count: int,
+    with_live: bool,
+    docs: Path,
+    progress: Progress,
+    batch: int = BATCH,
+    report: Path | None = None,
+) -> int:
+    """``mmfleet bench fuzz``: a fresh local cluster; per seed the dry run, the YAML attacks and (``with_live``) the
+    live leg under ``mmfleet run``; the table into ``docs`` (key ``fuzz``); exit 1 on any failure."""
+    from kubernetes import client
+
+    from mmfleet_lab.bench.operator_scale import NAMESPACE, _install
+    from mmfleet_lab.bench.report import table, write_section
+    from mmfleet_lab.cluster import down, ensure_binaries, up
+
+    cluster = up(CLUSTER, pod_ready_delay="2s", progress=progress)
+    rows, tallies = [], {}
+    try:
+        api = _install(cluster)
+        client.CoreV1Api(api).patch_namespace(NAMESPACE, {"metadata": {"labels": RESTRICTED}})
+        _podmonitor_crd(api)
+        for seed in seeds:
+            tally, started = Tally(), time.monotonic()
+            specs = generated(count, seed)
+            accepted = dry_run(api, NAMESPACE, specs, tally)
+            yaml_attacks(ensure_binaries().kubectl, cluster.kubeconfig, cluster.state_dir, tally)
+            progress(f"seed {seed}: dry run {dict(tally.counts)} in {time.monotonic() - started:.0f} s")
+            if with_live:
+                _live_under_operator(cluster, seed, accepted, tally, progress, batch)
+            minutes = (time.monotonic() - started) / 60
+            rows.append(row(seed, tally, minutes))
+            tallies[seed] = tally
+            progress(table(HEADERS, [rows[-1]]))
+    finally:
+        down(CLUSTER, progress=progress)
+    if report is not None:
+        report.write_text(
+            json.dumps(
+                {
+                    str(s): {"counts": dict(t.counts), "failures": t.failures, "kubectl": t.yaml}
+                    for s, t in tallies.items()
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    command = " ".join(
+        ["mmfleet bench fuzz", *(f"--seed {s}" for s in seeds), f"--count {count}", *(["--live"] if with_live else [])]
+    )
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = f"{table(HEADERS, rows)}\n\nReproduce: `{command}` (this table: commit {_commit()}, {when})"
+    write_section(docs, DOCS_KEY, "The fuzz run (`mmfleet bench fuzz`)", body, level=3)
+    print(table(HEADERS, rows))
+    return 1 if any(failed(t) for t in tallies.values()) else 0
