@@ -352,17 +352,30 @@ def _micro_time(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lease_holder(spec: Obj, identity: str, now: datetime) -> str | None:
-    """Who else holds a Lease now: None when it is free, expired or ``identity``'s own."""
-    holder = spec.get("holderIdentity") or ""
-    if not holder or holder == identity:
-        return None
-    renewed = spec.get("renewTime") or spec.get("acquireTime")
-    if not renewed:
-        return None
-    renewed_at = datetime.fromisoformat(str(renewed).replace("Z", "+00:00"))
-    duration = float(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
-    return holder if (now - renewed_at).total_seconds() < duration else None
+class Observed:
+    """A Lease's record as this candidate last read it, and when it last changed by this process's monotonic clock
+    (client-go's ``observedRecord`` and ``observedTime``).
+
+    Expiry is judged from when the record was last seen to change, never from the holder's ``renewTime``: that is
+    another machine's wall clock, and a skew between the two would let a standby take a live Lease early (its clock
+    ahead) or wait for ever (behind). A standby that first sees a Lease therefore waits a full lease duration.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.record: Obj | None = None
+        self.changed = -float("inf")
+
+    def holder(self, record: Obj, identity: str) -> str | None:
+        """Who else holds the Lease whose spec was just read as ``record``; None: free, expired or ``identity``'s."""
+        now = self.clock()
+        if record != self.record:
+            self.record, self.changed = record, now
+        holder = str(record.get("holderIdentity") or "")
+        if not holder or holder == identity:
+            return None
+        duration = float(record.get("leaseDurationSeconds") or LEASE_SECONDS)
+        return holder if now < self.changed + duration else None
 
 
 def lease_namespace(configured: str) -> str:
@@ -385,6 +398,7 @@ class Elector:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self.lost = lost or _exit
+        self.observed = Observed()
         self.renewed = -float("inf")  # time.monotonic() of the last renewal
         self._stop = threading.Event()
 
@@ -413,7 +427,7 @@ class Elector:
                 raise
             return None
         current = self.kube.api_client.sanitize_for_serialization(lease.spec) or {}
-        holder = lease_holder(current, self.identity, now)
+        holder = self.observed.holder(current, self.identity)
         if holder is not None:
             return holder
         if current.get("holderIdentity") != self.identity:

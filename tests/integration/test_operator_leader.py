@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from mmfleet.kube import LEASE_SECONDS, RENEW_SECONDS
 from mmfleet_lab.cluster import Cluster
 from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
 from tests.integration.operator_process import OperatorProcess, wait_for
@@ -71,6 +74,7 @@ def test_two_operators_one_lease_exactly_one_scale_per_fleet_per_cycle_and_a_sta
     assert [re.findall(r": (\d+ -> \d+)", s)[-1] for s in steps] == ["1 -> 2", "2 -> 3"], steps  # once per cycle
     # The operator's own scales are not hand edits: no "was edited by hand; re-applying" and no re-apply after them.
     assert "was edited by hand" not in leader.log.read_text(errors="replace")
+
     # Events are posted after the scale, asynchronously: wait for both, then none more.
     def scaled_up() -> int:
         events = fleet.core.list_namespaced_event(namespace, field_selector="involvedObject.name=spike").items
@@ -84,3 +88,60 @@ def test_two_operators_one_lease_exactly_one_scale_per_fleet_per_cycle_and_a_sta
     wait_for(lambda: "holding Lease" in standby.tail(400), 60, "the standby to take the Lease")
     fleet.core.delete_namespaced_service("spike", namespace)
     wait_for(lambda: fleet.core.list_namespaced_service(namespace).items, 60, "the new leader to recreate the Service")
+
+
+SKEWED = "skewed-holder"
+
+
+def _micro(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@pytest.mark.parametrize("skew", [timedelta(hours=1), -timedelta(hours=1)], ids=["holder-ahead", "holder-behind"])
+def test_a_standby_takes_a_skewed_holders_lease_a_lease_duration_after_its_record_stops_changing(
+    cluster: Cluster, api: Any, namespace: str, tmp_path: Path, skew: timedelta
+) -> None:
+    """A holder whose clock is an hour off renews for 10 s, then dies. Judged by renewTime, the standby would take the
+    Lease at once (holder behind) or wait an hour (holder ahead); judged by when it saw the record change, it waits
+    while the holder renews and takes the Lease one lease duration after the last renewal."""
+    leases = client.CoordinationV1Api(api)
+    name = f"skew-{uuid.uuid4().hex[:6]}"
+
+    def renew(resource_version: str | None = None, transitions: int = 0) -> None:
+        """Create the Lease, or renew it over ``resource_version`` (a write by the standby in between fails it)."""
+        when = _micro(datetime.now(UTC) + skew)
+        spec = {"holderIdentity": SKEWED, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": when,
+                "acquireTime": when, "leaseTransitions": transitions}  # fmt: skip
+        if resource_version is None:
+            leases.create_namespaced_lease(namespace, {"metadata": {"name": name}, "spec": spec})
+        else:
+            body = {"metadata": {"name": name, "resourceVersion": resource_version}, "spec": spec}
+            leases.replace_namespaced_lease(name, namespace, body)
+
+    renew()
+    # Its own namespace only, so it reconciles nothing of the session operator's.
+    env = {"MMFLEET_LEADER_ELECTION_LEASE": name, "MMFLEET_LEADER_ELECTION_NAMESPACE": namespace,
+           "MMFLEET_NAMESPACES": namespace}  # fmt: skip
+    standby = OperatorProcess(cluster.kubeconfig, tmp_path / "standby.log", env=env)
+    standby.start()
+    try:
+        wait_for(lambda: f"held by {SKEWED}" in standby.tail(), 30, "the standby to see the skewed holder")
+        renewing_until = time.monotonic() + 10
+        while time.monotonic() < renewing_until:
+            time.sleep(RENEW_SECONDS)
+            held = leases.read_namespaced_lease(name, namespace)
+            assert held.spec.holder_identity == SKEWED, f"taken while its holder renews: {standby.tail()}"
+            renew(held.metadata.resource_version, transitions=1)
+        last_change = time.monotonic()
+
+        def taken() -> bool:
+            return leases.read_namespaced_lease(name, namespace).spec.holder_identity != SKEWED
+
+        wait_for(taken, LEASE_SECONDS + 4 * RENEW_SECONDS, "the standby to take the Lease", interval=0.1)
+        waited = time.monotonic() - last_change
+        # Not before a lease duration from the last change it saw; at most two of its polls (one to see the change,
+        # one to find it expired) later.
+        assert LEASE_SECONDS - 0.5 <= waited <= LEASE_SECONDS + 2 * RENEW_SECONDS + 1, waited
+        wait_for(lambda: "holding Lease" in standby.tail(), 10, "the standby to say it holds the Lease")
+    finally:
+        standby.stop()

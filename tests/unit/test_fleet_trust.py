@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -20,7 +19,7 @@ from mmfleet import status
 from mmfleet.config import OperatorConfig
 from mmfleet.handlers import autoscale, fleet, state
 from mmfleet.handlers.state import STATE
-from mmfleet.kube import Kube, RefusedError, lease_holder, lease_namespace, timed
+from mmfleet.kube import Kube, RefusedError, lease_namespace, timed
 
 pytestmark = pytest.mark.usefixtures("fresh_operator_state")
 
@@ -245,16 +244,6 @@ def test_a_hung_api_server_fails_a_call_within_the_timeout_instead_of_holding_it
     assert not thread.is_alive(), "the call still hangs after 15 s"
     assert isinstance(outcome[0], urllib3.exceptions.HTTPError), outcome
     assert time.monotonic() - started < 15
-
-
-def test_a_lease_is_free_when_unheld_expired_or_ours_and_taken_while_another_renews_it() -> None:
-    now = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-    renewed = {"holderIdentity": "pod-a", "leaseDurationSeconds": 15, "renewTime": "2026-12-01T11:59:50.000000Z"}
-    assert lease_holder(renewed, "pod-b", now) == "pod-a"  # renewed 10 s ago, held for 15
-    assert lease_holder(renewed, "pod-a", now) is None  # ours
-    assert lease_holder({**renewed, "renewTime": "2026-12-01T11:59:44.000000Z"}, "pod-b", now) is None  # expired
-    assert lease_holder({}, "pod-b", now) is None
-    assert lease_holder({"holderIdentity": "", "renewTime": renewed["renewTime"]}, "pod-b", now) is None
 
 
 def test_leader_election_settings_name_the_variable_and_the_rule() -> None:
