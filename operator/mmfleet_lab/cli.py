@@ -159,6 +159,34 @@ def cmd_bench_reachable(args: argparse.Namespace) -> int:
     return reachable.main(scenarios, colds, args.seed or [0, 1, 2], Path(args.docs), _progress, args.workers)
 
 
+def cmd_bench_cache(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import cache, tune
+
+    seeds = args.seed or [0, 1, 2, 3, 4]
+    scenarios = args.scenario or list(REACHABLE_CELLS)
+    size = cache.WEIGHT_BYTES if args.weight_bytes is None else args.weight_bytes
+    download = cache.DOWNLOAD_MBPS if args.download_mbps is None else args.download_mbps
+    read = cache.SHARED_READ_MBPS if args.shared_read_mbps is None else args.shared_read_mbps
+    try:
+        cache.check_flags(scenarios, seeds, args.workers)
+        cache.cold_starts(size, download, read)
+    except cache.FlagError as error:
+        print(error, file=sys.stderr)
+        return EXIT_INVALID
+    frozen: list[tuple[list[Any], dict[str, Any]]] = []
+    problem = _unreadable("--tuned", args.tuned, lambda: frozen.append(tune.frozen(Path(args.tuned))))
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_INVALID
+    baselines, record = frozen[0]
+    return cache.main(
+        scenarios, seeds, Path(args.docs), _progress, baselines, record, f"`{record['command']}`",
+        weight_bytes=size, download_mbps=download, shared_read_mbps=read, workers=args.workers,
+    )  # fmt: skip
+
+
 QUICK_CELL = "spike-x4@azure-code"
 REACHABLE_CELLS = ("azure-code", "servegen-language", "servegen-reason", QUICK_CELL)
 # The shipped autoscaler given spec.autoscaling.capacityPerReplica: the training profile every baseline was
@@ -329,6 +357,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_reach.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
     p_reach.add_argument("--workers", type=int, default=2, help="processes (default 2; a spike cell's takes ~8 GB)")
     p_reach.set_defaults(func=cmd_bench_reachable)
+    p_cache = bench.add_parser(
+        "cache", help="the shipped autoscaler and the best tuned baseline at per-replica and shared-cache cold starts"
+    )
+    p_cache.add_argument("--scenario", action="append", help="scenario (repeatable; default: "
+                         + ", ".join(REACHABLE_CELLS) + ")")  # fmt: skip
+    p_cache.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
+    p_cache.add_argument("--weight-bytes", type=float, help="bytes of weights a new pod fetches (default: "
+                         "Qwen2.5-VL-7B-Instruct's, bf16)")  # fmt: skip
+    p_cache.add_argument("--download-mbps", type=float, help="assumed per-pod download from the Hub, MB/s "
+                         "(default 500)")  # fmt: skip
+    p_cache.add_argument("--shared-read-mbps", type=float, help="assumed per-pod read from the shared claim, MB/s "
+                         "(default 1573: EFS Elastic's 1,500 MiB/s per client)")  # fmt: skip
+    p_cache.add_argument("--workers", type=int, default=2, help="processes (default 2; a spike cell's takes ~8 GB)")
+    p_cache.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_cache.add_argument("--tuned", default=str(_tuned()), help="the baselines' frozen settings (mmfleet bench tune)")
+    p_cache.set_defaults(func=cmd_bench_cache)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
     p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")
