@@ -20,6 +20,18 @@ _WITHOUT = (
 )
 
 
+def stop(proc: subprocess.Popen[Any], grace: float = 15.0) -> int:
+    """SIGTERM, and SIGKILL if it has not exited within ``grace`` seconds; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
 def mmfleet_command(without: Sequence[str] = ()) -> list[str]:
     """The argv that starts the ``mmfleet`` command in this interpreter, with ``without`` blocked."""
     return [sys.executable, "-c", _WITHOUT, ",".join(without)] if without else [sys.executable, "-m", "mmfleet.cli"]
@@ -60,12 +72,8 @@ class OperatorProcess:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.proc is not None:
+            stop(self.proc)
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""

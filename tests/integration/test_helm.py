@@ -31,7 +31,7 @@ from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
 from mmfleet_lab.twin.spans import kubelet_env
 from tests.conftest import ROOT, helm_binary
-from tests.integration.operator_process import OperatorProcess, mmfleet_command, wait_for
+from tests.integration.operator_process import OperatorProcess, mmfleet_command, stop, wait_for
 from tests.integration.test_operator import Fleet
 
 pytestmark = pytest.mark.integration
@@ -361,11 +361,7 @@ def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathF
         }
         raise AssertionError(f"{error}; refused by the chart's RBAC: {sorted(denied, key=str) or 'nothing'}") from error
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         for namespace, _ in fleets.values():  # their finalizers go when the session's operator is back
             client.CoreV1Api(api).delete_namespace(namespace)
 

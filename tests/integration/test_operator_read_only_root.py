@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.cluster import Cluster
 from tests.conftest import ROOT
-from tests.integration.operator_process import LAB_MODULES, mmfleet_command, wait_for
+from tests.integration.operator_process import LAB_MODULES, mmfleet_command, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -116,11 +116,6 @@ def test_operator_reconciles_with_a_read_only_root_and_only_tmp_writable(
         text = log.read_text(errors="replace")
         assert "Read-only file system" not in text and "Traceback" not in text, text[-3000:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc)
     # The remounts stayed inside the operator's mount namespace.
     assert os.access(ROOT, os.W_OK)

@@ -7,7 +7,6 @@ exactly the labels and command lines a real fleet's pods would; kwok makes them 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from mmfleet_lab.cluster import READY_DELAY_ANNOTATION, Cluster, get, process, s
 from mmfleet_lab.twin.serve import TARGETS_FILE
 from tests.conftest import ROOT
 from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
-from tests.integration.operator_process import wait_for
+from tests.integration.operator_process import stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -94,14 +93,7 @@ class TwinProcess:
             return error.code, error.read().decode()
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop(self.proc)
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:]) if self.log.exists() else ""
