@@ -384,6 +384,31 @@ def test_the_installed_operator_reconciles_the_examples_to_ready(chart_run: Char
     assert _refused(installed.cluster, chart_run.username) == [], "the chart's RBAC denied the operator"
 
 
+NEW_NAMESPACES = 5  # with the 4 of chart_run: 63 watch streams, where a pool sized for one namespace held 33
+
+
+def test_fleets_in_namespaces_created_after_the_start_are_served(chart_run: ChartRun, api: Any) -> None:
+    """watchNamespaces is a pattern: every matching namespace made later adds kopf's watch streams (seven kinds).
+    When those were counted against kopf's connection pool, the fifth new namespace's lists timed out waiting for a
+    connection and its fleet was never reconciled."""
+    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    body["metadata"].pop("namespace", None)
+    made = []
+    try:
+        for _ in range(NEW_NAMESPACES):
+            namespace = _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+            made.append(namespace)
+            Fleet(api, namespace).create(body)
+        for namespace in made:
+            Fleet(api, namespace).wait_ready(body["metadata"]["name"], timeout=60)
+        lines = chart_run.log.read_text(errors="replace").splitlines()
+        timeouts = [line for line in lines if "TimeoutError" in line and any(f"/{ns}/" in line for ns in made)]
+        assert timeouts == [], "requests for the new namespaces timed out"
+    finally:
+        for namespace in made:
+            client.CoreV1Api(api).delete_namespace(namespace)
+
+
 def _granted(rules: list[dict[str, Any]]) -> set[Triple]:
     return {
         (group, resource, verb)

@@ -310,7 +310,51 @@ def test_the_status_resync_survives_a_failing_fleet_and_runs_in_kopfs_context(mo
     assert {where for _, where in seen} == {"kopf's"}, "kopf.event needs the context kopf sets around handlers"
 
 
-def test_kopfs_connection_pool_holds_every_watch_stream_and_room_for_requests() -> None:
-    for namespaces in (0, 1, 5, 40):
-        watches = connection.WATCHED_KINDS * max(1, namespaces)
-        assert connection.api_connections(namespaces) >= watches + 16
+def test_requests_are_bounded_and_served_beside_more_open_watch_streams_than_the_bound() -> None:
+    """Against a real HTTP server: 3 requests at a time at most, 40 at once all answered while 30 watch streams
+    (more than any pool bound sized for requests) stay open, their bodies readable by the caller."""
+    from aiohttp import ClientSession, TCPConnector, web
+
+    running = {"now": 0, "most": 0}
+
+    async def scenario() -> None:
+        ended = asyncio.Event()
+
+        async def serve(request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") == "true":
+                stream = web.StreamResponse()
+                await stream.prepare(request)
+                await stream.write(b'{"type": "ADDED"}\n')
+                await ended.wait()
+                return stream
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+            await asyncio.sleep(0.02)
+            running["now"] -= 1
+            return web.json_response({"kind": "List", "path": request.path})
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", serve)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        url = f"http://127.0.0.1:{port}"
+        async with ClientSession(connector=TCPConnector(limit=0), middlewares=(connection.RequestBound(3),)) as session:
+            watches = [await session.get(f"{url}/ns-{i}/pods", params={"watch": "true"}) for i in range(30)]
+            assert [await w.content.readline() for w in watches] == [b'{"type": "ADDED"}\n'] * 30
+
+            async def get(i: int) -> Any:
+                async with session.get(f"{url}/ns-{i}/deployments") as response:
+                    return await response.json()
+
+            answers = await asyncio.wait_for(asyncio.gather(*(get(i) for i in range(40))), 10)
+            assert [a["path"] for a in answers] == [f"/ns-{i}/deployments" for i in range(40)]
+            ended.set()
+            for watch in watches:
+                watch.close()
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert running["most"] == 3
