@@ -35,9 +35,19 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
 def cmd_bench_faults(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mmfleet_lab import faults_crash
+    from mmfleet_lab import faults_api, faults_crash
 
-    return faults_crash.main(args.kills, args.seed, Path(args.docs), _progress)
+    for flag, value in (("--kills", args.kills), ("--api-trials", args.api_trials)):
+        if value < 0:
+            print(f"{flag}: {value}: must be 0 (none) or more", file=sys.stderr)
+            return EXIT_INVALID
+    if not args.kills and not args.api_trials:
+        print("--kills 0 and --api-trials 0: nothing to run; give either a positive count", file=sys.stderr)
+        return EXIT_INVALID
+    status = faults_crash.main(args.kills, args.seed, Path(args.docs), _progress) if args.kills else 0
+    if args.api_trials:
+        status = max(status, faults_api.main(args.api_trials, Path(args.docs), _progress))
+    return status
 
 
 def cmd_bench_fuzz(args: argparse.Namespace) -> int:
@@ -316,8 +326,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--floor", action="store_true", help="also apply the children with no operator: what the cluster alone needs"
     )
     p_bop.set_defaults(func=cmd_bench_operator)
-    p_bfa = bench.add_parser("faults", help="SIGKILL the operator mid-reconcile N times; orphans, duplicates, converge")
-    p_bfa.add_argument("--kills", type=int, default=100, help="trials, one SIGKILL each (default 100)")
+    p_bfa = bench.add_parser(
+        "faults", help="SIGKILL the operator mid-reconcile N times, then API server faults through a proxy M times each"
+    )
+    p_bfa.add_argument("--kills", type=int, default=100, help="crash trials, one SIGKILL each (default 100; 0: none)")
+    p_bfa.add_argument("--api-trials", type=int, default=5, help="trials of each API server fault (default 5; 0: none)")
     p_bfa.add_argument("--seed", type=int, default=0, help="seed of the operations and kill moments")
     p_bfa.add_argument("--docs", default="docs/reliability.md", help="where the table is written")
     p_bfa.set_defaults(func=cmd_bench_faults)

@@ -3,9 +3,10 @@
 Each trial applies a burst of random operations (create, update, scale, delete) to a small set of
 fleets, SIGKILLs the operator at a random moment inside the burst, restarts it, and times how long
 until the namespace is converged. ``audit`` says what a converged namespace is not allowed to hold:
-orphaned children (their fleet is gone), duplicated children (two of a kind for one fleet), adopted
-children (controlled by another fleet or by nothing), wrong status (observedGeneration behind, or
-Ready not matching the Deployment), stuck deletions (deletionTimestamp set, still there).
+lost children (a fleet without one of the kinds every fleet has), orphaned children (their fleet is
+gone), duplicated children (two of a kind for one fleet), adopted children (controlled by another
+fleet or by nothing), wrong status (observedGeneration behind, or Ready not matching the Deployment),
+stuck deletions (deletionTimestamp set, still there). The API-fault runner (``faults_api``) uses it too.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from mmfleet.api import GROUP, VERSION
 from mmfleet.render import INFERENCE_LABEL
 
 MODELS = ("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct")
-CHILD_KINDS = ("deployments", "services", "serviceaccounts", "configmaps", "networkpolicies")
+CHILD_KINDS = ("deployments", "services", "serviceaccounts", "configmaps", "networkpolicies", "poddisruptionbudgets")
+# What render.render builds for every fleet (a ConfigMap only when the backend writes files, a PodMonitor only with
+# the Prometheus Operator's CRDs): a live fleet without one of these has lost it.
+EVERY_FLEET_HAS = ("deployments", "services", "serviceaccounts", "networkpolicies", "poddisruptionbudgets")
 
 
 @dataclass(frozen=True)
 class Audit:
+    lost: int = 0
     orphaned: int = 0
     duplicated: int = 0
     adopted: int = 0
@@ -43,6 +48,12 @@ class Audit:
         return not self.problems
 
 
+def percentile(values: Iterable[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (the 99th of 100 ordered for 0.99); NaN for none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
 @dataclass
 class Report:
     kills: int = 0
@@ -51,14 +62,14 @@ class Report:
     unconverged: int = 0
 
     def percentile(self, q: float) -> float:
-        ordered = sorted(self.converge_seconds)
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+        return percentile(self.converge_seconds, q)
 
     def row(self) -> list[object]:
         w = self.worst
         return [
             self.kills,
             self.unconverged,
+            w.lost,
             w.orphaned,
             w.duplicated,
             w.adopted,
@@ -73,6 +84,7 @@ class Report:
 HEADERS = [
     "kills",
     "not converged",
+    "lost",
     "orphaned",
     "duplicated",
     "adopted",
@@ -121,6 +133,9 @@ def audit(fleets: Iterable[dict[str, Any]], children: dict[str, list[dict[str, A
         for fleet_name, n in per_fleet.items():
             if n > 1:
                 found("duplicated", f"{n} {kind} for {fleet_name}")
+        if kind in EVERY_FLEET_HAS:
+            for fleet_name in live.keys() - per_fleet.keys():
+                found("lost", f"{fleet_name} has no {kind}")
     for fleet in fleets:
         meta = fleet["metadata"]
         if meta.get("deletionTimestamp"):
@@ -150,6 +165,7 @@ def audit(fleets: Iterable[dict[str, Any]], children: dict[str, list[dict[str, A
         elif status.get("phase") != "Ready":
             problems.append(f"not yet Ready: {name}")  # converging, not wrong
     return Audit(
+        counts["lost"],
         counts["orphaned"],
         counts["duplicated"],
         counts["adopted"],
@@ -176,6 +192,7 @@ class Namespace:
                 "serviceaccounts": ("v1", "ServiceAccount"),
                 "configmaps": ("v1", "ConfigMap"),
                 "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy"),
+                "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
             }.items()
         }
 
@@ -301,7 +318,7 @@ def main(kills: int, seed: int, docs: Path, progress: Callable[[str], None]) -> 
         down(CLUSTER, progress=progress)
     body = (
         f"{table(HEADERS, [report.row()])}\n\nSeed {seed}, 8 fleets; reproduce: "
-        f"`mmfleet bench faults --kills {kills} --seed {seed}`"
+        f"`mmfleet bench faults --kills {kills} --api-trials 0 --seed {seed}`"
     )
     write_section(docs, DOCS_KEY, "Crash mid-reconcile benchmark (`mmfleet bench faults`)", body)
     if report.unconverged:

@@ -38,6 +38,7 @@ def test_each_fault_is_counted() -> None:
     }
     result = audit(fleets, children)
     assert (result.orphaned, result.duplicated, result.adopted, result.stuck_deletions) == (2, 2, 1, 2)
+    assert result.lost == 1, "fleet a has no Service (a ConfigMap is not every fleet's)"
 
 
 def test_status_behind_or_wrong_is_counted() -> None:
