@@ -16,7 +16,7 @@ import subprocess
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,16 @@ def test_a_wrong_value_fails_template_and_install_naming_the_field(
 class Installed:
     cluster: Cluster
     home: Path
+    watched: list[str]  # watchNamespaces
+    unused: list[str] = field(default_factory=list)  # with plain names: those no fleet was given yet
+
+    def fleet_namespace(self, api: Any) -> str:
+        """A watched namespace for a new fleet: a fresh one matching the pattern, or the next of the plain names (made
+        before the install, which puts a Role in each)."""
+        if self.watched == [WATCHED]:
+            return _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+        assert self.unused, f"every plain watched namespace ({self.watched}) has a fleet already"
+        return self.unused.pop(0)
 
     def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
         return helm(*args, "--namespace", NAMESPACE, kubeconfig=self.cluster.kubeconfig, home=self.home)
@@ -190,11 +200,19 @@ def pod_monitor_crd(api: Any) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
+def watch_mode() -> str:
+    """How the install gives watchNamespaces: ``pattern`` (WATCHED; the ClusterRole holds every rule) or ``names``
+    (one plain name per fleet the run makes; a Role in each). Here the pattern; test_least_privilege runs both."""
+    return "pattern"
+
+
+@pytest.fixture(scope="module")
 def installed(
     cluster: Cluster,
     api: Any,
     operator: OperatorProcess,
     pod_monitor_crd: None,
+    watch_mode: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Installed]:
     """``helm install`` of the chart; the session's operator stopped meanwhile (one operator per fleet)."""
@@ -202,10 +220,16 @@ def installed(
     wait_for(lambda: _no_fleets_anywhere(api), 60, "earlier tests' fleets to be gone")
     operator.stop()
     _remove_crd(api)
-    release = Installed(cluster, tmp_path_factory.mktemp("helm"))
+    home = tmp_path_factory.mktemp("helm")
+    if watch_mode == "names":  # made before the install puts a Role in each: one per example, one for _exercise's
+        names = [_namespaced(api, f"helm-{uuid.uuid4().hex[:8]}") for _ in range(len(EXAMPLES) + 1)]
+        release = Installed(cluster, home, names, unused=list(names))
+    else:
+        release = Installed(cluster, home, [WATCHED])
     result = release.helm(
         "install", RELEASE, str(CHART), "--create-namespace",
-        "--set", f"prometheusUrl={cluster.prometheus_url}", "--set-json", f'watchNamespaces=["{WATCHED}"]',
+        "--set", f"prometheusUrl={cluster.prometheus_url}",
+        "--set-json", f"watchNamespaces={json.dumps(release.watched)}",
         # The generic collector, installed beside the operator: TracingReady looks up its Service's EndpointSlices.
         "--set", "collector.cloud=generic",
     )  # fmt: skip
@@ -271,7 +295,7 @@ def _has_default_sa(api: Any, namespace: str) -> bool:
     return True
 
 
-def _exercise(api: Any, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
+def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """What a user does next, so the run reaches the operator's other API calls: a PodMonitor turned off (pruned),
     an autoscaled fleet's minimum raised (the scale subresource), a backend switched (the stale ConfigMap pruned),
     a shared model cache whose claim is missing (read, to say why)."""
@@ -312,7 +336,7 @@ def _exercise(api: Any, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
 
     body = yaml.safe_load((ROOT / "examples" / "qwen-vl-shared-cache.yaml").read_text())
     body["metadata"].pop("namespace", None)
-    namespace = _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+    namespace = installed.fleet_namespace(api)
     fleet = Fleet(api, namespace)
     fleet.create(body)
     name = body["metadata"]["name"]
@@ -346,12 +370,12 @@ def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathF
         for example in EXAMPLES:
             body = yaml.safe_load((ROOT / "examples" / example).read_text())
             body["metadata"].pop("namespace", None)
-            namespace = _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+            namespace = installed.fleet_namespace(api)
             fleet = Fleet(api, namespace)
             fleet.create(body)
             name = body["metadata"]["name"]
             fleets[example] = (namespace, fleet.wait_ready(name, replicas=body["spec"].get("replicas", 1), timeout=90))
-        _exercise(api, fleets)
+        _exercise(api, installed, fleets)
         assert proc.poll() is None, log.read_text()[-3000:]
         yield ChartRun(username, f"http://{env['MMFLEET_HEALTH_ADDRESS']}{probe['path']}", fleets, log)
     except AssertionError as error:  # say what the chart's RBAC refused, if that is why

@@ -1,5 +1,7 @@
 """Least privilege, proved on the local control plane with the operator as the chart installs it (test_helm's
-``chart_run``: its ServiceAccount's token, its Deployment's args and env):
+``chart_run``: its ServiceAccount's token, its Deployment's args and env), in both of the chart's RBAC modes:
+watchNamespaces a pattern (every rule in the ClusterRole) and plain names (the namespaced rules in a Role per watched
+namespace):
 
 - as that ServiceAccount, the API server's own authorizer (SelfSubjectAccessReview) and real calls refuse reading
   Secrets, impersonating, escalating, binding, minting tokens and creating pods or RBAC;
@@ -7,7 +9,8 @@
   call refused, in a namespace where Pod Security "restricted" is enforced (its pods are admitted, or it could not
   be Ready); the operator's pod passes the same admission, and so does every running inference pod of the run;
 - after all that, neither Secret's value appears in the operator's log, any event, any fleet's status or
-  annotations, or the fleet's children.
+  annotations, or the fleet's children;
+- with plain names, it can neither read nor write anything in a namespace it does not watch.
 """
 
 from __future__ import annotations
@@ -53,10 +56,17 @@ def _not_terminating(api: Any, name: str) -> bool:
     return found.metadata.deletion_timestamp is None
 
 
+@pytest.fixture(scope="module", params=["pattern", "names"], ids=["cluster-wide", "namespaced"])
+def watch_mode(request: pytest.FixtureRequest) -> str:
+    """test_helm's ``installed`` with watchNamespaces a pattern (ClusterRoles), then plain names (Roles)."""
+    mode: str = request.param
+    return mode
+
+
 @pytest.fixture(scope="module", autouse=True)
-def started() -> str:
-    """When this module began, as the audit log writes times: an earlier module ran an operator under the same
-    ServiceAccount name, refused once its release was uninstalled."""
+def started(watch_mode: str) -> str:
+    """When this mode's run began, as the audit log writes times: an earlier module (and mode) ran an operator under
+    the same ServiceAccount name, refused once its release was uninstalled."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -72,9 +82,10 @@ RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
 }
+FLEETS = "<a fleet's namespace>"  # the namespace of the run's minimal fleet, which the operator watches
 # (verb, apiGroup, resource, subresource, namespace or "" for every namespace): none may be allowed.
 FORBIDDEN = [
-    *[(verb, "", "secrets", "", ns) for verb in ("get", "list", "watch") for ns in ("", "default", NAMESPACE)],
+    *[(verb, "", "secrets", "", ns) for verb in ("get", "list", "watch") for ns in ("", "default", NAMESPACE, FLEETS)],
     *[("impersonate", "", kind, "", "") for kind in ("users", "groups", "serviceaccounts")],
     ("impersonate", "authentication.k8s.io", "userextras", "", ""),
     ("impersonate", "authentication.k8s.io", "uids", "", ""),
@@ -85,9 +96,14 @@ FORBIDDEN = [
         for verb in ("create", "update", "patch")
         for kind in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
     ],
+    *[(verb, "rbac.authorization.k8s.io", "roles", "", FLEETS) for verb in ("escalate", "bind", "create")],
+    ("create", "rbac.authorization.k8s.io", "rolebindings", "", FLEETS),
     ("create", "", "serviceaccounts", "token", ""),
+    ("create", "", "serviceaccounts", "token", FLEETS),
     ("create", "", "pods", "", ""),
+    ("create", "", "pods", "", FLEETS),
     ("create", "", "pods", "exec", ""),
+    ("create", "", "pods", "exec", FLEETS),
     ("get", "", "nodes", "proxy", ""),
     ("create", "", "secrets", "", ""),
     ("update", "certificates.k8s.io", "certificatesigningrequests", "approval", ""),
@@ -112,15 +128,23 @@ def _kubectl(cluster: Cluster, kubeconfig: Path, *args: str) -> subprocess.Compl
 
 @pytest.mark.parametrize(("verb", "group", "resource", "subresource", "namespace"), FORBIDDEN)
 def test_the_operators_service_account_may_not(
-    as_operator: Path, verb: str, group: str, resource: str, subresource: str, namespace: str
+    as_operator: Path, chart_run: ChartRun, verb: str, group: str, resource: str, subresource: str, namespace: str
 ) -> None:
     """Asked of the API server's authorizer, as the ServiceAccount itself."""
-    with config.new_client_from_config(config_file=str(as_operator)) as api:
+    namespace = chart_run.fleets["minimal.yaml"][0] if namespace == FLEETS else namespace
+    assert not _allowed(as_operator, verb, group, resource, subresource, namespace), (verb, resource, namespace)
+
+
+def _allowed(
+    kubeconfig: Path, verb: str, group: str, resource: str, subresource: str = "", namespace: str = ""
+) -> bool:
+    """The API server's authorizer's answer (SelfSubjectAccessReview) for whoever ``kubeconfig`` authenticates."""
+    with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
         review = client.AuthorizationV1Api(api).create_self_subject_access_review(
             {"spec": {"resourceAttributes": {**attributes, **({"namespace": namespace} if namespace else {})}}}
         )
-    assert review.status.allowed is False, (attributes, namespace, review.status.reason)
+    return bool(review.status.allowed)
 
 
 def test_real_attempts_as_the_operator_are_refused(
@@ -280,3 +304,62 @@ def test_the_operator_pod_and_every_inference_pod_pass_restricted(
         assert "violate" not in result.stderr, f"{example}: {result.stderr}"
         checked += len(pods)
     assert checked >= 3, "every example's pods were checked"
+
+
+def test_with_plain_names_it_can_touch_no_namespace_it_does_not_watch(
+    api: Any, watch_mode: str, installed: Installed, chart_run: ChartRun, as_operator: Path
+) -> None:
+    """Every rule of a watched namespace's Role is allowed there and refused in ``default`` and in a namespace the
+    operator does not watch (the authorizer's answers as the ServiceAccount); real attempts as it in that namespace,
+    on a fleet, a Deployment and a ConfigMap an administrator made there, are Forbidden."""
+    if watch_mode != "names":
+        pytest.skip("watchNamespaces a pattern: the ClusterRole grants every namespace (docs/reliability.md says so)")
+    watched = chart_run.fleets["minimal.yaml"][0]
+    assert watched in installed.watched
+    role = client.RbacAuthorizationV1Api(api).read_namespaced_role(test_helm.RELEASE, watched)
+    rules = sorted(test_helm._granted(api.sanitize_for_serialization(role)["rules"]))
+    assert len(rules) >= 20, rules  # the operator's namespaced rules: events, fleets, every kind of child
+    unwatched = test_helm._namespaced(api, f"lp-unwatched-{uuid.uuid4().hex[:6]}")
+    try:
+        answers = {
+            (group, resource, verb, where): _allowed(as_operator, verb, group, *resource.split("/"), namespace=where)
+            for group, resource, verb in rules
+            for where in (watched, unwatched, "default")
+        }
+        assert [key for key, allowed in answers.items() if key[3] == watched and not allowed] == []
+        assert [key for key, allowed in answers.items() if key[3] != watched and allowed] == []
+
+        body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+        body["metadata"]["namespace"] = unwatched
+        Fleet(api, unwatched).create(body)
+        client.CoreV1Api(api).create_namespaced_config_map(unwatched, {"metadata": {"name": "lp-config"}})
+        app = {"matchLabels": {"app": "lp"}}
+        client.AppsV1Api(api).create_namespaced_deployment(unwatched, {
+            "metadata": {"name": "lp-app"},
+            "spec": {"replicas": 0, "selector": app, "template": {
+                "metadata": {"labels": app["matchLabels"]},
+                "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+            }},
+        })  # fmt: skip
+        fleet = body["metadata"]["name"]
+        attempts = {
+            "create a Deployment": ("create", "deployment", "lp-new", "--image=busybox"),
+            "read a Deployment": ("get", "deployment", "lp-app"),
+            "scale a Deployment": ("scale", "deployment", "lp-app", "--replicas=2"),
+            "list fleets": ("get", "multimodalinferences"),
+            "annotate a fleet": ("annotate", "multimodalinference", fleet, "mmfleet.io/probe=1"),
+            "write a fleet's status": (
+                "patch", "multimodalinference", fleet, "--subresource=status", "--type=merge",
+                "--patch", '{"status": {"phase": "Ready"}}',
+            ),
+            "list Services": ("get", "services"),
+            "delete a ConfigMap": ("delete", "configmap", "lp-config"),
+        }  # fmt: skip
+        for what, args in attempts.items():
+            result = _kubectl(installed.cluster, as_operator, *args, "--namespace", unwatched)
+            assert result.returncode != 0, f"{what}: allowed: {result.stdout}"
+            assert "forbidden" in result.stderr.lower(), f"{what}: {result.stderr}"
+        assert client.CoreV1Api(api).read_namespaced_config_map("lp-config", unwatched)
+        assert Fleet(api, unwatched).status(fleet) == {}, "nothing reconciled the fleet it does not watch"
+    finally:
+        client.CoreV1Api(api).delete_namespace(unwatched)
