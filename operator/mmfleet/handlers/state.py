@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
+from kubernetes.dynamic.exceptions import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 
@@ -188,7 +189,8 @@ def write_status(
     "Changed" is judged against what this process last judged (the operator is the only writer),
     because the watched copy of the resource can lag behind our own last patch. Conditions are kept
     in one order: the reconcile and the autoscaler each list their own first, and would otherwise
-    rewrite each other's status on every cycle without changing a thing.
+    rewrite each other's status on every cycle without changing a thing. A fleet deleted since the
+    event or cycle that asked for the write (404) has no status to write and no one to tell.
     """
     new = new.model_copy(update={"conditions": sorted(new.conditions, key=lambda c: CONDITION_TYPES.index(c.type))})
     meta = body["metadata"]
@@ -202,7 +204,11 @@ def write_status(
         return False
     attributes = {**telemetry.fleet(*key, new.observed_generation), telemetry.PHASE: new.phase or ""}
     with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
-        get_kube().patch_status(meta["namespace"], meta["name"], wire)
+        try:
+            get_kube().patch_status(meta["namespace"], meta["name"], wire)
+        except NotFoundError:
+            STATE.written.pop(key, None)
+            return False
     STATE.written[key] = new
     for type_, reason, message in status.events(previous, new):
         kopf_event(body, type_, reason, message)
