@@ -19,9 +19,9 @@ from mmfleet_lab.twin.scenarios import BASES, most_variable_hour, parse
 
 def test_every_base_trace_has_a_role_and_a_spike_takes_its_bases() -> None:
     assert set(traces.ROLES) == {*BASES, "trace"}
-    assert traces.role("azure-conv") == traces.role("spike-x4") == "train"
+    assert traces.role("azure-conv") == traces.role("spike-x4") == traces.role("bursts") == "train"
     assert traces.role("spike-x4@servegen-mm") == "validation"
-    assert traces.role("azure-code") == traces.role("flash-x8@azure-code") == "test"
+    assert traces.role("azure-code") == traces.role("flash-x8@azure-code") == traces.role("bursts@azure-code") == "test"
     assert all(traces.role(n) == "test" for n in traces.TEST)
     assert {traces.role(n) for n in traces.TRAIN} == {"train"}
     with pytest.raises(ValueError, match="unknown scenario"):

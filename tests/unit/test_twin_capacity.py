@@ -79,3 +79,20 @@ def test_traces_default_to_the_packages_copies(monkeypatch: pytest.MonkeyPatch) 
         assert len(whole) > 10 * len(head) and np.array_equal(whole.arrival[: len(head)], head.arrival)
     monkeypatch.setenv("MMFLEET_TRACES", str(DATA))
     assert traces_dir() == DATA and traces_dir(Path("/x")) == Path("/x")
+
+
+def test_bursts_come_on_top_of_the_base_after_five_minutes_each_short_and_seeded() -> None:
+    flat = scenario("azure-conv", seed=3, rate=30.0)
+    bursty = scenario("bursts", seed=3, rate=30.0)
+    assert bursty.spikes == ()  # scored as a steady hour
+    extra = np.setdiff1d(bursty.requests.arrival, flat.requests.arrival)
+    assert len(extra) == len(bursty.requests) - len(flat.requests) > 0  # the base is untouched
+    assert extra.min() >= 300.0
+    # Runs of extra arrivals separated by quiet gaps: each burst lasts 20-60 s (two may touch), several in the hour.
+    runs = np.split(extra, np.flatnonzero(np.diff(extra) > 5.0) + 1)
+    lengths = [run[-1] - run[0] for run in runs]
+    assert 8 <= len(runs) <= 30, len(runs)
+    assert all(length >= 15.0 for length in lengths), lengths
+    assert sum(length <= 60.0 for length in lengths) >= 0.9 * len(lengths), lengths
+    again, other = (scenario("bursts", seed=s, rate=30.0).requests.arrival for s in (3, 4))
+    assert np.array_equal(again, bursty.requests.arrival) and not np.array_equal(other[-50:], again[-50:])

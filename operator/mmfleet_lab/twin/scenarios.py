@@ -42,7 +42,15 @@ SPIKES: dict[str, tuple[str, float, float, float]] = {
     "spike-x8": ("step", 8.0, 0.0, 600.0),
     "ramp-x4": ("ramp", 4.0, 60.0, 660.0),  # 60 s ramp to x4, then x4 for 10 min
     "flash-x8": ("step", 8.0, 0.0, 90.0),
+    "bursts": ("bursts", 4.0, 0.0, 60.0),  # random bursts, see BURSTS
 }
+# "bursts": from BURSTS_FROM s on, a Poisson train of bursts (mean gap BURSTS_GAP s), each x1.5 up to the height for
+# 20 s up to the length, drawn from the scenario's seed. Real traffic bursts within a minute (the Azure code trace,
+# BurstGPT); a burst shorter than the cold start is over before a pod ordered for it is Ready. Scored as a steady
+# hour (no spike windows): the bursts are the workload, not an event.
+BURSTS_FROM = 300.0
+BURSTS_GAP = 180.0
+BURSTS_LOW = (1.5, 20.0)  # the least height and length of a burst
 BASES = ("azure-conv", "azure-code", "servegen-mm", *SERVEGEN_DAY_MODELS, "gentd-diffusion")
 ON = "@"  # "spike-x4@azure-code": a spike on another base than azure-conv
 NAMES = (*BASES, "trace", *SPIKES, *(f"{s}{ON}{b}" for s in SPIKES for b in BASES if b != "azure-conv"))
@@ -165,6 +173,20 @@ def base_requests(
     return traffic.add_images(req, stats, rng), dur
 
 
+def bursts(req: Requests, duration: float, height: float, length: float, rng: np.random.Generator) -> Requests:
+    """``req`` with the random bursts of the "bursts" scenario on top (``BURSTS_FROM``, ``BURSTS_GAP``)."""
+    low_height, low_length = BURSTS_LOW
+    t = BURSTS_FROM
+    while True:
+        t += rng.exponential(BURSTS_GAP)
+        span = rng.uniform(low_length, length)
+        if t + span > duration - 60.0:
+            return req
+        multiplier = traffic.step_multiplier(t, t + span, rng.uniform(low_height, height))
+        req = traffic.add_spike(req, t, t + span, multiplier, rng)
+        t += span
+
+
 def scenario(
     name: str,
     *,
@@ -182,7 +204,8 @@ def scenario(
     arrivals at the 10-minute rates), servegen-language / servegen-reason (ServeGen m-large and
     deepseek-r1, their most variable hour), gentd-diffusion (Alibaba's diffusion service, a day played
     in an hour), and spikes starting at 20 min: spike-x2/x4/x8 (x2/x4/x8 for 10 min), ramp-x4 (60 s
-    ramp to x4, held 10 min), flash-x8 (x8 for 90 s), on azure-conv or, as ``spike@base``, on a base.
+    ramp to x4, held 10 min), flash-x8 (x8 for 90 s), or bursts (x1.5-4 for 20-60 s, every 3 min on average,
+    from 5 min on), on azure-conv or, as ``spike@base``, on a base.
     ``seed`` draws the arrivals of the scaled and spiked traffic and the synthetic mix.
     The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
     mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``
@@ -202,7 +225,9 @@ def scenario(
     factor = replicas * mu / base_rate if base_rate > 0 else 1.0
     req = traffic.scale_rate(req, factor, duration, rng)
     spikes: tuple[tuple[float, float], ...] = ()
-    if spike is not None:
+    if spike is not None and SPIKES[spike][0] == "bursts":
+        req = bursts(req, duration, SPIKES[spike][1], SPIKES[spike][3], rng)
+    elif spike is not None:
         kind, height, ramp, length = SPIKES[spike]
         onset = min(SPIKE_ONSET, duration / 3.0)
         end = min(onset + length, duration)
