@@ -518,6 +518,12 @@ def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed
     return "served", f"{ready.get('reason')}: {message}"
 
 
+def tracebacks(text: str) -> list[str]:
+    """The operator's log records (a time-stamped line and what follows it) that carry a Python traceback: one per
+    record, however many chained exceptions it prints."""
+    return [record for record in re.split(r"\n(?=\[\d{4}-\d\d-\d\d )", text) if TRACEBACK in record]
+
+
 def retry_loops(text: str, namespaces: list[str]) -> dict[str, tuple[int, str]]:
     """Per fleet namespace, the warning or error the operator logged most often (count, line without digits), when
     logged more than ``RETRY_LIMIT`` times."""
@@ -586,9 +592,8 @@ def live(
             tally.fail("/healthz failures", None, f"{unhealthy} failed polls in batch {start}")
         _delete(cluster, fleets, tally, bound)
         text = operator.log.read_bytes()[offset:].decode(errors="replace") if operator.log.exists() else ""
-        for found in re.finditer(re.escape(TRACEBACK), text):
-            at = found.start()
-            tally.fail("crashes", None, f"a traceback in the operator's log: {text[max(0, at - 300) : at + 1200]}")
+        for record in tracebacks(text):
+            tally.fail("crashes", None, f"a traceback in the operator's log: {record[:1500]}")
         for ns, (count, line) in retry_loops(text, [f.namespace for f in fleets]).items():
             body = next(f.body for f in fleets if f.namespace == ns)
             tally.fail("retry loops", body, f"{count} times in the batch: {line}")

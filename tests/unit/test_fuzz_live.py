@@ -67,3 +67,16 @@ def test_the_same_warning_for_one_fleet_more_than_the_limit_is_a_retry_loop() ->
     count, line = loops["fz-a-1"]
     assert count == limit + 1
     assert "failed temporarily (attempt #)" in line
+
+
+def test_a_traceback_counts_once_per_log_record_however_many_exceptions_it_chains() -> None:
+    chained = (
+        "[2026-12-02 03:46:27,697] mmfleet [ERROR   ] refreshing the status of fz-a-1/fz-1 failed\n"
+        "Traceback (most recent call last):\n  ...\nNotFoundException: (404)\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  ...\nNotFoundError: 404"
+    )
+    quiet = "[2026-12-02 03:46:28,000] kopf.objects [INFO    ] [fz-a-1/fz-1] Handler 'watch_pods' succeeded."
+    found = fuzz.tracebacks("\n".join([quiet, chained, quiet, chained]))
+    assert len(found) == 2
+    assert found[0].startswith("[2026-12-02 03:46:27,697] mmfleet [ERROR   ] refreshing the status")
