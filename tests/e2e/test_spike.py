@@ -13,6 +13,7 @@ stopped from 205 to 225 (and a minute of warm-up again after it), the scale-down
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -130,6 +131,10 @@ def test_a_spike_is_met_then_released_and_silence_holds(cluster: Cluster, operat
     assert peak > max(s.replicas for s in before), [line(s, (SPIKE,)) for s in spike]
     first_up = next(e for _, e in ups)
     assert f"<= target {TARGET:g}s" in first_up, first_up
+
+    # No reversal inside the spike: a replica released while it lasts is ordered again and costs a cold start.
+    during = [s.replicas for s in spike]
+    assert all(b >= a for a, b in itertools.pairwise(during)), [line(s, (SPIKE,)) for s in spike]
 
     # P90 comes back under the target while the spike still runs, on the added replicas.
     recovered = [s for s in spike if s.t > SPIKE.start + 30 and s.latency is not None and s.latency <= s.target]
