@@ -775,6 +775,7 @@ def failed(tally: Tally) -> bool:
 
 CLUSTER = "mmfleet-fuzz"
 DOCS_KEY = "fuzz"
+TITLE = "Generated specs through the API server and the running operator (`mmfleet bench fuzz`)"
 PODMONITOR_FILE = "monitoring.coreos.com_podmonitors.yaml"
 
 
@@ -881,6 +882,6 @@ def main(
     )
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     body = f"{table(HEADERS, rows)}\n\nReproduce: `{command}` (this table: commit {_commit()}, {when})"
-    write_section(docs, DOCS_KEY, "The fuzz run (`mmfleet bench fuzz`)", body, level=3)
+    write_section(docs, DOCS_KEY, TITLE, body, level=3)
     print(table(HEADERS, rows))
     return 1 if any(failed(t) for t in tallies.values()) else 0
