@@ -55,8 +55,11 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
 
     from mmfleet_lab import fuzz
 
-    if args.count < 2 or args.batch < 1:
-        print(f"--count {args.count} / --batch {args.batch}: at least 2 specs and 1 fleet per batch", file=sys.stderr)
+    if args.count < 2:
+        print(f"--count {args.count}: at least 2 (half drawn from the schema, half mutated examples)", file=sys.stderr)
+        return EXIT_INVALID
+    if args.batch < 1:
+        print(f"--batch {args.batch}: at least 1 fleet at a time", file=sys.stderr)
         return EXIT_INVALID
     report = Path(args.report) if args.report else None
     return fuzz.main(args.seed or [13], args.count, args.live, Path(args.docs), _progress, args.batch, report)
