@@ -3,9 +3,14 @@ the status is for the fleet's generation; a pod the API server refuses is a find
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mmfleet_lab import fuzz
+from tests.integration.operator_process import mmfleet_command
 
 QUOTA = 'pods "q-1" is forbidden: exceeded quota: fuzz-pods, requested: pods=1, used: pods=2, limited: pods=2'
 PSS = 'pods "q-2" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true'
@@ -80,3 +85,20 @@ def test_a_traceback_counts_once_per_log_record_however_many_exceptions_it_chain
     found = fuzz.tracebacks("\n".join([quiet, chained, quiet, chained]))
     assert len(found) == 2
     assert found[0].startswith("[2026-12-02 03:46:27,697] mmfleet [ERROR   ] refreshing the status")
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--count", "1"], "--count 1: at least 2"),
+        (["--batch", "0"], "--batch 0: at least 1"),
+    ],
+)
+def test_bench_fuzz_refuses_a_bad_flag_naming_it_before_starting_a_cluster(
+    tmp_path: Path, flags: list[str], said: str
+) -> None:
+    docs = tmp_path / "r.md"
+    argv = [*mmfleet_command(), "bench", "fuzz", *flags, "--docs", str(docs)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr
+    assert not docs.exists()
