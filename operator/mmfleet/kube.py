@@ -184,7 +184,9 @@ class Kube:
         with self._errors(f"apply {manifest['kind']} {_where(meta.get('namespace'), meta['name'])}"):
             result = self.dynamic.server_side_apply(
                 self._resource(manifest["apiVersion"], manifest["kind"]),
-                body=manifest,
+                # A UTF-8 string: the client's own json.dumps escapes a character outside the Basic Multilingual Plane
+                # as a UTF-16 surrogate pair, which the API server's YAML decoder (an apply is YAML) refuses.
+                body=json.dumps(manifest, ensure_ascii=False),
                 name=meta["name"],
                 namespace=meta.get("namespace"),
                 field_manager=manager,

@@ -41,3 +41,14 @@ def test_has_api_sees_a_kind_installed_and_removed_after_its_first_answer(api: A
     finally:
         crds.delete_custom_resource_definition(f"widgets.{GROUP}")
     wait_for(lambda: not kube.has_api(f"{GROUP}/v1", "Widget"), 30, "Widget no longer served")
+
+
+def test_apply_keeps_characters_outside_the_basic_multilingual_plane(api: Any, namespace: str) -> None:
+    """The API server accepts "🙂" in a fleet's model name (a JSON create); the Deployment rendered from it must apply
+    too. Applies are YAML to the API server, whose decoder refuses the UTF-16 surrogate escapes that json.dumps writes
+    by default (found by the fuzzer's live leg: every apply refused, 400)."""
+    data = {"model": "🙂 café 模型", "astral": "\U0001d54f"}
+    manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "astral", "namespace": namespace}}
+    applied = Kube(api).apply({**manifest, "data": data})
+    assert applied["data"] == data
+    assert client.CoreV1Api(api).read_namespaced_config_map("astral", namespace).data == data
