@@ -537,6 +537,7 @@ def run(
 
 
 CLUSTER = "mmfleet-faults-api"
+OPERATOR_LOG = Path(tempfile.gettempdir()) / f"{CLUSTER}-operator.log"
 DOCS_KEY = "faults-api"
 
 
@@ -576,7 +577,8 @@ def main(trials: int, docs: Path, progress: Callable[[str], None]) -> int:
         proxy = FaultProxy(cluster.server, cluster.kubeconfig).start()
         kubeconfig = proxy.kubeconfig(cluster.state_dir / "proxy-kubeconfig")
         env = {**os.environ, **OPERATOR_ENV, "KUBECONFIG": str(kubeconfig)}
-        with (cluster.state_dir / "operator.log").open("ab") as out:
+        progress(f"the operator's log: {OPERATOR_LOG} (kept after the cluster is down)")
+        with OPERATOR_LOG.open("wb") as out:
             command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""]
             operator = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         ns = Namespace(api, NAMESPACE)

@@ -13,11 +13,13 @@ status refreshes and the autoscaler's cycles. A Retry-After sets the retries' pa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.faults_api import (
@@ -27,13 +29,16 @@ from mmfleet_lab.faults_api import (
     MAX_REQUESTS_PER_FLEET_SECOND,
     OPERATOR_ENV,
     WATCH_DROP_AFTER,
+    WRITES,
+    Fault,
     FaultProxy,
     converge,
     create_fleets,
     run_trial,
+    scale_fleets,
 )
 from mmfleet_lab.faults_crash import Namespace
-from tests.integration.operator_process import OperatorProcess
+from tests.integration.operator_process import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +85,29 @@ def test_every_fleet_converges_after_an_api_server_fault_without_a_busy_loop(
         most = trial.seconds / case.fault.retry_after + 1
         for fleet in FIXED:  # the autoscaled fleet's first write, its scale, is the one refused
             assert most / 2 <= trial.applies(namespace, fleet) <= most, trial.counts.during_fault
+
+
+def test_a_change_reverted_while_its_reconcile_fails_is_undone_after_the_fault(
+    proxied: tuple[FaultProxy, OperatorProcess], api: Any, namespace: str
+) -> None:
+    """The Deployment takes 2 replicas but the PodDisruptionBudget's apply after it fails; the spec goes back to 1
+    during the fault. kopf then sees nothing to handle (the spec is what it last handled) and drops its retry: only
+    the operator's own retry loop brings the Deployment back to 1 (before it did, 2 replicas ran for ever)."""
+    proxy, process = proxied
+    ns = Namespace(api, namespace)
+    create_fleets(ns)
+    assert converge(ns, 120)[0] is not None, process.tail()
+    proxy.set_fault(Fault("500", methods=WRITES, path="/poddisruptionbudgets"))
+    scale_fleets(ns, FIXED, 2)
+    apps = client.AppsV1Api(api)
+
+    def scaled() -> bool:
+        return all(apps.read_namespaced_deployment(n, namespace).spec.replicas == 2 for n in FIXED)
+
+    wait_for(scaled, 30, "the Deployments at 2 replicas while the PodDisruptionBudgets' applies fail")
+    scale_fleets(ns, FIXED, 1)
+    time.sleep(10)
+    proxy.clear()
+    took, audit = converge(ns, 60)
+    print(f"\nreverted during the fault: converged {took}s after it; {audit.problems}")
+    assert took is not None, (audit.problems, process.tail())

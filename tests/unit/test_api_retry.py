@@ -3,8 +3,10 @@ failed, what it met and when the next try is, through every status write until a
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -214,3 +216,31 @@ def test_a_request_that_gets_no_answer_says_so(server: tuple[str, list[bool]]) -
         "could not connect to the API server: "
     )
     refused.close()
+
+
+def test_a_failed_reconcile_kopf_does_not_retry_is_reconciled_by_the_retry_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf drops its retry when the spec returns to what it last handled (2 replicas applied by the failed attempt,
+    then the spec back to 1): the retry loop must reconcile the fleet from the indexes after the grace period."""
+    kube = FaultyKube(RetryableError("500 Internal Server Error", call="apply PodDisruptionBudget ml/qwen"))
+    STATE.kube = kube
+    with pytest.raises(kopf.TemporaryError) as raised:
+        fleet.reconcile(body(), [], None, prune=False)
+    pending = STATE.retries[KEY]
+    assert pending.due - time.monotonic() == pytest.approx(raised.value.delay + fleet.KOPF_RETRY_GRACE_SECONDS, abs=1)
+    kube.fault = None
+    pending.due = time.monotonic()  # the grace has passed and kopf never called
+    monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
+    indexes: dict[str, Any] = {"fleets": {KEY: [body()]}, "fleet_deployments": {}, "fleet_pods": {}}
+
+    async def scenario() -> None:
+        loop = asyncio.create_task(fleet.retry_forever(indexes))
+        deadline = time.monotonic() + 5
+        while KEY in STATE.retries and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        loop.cancel()
+
+    asyncio.run(scenario())
+    assert KEY not in STATE.retries and KEY not in STATE.retrying
+    assert progressing(kube.written[-1])[1] != "ApiServerRetrying"

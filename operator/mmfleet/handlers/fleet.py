@@ -82,6 +82,10 @@ RETRY_TICK_SECONDS = 1.0
 RETRY_AFTER_MIN_SECONDS = 1
 RETRY_AFTER_MAX_SECONDS = 60
 RETRY_AFTER_ATTEMPTS = 10
+# kopf retries a reconcile that raised TemporaryError after its delay; retry_forever reconciles the fleet this much
+# later if kopf has not: kopf drops the retry when the spec returns to what it last handled (a scale 1 -> 2 that failed
+# half way, then back to 1), which would leave what the failed attempt applied (2 replicas) in place.
+KOPF_RETRY_GRACE_SECONDS = 5.0
 # The API server's own message is kept whole up to this length in a condition.
 MESSAGE_LIMIT = 2048
 
@@ -427,6 +431,8 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
             scheduled = STATE.retries.get(key)  # a retry of retry_forever's is numbered there, kopf's by kopf
             delay = api_retry_delay(error.retry_after, max(attempt, scheduled.attempts if scheduled else 0))
             STATE.retrying[key] = retrying_message(error, delay)
+            due = time.monotonic() + delay + KOPF_RETRY_GRACE_SECONDS
+            STATE.retries[key] = Retry(scheduled.attempts if scheduled else 0, due)
             seen = last_status(key, body)
             with contextlib.suppress(RetryableError):  # the status write may meet the same fault
                 _observe(body, inference, deployment or live, pods, cloud or (seen.cloud if seen else None))
@@ -677,7 +683,8 @@ async def _repair(key: Key, parent: Body, indexes: dict[str, Any]) -> None:
 
 
 async def retry_forever(indexes: dict[str, Any]) -> None:
-    """Reconcile again each fleet whose retry is due: a failed repair, a refused apply, a child not owned.
+    """Reconcile again each fleet whose retry is due: a failed repair, a refused apply, a child not owned, a
+    reconcile the API server failed that kopf did not retry in time (``KOPF_RETRY_GRACE_SECONDS``).
 
     Level-triggered: the retry reads the fleet and its children as the indexes show them then, and a fleet
     whose cause is gone (the conflicting object deleted) converges without any event about it.
@@ -686,6 +693,8 @@ async def retry_forever(indexes: dict[str, Any]) -> None:
         await asyncio.sleep(RETRY_TICK_SECONDS)
         now = time.monotonic()
         for key in [k for k, r in STATE.retries.items() if r.due <= now]:
+            if STATE.locks[key].locked():  # being reconciled now: its outcome clears or reschedules the retry
+                continue
             parent = _first(indexes, "fleets", key)
             if parent is None or parent.get("metadata", {}).get("deletionTimestamp"):
                 STATE.retries.pop(key, None)
