@@ -244,3 +244,38 @@ def test_a_failed_reconcile_kopf_does_not_retry_is_reconciled_by_the_retry_loop(
     asyncio.run(scenario())
     assert KEY not in STATE.retries and KEY not in STATE.retrying
     assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
+
+
+def test_a_generation_no_handler_takes_up_is_reconciled_by_the_retry_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry loop's own success (2 replicas) was followed by the spec back to 1, which kopf had last handled: no
+    update handler, so the Deployment kept 2. A newer generation than the last reconciled one leaves a retry."""
+    kube = FaultyKube(None)
+    STATE.kube = kube
+    fleet.reconcile(body(), [], None, prune=False)  # generation 2, 2 replicas
+    assert STATE.reconciled[KEY] == 2 and KEY not in STATE.retries
+    reverted = body()
+    reverted["metadata"]["generation"] = 3
+    reverted["spec"]["replicas"] = 1
+    event: Any = {"type": "MODIFIED", "object": reverted}
+    asyncio.run(fleet.follow_generation(event, "ml", "qwen"))
+    assert STATE.retries[KEY].due - time.monotonic() == pytest.approx(fleet.KOPF_RETRY_GRACE_SECONDS, abs=1)
+    same: Any = {"type": "MODIFIED", "object": body()}
+    STATE.retries.pop(KEY)
+    asyncio.run(fleet.follow_generation(same, "ml", "qwen"))
+    assert KEY not in STATE.retries, "a status write (same generation) asks for nothing"
+
+    asyncio.run(fleet.follow_generation(event, "ml", "qwen"))
+    STATE.retries[KEY].due = time.monotonic()  # the grace has passed and kopf never called
+    monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
+    indexes: dict[str, Any] = {"fleets": {KEY: [reverted]}, "fleet_deployments": {}, "fleet_pods": {}}
+
+    async def scenario() -> None:
+        loop = asyncio.create_task(fleet.retry_forever(indexes))
+        deadline = time.monotonic() + 5
+        while KEY in STATE.retries and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        loop.cancel()
+
+    asyncio.run(scenario())
+    assert STATE.reconciled[KEY] == 3 and KEY not in STATE.retries
+    assert kube.written[-1]["observedGeneration"] == 3

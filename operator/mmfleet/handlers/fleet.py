@@ -397,6 +397,7 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
             inference = parse_spec(body)
         except SpecError as error:
             STATE.retries.pop(key, None)  # only a new spec can help
+            STATE.reconciled[key] = int(meta.get("generation") or 0)
             previous = previous_status(body)
             invalid_spec = status.InvalidSpec(error.problems, meta.get("generation"))
             invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
@@ -422,6 +423,7 @@ def _reconcile(body: Body, pods: list[Body], live: Body | None, prune: bool, spa
                 deployment = _clamp_replicas(inference, deployment)
             if prune:
                 _prune(inference, children)
+            STATE.reconciled[key] = int(meta.get("generation") or 0)
             STATE.refused.pop(key, None)
             STATE.retries.pop(key, None)
             STATE.retrying.pop(key, None)
@@ -625,8 +627,25 @@ async def forget_fleet(event: kopf.RawEvent, namespace: str | None, name: str, *
     STATE.refused.pop(key, None)
     STATE.retries.pop(key, None)
     STATE.retrying.pop(key, None)
+    STATE.reconciled.pop(key, None)
     for child in STATE.children.pop(key, set()):
         STATE.applied.pop(child, None)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def follow_generation(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+    """A new generation is reconciled even when no handler takes it up (level-triggered).
+
+    kopf calls no update handler when the spec returns to what it last handled (a scale 1 -> 2 whose reconcile failed
+    after the Deployment's apply, then back to 1), and drops the failed one's retry, leaving 2 replicas. The retry
+    loop reconciles such a fleet ``KOPF_RETRY_GRACE_SECONDS`` later unless a reconcile of it finishes first.
+    """
+    key = (namespace or "", name)
+    done = STATE.reconciled.get(key)
+    generation = event["object"].get("metadata", {}).get("generation")
+    if event["type"] != "MODIFIED" or done is None or generation in (None, done) or key in STATE.retries:
+        return
+    STATE.retries[key] = Retry(0, time.monotonic() + KOPF_RETRY_GRACE_SECONDS)
 
 
 async def observe_child(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, kwargs: dict[str, Any]) -> None:

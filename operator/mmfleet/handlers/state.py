@@ -80,6 +80,9 @@ class State:
     # Why a fleet's reconcile waits to be retried (a call the API server may answer next time), for Progressing:
     # every status write carries it (a refresh, the autoscaler's cycle) until a reconcile goes through.
     retrying: dict[Key, str] = field(default_factory=dict)
+    # The generation each fleet's last reconcile finished with (applied, or judged invalid): a newer one no handler
+    # takes up is reconciled by the retry loop (handlers.fleet.follow_generation).
+    reconciled: dict[Key, int] = field(default_factory=dict)
     retry: asyncio.Task[None] | None = None
     written: dict[Key, MultimodalInferenceStatus] = field(default_factory=dict)
     locks: defaultdict[Key, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
