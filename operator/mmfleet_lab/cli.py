@@ -93,17 +93,16 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return EXIT_INVALID
-    frozen: list[tuple[list[Any], dict[str, Any]]] = []
-    problem = _unreadable("--tuned", args.tuned, lambda: frozen.append(tune.frozen(Path(args.tuned))))
-    if problem:
-        print(problem, file=sys.stderr)
+    frozen = _frozen(args.tuned)
+    if isinstance(frozen, str):
+        print(frozen, file=sys.stderr)
         return EXIT_INVALID
     if args.quick:
         default, colds = [QUICK_CELL], [tune.COLD_START]
     else:
         default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
     scenarios = args.scenario or (["trace"] if trace is not None else default)
-    baselines, record = frozen[0]
+    baselines, record = frozen
     policies = [Shipped(), Shipped(PROFILED, capacity_per_replica=float(record["profile"]["capacity"])), *baselines]
     names = [p.name for p in policies]
     unknown = sorted(set(args.policy or ()) - set(names))
@@ -149,6 +148,17 @@ def _unreadable(flag: str, path: str, read: Callable[[], object]) -> str | None:
     return None
 
 
+def _frozen(path: str) -> tuple[list[Any], dict[str, Any]] | str:
+    """The baselines frozen in ``--tuned`` and its record, or why the file cannot be used."""
+    from pathlib import Path
+
+    from mmfleet_lab.bench import tune
+
+    frozen: list[tuple[list[Any], dict[str, Any]]] = []
+    problem = _unreadable("--tuned", path, lambda: frozen.append(tune.frozen(Path(path))))
+    return problem if problem else frozen[0]
+
+
 def cmd_bench_reachable(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -175,7 +185,7 @@ def cmd_bench_reachable(args: argparse.Namespace) -> int:
 def cmd_bench_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mmfleet_lab.bench import cache, tune
+    from mmfleet_lab.bench import cache
 
     seeds = args.seed or [0, 1, 2, 3, 4]
     scenarios = args.scenario or list(REACHABLE_CELLS)
@@ -188,12 +198,11 @@ def cmd_bench_cache(args: argparse.Namespace) -> int:
     except cache.FlagError as error:
         print(error, file=sys.stderr)
         return EXIT_INVALID
-    frozen: list[tuple[list[Any], dict[str, Any]]] = []
-    problem = _unreadable("--tuned", args.tuned, lambda: frozen.append(tune.frozen(Path(args.tuned))))
-    if problem:
-        print(problem, file=sys.stderr)
+    frozen = _frozen(args.tuned)
+    if isinstance(frozen, str):
+        print(frozen, file=sys.stderr)
         return EXIT_INVALID
-    baselines, record = frozen[0]
+    baselines, record = frozen
     return cache.main(
         scenarios, seeds, Path(args.docs), _progress, baselines, record, f"`{record['command']}`",
         weight_bytes=size, download_mbps=download, shared_read_mbps=read, workers=args.workers,
