@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO_PACKAGES   := prometheus
 SYSTEM_PACKAGES := $(DEMO_PACKAGES) lua5.1 redis-server
 
-.PHONY: install system-deps demo-deps binaries test-binaries lint typecheck test unit demo crds clean
+.PHONY: install system-deps demo-deps binaries test-binaries lint typecheck test unit demo reliability crds clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,14 @@ test: lint typecheck system-deps test-binaries
 ## examples, and a traffic spike served by the digital twin while the operator scales.
 demo: install demo-deps binaries
 	$(BIN)/mmfleet demo
+
+## docs/reliability.md, reproduced: every test file it cites, then the benchmarks that rewrite its tables (100 crash
+## trials and 5 trials of each API server fault, then the fuzz run's three seeds through the running operator), each on
+## a fresh local control plane; over an hour on 2 cores.
+reliability: system-deps test-binaries
+	$(BIN)/pytest -q $$(grep -o 'tests/[a-z_/]*\.py' docs/reliability.md | sort -u)
+	$(BIN)/mmfleet bench faults --kills 100 --api-trials 5 --seed 0
+	$(BIN)/mmfleet bench fuzz --seed 13 --seed 7 --seed 3 --count 1200 --live
 
 ## Regenerate what is generated from the code (CRD, chart values schema, Grafana dashboard, API docs, collector configurations); tests fail when these drift.
 crds: install
