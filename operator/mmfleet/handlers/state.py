@@ -199,6 +199,12 @@ def write_status(
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     previous = STATE.written.get(key, previous)
+    # observedGeneration is the generation whose children were last applied, not the one a status refresh or an
+    # autoscaling cycle happens to read: a spec still waiting for its apply (a retry, a reconcile not yet run) is not
+    # reported as current, which Argo CD's health check and kstatus read as done.
+    applied = STATE.reconciled.get(key, previous.observed_generation if previous else None)
+    if applied is not None and (new.observed_generation or 0) > applied:
+        new = new.model_copy(update={"observed_generation": applied})
     if previous == new:
         return False
     wire = new.wire()
