@@ -90,7 +90,7 @@ def retry_after(error: ApiException) -> int | None:
     if error.status != 429 and (error.status or 0) < 500:
         return None
     value = str((error.headers or {}).get("Retry-After") or "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None  # "²" is a digit to str.isdigit, not to int()
 
 
 def transport_failure(error: urllib3.exceptions.HTTPError) -> str:

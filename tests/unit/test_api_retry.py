@@ -84,6 +84,7 @@ def test_the_retry_after_header_is_read_as_client_go_reads_it() -> None:
     assert retry_after(too_many("7", 503, "Service Unavailable")) == 7
     assert retry_after(too_many(None)) is None
     assert retry_after(too_many("Wed, 02 Dec 2026 04:00:00 GMT")) is None  # client-go reads whole seconds only
+    assert retry_after(too_many("²")) is None  # a digit to str.isdigit, not a number: no header, not a traceback
     assert retry_after(too_many("2", 409, "Conflict")) is None  # only a 429 or 5xx asks to wait
 
 
