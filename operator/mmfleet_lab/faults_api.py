@@ -454,11 +454,12 @@ def _said(trials: list[Trial], namespace: str) -> str:
     seen: Counter[str] = Counter()
     for trial in trials:
         for fleet, said in trial.said.items():
-            for text in said:
-                if not text.startswith("ApiServerRetrying"):
-                    continue
-                general = text.replace(f"{namespace}/{fleet}", "<fleet>")
-                seen[re.sub(r"next in \d+ s", "next in N s", general)] += 1
+            general = {
+                re.sub(r"next in \d+ s", "next in N s", text.replace(f"{namespace}/{fleet}", "<fleet>"))
+                for text in said
+                if text.startswith("ApiServerRetrying")
+            }
+            seen.update(general)  # once per fleet-trial
     fleet_trials = sum(len(t.said) for t in trials)
     return "; ".join(f'"{text}" ({n} of {fleet_trials})' for text, n in seen.most_common(3)) or "none"
 

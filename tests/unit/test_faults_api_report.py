@@ -25,7 +25,13 @@ def test_a_row_counts_what_did_not_converge_and_says_the_conditions_in_general_w
     retry = "ApiServerRetrying: apply Deployment bench/{}: 409 Conflict; next in {} s"
     trials = [
         trial(4.0, {"api-0": ["RolledOut: 1/1 replicas ready", retry.format("api-0", 5)], "api-1": []}),
-        trial(9.0, {"api-0": [retry.format("api-0", 10), "RolledOut: 2/2 ready"], "api-1": [retry.format("api-1", 5)]}),
+        trial(
+            9.0,
+            {
+                "api-0": [retry.format("api-0", 10), "RolledOut: 2/2 ready"],
+                "api-1": [retry.format("api-1", 5), retry.format("api-1", 10)],
+            },
+        ),
         trial(None, {"api-0": [], "api-1": []}, requests=60, lost=1),
     ]
     cells = dict(zip(HEADERS, row("409-on-apply", trials, NS), strict=True))
