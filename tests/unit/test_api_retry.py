@@ -280,3 +280,21 @@ def test_a_generation_no_handler_takes_up_is_reconciled_by_the_retry_loop(monkey
     asyncio.run(scenario())
     assert STATE.reconciled[KEY] == 3 and KEY not in STATE.retries
     assert kube.written[-1]["observedGeneration"] == 3
+
+
+def test_a_status_refresh_that_fails_is_tried_again_without_another_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault bench's one unconverged trial: the refresh after the last pod turned Ready met the fault, and no
+    event came to ask for another, so the status said 1 of 2 ready until the resync, minutes later."""
+    calls: list[float] = []
+
+    def refresh(key: Any, indexes: Any) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RetryableError("429 Too Many Requests", call="write the status of MultimodalInference ml/qwen")
+
+    monkeypatch.setattr(fleet, "refresh_status", refresh)
+    monkeypatch.setattr(fleet, "STATUS_DEBOUNCE", 0.01)
+    monkeypatch.setattr(fleet, "RETRY_FIRST_SECONDS", 0.2)
+    asyncio.run(fleet._refresh_later(KEY, {}))
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.2, "tried again after the first retry delay"
+    assert KEY not in STATE.refresh_again

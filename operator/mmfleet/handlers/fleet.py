@@ -744,16 +744,25 @@ async def _refresh_later(key: Key, indexes: dict[str, Any]) -> None:
     A pod's way to Ready brings a Deployment event or two per step; writing status on each cost
     a request per event, on an API server already busy with the burst that caused them. Events
     during a refresh ask for one more; a fleet never has more than one refresh waiting for a thread.
+    A failed refresh is tried again after ``retry_delay`` (5 s doubling): no event may come to ask
+    for one, and the resync is minutes away (a status left saying 1 of 2 ready, in the fault bench).
     """
+    failures = 0
     try:
         while True:
             await asyncio.sleep(STATUS_DEBOUNCE)
             STATE.refresh_again.discard(key)
             try:
                 await asyncio.to_thread(refresh_status, key, indexes)
-            except Exception:  # the resync loop tries again
-                log.exception("refreshing the status of %s/%s failed", *key)
+            except Exception as error:
+                if isinstance(error, RetryableError):  # the API server's fault, said in one line
+                    log.warning("refreshing the status of %s/%s failed: %s", *key, error)
+                else:
+                    log.exception("refreshing the status of %s/%s failed", *key)
                 metrics_export.error("status_refresh")
+                STATE.refresh_again.add(key)
+                await asyncio.sleep(retry_delay(failures))
+                failures += 1
             if key not in STATE.refresh_again:
                 return
     finally:
