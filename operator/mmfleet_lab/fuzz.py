@@ -476,6 +476,11 @@ class _Cluster:
         found = self.core.list_pod_for_all_namespaces(label_selector=INFERENCE_LABEL, _request_timeout=30)
         return self._by_namespace(found.items)
 
+    def namespaces(self, run: str) -> list[str]:
+        """The namespaces of this run still there (terminating ones too)."""
+        found = self.core.list_namespace(label_selector=f"{RUN_LABEL}={run}", _request_timeout=30)
+        return [ns.metadata.name for ns in found.items]
+
     def failed_creates(self) -> dict[str, list[dict[str, Any]]]:
         found = self.core.list_event_for_all_namespaces(field_selector="reason=FailedCreate", _request_timeout=30)
         return self._by_namespace(found.items)
@@ -569,12 +574,20 @@ def live(
 
     cluster = _Cluster(api)
     run = uuid.uuid4().hex[:5]
+    # The log is read on from where the last batch's reading ended, so nothing logged between batches is skipped.
+    offset = operator.log.stat().st_size if operator.log.exists() else 0
+
+    def logged_since() -> str:
+        nonlocal offset
+        data = operator.log.read_bytes() if operator.log.exists() else b""
+        text, offset = data[offset:].decode(errors="replace"), len(data)
+        return text
+
     for start in range(0, len(bodies), batch):
         if operator.exited() is not None:
             tally.fail("crashes", None, f"the operator exited with {operator.exited()} before batch {start}")
             return
         fleets = [_Live(f"fz-{run}-{start + i}", body) for i, body in enumerate(bodies[start : start + batch])]
-        offset = operator.log.stat().st_size if operator.log.exists() else 0
         _namespaces(cluster, run, fleets, bound)
         for fleet in fleets:
             body = {**fleet.body, "metadata": {**fleet.body["metadata"], "namespace": fleet.namespace}}
@@ -591,7 +604,7 @@ def live(
         if unhealthy:
             tally.fail("/healthz failures", None, f"{unhealthy} failed polls in batch {start}")
         _delete(cluster, fleets, tally, bound)
-        text = operator.log.read_bytes()[offset:].decode(errors="replace") if operator.log.exists() else ""
+        text = logged_since()
         for record in tracebacks(text):
             tally.fail("crashes", None, f"a traceback in the operator's log: {record[:1500]}")
         for ns, (count, line) in retry_loops(text, [f.namespace for f in fleets]).items():
@@ -599,6 +612,12 @@ def live(
             tally.fail("retry loops", body, f"{count} times in the batch: {line}")
         done = Counter(f.verdict for f in fleets)
         progress(f"live {start + len(fleets)}/{len(bodies)}: {dict(done)}")
+    # The last batch's namespaces going away is the operator's last work here: a crash or a traceback then counts too.
+    _wait_all(lambda: cluster.namespaces(run), bound)
+    for record in tracebacks(logged_since()):
+        tally.fail("crashes", None, f"a traceback in the operator's log: {record[:1500]}")
+    if operator.exited() is not None:
+        tally.fail("crashes", None, f"the operator exited with {operator.exited()} after the last batch")
 
 
 def _namespaces(cluster: _Cluster, run: str, fleets: list[_Live], bound: float) -> None:
