@@ -79,6 +79,19 @@ def too_many(seconds: str | None, status: int = 429, reason: str = "Too Many Req
     return error
 
 
+def drain_retries(indexes: dict[str, Any]) -> None:
+    """Run the operator's retry loop until the fleet's pending retry is gone (at most 5 s)."""
+
+    async def scenario() -> None:
+        loop = asyncio.create_task(fleet.retry_forever(indexes))
+        deadline = time.monotonic() + 5
+        while KEY in STATE.retries and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_the_retry_after_header_is_read_as_client_go_reads_it() -> None:
     assert retry_after(too_many("2")) == 2  # header names are case-insensitive
     assert retry_after(too_many("7", 503, "Service Unavailable")) == 7
@@ -234,15 +247,7 @@ def test_a_failed_reconcile_kopf_does_not_retry_is_reconciled_by_the_retry_loop(
     pending.due = time.monotonic()  # the grace has passed and kopf never called
     monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
     indexes: dict[str, Any] = {"fleets": {KEY: [body()]}, "fleet_deployments": {}, "fleet_pods": {}}
-
-    async def scenario() -> None:
-        loop = asyncio.create_task(fleet.retry_forever(indexes))
-        deadline = time.monotonic() + 5
-        while KEY in STATE.retries and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        loop.cancel()
-
-    asyncio.run(scenario())
+    drain_retries(indexes)
     assert KEY not in STATE.retries and KEY not in STATE.retrying
     assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
 
@@ -269,15 +274,7 @@ def test_a_generation_no_handler_takes_up_is_reconciled_by_the_retry_loop(monkey
     STATE.retries[KEY].due = time.monotonic()  # the grace has passed and kopf never called
     monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
     indexes: dict[str, Any] = {"fleets": {KEY: [reverted]}, "fleet_deployments": {}, "fleet_pods": {}}
-
-    async def scenario() -> None:
-        loop = asyncio.create_task(fleet.retry_forever(indexes))
-        deadline = time.monotonic() + 5
-        while KEY in STATE.retries and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        loop.cancel()
-
-    asyncio.run(scenario())
+    drain_retries(indexes)
     assert STATE.reconciled[KEY] == 3 and KEY not in STATE.retries
     assert kube.written[-1]["observedGeneration"] == 3
 
