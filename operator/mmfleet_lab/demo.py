@@ -27,6 +27,7 @@ from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab import spike
 from mmfleet_lab.cluster import Cluster, NodePool, attach, ensure_binaries, up
 from mmfleet_lab.cluster import collector as otelcol
+from mmfleet_lab.cluster.crds import wait_established
 from mmfleet_lab.twin import spans as twin_spans
 from mmfleet_lab.twin.serve import Spike
 
@@ -144,7 +145,7 @@ def run_demo() -> int:
 
     _say("== 2/6 the MultimodalInference CRD (generated from the pydantic models)")
     _say("   " + kubectl("apply", "--server-side", "-f", "-", stdin=crd.crd_yaml()).stdout.strip())
-    kubectl("wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
+    wait_established(cluster.api_client(), "multimodalinferences.mmfleet.io")
 
     _say("== 3/6 the OpenTelemetry Collector on 127.0.0.1 (OTLP in, its file exporter out)")
     collector = _start_collector(cluster)

@@ -48,6 +48,7 @@ from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.cli import load_documents
 from mmfleet.render import INFERENCE_LABEL, SpecError
 from mmfleet.validation import parse
+from mmfleet_lab.cluster.crds import install_crd
 
 Progress = Callable[[str], None]
 
@@ -800,20 +801,11 @@ PODMONITOR_FILE = "monitoring.coreos.com_podmonitors.yaml"
 
 def _podmonitor_crd(api: Any) -> None:
     """The Prometheus Operator's released PodMonitor CRD, so PodMonitors are rendered and validated too."""
-    from kubernetes import client
 
     from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
 
     body = yaml.safe_load((prometheus_operator_crds() / PODMONITOR_FILE).read_text())
-    ext = client.ApiextensionsV1Api(api)
-    ext.create_custom_resource_definition(body)
-
-    def established() -> bool:
-        got = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or []))
-
-    if _wait_all(lambda: [] if established() else ["PodMonitor"], 30):
-        raise TimeoutError("the PodMonitor CRD was not established within 30 s")
+    install_crd(api, body, "mmfleet-fuzz", timeout=30)
 
 
 def _live_under_operator(

@@ -24,7 +24,8 @@ import yaml
 
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.argocd import NAMESPACE as ARGOCD_NAMESPACE
-from mmfleet_lab.cluster.argocd import GitRepo, RunningArgoCD, kubectl, run_argocd
+from mmfleet_lab.cluster.argocd import GitRepo, RunningArgoCD, run_argocd
+from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.spike import Twin
 from mmfleet_lab.twin.serve import Spike
 from tests.e2e.test_spike import BASE_RATE, cluster, operator  # noqa: F401 (fixtures: the spike test's cluster)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,8 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
-from mmfleet import crd, dashboard
-from mmfleet_lab.cluster import Cluster, NodePool, down, ensure_binaries, process, prometheus, up
+from mmfleet import dashboard
+from mmfleet_lab.cluster import Cluster, NodePool, down, process, prometheus, up
+from mmfleet_lab.cluster.crds import install_mmfleet_crd
+from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.spike import Twin
 from tests.integration.operator_process import OperatorProcess, wait_for
 
@@ -58,11 +59,6 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    kubectl = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
-    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, check=True).stdout
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     running = up(
@@ -76,8 +72,7 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """``mmfleet run`` serving /healthz and /metrics, written as the lab Prometheus' operator target."""
-    _kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crd.crd_yaml())
-    _kubectl(cluster, "wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
+    install_mmfleet_crd(cluster.api_client(), "mmfleet-tests")
     address = f"127.0.0.1:{process.free_port()}"
     env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url, "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
     log = tmp_path_factory.mktemp("observability") / "operator.log"
@@ -118,9 +113,17 @@ def rule_queries() -> list[tuple[str, str]]:
 def test_every_panel_answers_and_every_rule_evaluates_while_the_twin_serves(
     cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    _kubectl(cluster, "create", "namespace", NAMESPACE)
-    _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
-    _kubectl(cluster, "-n", NAMESPACE, "wait", f"mmi/{NAME}", "--for=jsonpath={.status.phase}=Ready", "--timeout=90s")
+    kubectl(cluster.kubeconfig, "create", "namespace", NAMESPACE)
+    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
+    kubectl(
+        cluster.kubeconfig,
+        "-n",
+        NAMESPACE,
+        "wait",
+        f"mmi/{NAME}",
+        "--for=jsonpath={.status.phase}=Ready",
+        "--timeout=90s",
+    )
     health = process.http_get(f"http://{operator.health_address}/healthz")
     assert "autoscaler" in json.loads(health), health  # the operator's probe handlers, through its own server
     twin = Twin(cluster, RATE, (), tmp_path / "twin.log", ROOT / "tests" / "data")

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mmfleet import crd
 from mmfleet_lab.cluster import Cluster, NodePool, down, start_prometheus, stop_prometheus, up
+from mmfleet_lab.cluster.crds import install_mmfleet_crd
+from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.spike import Sample, Twin, follow, line, plot
 from mmfleet_lab.twin.serve import Spike
 
@@ -72,21 +73,11 @@ def cluster() -> Iterator[Cluster]:
     down(CLUSTER, progress=_say)
 
 
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    import subprocess
-
-    from mmfleet_lab.cluster import ensure_binaries
-
-    kubectl = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig)]
-    return subprocess.run([*kubectl, *args], input=stdin, capture_output=True, text=True, check=True).stdout
-
-
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.integration.operator_process import OperatorProcess
 
-    _kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crd.crd_yaml())
-    _kubectl(cluster, "wait", "--for=condition=Established", "crd/multimodalinferences.mmfleet.io", "--timeout=60s")
+    install_mmfleet_crd(cluster.api_client(), "mmfleet-tests")
     env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "", "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
     process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env)
     process.start()
@@ -95,9 +86,17 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def run_spike(cluster: Cluster, tmp_path: Path) -> list[Sample]:
-    _kubectl(cluster, "create", "namespace", NAMESPACE)
-    _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
-    _kubectl(cluster, "-n", NAMESPACE, "wait", f"mmi/{NAME}", "--for=jsonpath={.status.phase}=Ready", "--timeout=90s")
+    kubectl(cluster.kubeconfig, "create", "namespace", NAMESPACE)
+    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
+    kubectl(
+        cluster.kubeconfig,
+        "-n",
+        NAMESPACE,
+        "wait",
+        f"mmi/{NAME}",
+        "--for=jsonpath={.status.phase}=Ready",
+        "--timeout=90s",
+    )
     twin = Twin(cluster, BASE_RATE, (SPIKE,), tmp_path / "twin.log", ROOT / "tests" / "data")
     samples: list[Sample] = []
     stopped = False

@@ -18,7 +18,7 @@ import pytest
 
 from mmfleet_lab.cluster import Cluster, NodePool, down, up
 from mmfleet_lab.cluster.cluster import clusters_dir
-from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.integration.operator_process import OperatorProcess
 
 # One cluster per pytest process, so sessions running side by side (two developers' shells, two agents)
 # never share, or tear down, each other's cluster; the pid in the name lets a later session clean up
@@ -97,22 +97,9 @@ def namespace(api: Any) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster, api: Any) -> None:
     """The generated CRD, installed as a user would (server-side apply), and served."""
-    import yaml
-    from kubernetes import client, dynamic
+    from mmfleet_lab.cluster.crds import install_mmfleet_crd
 
-    from mmfleet import crd as crd_module
-
-    body = yaml.safe_load(crd_module.crd_yaml())
-    dyn = dynamic.DynamicClient(api)
-    resource = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
-    dyn.server_side_apply(resource, body=body, field_manager="mmfleet-tests", force_conflicts=True)
-    ext = client.ApiextensionsV1Api(api)
-
-    def established() -> bool:
-        got = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or []))
-
-    wait_for(established, 30, "the CRD to be established")
+    install_mmfleet_crd(api, "mmfleet-tests")
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.faults_api import (
     AUTOSCALED,
@@ -44,12 +45,24 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def proxied(cluster: Cluster, crd: None, tmp_path: Path) -> Iterator[tuple[FaultProxy, OperatorProcess]]:
+def proxied(
+    cluster: Cluster, crd: None, api: Any, namespace: str, tmp_path: Path
+) -> Iterator[tuple[FaultProxy, OperatorProcess]]:
+    """The operator through the proxy; the trial's fleets deleted while it still runs, so that their finalizers go
+    with them (left behind, the next trial's operator would reconcile their deletion and its requests count)."""
     proxy = FaultProxy(cluster.server, cluster.kubeconfig).start()
     process = OperatorProcess(proxy.kubeconfig(tmp_path / "kubeconfig"), tmp_path / "operator.log", OPERATOR_ENV)
     process.start()
     try:
         yield proxy, process
+        proxy.clear()
+        fleets = client.CustomObjectsApi(api)
+        fleets.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+
+        def gone() -> bool:
+            return not fleets.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+
+        wait_for(gone, 60, f"the fleets of {namespace} deleted")
     finally:
         process.stop()
         proxy.stop()

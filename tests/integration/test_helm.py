@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL
 from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster.crds import established, install_crd
 from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
 from mmfleet_lab.twin.spans import kubelet_env
@@ -174,29 +175,17 @@ def _remove_crd(api: Any) -> None:
     wait_for(gone, 60, f"the CRD {CRD_NAME} to be deleted")
 
 
-def _crd_established(api: Any, name: str) -> bool:
-    try:
-        got = client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or []))
-
-
 @pytest.fixture(scope="module")
 def pod_monitor_crd(api: Any) -> Iterator[None]:
     """The Prometheus Operator's real PodMonitor CRD served, so the operator creates and prunes PodMonitors;
     removed again after the module when it was not there before (other tests count a fleet's children)."""
     body = yaml.safe_load((prometheus_operator_crds() / f"{PODMONITOR_CRD}.yaml").read_text())
-    ext = client.ApiextensionsV1Api(api)
-    present = _crd_established(api, body["metadata"]["name"])
+    present = established(api, body["metadata"]["name"])
     if not present:
-        ext.create_custom_resource_definition(body)
-        wait_for(lambda: _crd_established(api, body["metadata"]["name"]), 30, "the PodMonitor CRD established")
+        install_crd(api, body, "mmfleet-tests", timeout=30)
     yield
     if not present:
-        ext.delete_custom_resource_definition(body["metadata"]["name"])
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition(body["metadata"]["name"])
 
 
 @pytest.fixture(scope="module")

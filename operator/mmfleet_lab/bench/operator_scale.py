@@ -36,9 +36,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mmfleet import crd
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.cluster import Cluster, NodePool, down, up
@@ -123,14 +120,12 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _install(cluster: Cluster) -> Any:
-    from kubernetes import client, dynamic
+    from kubernetes import client
+
+    from mmfleet_lab.cluster.crds import install_mmfleet_crd
 
     api = cluster.api_client()
-    dyn = dynamic.DynamicClient(api)
-    crd_resource = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
-    dyn.server_side_apply(
-        crd_resource, body=yaml.safe_load(crd.crd_yaml()), field_manager="bench", force_conflicts=True
-    )
+    install_mmfleet_crd(api, "bench")
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     deadline = time.monotonic() + 60

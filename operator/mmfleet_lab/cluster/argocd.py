@@ -30,7 +30,8 @@ from typing import Any
 import yaml
 
 from mmfleet_lab.cluster import process
-from mmfleet_lab.cluster.build import ARGOCD_VERSION, Progress, ensure_argocd, ensure_binaries, silent
+from mmfleet_lab.cluster.build import ARGOCD_VERSION, Progress, ensure_argocd, silent
+from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.cluster.process import ClusterError, Proc
 
 NAMESPACE = "argocd"
@@ -77,15 +78,6 @@ class RunningArgoCD:
     def logs(self, lines: int = 30) -> str:
         """The end of each component's log, for a failing test's message."""
         return "\n".join(f"--- {p.component} ({p.log})\n{process.tail(p.log, lines)}" for p in self.procs)
-
-
-def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    """``kubectl --kubeconfig <kubeconfig> <args>``; ClusterError with kubectl's own message when it fails."""
-    argv = [str(ensure_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args]
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ClusterError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 def install(kubeconfig: Path, cm_patches: Sequence[Path] = ()) -> None:
