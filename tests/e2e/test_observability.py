@@ -26,7 +26,7 @@ import yaml
 from mmfleet import dashboard
 from mmfleet_lab.cluster import Cluster, NodePool, down, process, prometheus, up
 from mmfleet_lab.cluster.crds import install_mmfleet_crd
-from mmfleet_lab.cluster.kubectl import kubectl
+from mmfleet_lab.cluster.kubectl import apply_ready
 from mmfleet_lab.spike import Twin
 from tests.integration.operator_process import OperatorProcess, wait_for
 
@@ -113,17 +113,7 @@ def rule_queries() -> list[tuple[str, str]]:
 def test_every_panel_answers_and_every_rule_evaluates_while_the_twin_serves(
     cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    kubectl(cluster.kubeconfig, "create", "namespace", NAMESPACE)
-    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
-    kubectl(
-        cluster.kubeconfig,
-        "-n",
-        NAMESPACE,
-        "wait",
-        f"mmi/{NAME}",
-        "--for=jsonpath={.status.phase}=Ready",
-        "--timeout=90s",
-    )
+    apply_ready(cluster.kubeconfig, RESOURCE)
     health = process.http_get(f"http://{operator.health_address}/healthz")
     assert "autoscaler" in json.loads(health), health  # the operator's probe handlers, through its own server
     twin = Twin(cluster, RATE, (), tmp_path / "twin.log", ROOT / "tests" / "data")

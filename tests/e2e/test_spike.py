@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from mmfleet_lab.cluster import Cluster, NodePool, down, start_prometheus, stop_prometheus, up
 from mmfleet_lab.cluster.crds import install_mmfleet_crd
-from mmfleet_lab.cluster.kubectl import kubectl
+from mmfleet_lab.cluster.kubectl import apply_ready
 from mmfleet_lab.spike import Sample, Twin, follow, line, plot
 from mmfleet_lab.twin.serve import Spike
 
@@ -86,17 +85,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def run_spike(cluster: Cluster, tmp_path: Path) -> list[Sample]:
-    kubectl(cluster.kubeconfig, "create", "namespace", NAMESPACE)
-    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(RESOURCE))
-    kubectl(
-        cluster.kubeconfig,
-        "-n",
-        NAMESPACE,
-        "wait",
-        f"mmi/{NAME}",
-        "--for=jsonpath={.status.phase}=Ready",
-        "--timeout=90s",
-    )
+    apply_ready(cluster.kubeconfig, RESOURCE)
     twin = Twin(cluster, BASE_RATE, (SPIKE,), tmp_path / "twin.log", ROOT / "tests" / "data")
     samples: list[Sample] = []
     stopped = False
