@@ -338,6 +338,7 @@ class Trial:
     converge: float | None  # s from the fault's end to a converged, clean namespace; None: not within the timeout
     audit: Audit  # the last audit
     said: dict[str, list[str]]  # fleet -> each Progressing "reason: message" seen while the fault lasted, in turn
+    converged_during: bool = False  # converged and clean before the fault ended
 
     @property
     def requests(self) -> int:
@@ -434,11 +435,12 @@ def run_trial(ns: Namespace, proxy: FaultProxy, name: str, timeout: float = CONV
                 if c["type"] == "Progressing" and seen is not None and seen[-1:] != [text]:
                     seen.append(text)
         time.sleep(0.5)
+    converged_during = ns.audit().clean  # through the admin client, not the proxy
     proxy.clear()
     seconds = time.monotonic() - began
     counts = proxy.snapshot()
     took, audit = converge(ns, timeout)
-    return Trial(name, seconds, counts, took, audit, said)
+    return Trial(name, seconds, counts, took, audit, said, converged_during)
 
 
 def reset(ns: Namespace, timeout: float = CONVERGE_TIMEOUT) -> None:

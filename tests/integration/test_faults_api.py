@@ -3,9 +3,8 @@
 For each fault of ``faults_api.CASES`` (409, 429 with Retry-After, 500, 503, hung requests, connection resets,
 dropped watches), fleets made Ready through the proxy are scaled (an autoscaled one has its spec changed) while
 the fault lasts; after it ends every fleet converges with a clean audit, and the operator sent at most
-``MAX_REQUESTS_PER_FLEET_SECOND`` requests a second and fleet during the fault (backoff, not a busy loop;
-watches, which kopf reopens when a stream ends, are bounded separately: no kind reopened faster than the proxy
-cuts it). Where every
+``MAX_REQUESTS_PER_FLEET_SECOND`` requests a second and fleet during the fault (backoff, not a busy loop; watches
+are not counted). When every watch is cut soon after it opens, the fleets converge while the fault lasts. Where every
 call of a kind fails, every fleet's Progressing says which call and what it met, and keeps saying it through
 status refreshes and the autoscaler's cycles. A Retry-After sets the retries' pace. One trial each;
 ``mmfleet bench faults --api-trials N`` runs more.
@@ -29,7 +28,6 @@ from mmfleet_lab.faults_api import (
     FIXED,
     MAX_REQUESTS_PER_FLEET_SECOND,
     OPERATOR_ENV,
-    WATCH_DROP_AFTER,
     WRITES,
     Fault,
     FaultProxy,
@@ -90,8 +88,10 @@ def test_every_fleet_converges_after_an_api_server_fault_without_a_busy_loop(
     if case.says is not None:  # every call of a kind fails for the whole fault; the status write passes
         assert all(trial.says(case, namespace).values()), trial.said
         assert all(trial.kept().values()), trial.said
-    # A watch is reopened when its stream ends; never faster than the proxy cuts it.
-    assert max(trial.watch_opens.values(), default=0) <= trial.seconds / WATCH_DROP_AFTER, trial.watch_opens
+    if case.fault.kind == "drop-watch":
+        # Every stream cut 0.5 s after it opens, yet the changes made as the fault began are served while it lasts:
+        # kopf reopens the watches and no event is lost between two streams (not only after the fault, on a re-list).
+        assert trial.converged_during, (trial.audit.problems, trial.watch_opens)
     if case.fault.retry_after is not None and case.says is not None:
         # Each retry waits the Retry-After (so at most one apply per that many seconds, plus the first), and not much
         # longer: the doubling backoff (5, 10 s) allows 3 applies in the fault's 15 s.
