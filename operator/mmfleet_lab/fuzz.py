@@ -14,7 +14,11 @@ real, in batches, each in a namespace of its own enforcing "restricted" (with a 
 so a fleet of 1,000 replicas costs two pods), while ``mmfleet run`` serves the cluster as its own process; within
 ``BOUND`` seconds the operator must write a status for the fleet's generation and either serve it (its Deployment
 made, the pods the quota allows created, no ReplicaSet ``FailedCreate`` but the quota's) or refuse it with
-``InvalidSpec`` naming the field. The fleets are deleted after each batch and must be gone, children included.
+``InvalidSpec`` naming the field. Then generation 2, as ``kubectl apply`` of a changed file makes it: every
+``UPDATE_EVERY``-th fleet the operator answered gets its spec replaced by another accepted one (and ``UPDATE_SHAPES``
+plant the transitions users make: valid to invalid and back, autoscaling on and off, vLLM to TensorRT-LLM); within
+``BOUND`` the same verdicts, for the new generation, with the Deployment's containers and replicas as ``mmfleet render``
+gives them for the new spec. The fleets are deleted after each batch and must be gone, children included.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from mmfleet import crd as crd_module
 from mmfleet import render
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.cli import load_documents
+from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet.render import INFERENCE_LABEL, SpecError
 from mmfleet.validation import parse
 from mmfleet_lab.cluster.crds import install_crd
@@ -57,6 +62,7 @@ BOUND = 60.0  # seconds from a fleet's creation to its status (served or refused
 BATCH = 40  # fleets live at once: what 2 cores serve within BOUND, each with its namespace, children and pods
 QUOTA_PODS = 2  # pods per fleet's namespace: enough to see the pods admitted, few enough for 1,000-replica specs
 RETRY_LIMIT = 5  # the same warning for one fleet more often than this within a batch is a retry loop
+UPDATE_EVERY = 3  # every third live fleet is updated once answered: a second round of the batch, a third longer
 # A problem line of the operator's: a field path rooted at the document, then what is wrong (tests/unit/test_properties)
 PROBLEM = re.compile(r"^(spec|metadata|kind|apiVersion)(\.[A-Za-z0-9_-]+|\[\d+\])*: .+")
 FIELD_PATH = re.compile(r"\b(spec|metadata)(\.[A-Za-z0-9_-]+|\[\d+\])*\b")
@@ -237,6 +243,61 @@ def generated(count: int, seed: int) -> list[dict[str, Any]]:
         for spec in schema_specs(count // 2, seed)
     ]
     return specs + example_mutations(count - len(specs), seed)
+
+
+def _fleet(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MultimodalInference", "metadata": {"name": name}, "spec": spec}
+
+
+_MODEL: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}}
+_SCALER: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 2, "slo": {"target": "2s"}}
+_AUTOSCALED = {**_MODEL, "autoscaling": _SCALER}
+# The API server accepts it (a CEL rule on map keys would exceed its cost budget); the operator refuses it, naming the
+# field: the live leg must see InvalidSpec for it, whatever the seed drew.
+REFUSED_BY_THE_OPERATOR = _fleet("planted", {**_MODEL, "placement": {"nodeSelector": {"-bad key": "x"}}})
+SERVED, REFUSED = "served", "refused naming the field"
+ANSWERED = (SERVED, REFUSED)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One live fleet: created from ``body``; once answered, its spec replaced by ``update``'s (generation 2).
+    A planted shape names the verdicts it must get, for its creation and its update."""
+
+    body: dict[str, Any]
+    update: dict[str, Any] | None = None
+    shape: str = ""
+    expect: tuple[str, str] = ("", "")
+
+
+UPDATE_SHAPES = [
+    Plan(_fleet("to-invalid", _MODEL), REFUSED_BY_THE_OPERATOR, "valid -> invalid", (SERVED, REFUSED)),
+    Plan(REFUSED_BY_THE_OPERATOR, _fleet("planted", _MODEL), "invalid -> valid", (REFUSED, SERVED)),
+    Plan(_fleet("scale-on", _MODEL), _fleet("scale-on", _AUTOSCALED), "autoscaling off -> on", (SERVED, SERVED)),
+    Plan(
+        _fleet("scale-off", _AUTOSCALED),
+        _fleet("scale-off", {**_MODEL, "autoscaling": {**_SCALER, "enabled": False}, "replicas": 2}),
+        "autoscaling on -> off",
+        (SERVED, SERVED),
+    ),
+    Plan(
+        _fleet("trtllm", {**_MODEL, "backend": {"name": "vllm"}}),
+        _fleet("trtllm", {**_MODEL, "backend": {"name": "tensorrt-llm"}}),
+        "vllm -> tensorrt-llm",
+        (SERVED, SERVED),
+    ),
+]
+
+
+def plans(bodies: list[dict[str, Any]], seed: int, every: int = UPDATE_EVERY) -> list[Plan]:
+    """The live leg's fleets: each accepted body, every ``every``-th one updated to another accepted body (drawn with
+    ``seed``), then ``UPDATE_SHAPES``."""
+    rng = random.Random(seed)
+    out = []
+    for index, body in enumerate(bodies):
+        others = [b for b in bodies if b["spec"] != body["spec"]] if index % every == 0 else []
+        out.append(Plan(body, rng.choice(others) if others else None))
+    return [*out, *UPDATE_SHAPES]
 
 
 @dataclass
@@ -436,12 +497,23 @@ def _condition(fleet: dict[str, Any], kind: str) -> dict[str, Any]:
 
 @dataclass
 class _Live:
-    """One fleet of the live leg: where it runs and what was seen of it."""
+    """One fleet of the live leg: where it runs and what was seen of it; ``leg`` is "update" from generation 2 on."""
 
     namespace: str
-    body: dict[str, Any]
+    plan: Plan
+    body: dict[str, Any] = field(init=False)
     created: float = 0.0
     verdict: str = ""  # empty until judged
+    leg: str = "live"
+
+    def __post_init__(self) -> None:
+        self.body = self.plan.body
+
+    def sample(self) -> dict[str, Any]:
+        """What a failure's sample shows: the spec, or the update and the spec it replaced."""
+        if self.leg == "live":
+            return self.body
+        return {"shape": self.plan.shape, "updated from": self.plan.body, "to": self.body}
 
 
 class _Cluster:
@@ -500,8 +572,35 @@ class _Cluster:
         return self._by_namespace([item for found in lists for item in found.items])
 
 
+def stale(fleet: dict[str, Any], deployment: dict[str, Any]) -> str:
+    """How the live Deployment differs from the one ``mmfleet render`` makes of the fleet's spec, for the cloud its
+    status names and the operator's default collector (both harnesses run it so): containers' image, command and
+    args; replicas, or with autoscaling within its bounds. "" when it does not."""
+    inference = parse(fleet)
+    cloud = (fleet.get("status") or {}).get("cloud") or "generic"
+    children = render.render(inference, cloud, monitoring_crds=True, collector_endpoint=COLLECTOR_ENDPOINT)
+    want = next(c for c in children if c["kind"] == "Deployment")["spec"]
+    have = deployment.get("spec") or {}
+
+    def containers(spec: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+        found = spec["template"]["spec"]["containers"]
+        return {c["name"]: (c.get("image"), c.get("command"), c.get("args")) for c in found}
+
+    differ = []
+    if containers(have) != containers(want):
+        differ.append(f"containers {containers(have)} instead of {containers(want)}")
+    autoscaling = inference.spec.autoscaling if inference.spec.autoscaled else None
+    replicas = have.get("replicas")
+    if autoscaling is None and replicas != want["replicas"]:
+        differ.append(f"replicas {replicas} instead of {want['replicas']}")
+    if autoscaling is not None and not autoscaling.min_replicas <= (replicas or 0) <= autoscaling.max_replicas:
+        differ.append(f"replicas {replicas} outside {autoscaling.min_replicas}-{autoscaling.max_replicas}")
+    return "; ".join(differ)
+
+
 def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed: list[Any]) -> tuple[str, str]:
-    """(verdict, why) for one fleet as it stands; verdict "" while it may still change."""
+    """(verdict, why) for one fleet as it stands; verdict "" while it may still change. A status for the fleet's
+    generation over a Deployment rendered from another spec is a finding: the operator applies before it says so."""
     status, generation = fleet.get("status") or {}, fleet["metadata"].get("generation")
     if status.get("observedGeneration") != generation:
         return "", f"observedGeneration {status.get('observedGeneration')} of generation {generation}"
@@ -509,7 +608,7 @@ def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed
     message = str(ready.get("message") or "")
     if ready.get("reason") == "InvalidSpec":
         if PROBLEM.match(message):
-            return "refused naming the field", message
+            return REFUSED, message
         return "refusals not naming a field", message
     if ready.get("reason") in ("ApplyRefused", "ChildNotOwned"):
         return "accepted specs whose children the API server refuses", f"{ready.get('reason')}: {message}"
@@ -518,10 +617,13 @@ def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed
         return "accepted specs whose pods the API server refuses", refusals[0]
     if not deployments:
         return "", f"status written ({ready.get('reason')}), no Deployment yet"
+    differ = stale(fleet, deployments[0])
+    if differ:
+        return "children not from the fleet's generation", f"generation {generation}: {differ}"
     want = min(int(deployments[0]["spec"].get("replicas") or 0), QUOTA_PODS)
     if len(pods) < want:
         return "", f"{len(pods)} of {want} pods created"
-    return "served", f"{ready.get('reason')}: {message}"
+    return SERVED, f"{ready.get('reason')}: {message}"
 
 
 def tracebacks(text: str) -> list[str]:
@@ -563,14 +665,15 @@ def _wait_all(what: Callable[[], list[str]], bound: float) -> list[str]:
 
 def live(
     api: Any,
-    bodies: list[dict[str, Any]],
+    planned: list[Plan],
     operator: Running,
     tally: Tally,
     progress: Progress,
     batch: int = BATCH,
     bound: float = BOUND,
 ) -> None:
-    """The live leg: each accepted body created for real in a namespace of its own, ``batch`` at a time."""
+    """The live leg: each planned body created for real in a namespace of its own, ``batch`` at a time, then updated
+    when planned."""
     from kubernetes.client.exceptions import ApiException
 
     cluster = _Cluster(api)
@@ -584,11 +687,11 @@ def live(
         text, offset = data[offset:].decode(errors="replace"), len(data)
         return text
 
-    for start in range(0, len(bodies), batch):
+    for start in range(0, len(planned), batch):
         if operator.exited() is not None:
             tally.fail("crashes", None, f"the operator exited with {operator.exited()} before batch {start}")
             return
-        fleets = [_Live(f"fz-{run}-{start + i}", body) for i, body in enumerate(bodies[start : start + batch])]
+        fleets = [_Live(f"fz-{run}-{start + i}", plan) for i, plan in enumerate(planned[start : start + batch])]
         _namespaces(cluster, run, fleets, bound)
         for fleet in fleets:
             body = {**fleet.body, "metadata": {**fleet.body["metadata"], "namespace": fleet.namespace}}
@@ -602,6 +705,7 @@ def live(
                 tally.fail(fleet.verdict, body, str(error.body))
         tally.counts["live"] += len(fleets)
         unhealthy = _observe(cluster, fleets, operator, tally, bound)
+        unhealthy += _update(cluster, fleets, operator, tally, bound)
         if unhealthy:
             tally.fail("/healthz failures", None, f"{unhealthy} failed polls in batch {start}")
         _delete(cluster, fleets, tally, bound)
@@ -609,10 +713,10 @@ def live(
         for record in tracebacks(text):
             tally.fail("crashes", None, f"a traceback in the operator's log: {record[:1500]}")
         for ns, (count, line) in retry_loops(text, [f.namespace for f in fleets]).items():
-            body = next(f.body for f in fleets if f.namespace == ns)
-            tally.fail("retry loops", body, f"{count} times in the batch: {line}")
-        done = Counter(f.verdict for f in fleets)
-        progress(f"live {start + len(fleets)}/{len(bodies)}: {dict(done)}")
+            sample = next(f.sample() for f in fleets if f.namespace == ns)
+            tally.fail("retry loops", sample, f"{count} times in the batch: {line}")
+        done = Counter(f"{f.leg}: {f.verdict}" for f in fleets)
+        progress(f"live {start + len(fleets)}/{len(planned)}: {dict(done)}")
     # The last batch's namespaces going away is the operator's last work here: a crash or a traceback then counts too.
     _wait_all(lambda: cluster.namespaces(run), bound)
     for record in tracebacks(logged_since()):
@@ -655,7 +759,7 @@ def _observe(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: T
         if operator.exited() is not None:
             for fleet in pending:
                 fleet.verdict = "crashes"
-                tally.fail("crashes", fleet.body, f"the operator exited with {operator.exited()}")
+                tally.fail("crashes", fleet.sample(), f"the operator exited with {operator.exited()}")
             return unhealthy
         listed = cluster.fleets(), cluster.deployments(), cluster.pods(), cluster.failed_creates()
         fleets_by_ns, deployments, pods, failed = listed
@@ -670,16 +774,51 @@ def _observe(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: T
             )
             if verdict:
                 fleet.verdict = verdict
-                if verdict in ("served", "refused naming the field"):
-                    tally.add(f"live: {verdict}")
-                    if verdict == "served" and pods.get(ns):
-                        tally.add("live: served, pods admitted")
+                if verdict in ANSWERED:
+                    tally.add(f"{fleet.leg}: {verdict}")
+                    if verdict == SERVED and pods.get(ns):
+                        tally.add(f"{fleet.leg}: served, pods admitted")
                 else:
-                    tally.fail(verdict, fleet.body, why[ns])
+                    tally.fail(verdict, fleet.sample(), why[ns])
+                expected = fleet.plan.expect[fleet.leg == "update"]
+                if fleet.plan.shape and verdict != expected:
+                    tally.fail("shapes not answered as planned", fleet.sample(), f"{verdict}, not {expected}")
+                elif fleet.plan.shape and fleet.leg == "update":
+                    tally.add("update shapes as planned")
             elif now - fleet.created > bound:
                 fleet.verdict = "silent"
-                tally.fail("silent", fleet.body, f"after {bound:.0f} s: {why[ns]}")
+                tally.fail("silent", fleet.sample(), f"after {bound:.0f} s: {why[ns]}")
         time.sleep(2)
+
+
+def _update(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: Tally, bound: float) -> int:
+    """Generation 2 of each answered fleet planned for it: its spec replaced, as ``kubectl apply`` of a changed file
+    replaces it (metadata, the operator's finalizer included, kept), then judged as its creation was. The failed
+    /healthz polls."""
+    from kubernetes.client.exceptions import ApiException
+
+    updated = []
+    for fleet in fleets:
+        update = fleet.plan.update
+        if update is None or fleet.verdict not in ANSWERED:
+            continue
+        fleet.leg, fleet.body = "update", {**fleet.body, "spec": update["spec"]}
+        try:
+            cluster.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, fleet.namespace, PLURAL, fleet.body["metadata"]["name"],
+                [{"op": "replace", "path": "/spec", "value": update["spec"]}],
+                field_validation="Strict", _content_type="application/json-patch+json", _request_timeout=30,
+            )  # fmt: skip
+        except ApiException as error:
+            fleet.verdict = "refused by the API server"
+            tally.add("updates refused by the API server")
+            if not refusal_names_fields(error.body):
+                tally.fail("API server refusals not naming a field", fleet.sample(), str(error.body))
+            continue
+        fleet.verdict, fleet.created = "", time.monotonic()
+        updated.append(fleet)
+    tally.counts["updates"] += len(updated)
+    return _observe(cluster, updated, operator, tally, bound)
 
 
 def _delete(cluster: _Cluster, fleets: list[_Live], tally: Tally, bound: float) -> None:
@@ -701,8 +840,8 @@ def _delete(cluster: _Cluster, fleets: list[_Live], tally: Tally, bound: float) 
         return sorted(left)
 
     for ns in _wait_all(remaining, bound):
-        body = next(f.body for f in fleets if f.namespace == ns)
-        tally.fail("stuck deletions", body, f"fleet or children of namespace {ns} still there after {bound:.0f} s")
+        sample = next(f.sample() for f in fleets if f.namespace == ns)
+        tally.fail("stuck deletions", sample, f"fleet or children of namespace {ns} still there after {bound:.0f} s")
     for ns in sorted(names):
         cluster.core.delete_namespace(ns, _request_timeout=30)
 
@@ -726,6 +865,8 @@ FAILURES = (
     "accepted specs whose children the API server refuses",
     "accepted specs whose pods the API server refuses",
     "accepted in the dry run, refused when created",
+    "children not from the fleet's generation",
+    "shapes not answered as planned",
     "YAML attacks kubectl accepted",
     "YAML attacks the operator reads",
 )
@@ -738,7 +879,12 @@ HEADERS = [
     "dry run: every child and the pod accepted",
     "live: served (with pods admitted)",
     "live: refused naming the field (InvalidSpec)",
+    "updates (refused by the API server)",
+    "updates: served (with pods admitted)",
+    "updates: refused naming the field",
+    "update shapes as planned",
     "silent",
+    "children not from the spec",
     "children or pods refused",
     "crashes",
     "hangs",
@@ -777,7 +923,12 @@ def row(seed: int, tally: Tally, minutes: float) -> list[object]:
         c["accepted, every child accepted"],
         f"{c['live: served']} ({c['live: served, pods admitted']})" if c["live"] else "-",
         c["live: refused naming the field"] if c["live"] else "-",
+        f"{c['updates']} ({c['updates refused by the API server']})" if c["live"] else "-",
+        f"{c['update: served']} ({c['update: served, pods admitted']})" if c["live"] else "-",
+        c["update: refused naming the field"] if c["live"] else "-",
+        f"{c['update shapes as planned']}/{len(UPDATE_SHAPES)}" if c["live"] else "-",
         c["silent"],
+        c["children not from the fleet's generation"],
         refused_children,
         c["crashes"],
         c["hangs"],
@@ -824,7 +975,7 @@ def _live_under_operator(
     try:
         if _wait_all(lambda: [] if healthy(running.healthz) or proc.poll() is not None else ["up"], 60):
             raise TimeoutError(f"the operator's /healthz did not answer within 60 s; see {log}")
-        live(cluster.api_client(), accepted, running, tally, progress, batch)
+        live(cluster.api_client(), plans(accepted, seed), running, tally, progress, batch)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -4,7 +4,9 @@ crashes, hangs, loops or sticks.
 
 The dry run sends ``MMFLEET_FUZZ_COUNT`` specs (default 1,200, seeded by ``MMFLEET_FUZZ_SEED``, default 13) and the 5
 YAML attacks; the live leg creates ``MMFLEET_FUZZ_LIVE`` of the accepted ones (default 60, spread over the run;
-``all`` for every one) for real under ``mmfleet run``. ``MMFLEET_FUZZ_REPORT=path`` writes the counts and a sample of
+``all`` for every one) for real under ``mmfleet run``, updates every ``fuzz.UPDATE_EVERY``-th once answered to another
+accepted spec, and plants ``fuzz.UPDATE_SHAPES`` (valid to invalid and back, autoscaling on and off, vLLM to
+TensorRT-LLM). ``MMFLEET_FUZZ_REPORT=path`` writes the counts and a sample of
 each failure with its spec as JSON. ``mmfleet bench fuzz`` runs the same legs on a cluster of its own and writes the
 table in ``docs/reliability.md``.
 """
@@ -37,14 +39,6 @@ settled_pod_monitor_crd = test_least_privilege.settled_pod_monitor_crd
 SEED = int(os.environ.get("MMFLEET_FUZZ_SEED", "13"))
 COUNT = int(os.environ.get("MMFLEET_FUZZ_COUNT", "1200"))  # half from the schema, half mutations of the examples
 LIVE = os.environ.get("MMFLEET_FUZZ_LIVE", "60")
-# The API server accepts it (a CEL rule on map keys would exceed its cost budget); the operator refuses it, naming the
-# field: the live leg must see InvalidSpec for it, whatever the seed drew.
-REFUSED_BY_THE_OPERATOR = {
-    "apiVersion": "mmfleet.io/v1alpha1",
-    "kind": "MultimodalInference",
-    "metadata": {"name": "planted"},
-    "spec": {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "placement": {"nodeSelector": {"-bad key": "x"}}},
-}
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +87,19 @@ def test_the_running_operator_serves_or_refuses_each_accepted_spec_naming_the_fi
     fuzz_namespace: str,
     tmp_path: Path,
 ) -> None:
-    """Each accepted spec, created for real in a namespace enforcing "restricted": within ``fuzz.BOUND`` a status for
-    its generation that serves it (Deployment, pods admitted) or refuses it naming the field; the operator neither
-    exits, logs a traceback, repeats a failure in a loop nor fails /healthz; deletions complete."""
+    """Each accepted spec, created for real in a namespace enforcing "restricted", and every third one then updated
+    to another: within ``fuzz.BOUND`` a status for the generation that serves it (a Deployment rendered from that
+    generation's spec, pods admitted) or refuses it naming the field; the planted update shapes as planned (among them
+    a refusal, and a refused fleet served once fixed); the operator neither exits, logs a traceback, repeats a failure
+    in a loop nor fails /healthz; deletions complete."""
     _, accepted = dry_run
     size = len(accepted) if LIVE == "all" else min(int(LIVE), len(accepted))
     sample = accepted[:: max(1, len(accepted) // size)][:size]  # spread over schema draws and example mutations
-    planted = fuzz.dry_run(api, fuzz_namespace, [REFUSED_BY_THE_OPERATOR], fuzz.Tally())
-    assert len(planted) == 1, "the API server refused the planted spec"
+    planned = fuzz.plans(sample, SEED)
+    shapes = [body for plan in fuzz.UPDATE_SHAPES for body in (plan.body, plan.update) if body is not None]
+    shapes_tally = fuzz.Tally()
+    fuzz.dry_run(api, fuzz_namespace, shapes, shapes_tally)
+    assert shapes_tally.counts["refused by the API server"] == 0, "the API server refused a planted shape"
     health = f"127.0.0.1:{fuzz.free_port()}"
     process = OperatorProcess(
         cluster.kubeconfig,
@@ -115,13 +114,19 @@ def test_the_running_operator_serves_or_refuses_each_accepted_spec_naming_the_fi
         process.start()
         wait_for(lambda: fuzz.healthy(url), 60, f"the operator's /healthz ({process.tail()})")
         running = fuzz.Running(lambda: process.proc.poll() if process.proc else None, process.log, url)
-        fuzz.live(api, [*sample, *planted], running, tally, lambda line: print(line, flush=True))
+        fuzz.live(api, planned, running, tally, lambda line: print(line, flush=True))
     finally:
         process.stop()
         operator.start()
     tally.counts["seconds"] = round(time.monotonic() - started)
     _report(tally, "live")
     assert tally.failures == {}, json.dumps(tally.failures, indent=1, default=str)[:20000] + process.tail()
-    assert tally.counts["live"] == len(sample) + 1 == size + 1
-    assert tally.counts["live: served"] + tally.counts["live: refused naming the field"] == size + 1
+    shapes_count = len(fuzz.UPDATE_SHAPES)
+    assert tally.counts["live"] == len(planned) == size + shapes_count
+    assert tally.counts["live: served"] + tally.counts["live: refused naming the field"] == size + shapes_count
     assert tally.counts["live: refused naming the field"] >= 1  # the planted spec, at least
+    updates = sum(plan.update is not None for plan in planned)
+    assert updates >= size // fuzz.UPDATE_EVERY + shapes_count
+    assert tally.counts["updates"] + tally.counts["updates refused by the API server"] == updates
+    assert tally.counts["update: served"] + tally.counts["update: refused naming the field"] == tally.counts["updates"]
+    assert tally.counts["update shapes as planned"] == shapes_count

@@ -1,5 +1,6 @@
 """How the fuzzer's live leg judges a fleet and reads the operator's log (``mmfleet_lab.fuzz``): a verdict only once
-the status is for the fleet's generation; a pod the API server refuses is a finding, the harness's quota is not."""
+the status is for the fleet's generation, over a Deployment rendered from that generation's spec; a pod the API server
+refuses is a finding, the harness's quota is not; which fleets are updated, and to what."""
 
 from __future__ import annotations
 
@@ -9,27 +10,52 @@ from typing import Any
 
 import pytest
 
+from mmfleet import render
+from mmfleet.clouds import COLLECTOR_ENDPOINT
+from mmfleet.render import SpecError
+from mmfleet.validation import parse
 from mmfleet_lab import fuzz
 from tests.integration.operator_process import mmfleet_command
 
 QUOTA = 'pods "q-1" is forbidden: exceeded quota: fuzz-pods, requested: pods=1, used: pods=2, limited: pods=2'
 PSS = 'pods "q-2" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true'
+MODEL = {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}}
 
 
-def _fleet(generation: int = 2, observed: int | None = 2, reason: str = "ReplicasNotReady", message: str = "") -> Any:
-    status = {"conditions": [{"type": "Ready", "status": "False", "reason": reason, "message": message}]}
+def _fleet(
+    generation: int = 2,
+    observed: int | None = 2,
+    reason: str = "ReplicasNotReady",
+    message: str = "",
+    spec: dict[str, Any] | None = None,
+) -> Any:
+    status: dict[str, Any] = {
+        "cloud": "generic",
+        "conditions": [{"type": "Ready", "status": "False", "reason": reason, "message": message}],
+    }
     if observed is not None:
         status["observedGeneration"] = observed
-    return {"metadata": {"generation": generation}, "status": status}
+    metadata = {"name": "f", "namespace": "fz-a-1", "generation": generation}
+    return {
+        **fuzz.UPDATE_SHAPES[0].body,
+        "metadata": metadata,
+        "spec": spec or {**MODEL, "replicas": 1},
+        "status": status,
+    }
 
 
-def _deployment(replicas: int) -> dict[str, Any]:
-    return {"spec": {"replicas": replicas}}
+def _deployment(fleet: dict[str, Any], replicas: int | None = None) -> dict[str, Any]:
+    """The Deployment ``mmfleet render`` makes of ``fleet``, with ``replicas`` as the scaler or the spec left them."""
+    rendered = render.render(parse(fleet), "generic", collector_endpoint=COLLECTOR_ENDPOINT)
+    deployment: dict[str, Any] = next(c for c in rendered if c["kind"] == "Deployment")
+    if replicas is not None:
+        deployment["spec"]["replicas"] = replicas
+    return deployment
 
 
 def test_no_verdict_before_the_status_is_for_this_generation() -> None:
-    assert fuzz.judge(_fleet(observed=None), [_deployment(1)], [{}], [])[0] == ""
-    assert fuzz.judge(_fleet(observed=1), [_deployment(1)], [{}], [])[0] == ""
+    assert fuzz.judge(_fleet(observed=None), [_deployment(_fleet())], [{}], [])[0] == ""
+    assert fuzz.judge(_fleet(observed=1), [_deployment(_fleet())], [{}], [])[0] == ""
 
 
 def test_invalid_spec_counts_as_refused_only_when_its_message_starts_with_the_field_path() -> None:
@@ -45,15 +71,61 @@ def test_a_refused_apply_is_a_finding_not_a_refusal_of_the_spec() -> None:
 
 
 def test_served_once_the_pods_the_quota_allows_exist_and_only_the_quota_refused_more() -> None:
-    fleet = _fleet()
+    fleet = _fleet(spec={**MODEL, "replicas": 1000})
     assert fuzz.judge(fleet, [], [], [])[0] == ""  # no Deployment yet
-    assert fuzz.judge(fleet, [_deployment(1000)], [{}], [{"message": QUOTA}])[0] == ""  # 1 of 2 pods
-    assert fuzz.judge(fleet, [_deployment(1000)], [{}, {}], [{"message": QUOTA}])[0] == "served"
-    assert fuzz.judge(fleet, [_deployment(0)], [], [])[0] == "served"
+    assert fuzz.judge(fleet, [_deployment(fleet)], [{}], [{"message": QUOTA}])[0] == ""  # 1 of 2 pods
+    assert fuzz.judge(fleet, [_deployment(fleet)], [{}, {}], [{"message": QUOTA}])[0] == "served"
+    idle = _fleet(spec={**MODEL, "replicas": 0})
+    assert fuzz.judge(idle, [_deployment(idle)], [], [])[0] == "served"
+
+
+def test_a_status_for_the_new_generation_over_the_old_generation_s_deployment_is_a_finding() -> None:
+    """A fleet updated from vLLM to TensorRT-LLM whose status says generation 2 while its Deployment still runs
+    vLLM, or still has the replicas of before."""
+    old = _fleet(spec=MODEL)
+    new = _fleet(spec={**MODEL, "backend": {"name": "tensorrt-llm"}})
+    verdict, why = fuzz.judge(new, [_deployment(old)], [{}], [])
+    assert verdict == "children not from the fleet's generation"
+    assert "generation 2" in why and "vllm" in why and "tensorrt-llm" in why
+    two = _fleet(spec={**MODEL, "replicas": 2})
+    verdict, why = fuzz.judge(two, [_deployment(two, replicas=1)], [{}, {}], [])
+    assert (verdict, why) == ("children not from the fleet's generation", "generation 2: replicas 1 instead of 2")
+    assert fuzz.judge(new, [_deployment(new)], [{}], [])[0] == "served"
+
+
+def test_with_autoscaling_the_replicas_may_be_any_within_its_bounds() -> None:
+    scaled = _fleet(spec={**MODEL, "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "slo": {"target": "2s"}}})
+    assert fuzz.judge(scaled, [_deployment(scaled, replicas=3)], [{}, {}], [])[0] == "served"
+    verdict, why = fuzz.judge(scaled, [_deployment(scaled, replicas=4)], [{}, {}], [])
+    assert verdict == "children not from the fleet's generation" and "replicas 4 outside 1-3" in why
+
+
+def test_every_third_fleet_is_updated_to_another_spec_the_same_for_a_seed_then_the_shapes() -> None:
+    bodies = [{**fuzz.UPDATE_SHAPES[0].body, "spec": {**MODEL, "replicas": n}} for n in range(7)]
+    planned = fuzz.plans(bodies, 13)
+    assert [p.body for p in planned[:7]] == bodies
+    assert [p.update is not None for p in planned[:7]] == [n % fuzz.UPDATE_EVERY == 0 for n in range(7)]
+    assert all(p.update["spec"] != p.body["spec"] for p in planned[:7] if p.update is not None)
+    assert planned == fuzz.plans(bodies, 13) and planned[7:] == fuzz.UPDATE_SHAPES
+    assert fuzz.plans([bodies[0]], 13)[0].update is None  # no other spec to update to
+
+
+@pytest.mark.parametrize("shape", fuzz.UPDATE_SHAPES, ids=lambda p: p.shape)
+def test_each_update_shape_expects_what_the_operator_s_own_parser_says(shape: fuzz.Plan) -> None:
+    """The planted transitions: the operator serves a spec it parses and refuses, naming the field, one it does not."""
+    assert shape.update is not None
+    for body, expected in zip((shape.body, shape.update), shape.expect, strict=True):
+        try:
+            render.render(parse({**body, "metadata": {**body["metadata"], "namespace": "n"}}), "generic")
+        except SpecError as error:
+            assert expected == fuzz.REFUSED and all(fuzz.PROBLEM.match(line) for line in error.problems)
+        else:
+            assert expected == fuzz.SERVED
 
 
 def test_a_pod_pod_security_refuses_is_a_finding() -> None:
-    verdict, why = fuzz.judge(_fleet(), [_deployment(1)], [], [{"message": QUOTA}, {"message": PSS}])
+    fleet = _fleet()
+    verdict, why = fuzz.judge(fleet, [_deployment(fleet)], [], [{"message": QUOTA}, {"message": PSS}])
     assert verdict == "accepted specs whose pods the API server refuses"
     assert "PodSecurity" in why
 
