@@ -16,7 +16,8 @@ so a fleet of 1,000 replicas costs two pods), while ``mmfleet run`` serves the c
 made, the pods the quota allows created, no ReplicaSet ``FailedCreate`` but the quota's) or refuse it with
 ``InvalidSpec`` naming the field. Then generation 2, as ``kubectl apply`` of a changed file makes it: every
 ``UPDATE_EVERY``-th fleet the operator answered gets its spec replaced by another accepted one (and ``UPDATE_SHAPES``
-plant the transitions users make: valid to invalid and back, autoscaling on and off, vLLM to TensorRT-LLM); within
+plant the transitions users make: valid to invalid and back, autoscaling on and off, vLLM to TensorRT-LLM, one the
+API server refuses); within
 ``BOUND`` the same verdicts, for the new generation, with the Deployment's containers and replicas as ``mmfleet render``
 gives them for the new spec. The fleets are deleted after each batch and must be gone, children included.
 """
@@ -255,7 +256,7 @@ _AUTOSCALED = {**_MODEL, "autoscaling": _SCALER}
 # The API server accepts it (a CEL rule on map keys would exceed its cost budget); the operator refuses it, naming the
 # field: the live leg must see InvalidSpec for it, whatever the seed drew.
 REFUSED_BY_THE_OPERATOR = _fleet("planted", {**_MODEL, "placement": {"nodeSelector": {"-bad key": "x"}}})
-SERVED, REFUSED = "served", "refused naming the field"
+SERVED, REFUSED, API_REFUSED = "served", "refused naming the field", "refused by the API server"
 ANSWERED = (SERVED, REFUSED)
 
 
@@ -272,6 +273,12 @@ class Plan:
 
 UPDATE_SHAPES = [
     Plan(_fleet("to-invalid", _MODEL), REFUSED_BY_THE_OPERATOR, "valid -> invalid", (SERVED, REFUSED)),
+    Plan(
+        _fleet("to-bad", _MODEL),
+        _fleet("to-bad", {**_MODEL, "replicas": -1}),
+        "valid -> refused",
+        (SERVED, API_REFUSED),
+    ),
     Plan(REFUSED_BY_THE_OPERATOR, _fleet("planted", _MODEL), "invalid -> valid", (REFUSED, SERVED)),
     Plan(_fleet("scale-on", _MODEL), _fleet("scale-on", _AUTOSCALED), "autoscaling off -> on", (SERVED, SERVED)),
     Plan(
@@ -780,15 +787,22 @@ def _observe(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: T
                         tally.add(f"{fleet.leg}: served, pods admitted")
                 else:
                     tally.fail(verdict, fleet.sample(), why[ns])
-                expected = fleet.plan.expect[fleet.leg == "update"]
-                if fleet.plan.shape and verdict != expected:
-                    tally.fail("shapes not answered as planned", fleet.sample(), f"{verdict}, not {expected}")
-                elif fleet.plan.shape and fleet.leg == "update":
-                    tally.add("update shapes as planned")
+                _as_planned(fleet, tally)
             elif now - fleet.created > bound:
                 fleet.verdict = "silent"
                 tally.fail("silent", fleet.sample(), f"after {bound:.0f} s: {why[ns]}")
         time.sleep(2)
+
+
+def _as_planned(fleet: _Live, tally: Tally) -> None:
+    """A planted shape's verdict against its plan; the shape counts as planned once its update is."""
+    if not fleet.plan.shape:
+        return
+    expected = fleet.plan.expect[fleet.leg == "update"]
+    if fleet.verdict != expected:
+        tally.fail("shapes not answered as planned", fleet.sample(), f"{fleet.verdict}, not {expected}")
+    elif fleet.leg == "update":
+        tally.add("update shapes as planned")
 
 
 def _update(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: Tally, bound: float) -> int:
@@ -810,10 +824,11 @@ def _update(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: Ta
                 field_validation="Strict", _content_type="application/json-patch+json", _request_timeout=30,
             )  # fmt: skip
         except ApiException as error:
-            fleet.verdict = "refused by the API server"
+            fleet.verdict = API_REFUSED
             tally.add("updates refused by the API server")
             if not refusal_names_fields(error.body):
                 tally.fail("API server refusals not naming a field", fleet.sample(), str(error.body))
+            _as_planned(fleet, tally)
             continue
         fleet.verdict, fleet.created = "", time.monotonic()
         updated.append(fleet)
@@ -879,7 +894,7 @@ HEADERS = [
     "dry run: every child and the pod accepted",
     "live: served (with pods admitted)",
     "live: refused naming the field (InvalidSpec)",
-    "updates (refused by the API server)",
+    "updates: applied (refused by the API server)",
     "updates: served (with pods admitted)",
     "updates: refused naming the field",
     "update shapes as planned",
