@@ -14,12 +14,12 @@ real, in batches, each in a namespace of its own enforcing "restricted" (with a 
 so a fleet of 1,000 replicas costs two pods), while ``mmfleet run`` serves the cluster as its own process; within
 ``BOUND`` seconds the operator must write a status for the fleet's generation and either serve it (its Deployment
 made, the pods the quota allows created, no ReplicaSet ``FailedCreate`` but the quota's) or refuse it with
-``InvalidSpec`` naming the field. Then generation 2, as ``kubectl apply`` of a changed file makes it: every
-``UPDATE_EVERY``-th fleet the operator answered gets its spec replaced by another accepted one (and ``UPDATE_SHAPES``
-plant the transitions users make: valid to invalid and back, autoscaling on and off, vLLM to TensorRT-LLM, one the
-API server refuses); within
-``BOUND`` the same verdicts, for the new generation, with the Deployment's containers and replicas as ``mmfleet render``
-gives them for the new spec. The fleets are deleted after each batch and must be gone, children included.
+``InvalidSpec`` naming the field. Generation 2, as ``kubectl apply`` of a changed file makes it: every
+``UPDATE_EVERY``-th fleet gets its spec replaced by another accepted one once the operator answered it, the next one
+right after its creation (racing the first reconcile), and ``UPDATE_SHAPES`` plant the transitions users make (valid
+to invalid and back, autoscaling on and off, vLLM to TensorRT-LLM, one the API server refuses); within ``BOUND`` the
+same verdicts, for the new generation, with the Deployment's containers and replicas as ``mmfleet render`` gives them
+for the new spec. The fleets are deleted after each batch and must be gone, children included.
 """
 
 from __future__ import annotations
@@ -262,13 +262,14 @@ ANSWERED = (SERVED, REFUSED)
 
 @dataclass(frozen=True)
 class Plan:
-    """One live fleet: created from ``body``; once answered, its spec replaced by ``update``'s (generation 2).
-    A planted shape names the verdicts it must get, for its creation and its update."""
+    """One live fleet: created from ``body``; once answered, or ``racing`` right after its creation, its spec replaced
+    by ``update``'s (generation 2). A planted shape names the verdicts it must get, for its creation and its update."""
 
     body: dict[str, Any]
     update: dict[str, Any] | None = None
     shape: str = ""
     expect: tuple[str, str] = ("", "")
+    racing: bool = False
 
 
 UPDATE_SHAPES = [
@@ -297,13 +298,14 @@ UPDATE_SHAPES = [
 
 
 def plans(bodies: list[dict[str, Any]], seed: int, every: int = UPDATE_EVERY) -> list[Plan]:
-    """The live leg's fleets: each accepted body, every ``every``-th one updated to another accepted body (drawn with
-    ``seed``), then ``UPDATE_SHAPES``."""
+    """The live leg's fleets: each accepted body; every ``every``-th one updated once answered to another accepted
+    body (drawn with ``seed``), the one after it updated so right after its creation (``kubectl apply`` twice in a
+    row, racing the operator's first reconcile); then ``UPDATE_SHAPES``."""
     rng = random.Random(seed)
     out = []
     for index, body in enumerate(bodies):
-        others = [b for b in bodies if b["spec"] != body["spec"]] if index % every == 0 else []
-        out.append(Plan(body, rng.choice(others) if others else None))
+        others = [b for b in bodies if b["spec"] != body["spec"]] if index % every in (0, 1) else []
+        out.append(Plan(body, rng.choice(others), racing=index % every == 1) if others else Plan(body))
     return [*out, *UPDATE_SHAPES]
 
 
@@ -710,6 +712,9 @@ def live(
             except ApiException as error:  # accepted in the dry run: a refusal now is a finding of its own
                 fleet.verdict = "accepted in the dry run, refused when created"
                 tally.fail(fleet.verdict, body, str(error.body))
+        for fleet in fleets:
+            if fleet.plan.racing and not fleet.verdict:
+                _apply_update(cluster, fleet, tally)
         tally.counts["live"] += len(fleets)
         unhealthy = _observe(cluster, fleets, operator, tally, bound)
         unhealthy += _update(cluster, fleets, operator, tally, bound)
@@ -805,34 +810,38 @@ def _as_planned(fleet: _Live, tally: Tally) -> None:
         tally.add("update shapes as planned")
 
 
-def _update(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: Tally, bound: float) -> int:
-    """Generation 2 of each answered fleet planned for it: its spec replaced, as ``kubectl apply`` of a changed file
-    replaces it (metadata, the operator's finalizer included, kept), then judged as its creation was. The failed
-    /healthz polls."""
+def _apply_update(cluster: _Cluster, fleet: _Live, tally: Tally) -> bool:
+    """The fleet's spec replaced by its plan's update, as ``kubectl apply`` of a changed file replaces it (metadata,
+    the operator's finalizer included, kept); whether the API server took it."""
     from kubernetes.client.exceptions import ApiException
 
-    updated = []
-    for fleet in fleets:
-        update = fleet.plan.update
-        if update is None or fleet.verdict not in ANSWERED:
-            continue
-        fleet.leg, fleet.body = "update", {**fleet.body, "spec": update["spec"]}
-        try:
-            cluster.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, fleet.namespace, PLURAL, fleet.body["metadata"]["name"],
-                [{"op": "replace", "path": "/spec", "value": update["spec"]}],
-                field_validation="Strict", _content_type="application/json-patch+json", _request_timeout=30,
-            )  # fmt: skip
-        except ApiException as error:
-            fleet.verdict = API_REFUSED
-            tally.add("updates refused by the API server")
-            if not refusal_names_fields(error.body):
-                tally.fail("API server refusals not naming a field", fleet.sample(), str(error.body))
-            _as_planned(fleet, tally)
-            continue
-        fleet.verdict, fleet.created = "", time.monotonic()
-        updated.append(fleet)
-    tally.counts["updates"] += len(updated)
+    assert fleet.plan.update is not None
+    spec = fleet.plan.update["spec"]
+    fleet.leg, fleet.body = "update", {**fleet.body, "spec": spec}
+    try:
+        cluster.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, fleet.namespace, PLURAL, fleet.body["metadata"]["name"],
+            [{"op": "replace", "path": "/spec", "value": spec}],
+            field_validation="Strict", _content_type="application/json-patch+json", _request_timeout=30,
+        )  # fmt: skip
+    except ApiException as error:
+        fleet.verdict = API_REFUSED
+        tally.add("updates refused by the API server")
+        if not refusal_names_fields(error.body):
+            tally.fail("API server refusals not naming a field", fleet.sample(), str(error.body))
+        _as_planned(fleet, tally)
+        return False
+    fleet.verdict, fleet.created = "", time.monotonic()
+    tally.add("updates")
+    if fleet.plan.racing:
+        tally.add("updates racing the creation")
+    return True
+
+
+def _update(cluster: _Cluster, fleets: list[_Live], operator: Running, tally: Tally, bound: float) -> int:
+    """Generation 2 of each answered fleet planned for it, judged as its creation was. The failed /healthz polls."""
+    answered = [f for f in fleets if f.plan.update is not None and not f.plan.racing and f.verdict in ANSWERED]
+    updated = [fleet for fleet in answered if _apply_update(cluster, fleet, tally)]
     return _observe(cluster, updated, operator, tally, bound)
 
 
@@ -895,6 +904,7 @@ HEADERS = [
     "live: served (with pods admitted)",
     "live: refused naming the field (InvalidSpec)",
     "updates: applied (refused by the API server)",
+    "of which racing the creation",
     "updates: served (with pods admitted)",
     "updates: refused naming the field",
     "update shapes as planned",
@@ -939,6 +949,7 @@ def row(seed: int, tally: Tally, minutes: float) -> list[object]:
         f"{c['live: served']} ({c['live: served, pods admitted']})" if c["live"] else "-",
         c["live: refused naming the field"] if c["live"] else "-",
         f"{c['updates']} ({c['updates refused by the API server']})" if c["live"] else "-",
+        c["updates racing the creation"] if c["live"] else "-",
         f"{c['update: served']} ({c['update: served, pods admitted']})" if c["live"] else "-",
         c["update: refused naming the field"] if c["live"] else "-",
         f"{c['update shapes as planned']}/{len(UPDATE_SHAPES)}" if c["live"] else "-",

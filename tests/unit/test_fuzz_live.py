@@ -100,13 +100,15 @@ def test_with_autoscaling_the_replicas_may_be_any_within_its_bounds() -> None:
     assert verdict == "children not from the fleet's generation" and "replicas 4 outside 1-3" in why
 
 
-def test_every_third_fleet_is_updated_to_another_spec_the_same_for_a_seed_then_the_shapes() -> None:
+def test_of_every_three_fleets_one_is_updated_once_answered_one_racing_its_creation_then_the_shapes() -> None:
     bodies = [{**fuzz.UPDATE_SHAPES[0].body, "spec": {**MODEL, "replicas": n}} for n in range(7)]
     planned = fuzz.plans(bodies, 13)
     assert [p.body for p in planned[:7]] == bodies
-    assert [p.update is not None for p in planned[:7]] == [n % fuzz.UPDATE_EVERY == 0 for n in range(7)]
+    assert [p.update is not None for p in planned[:7]] == [n % fuzz.UPDATE_EVERY in (0, 1) for n in range(7)]
+    assert [p.racing for p in planned[:7]] == [n % fuzz.UPDATE_EVERY == 1 for n in range(7)]
     assert all(p.update["spec"] != p.body["spec"] for p in planned[:7] if p.update is not None)
     assert planned == fuzz.plans(bodies, 13) and planned[7:] == fuzz.UPDATE_SHAPES
+    assert not any(p.racing for p in fuzz.UPDATE_SHAPES)  # their first verdict is planned too
     assert fuzz.plans([bodies[0]], 13)[0].update is None  # no other spec to update to
 
 
