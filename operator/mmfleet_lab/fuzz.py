@@ -712,9 +712,9 @@ def live(
             except ApiException as error:  # accepted in the dry run: a refusal now is a finding of its own
                 fleet.verdict = "accepted in the dry run, refused when created"
                 tally.fail(fleet.verdict, body, str(error.body))
-        for fleet in fleets:
-            if fleet.plan.racing and not fleet.verdict:
-                _apply_update(cluster, fleet, tally)
+            else:
+                if fleet.plan.racing:  # the next request: the operator's first reconcile is at most under way
+                    _apply_update(cluster, fleet, tally)
         tally.counts["live"] += len(fleets)
         unhealthy = _observe(cluster, fleets, operator, tally, bound)
         unhealthy += _update(cluster, fleets, operator, tally, bound)
