@@ -338,7 +338,7 @@ class Trial:
     converge: float | None  # s from the fault's end to a converged, clean namespace; None: not within the timeout
     audit: Audit  # the last audit
     said: dict[str, list[str]]  # fleet -> each Progressing "reason: message" seen while the fault lasted, in turn
-    converged_during: bool = False  # converged and clean before the fault ended
+    during: Audit | None = None  # the audit taken just before the fault ended
 
     @property
     def requests(self) -> int:
@@ -348,6 +348,11 @@ class Trial:
     @property
     def watch_opens(self) -> Counter[str]:
         return Counter({k: n for k, n in self.counts.during_fault.items() if k.endswith(" watch")})
+
+    def elsewhere(self, namespace: str) -> Counter[str]:
+        """Requests about another namespace than ``namespace``: none, from an operator that watches only it."""
+        other = re.compile(rf"/namespaces/(?!{re.escape(namespace)}/)[^/]+/")
+        return Counter({k: n for k, n in self.counts.during_fault.items() if other.search(k)})
 
     def applies(self, namespace: str, fleet: str) -> int:
         """The Deployment applies (server-side apply: PATCH) of ``fleet`` while the fault lasted."""
@@ -435,12 +440,12 @@ def run_trial(ns: Namespace, proxy: FaultProxy, name: str, timeout: float = CONV
                 if c["type"] == "Progressing" and seen is not None and seen[-1:] != [text]:
                     seen.append(text)
         time.sleep(0.5)
-    converged_during = ns.audit().clean  # through the admin client, not the proxy
+    during = ns.audit()  # through the admin client, not the proxy
     proxy.clear()
     seconds = time.monotonic() - began
     counts = proxy.snapshot()
     took, audit = converge(ns, timeout)
-    return Trial(name, seconds, counts, took, audit, said, converged_during)
+    return Trial(name, seconds, counts, took, audit, said, during)
 
 
 def reset(ns: Namespace, timeout: float = CONVERGE_TIMEOUT) -> None:

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.faults_api import (
     AUTOSCALED,
@@ -28,6 +27,7 @@ from mmfleet_lab.faults_api import (
     FIXED,
     MAX_REQUESTS_PER_FLEET_SECOND,
     OPERATOR_ENV,
+    WATCH_DROP_AFTER,
     WRITES,
     Fault,
     FaultProxy,
@@ -44,23 +44,17 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def proxied(
-    cluster: Cluster, crd: None, api: Any, namespace: str, tmp_path: Path
+    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
 ) -> Iterator[tuple[FaultProxy, OperatorProcess]]:
-    """The operator through the proxy; the trial's fleets deleted while it still runs, so that their finalizers go
-    with them (left behind, the next trial's operator would reconcile their deletion and its requests count)."""
+    """The operator through the proxy, watching the trial's namespace only: a cluster-wide one also served the fleets
+    of earlier trials whose namespaces were terminating (re-applying children the namespace controller had removed,
+    refused with 403), and those requests counted against this trial's bound (CI, 2026-12-01: 3.1 per s and fleet)."""
     proxy = FaultProxy(cluster.server, cluster.kubeconfig).start()
-    process = OperatorProcess(proxy.kubeconfig(tmp_path / "kubeconfig"), tmp_path / "operator.log", OPERATOR_ENV)
+    env = {**OPERATOR_ENV, "MMFLEET_NAMESPACES": namespace}
+    process = OperatorProcess(proxy.kubeconfig(tmp_path / "kubeconfig"), tmp_path / "operator.log", env)
     process.start()
     try:
         yield proxy, process
-        proxy.clear()
-        fleets = client.CustomObjectsApi(api)
-        fleets.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-
-        def gone() -> bool:
-            return not fleets.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
-
-        wait_for(gone, 60, f"the fleets of {namespace} deleted")
     finally:
         process.stop()
         proxy.stop()
@@ -83,6 +77,7 @@ def test_every_fleet_converges_after_an_api_server_fault_without_a_busy_loop(
         f" Progressing seen: {trial.said}; top: {trial.counts.during_fault.most_common(5)}"
     )
     assert trial.converge is not None, (trial.audit.problems, process.tail())
+    assert not trial.elsewhere(namespace), trial.elsewhere(namespace)
     assert trial.bounded(), (f"over {MAX_REQUESTS_PER_FLEET_SECOND}/s and fleet", trial.counts.during_fault)
     case = CASES[name]
     if case.says is not None:  # every call of a kind fails for the whole fault; the status write passes
@@ -90,8 +85,11 @@ def test_every_fleet_converges_after_an_api_server_fault_without_a_busy_loop(
         assert all(trial.kept().values()), trial.said
     if case.fault.kind == "drop-watch":
         # Every stream cut 0.5 s after it opens, yet the changes made as the fault began are served while it lasts:
-        # kopf reopens the watches and no event is lost between two streams (not only after the fault, on a re-list).
-        assert trial.converged_during, (trial.audit.problems, trial.watch_opens)
+        # kopf reopens a cut stream from its last resourceVersion, without a re-list, so a lost event would leave a
+        # fleet unserved until the 300 s resync. The fault must have cut watches, and no path may reopen in a storm.
+        assert trial.counts.faulted > 0 and trial.watch_opens, trial.counts.during_fault
+        assert trial.during is not None and trial.during.clean, trial.during
+        assert max(trial.watch_opens.values()) <= trial.seconds / WATCH_DROP_AFTER + 2, trial.watch_opens
     if case.fault.retry_after is not None and case.says is not None:
         # Each retry waits the Retry-After (so at most one apply per that many seconds, plus the first), and not much
         # longer: the doubling backoff (5, 10 s) allows 3 applies in the fault's 15 s.
