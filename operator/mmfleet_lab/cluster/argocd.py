@@ -31,6 +31,8 @@ import yaml
 
 from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster.build import ARGOCD_VERSION, Progress, ensure_argocd, silent
+from mmfleet_lab.cluster.cluster import api_client
+from mmfleet_lab.cluster.crds import wait_established
 from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.cluster.process import ClusterError, Proc
 
@@ -86,7 +88,9 @@ def install(kubeconfig: Path, cm_patches: Sequence[Path] = ()) -> None:
     built = ensure_argocd()
     for crd in built.crds:  # server-side: the Application CRD is too big for the last-applied annotation
         kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", *(f"crd/{name}" for name in _CRDS), "--timeout=60s")
+    api = api_client(kubeconfig)  # not `kubectl wait`: it exits 1 on a new CRD whose status has no conditions yet
+    for name in _CRDS:
+        wait_established(api, name)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     kubectl(kubeconfig, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(namespace))
     settings = [arg for path in built.config for arg in ("-f", str(path))]

@@ -108,15 +108,20 @@ class Cluster:
 
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for this cluster (the official client, admin credentials)."""
-        from kubernetes import config
-
-        load: Any = config.new_client_from_config  # Any: untyped upstream, whatever mypy is told about kubernetes
-        return load(config_file=str(self.kubeconfig))
+        return api_client(self.kubeconfig)
 
     def env_line(self) -> str:
         """Shell lines that point kubectl, the operator and the tests at this cluster and its Prometheus."""
         line = f"export KUBECONFIG={self.kubeconfig}"
         return f"{line}\nexport MMFLEET_PROMETHEUS_URL={self.prometheus_url}" if self.prometheus_url else line
+
+
+def api_client(kubeconfig: Path) -> Any:
+    """A ``kubernetes.client.ApiClient`` for ``kubeconfig`` (the official client)."""
+    from kubernetes import config
+
+    load: Any = config.new_client_from_config  # Any: untyped upstream, whatever mypy is told about kubernetes
+    return load(config_file=str(kubeconfig))
 
 
 def clusters_dir() -> Path:

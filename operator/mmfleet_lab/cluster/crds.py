@@ -1,8 +1,9 @@
 """Installing a CustomResourceDefinition on a lab cluster as a user would, and knowing when it is served.
 
 One place for it: the tests, the benchmarks, the fuzz and the demo all need the MultimodalInference CRD (or the
-Prometheus Operator's PodMonitor) Established before they create objects of it. A CRD that is not Established in
-time raises ``ClusterError`` with its conditions, not a bare exit status.
+Prometheus Operator's PodMonitor) Established before they create objects of it. Not ``kubectl wait
+--for=condition=Established``: it exits 1 at once on a new CRD whose ``status.conditions`` is still null (CI,
+2026-12-01). A CRD that is not Established in time raises ``ClusterError`` with its conditions.
 """
 
 from __future__ import annotations
