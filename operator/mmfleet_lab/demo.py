@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from mmfleet_lab import spike
 from mmfleet_lab.cluster import Cluster, NodePool, attach, ensure_binaries, up
 from mmfleet_lab.cluster import collector as otelcol
 from mmfleet_lab.cluster.crds import wait_established
+from mmfleet_lab.cluster.kubectl import kubectl, run_kubectl
 from mmfleet_lab.twin import spans as twin_spans
 from mmfleet_lab.twin.serve import Spike
 
@@ -72,18 +72,6 @@ def _examples_dir() -> Path:
         if (parent / "examples" / EXAMPLES[0]).exists():
             return parent / "examples"
     raise FileNotFoundError("examples/ not found next to the mmfleet source tree")
-
-
-def _kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess[str]]:
-    binary = str(ensure_binaries().kubectl)
-
-    def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [binary, "--kubeconfig", str(cluster.kubeconfig), *args],
-            input=stdin, capture_output=True, text=True, check=check,
-        )  # fmt: skip
-
-    return run
 
 
 def _start_collector(cluster: Cluster) -> otelcol.RunningCollector:
@@ -140,11 +128,11 @@ def run_demo() -> int:
         CLUSTER, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, scrape_interval=SCRAPE_INTERVAL,
         progress=lambda line: _say(f"   {line}"),
     )  # fmt: skip
-    kubectl = _kubectl(cluster)
-    _say(kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type,nvidia.com/gpu.product").stdout)
+    kubeconfig = cluster.kubeconfig
+    _say(kubectl(kubeconfig, "get", "nodes", "-L", "node.kubernetes.io/instance-type,nvidia.com/gpu.product"))
 
     _say("== 2/6 the MultimodalInference CRD (generated from the pydantic models)")
-    _say("   " + kubectl("apply", "--server-side", "-f", "-", stdin=crd.crd_yaml()).stdout.strip())
+    _say("   " + kubectl(kubeconfig, "apply", "--server-side", "-f", "-", stdin=crd.crd_yaml()).strip())
     wait_established(cluster.api_client(), "multimodalinferences.mmfleet.io")
 
     _say("== 3/6 the OpenTelemetry Collector on 127.0.0.1 (OTLP in, its file exporter out)")
@@ -155,11 +143,11 @@ def run_demo() -> int:
     _say(f"   pid {_start_operator(cluster, collector.endpoint)}, its spans to the collector")
 
     _say(f"== 5/6 examples into namespace {NAMESPACE}: {', '.join(EXAMPLES)}")
-    kubectl("create", "namespace", NAMESPACE, check=False)
+    run_kubectl(kubeconfig, "create", "namespace", NAMESPACE)  # already there on a second run
     for secret in SECRETS:  # the examples read model credentials; kwok never starts the container
-        kubectl("-n", NAMESPACE, "create", "secret", "generic", secret, "--from-literal=HF_TOKEN=demo", check=False)
+        run_kubectl(kubeconfig, "-n", NAMESPACE, "create", "secret", "generic", secret, "--from-literal=HF_TOKEN=demo")
     for example in EXAMPLES:
-        _say("   " + kubectl("-n", NAMESPACE, "apply", "-f", str(_examples_dir() / example)).stdout.strip())
+        _say("   " + kubectl(kubeconfig, "-n", NAMESPACE, "apply", "-f", str(_examples_dir() / example)).strip())
 
     from kubernetes import client
 
@@ -180,8 +168,8 @@ def run_demo() -> int:
         _say(f"not every fleet was Ready within {WAIT_SECONDS}s; see {cluster.logs_dir / 'operator.log'}")
         return 1
 
-    _say("\n" + kubectl("-n", NAMESPACE, "get", "mmi,deployments,pods,services").stdout)
-    code = _play_spike(cluster, kubectl, collector)
+    _say("\n" + kubectl(kubeconfig, "-n", NAMESPACE, "get", "mmi,deployments,pods,services"))
+    code = _play_spike(cluster, collector)
     _say("The cluster stays up (the twin keeps serving the base rate, the collector writing spans); explore it with:")
     for env in cluster.env_line().splitlines():
         _say(f"   {env}")
@@ -193,20 +181,18 @@ def run_demo() -> int:
     return code
 
 
-def _play_spike(
-    cluster: Cluster, kubectl: Callable[..., subprocess.CompletedProcess[str]], collector: otelcol.RunningCollector
-) -> int:
+def _play_spike(cluster: Cluster, collector: otelcol.RunningCollector) -> int:
     """The twin serves every fleet; the autoscaled one meets a spike while we watch; then where its spans went."""
     _say(f"== 6/6 a traffic spike on {NAMESPACE}/{SCALED}: {BASE_RATE:g} req/s, x{SPIKE.factor:g} from "
          f"{SPIKE.start:g}s to {SPIKE.end:g}s (mmfleet twin serve, the digital twin, serves the pods)")  # fmt: skip
     tracing = json.loads(
-        kubectl("-n", NAMESPACE, "get", "mmi", SCALED, "-o", "jsonpath={.spec.tracing}").stdout or "{}"
+        kubectl(cluster.kubeconfig, "-n", NAMESPACE, "get", "mmi", SCALED, "-o", "jsonpath={.spec.tracing}") or "{}"
     )
     changes: dict[str, Any] = {"autoscaling": DEMO_AUTOSCALING}
     if not tracing.get("enabled"):  # the spans are half the show; turning them on rolls the pods once
         changes["tracing"] = {"enabled": True}
     patch = json.dumps({"spec": changes}, separators=(",", ":"))
-    kubectl("-n", NAMESPACE, "patch", "mmi", SCALED, "--type", "merge", "-p", patch)
+    kubectl(cluster.kubeconfig, "-n", NAMESPACE, "patch", "mmi", SCALED, "--type", "merge", "-p", patch)
     why = "the demo's SLO and scale-down delay" + ("" if tracing.get("enabled") else ", and tracing on")
     _say(f"   kubectl patch mmi {SCALED} --type merge -p '{patch}'   ({why})")
     ratio = tracing.get("sampleRatio", "the default")
@@ -236,7 +222,7 @@ def _play_spike(
     _say(f"   replicas: {samples[0].replicas} -> {peak} at the peak -> {samples[-1].replicas} at the end; "
          f"P90 over target in {len(over)} of {len(samples)} samples; plot: {png}")  # fmt: skip
     time.sleep(SPAN_FLUSH_SECONDS)  # the operator's and the twin's last batches, then the file exporter's flush
-    ready = _condition(kubectl, "TracingReady")
+    ready = _condition(cluster.kubeconfig, "TracingReady")
     _say(
         "\n".join(span_summary(otelcol.read_spans(collector.output), collector.output, NAMESPACE, SCALED, twin.started))
     )
@@ -247,8 +233,8 @@ def _play_spike(
     return 0
 
 
-def _condition(kubectl: Callable[..., subprocess.CompletedProcess[str]], kind: str) -> dict[str, Any]:
-    found = kubectl("-n", NAMESPACE, "get", "mmi", SCALED, "-o", "json", check=False)
+def _condition(kubeconfig: Path, kind: str) -> dict[str, Any]:
+    found = run_kubectl(kubeconfig, "-n", NAMESPACE, "get", "mmi", SCALED, "-o", "json")
     conditions = (json.loads(found.stdout or "{}").get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c.get("type") == kind), {})
 

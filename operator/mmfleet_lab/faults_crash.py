@@ -179,10 +179,10 @@ class Namespace:
     """The fleets of one namespace through the official client."""
 
     def __init__(self, api: Any, namespace: str) -> None:
-        from kubernetes import dynamic
+        from mmfleet_lab.cluster.discovery import dynamic_client
 
         self.namespace = namespace
-        self.dyn = dynamic.DynamicClient(api)
+        self.dyn = dynamic_client(api)
         self.fleets = self.dyn.resources.get(api_version=f"{GROUP}/{VERSION}", kind="MultimodalInference")
         self.kinds = {
             kind: self.dyn.resources.get(api_version=v, kind=k)

@@ -55,6 +55,8 @@ from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet.render import INFERENCE_LABEL, SpecError
 from mmfleet.validation import parse
 from mmfleet_lab.cluster.crds import install_crd
+from mmfleet_lab.cluster.discovery import dynamic_client
+from mmfleet_lab.cluster.kubectl import run_kubectl
 
 Progress = Callable[[str], None]
 
@@ -347,10 +349,10 @@ class Checker:
     """The dry-run leg for one spec at a time (thread-safe)."""
 
     def __init__(self, api: Any, namespace: str, tally: Tally) -> None:
-        from kubernetes import client, dynamic
+        from kubernetes import client
 
         self.custom = client.CustomObjectsApi(api)
-        self.dyn = dynamic.DynamicClient(api)
+        self.dyn = dynamic_client(api)
         self.discovery = threading.Lock()
         self.namespace = namespace
         self.tally = tally
@@ -455,15 +457,14 @@ YAML_ATTACKS = {
 YAML_HEADER = "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\nmetadata: {name: fz-yaml}\n"
 
 
-def yaml_attacks(kubectl: Path, kubeconfig: Path, folder: Path, tally: Tally) -> None:
+def yaml_attacks(kubeconfig: Path, folder: Path, tally: Tally) -> None:
     """Each YAML attack through the real ``kubectl apply --dry-run=server`` and the operator's own reader."""
     for name, text in YAML_ATTACKS.items():
         path = folder / f"fuzz-{uuid.uuid4().hex[:6]}.yaml"
         path.write_text(YAML_HEADER + text)
         tally.add("specs")
-        argv = [str(kubectl), "--kubeconfig", str(kubeconfig), "apply", "--dry-run=server", "-f", str(path)]
         try:
-            result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            result = run_kubectl(kubeconfig, "apply", "--dry-run=server", "-f", str(path), timeout=60)
         except subprocess.TimeoutExpired:
             tally.fail("hangs", name, "kubectl apply did not return in 60 s")
             continue
@@ -1032,7 +1033,7 @@ def main(
 
     from mmfleet_lab.bench.operator_scale import NAMESPACE, _install
     from mmfleet_lab.bench.report import table, write_section
-    from mmfleet_lab.cluster import down, ensure_binaries, up
+    from mmfleet_lab.cluster import down, up
 
     cluster = up(CLUSTER, pod_ready_delay="2s", progress=progress)
     rows, tallies = [], {}
@@ -1044,7 +1045,7 @@ def main(
             tally, started = Tally(), time.monotonic()
             specs = generated(count, seed)
             accepted = dry_run(api, NAMESPACE, specs, tally)
-            yaml_attacks(ensure_binaries().kubectl, cluster.kubeconfig, cluster.state_dir, tally)
+            yaml_attacks(cluster.kubeconfig, cluster.state_dir, tally)
             progress(f"seed {seed}: dry run {dict(tally.counts)} in {time.monotonic() - started:.0f} s")
             if with_live:
                 _live_under_operator(cluster, seed, accepted, tally, progress, batch)

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.kubectl import run_kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -21,11 +22,7 @@ def dry_run(cluster: Cluster, namespace: str, autoscaling: str) -> subprocess.Co
         f"metadata: {{name: durations, namespace: {namespace}}}\n"
         f"spec:\n  model: {{name: m}}\n  autoscaling: {autoscaling}\n"
     )
-    kubectl = ensure_binaries().kubectl
-    return subprocess.run(
-        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "apply", "--dry-run=server", "-f", "-"],
-        input=resource, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    return run_kubectl(cluster.kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=resource)
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client
 
 from mmfleet_lab import fuzz
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
 from tests.integration import test_helm, test_least_privilege
 from tests.integration.operator_process import OperatorProcess, wait_for
 
@@ -58,7 +58,7 @@ def dry_run(
 ) -> tuple[fuzz.Tally, list[dict[str, Any]]]:
     tally, started = fuzz.Tally(), time.monotonic()
     accepted = fuzz.dry_run(api, fuzz_namespace, fuzz.generated(COUNT, SEED), tally)
-    fuzz.yaml_attacks(ensure_binaries().kubectl, cluster.kubeconfig, tmp_path_factory.mktemp("yaml"), tally)
+    fuzz.yaml_attacks(cluster.kubeconfig, tmp_path_factory.mktemp("yaml"), tally)
     tally.counts["seconds"] = round(time.monotonic() - started)
     return tally, accepted
 

@@ -26,8 +26,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.crds import established, install_crd
+from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
 from mmfleet_lab.twin.spans import kubelet_env
@@ -230,12 +231,9 @@ def installed(
 
 def _token_kubeconfig(cluster: Cluster, service_account: str, path: Path) -> Path:
     """A kubeconfig for the cluster as the ServiceAccount (a TokenRequest token, as the kubelet mounts one)."""
-    kubectl = ensure_binaries().kubectl
-    token = subprocess.run(
-        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "create", "token", service_account,
-         "--namespace", NAMESPACE, "--duration", "1h"],
-        capture_output=True, text=True, timeout=30, check=True,
-    ).stdout.strip()  # fmt: skip
+    token = kubectl(
+        cluster.kubeconfig, "create", "token", service_account, "--namespace", NAMESPACE, "--duration", "1h", timeout=30
+    ).strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     config = {
         "apiVersion": "v1",

@@ -8,7 +8,6 @@ Specs whose children it would refuse must be refused already by the CRD, naming 
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -18,7 +17,8 @@ from kubernetes import client
 from mmfleet import render
 from mmfleet.api import CONDITION_MESSAGE_MAX, TRUNCATED
 from mmfleet.validation import parse
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.kubectl import run_kubectl
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.test_operator import Fleet, mmi
 
@@ -137,11 +137,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-def kubectl(cluster: Cluster, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    command = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), *args]
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120, check=False)
-
-
 def resource(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
     spec = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, **spec}
     return {
@@ -167,11 +162,11 @@ def test_children_of_an_accepted_spec_are_accepted_by_the_api_server(
     cluster: Cluster, crd: None, restricted: str, name: str, cloud: str
 ) -> None:
     doc = resource(name, restricted, ACCEPTED[name])
-    created = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(doc))
+    created = run_kubectl(cluster.kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(doc))
     assert created.returncode == 0, created.stderr
     children = render.render(parse(doc), cloud, monitoring_crds=False, prometheus_namespace="monitoring")
     assert "NetworkPolicy" in {c["kind"] for c in children}
-    result = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(children))
+    result = run_kubectl(cluster.kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(children))
     assert result.returncode == 0, f"{name} on {cloud}: {result.stderr}"
     deployment = next(c for c in children if c["kind"] == "Deployment")
     template = deployment["spec"]["template"]
@@ -182,7 +177,7 @@ def test_children_of_an_accepted_spec_are_accepted_by_the_api_server(
         # The ServiceAccount is a child that a dry run does not create; Pod Security does not look at it.
         "spec": {**template["spec"], "serviceAccountName": "default"},
     }
-    admitted = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pod))
+    admitted = run_kubectl(cluster.kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(pod))
     assert admitted.returncode == 0, f"{name} on {cloud}, Pod Security restricted: {admitted.stderr}"
     assert "would violate PodSecurity" not in admitted.stderr
 
@@ -192,7 +187,8 @@ def test_a_spec_whose_children_the_api_server_would_refuse_is_refused_naming_the
     cluster: Cluster, crd: None, namespace: str, name: str
 ) -> None:
     spec, field = REFUSED[name]
-    result = kubectl(cluster, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(resource(name, namespace, spec)))
+    document = json.dumps(resource(name, namespace, spec))
+    result = run_kubectl(cluster.kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=document)
     assert result.returncode != 0, f"{name} was accepted"
     assert field in result.stderr, result.stderr
 

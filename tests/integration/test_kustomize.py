@@ -20,7 +20,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.kubectl import run_kubectl
 from tests.integration.operator_process import wait_for
 
 pytestmark = pytest.mark.integration
@@ -32,20 +33,16 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 OPERATOR_NAMESPACE = "mmfleet-system"
 
 
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """kubectl as a user runs it; the result is returned whatever the exit code, so tests can read refusals."""
-    command = [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), *args]
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120, check=False)
-
-
 def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"{' '.join(result.args[3:])} failed:\n{result.stderr}"
+    """The output of a kubectl that succeeded; else the test fails naming its arguments (after the binary,
+    ``--kubeconfig`` and ``--cache-dir`` that run_kubectl puts first) and kubectl's message."""
+    assert result.returncode == 0, f"{' '.join(result.args[4:])} failed:\n{result.stderr}"
     return result.stdout
 
 
 def built(cluster: Cluster, directory: Path) -> list[dict[str, Any]]:
     """What kubectl's own kustomize renders for a directory."""
-    return [doc for doc in yaml.safe_load_all(ok(kubectl(cluster, "kustomize", str(directory)))) if doc]
+    return [doc for doc in yaml.safe_load_all(ok(run_kubectl(cluster.kubeconfig, "kustomize", str(directory)))) if doc]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +55,11 @@ def base(cluster: Cluster, api: Any) -> Iterator[list[dict[str, Any]]]:
         pytest.fail(f"namespace {OPERATOR_NAMESPACE} exists before the test; another test installs into it")
     except ApiException as error:
         assert error.status == 404
-    ok(kubectl(cluster, "apply", "-k", str(BASE)))
+    ok(run_kubectl(cluster.kubeconfig, "apply", "-k", str(BASE)))
     yield objects
     removable = [o for o in objects if o["kind"] != "CustomResourceDefinition"]
-    ok(kubectl(cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(removable)))
+    leftovers = yaml.safe_dump_all(removable)
+    ok(run_kubectl(cluster.kubeconfig, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=leftovers))
 
 
 def test_apply_k_base_creates_every_object_it_renders(cluster: Cluster, base: list[dict[str, Any]]) -> None:
@@ -69,7 +67,7 @@ def test_apply_k_base_creates_every_object_it_renders(cluster: Cluster, base: li
     assert ("Namespace", OPERATOR_NAMESPACE) in kinds
     assert ("CustomResourceDefinition", CRD_NAME) in kinds
     assert ("Deployment", "mmfleet-operator") in kinds
-    listed = ok(kubectl(cluster, "get", "-k", str(BASE), "-o", "name"))
+    listed = ok(run_kubectl(cluster.kubeconfig, "get", "-k", str(BASE), "-o", "name"))
     assert len(listed.split()) == len(base), listed
 
 
@@ -96,7 +94,7 @@ def test_each_overlay_is_admitted_by_a_server_side_dry_run(
     cluster: Cluster, api: Any, base: list[dict[str, Any]], cloud: str
 ) -> None:
     overlay = ROOT / "manifests" / "overlays" / cloud
-    out = ok(kubectl(cluster, "apply", "-k", str(overlay), "--dry-run=server", "-o", "yaml"))
+    out = ok(run_kubectl(cluster.kubeconfig, "apply", "-k", str(overlay), "--dry-run=server", "-o", "yaml"))
     answered = yaml.safe_load(out)
     items = answered["items"] if answered.get("kind") == "List" else [answered]
     assert len(items) == len(built(cluster, overlay))
@@ -134,7 +132,7 @@ def example_namespaces(cluster: Cluster, api: Any) -> Iterator[None]:
 def test_examples_apply_once_the_base_serves_the_crd(
     cluster: Cluster, base: list[dict[str, Any]], example_namespaces: None
 ) -> None:
-    out = ok(kubectl(cluster, "apply", "-f", str(ROOT / "examples"), "--dry-run=server"))
+    out = ok(run_kubectl(cluster.kubeconfig, "apply", "-f", str(ROOT / "examples"), "--dry-run=server"))
     names = sorted(
         doc["metadata"]["name"]
         for path in (ROOT / "examples").glob("*.yaml")
@@ -155,6 +153,6 @@ def test_a_model_name_the_server_would_take_for_a_flag_is_refused_by_the_api_ser
         "metadata": {"name": "flag", "namespace": namespace},
         "spec": {"model": {"name": "--trust-remote-code"}},
     }
-    result = kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(bad))
+    result = run_kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(bad))
     assert result.returncode != 0
     assert "spec.model.name" in result.stderr and "must not start with '-'" in result.stderr, result.stderr

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.render import INFERENCE_LABEL
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster.kubectl import run_kubectl
 from tests.conftest import ROOT
 from tests.integration import test_helm
 from tests.integration.operator_process import wait_for
@@ -121,11 +120,6 @@ def as_operator(installed: Installed, chart_run: ChartRun, tmp_path_factory: pyt
     return _token_kubeconfig(installed.cluster, service_account, tmp_path_factory.mktemp("sa") / "kubeconfig")
 
 
-def _kubectl(cluster: Cluster, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(ensure_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-
-
 @pytest.mark.parametrize(("verb", "group", "resource", "subresource", "namespace"), FORBIDDEN)
 def test_the_operators_service_account_may_not(
     as_operator: Path, chart_run: ChartRun, verb: str, group: str, resource: str, subresource: str, namespace: str
@@ -150,7 +144,6 @@ def _allowed(
 def test_real_attempts_as_the_operator_are_refused(
     installed: Installed, chart_run: ChartRun, as_operator: Path
 ) -> None:
-    cluster = installed.cluster
     service_account = chart_run.username.rsplit(":", 1)[1]
     attempts = {
         "list every Secret": ("get", "secrets", "--all-namespaces"),
@@ -167,7 +160,7 @@ def test_real_attempts_as_the_operator_are_refused(
         "run a pod": ("run", f"lp-{uuid.uuid4().hex[:6]}", "--image=busybox", "--namespace", "default"),
     }  # fmt: skip
     for what, args in attempts.items():
-        result = _kubectl(cluster, as_operator, *args)
+        result = run_kubectl(as_operator, *args, timeout=60)
         assert result.returncode != 0, f"{what}: allowed: {result.stdout}"
         assert "Forbidden" in result.stderr or "forbidden" in result.stderr, f"{what}: {result.stderr}"
 
@@ -296,9 +289,10 @@ def test_the_operator_pod_and_every_inference_pod_pass_restricted(
         if not pods:
             continue
         labels = [f"{key}={value}" for key, value in RESTRICTED.items()]
-        result = _kubectl(
-            installed.cluster, installed.cluster.kubeconfig,
+        result = run_kubectl(
+            installed.cluster.kubeconfig,
             "label", "--dry-run=server", "--overwrite", "namespace", fleet_namespace, *labels,
+            timeout=60,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert "violate" not in result.stderr, f"{example}: {result.stderr}"
@@ -356,7 +350,7 @@ def test_with_plain_names_it_can_touch_no_namespace_it_does_not_watch(
             "delete a ConfigMap": ("delete", "configmap", "lp-config"),
         }  # fmt: skip
         for what, args in attempts.items():
-            result = _kubectl(installed.cluster, as_operator, *args, "--namespace", unwatched)
+            result = run_kubectl(as_operator, *args, "--namespace", unwatched, timeout=60)
             assert result.returncode != 0, f"{what}: allowed: {result.stdout}"
             assert "forbidden" in result.stderr.lower(), f"{what}: {result.stderr}"
         assert client.CoreV1Api(api).read_namespaced_config_map("lp-config", unwatched)

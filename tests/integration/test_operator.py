@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from typing import Any
 
@@ -11,7 +10,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.kubectl import kubectl, run_kubectl
 from tests.integration.operator_process import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
@@ -176,12 +176,7 @@ def test_fleet_deletes_while_the_operator_is_down(fleet: Fleet, operator: Operat
 def test_scale_subresource_sets_replicas(cluster: Cluster, fleet: Fleet) -> None:
     fleet.create(mmi("scaled"))
     fleet.wait_ready("scaled")
-    kubectl = ensure_binaries().kubectl
-    subprocess.run(
-        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", fleet.namespace, "scale", "mmi/scaled",
-         "--replicas", "3"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    kubectl(cluster.kubeconfig, "-n", fleet.namespace, "scale", "mmi/scaled", "--replicas", "3")
     fleet.wait_ready("scaled", replicas=3)
     assert fleet.deployment("scaled").spec.replicas == 3
 
@@ -219,11 +214,7 @@ def test_invalid_resource_is_rejected_by_the_api_server_with_field_path(cluster:
         "spec:\n  model: {name: m}\n  gpu: {count: 2}\n  parallelism: {tensor: 3}\n"
         "  autoscaling: {minReplicas: 5, maxReplicas: 2, slo: {target: 2s}}\n"
     )
-    kubectl = ensure_binaries().kubectl
-    result = subprocess.run(
-        [str(kubectl), "--kubeconfig", str(cluster.kubeconfig), "apply", "-f", "-"],
-        input=bad, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    result = run_kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=bad)
     assert result.returncode != 0
     assert "spec.parallelism.tensor" in result.stderr
     assert "parallelism.tensor x parallelism.pipeline must equal gpu.count" in result.stderr

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from mmfleet_lab.cluster import Cluster, ensure_binaries
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.kubectl import kubectl
 from tests.conftest import ROOT, helm_binary
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.test_operator import Fleet, mmi
@@ -22,14 +23,6 @@ from tests.integration.test_operator import Fleet, mmi
 pytestmark = pytest.mark.integration
 
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-
-
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        [str(ensure_binaries().kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
-        input=stdin, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    return done.stdout
 
 
 @pytest.fixture
@@ -50,10 +43,10 @@ def namespaced_operator(
     deployment = next(d for d in everything if d["kind"] == "Deployment")
     chart_env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
                  if e["name"].startswith("MMFLEET_") and "value" in e}  # fmt: skip
-    kubectl(cluster, "create", "namespace", release_ns)
-    kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    kubectl(cluster.kubeconfig, "create", "namespace", release_ns)
+    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    token = kubectl(cluster, "create", "token", account, "--namespace", release_ns, "--duration", "1h").strip()
+    token = kubectl(cluster.kubeconfig, "create", "token", account, "-n", release_ns, "--duration", "1h").strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     config = {
         "apiVersion": "v1",
@@ -75,8 +68,8 @@ def namespaced_operator(
     finally:
         process.stop()
         operator.start()
-        kubectl(cluster, "delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(docs))
-        kubectl(cluster, "delete", "namespace", release_ns, "--wait=false")
+        kubectl(cluster.kubeconfig, "delete", "-f", "-", "--ignore-not-found", stdin=yaml.safe_dump_all(docs))
+        kubectl(cluster.kubeconfig, "delete", "namespace", release_ns, "--wait=false")
 
 
 def test_with_only_its_watched_namespaces_roles_the_operator_serves_them_and_may_write_nowhere_else(

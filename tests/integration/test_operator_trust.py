@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, dynamic
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from mmfleet_lab.cluster.discovery import dynamic_client
 from tests.integration.fake_pods import FakePod, prometheus_scraping
 from tests.integration.operator_process import OperatorProcess, wait_for
 from tests.integration.test_operator import Fleet, fleet, mmi
@@ -63,7 +64,7 @@ def refusing_policy(api: Any, namespace: str) -> Iterator[str]:
     """A ValidatingAdmissionPolicy that refuses (422 Invalid) Deployments labelled ``mmfleet.io/inference: refused``
     in ``namespace``, as a cluster's own policy may; the policy's name is yielded, deleted after."""
     name = f"it-refuse-{uuid.uuid4().hex[:6]}"
-    dyn = dynamic.DynamicClient(api)
+    dyn = dynamic_client(api)
     policies = dyn.resources.get(api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy")
     bindings = dyn.resources.get(api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding")
     label = "object.metadata.labels"
@@ -140,7 +141,7 @@ def test_a_child_the_api_server_refuses_is_a_condition_quoting_it_and_converges_
     assert f"(422): applying Deployment {fleet.namespace}/refused" in condition["message"]
     assert "this cluster admits no fleet named refused" in condition["message"]
     assert fleet.condition("refused", "Ready")["reason"] == "ApplyRefused"
-    dynamic.DynamicClient(api).resources.get(
+    dynamic_client(api).resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding"
     ).delete(name=refusing_policy)
     fleet.wait_ready("refused", timeout=90)  # retried with backoff, without a spec change

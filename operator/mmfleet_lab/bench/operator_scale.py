@@ -39,6 +39,7 @@ from typing import Any
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.cluster import Cluster, NodePool, down, up
+from mmfleet_lab.cluster.discovery import dynamic_client
 
 NAMESPACE = "bench"
 CLUSTER = "mmfleet-bench"
@@ -347,14 +348,14 @@ def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progres
     """What the control plane alone needs: each resource created, then the children the operator would render
     for it server-side applied by the bench itself, from as many threads as the operator has workers, with no
     status, event or watch of ours. Ready: the Deployment's pod is ready."""
-    from kubernetes import client, dynamic
+    from kubernetes import client
 
     from mmfleet import render
     from mmfleet.api import MultimodalInference
     from mmfleet.config import OperatorConfig
     from mmfleet.render import FIELD_MANAGER
 
-    custom, apps, dyn = client.CustomObjectsApi(api), client.AppsV1Api(api), dynamic.DynamicClient(api)
+    custom, apps, dyn = client.CustomObjectsApi(api), client.AppsV1Api(api), dynamic_client(api)
 
     def create(index: int) -> None:
         created = custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _resource(index))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mmfleet_lab.cluster.discovery import dynamic_client
 from mmfleet_lab.cluster.process import ClusterError
 
 
@@ -48,9 +49,7 @@ def wait_established(api: Any, name: str, timeout: float = 60.0) -> None:
 
 def install_crd(api: Any, body: dict[str, Any], field_manager: str, timeout: float = 60.0) -> None:
     """Server-side apply ``body`` (a CustomResourceDefinition) and wait until it is served."""
-    from kubernetes import dynamic
-
-    dyn = dynamic.DynamicClient(api)
+    dyn = dynamic_client(api)
     resource = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
     dyn.server_side_apply(resource, body=body, field_manager=field_manager, force_conflicts=True)
     wait_established(api, body["metadata"]["name"], timeout)

@@ -1,4 +1,9 @@
-"""kubectl, as a user runs it against a lab cluster, failing with kubectl's own message rather than an exit status."""
+"""kubectl, as a user runs it against a lab cluster, failing with kubectl's own message rather than an exit status.
+
+Every call gets the cluster's own discovery cache (``--cache-dir`` beside its kubeconfig): kubectl keys its
+default cache, ``~/.kube/cache``, by host:port only, and lab clusters come and go on reused random ports, so
+one cluster's cached API groups (a CRD's, say) would otherwise be read for another's.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,23 @@ from mmfleet_lab.cluster.build import ensure_binaries
 from mmfleet_lab.cluster.process import ClusterError
 
 
-def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    """``kubectl --kubeconfig <kubeconfig> <args>``; ClusterError with kubectl's own message when it fails."""
-    argv = [str(ensure_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args]
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+def run_kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl --kubeconfig <kubeconfig> <args>`` whatever its exit code, so a caller can read a refusal."""
+    argv = [
+        str(ensure_binaries().kubectl),
+        "--kubeconfig",
+        str(kubeconfig),
+        f"--cache-dir={kubeconfig.parent / 'kube-cache'}",
+        *args,
+    ]
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False, timeout=timeout)
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+    """kubectl's stdout; ClusterError with kubectl's own message when it fails."""
+    done = run_kubectl(kubeconfig, *args, stdin=stdin, timeout=timeout)
     if done.returncode != 0:
         raise ClusterError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout
