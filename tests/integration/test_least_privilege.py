@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.render import INFERENCE_LABEL
+from mmfleet_lab.cluster.crds import read_crd
 from mmfleet_lab.cluster.kubectl import run_kubectl
 from tests.conftest import ROOT
 from tests.integration import test_helm
@@ -46,13 +47,8 @@ PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
 
 def _not_terminating(api: Any, name: str) -> bool:
-    try:
-        found = client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
-    except ApiException as error:
-        if error.status == 404:
-            return True
-        raise
-    return found.metadata.deletion_timestamp is None
+    found = read_crd(api, name)
+    return found is None or found.metadata.deletion_timestamp is None
 
 
 @pytest.fixture(scope="module", params=["pattern", "names"], ids=["cluster-wide", "namespaced"])

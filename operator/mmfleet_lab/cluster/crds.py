@@ -15,17 +15,24 @@ from mmfleet_lab.cluster.discovery import dynamic_client
 from mmfleet_lab.cluster.process import ClusterError
 
 
-def _conditions(api: Any, name: str) -> list[Any] | None:
-    """The CRD's status conditions; None when it does not exist."""
+def read_crd(api: Any, name: str) -> Any | None:
+    """The CustomResourceDefinition ``name``; None when it does not exist."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     try:
-        got = client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+        return client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
     except ApiException as error:
         if error.status == 404:
             return None
         raise
+
+
+def _conditions(api: Any, name: str) -> list[Any] | None:
+    """The CRD's status conditions; None when it does not exist."""
+    got = read_crd(api, name)
+    if got is None:
+        return None
     return list(got.status.conditions or []) if got.status else []
 
 
