@@ -207,7 +207,9 @@ def test_turning_autoscaling_on_never_drops_serving_replicas(fleet: Fleet) -> No
     assert owners == [("mmfleet-autoscaler", "scale")]
 
 
-def test_invalid_resource_is_rejected_by_the_api_server_with_field_path(cluster: Cluster, namespace: str) -> None:
+def test_invalid_resource_is_rejected_by_the_api_server_with_field_path(
+    cluster: Cluster, crd: None, namespace: str
+) -> None:
     bad = (
         "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\n"
         f"metadata: {{name: bad, namespace: {namespace}}}\n"
