@@ -1,5 +1,6 @@
-"""``mmfleet bench reachable``: the reactive family is built from what a reactive policy could have seen, its
-reported member meets every window, and it never costs less than the oracle that sees ahead."""
+"""``mmfleet bench reachable``: the reactive family is built from what a reactive policy could have seen, the
+forecast from needs known a lead earlier, each reported member meets every window, and none costs less than the
+oracle that sees ahead."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import numpy as np
 from mmfleet_lab.bench.oracle import failing_windows, replay, true_oracle
 from mmfleet_lab.bench.reachable import (
     LOOKBACKS,
+    ORDERS,
     covering_headroom,
+    forecast_need,
+    forecasters,
+    headroom_counts,
     lead_windows,
     members,
     reactive_counts,
@@ -34,27 +39,55 @@ def test_a_window_is_sized_only_from_needs_known_a_lead_earlier() -> None:
 
 
 def test_the_covering_headroom_reaches_every_windows_need_and_no_less_does() -> None:
-    h = covering_headroom(NEED, 1, 0)
+    h = covering_headroom(NEED, trailing_need(NEED, 1, 0), 1)
     assert h == 8 / 2  # window 5 needs 8 where window 4 showed 2
     assert (reactive_counts(NEED, 1, 0, h) >= NEED).all()
     assert not (reactive_counts(NEED, 1, 0, 0.8 * h) >= NEED).all()
     assert reactive_counts(NEED, 2, 0, 3.0)[:2].tolist() == [4, 4], "before an order can land: the need itself"
 
 
+def test_a_forecast_learns_a_steady_trend_in_hindsight_and_starts_from_the_last_need_known() -> None:
+    ramp = np.arange(3, 23, dtype=np.int64)
+    lead = 2
+    for order in ORDERS[:3]:
+        forecast = forecast_need(ramp, lead, order)
+        assert np.allclose(forecast[lead + order - 1 :], ramp[lead + order - 1 :]), order
+        assert forecast[:lead].tolist() == ramp[:lead].tolist(), "before an order can land: the need itself"
+        assert forecast[lead : lead + order - 1].tolist() == ramp[: order - 1].tolist(), "the last need known"
+
+
+def test_a_forecast_is_built_only_from_needs_known_a_lead_earlier() -> None:
+    # The coefficients fit the whole cell (hindsight), but window w's inputs stop at w - lead: a series that repeats
+    # every lead windows is forecast exactly, and a jump in its last window is not.
+    lead = 3
+    periodic = np.tile(np.array([5, 9, 7], dtype=np.int64), 6)
+    assert np.allclose(forecast_need(periodic, lead, 1)[lead:], periodic[lead:])
+    jump = periodic.copy()
+    jump[-1] = 60
+    assert forecast_need(jump, lead, 1)[-1] < 30
+
+
 def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle() -> None:
     cell = make_cell()
     cold = 60.0
+    lead = lead_windows(cold, cell.window)
     oracle, _ = true_oracle(cell, cold)
-    found = members(cell, oracle.ready, cold, cell.initial)
-    assert [m.lookback for m in found] == list(LOOKBACKS)
-    meeting = [m for m in found if not m.misses]
-    assert meeting, "the raise loop must find a member that meets every window on this cell"
-    for m in meeting:
-        result = replay(cell, reactive_counts(oracle.ready, lead_windows(cold, cell.window), m.lookback, m.headroom),
-                        cold, "check")  # fmt: skip
-        assert failing_windows(cell, result) == []
-        oracle_hours = (oracle.result.gpu_seconds - cell.initial * cell.start) / 3600.0
-        assert m.row.gpu_hours >= oracle_hours - 1e-9
+    reactive = members(cell, oracle.ready, cold, cell.initial)
+    forecasting = forecasters(cell, oracle.ready, cold, cell.initial)
+    assert [m.label for m in reactive] == [f"k={k}" for k in LOOKBACKS]
+    assert [m.label for m in forecasting] == [f"p={p}" for p in ORDERS]
+    bases = {
+        **{f"k={k}": trailing_need(oracle.ready, lead, k) for k in LOOKBACKS},
+        **{f"p={p}": forecast_need(oracle.ready, lead, p) for p in ORDERS},
+    }
+    for family in (reactive, forecasting):
+        meeting = [m for m in family if not m.misses]
+        assert meeting, "the raise loop must find a member that meets every window on this cell"
+        for m in meeting:
+            counts = headroom_counts(bases[m.label], oracle.ready, lead, m.headroom)
+            assert failing_windows(cell, replay(cell, counts, cold, "check")) == []
+            oracle_hours = (oracle.result.gpu_seconds - cell.initial * cell.start) / 3600.0
+            assert m.row.gpu_hours >= oracle_hours - 1e-9
 
 
 def test_the_family_keeps_within_the_policies_max_replicas() -> None:

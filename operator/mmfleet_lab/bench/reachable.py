@@ -13,6 +13,12 @@ raised while the replay still misses a window, then bisected down while it meets
 found that meets every window is ``reactive-bound``: tuned on the cell it is scored on, so not a policy. It is
 the result of a search, not a proof: a member between the grid's points, or a policy ordering within a window
 rather than at its start, could pay less. ``reactive-exact`` is the same rule with no headroom and no lookback.
+
+A forecast is outside that family: it can order before the need it expects has been seen. ``forecast-bound`` is
+the same search over ``ceil(h × f[w])``, where ``f[w]`` is a linear forecast of window w's need from the ``p``
+needs known ``lead`` or more windows earlier and an intercept (so it fits a steady trend too), its coefficients
+fitted by least squares on the cell itself: the forecaster a user could only have in hindsight.
+An hour of trace holds no daily cycle to forecast from, so none is tried.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from mmfleet_lab.bench import autoscale
 from mmfleet_lab.bench.oracle import Cell, IntArray, failing_windows, true_oracle
@@ -37,12 +44,14 @@ from mmfleet_lab.twin import H200_QWEN25VL7B
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 
 LOOKBACKS = (0, 1, 2, 4, 8, 16, 32)  # up to half the hour: the peak a fleet that rarely scales down holds
+ORDERS = (1, 2, 4, 8)  # inputs of the forecast: from the last need known up to the last 8 windows
 RAISE = 1.05  # the headroom's step when a replay still misses a window
 RAISES = 8
 LOWEST = 0.5  # the bisection's floor for the headroom
 BISECTIONS = 5
 
 Progress = Callable[[str], None]
+FloatArray = npt.NDArray[np.float64]
 
 
 def lead_windows(cold_start: float, window: float) -> int:
@@ -60,67 +69,116 @@ def trailing_need(need: IntArray, lead: int, lookback: int) -> IntArray:
     return base
 
 
-def reactive_counts(need: IntArray, lead: int, lookback: int, headroom: float, cap: int | None = None) -> IntArray:
-    """ceil(headroom × trailing need) from ``lead`` on, at most ``cap`` (the policies' maxReplicas); the need
-    itself before."""
-    counts: IntArray = np.ceil(headroom * trailing_need(need, lead, lookback) - 1e-9).astype(np.int64)
+def forecast_need(need: IntArray, lead: int, order: int) -> FloatArray:
+    """For each window, a linear forecast of its need from the ``order`` needs known ``lead`` or more windows
+    earlier (an autoregression with an intercept, so a steady trend is fitted too), by least squares on the whole
+    cell: coefficients in hindsight, inputs only from the past. Windows before the first
+    ``order`` inputs exist repeat the last need known; windows before ``lead`` keep their own need."""
+    values = need.astype(np.float64)
+    first = lead + order - 1
+    forecast = values.copy()
+    forecast[lead:first] = values[: max(0, first - lead)]
+    if first < values.size:
+        inputs = np.column_stack(
+            [np.ones(values.size - first)] + [values[first - lead - j : values.size - lead - j] for j in range(order)]
+        )
+        coefficients, *_ = np.linalg.lstsq(inputs, values[first:], rcond=None)
+        forecast[first:] = inputs @ coefficients
+    np.maximum(forecast, 1.0, out=forecast)
+    return forecast
+
+
+def headroom_counts(
+    base: IntArray | FloatArray, need: IntArray, lead: int, headroom: float, cap: int | None = None
+) -> IntArray:
+    """ceil(headroom × base) from ``lead`` on, at most ``cap`` (the policies' maxReplicas); the need itself
+    before (no order can land there, for any policy)."""
+    counts: IntArray = np.ceil(headroom * base - 1e-9).astype(np.int64)
     if cap is not None:
         np.minimum(counts, cap, out=counts)
     counts[:lead] = need[:lead]
     return counts
 
 
-def covering_headroom(need: IntArray, lead: int, lookback: int) -> float:
-    """The smallest headroom whose counts reach every window's need."""
-    base = trailing_need(need, lead, lookback)[lead:]
-    return float((need[lead:] / base).max(initial=1.0))
+def reactive_counts(need: IntArray, lead: int, lookback: int, headroom: float, cap: int | None = None) -> IntArray:
+    """The reactive family: ``headroom`` over the trailing need."""
+    return headroom_counts(trailing_need(need, lead, lookback), need, lead, headroom, cap)
+
+
+def covering_headroom(need: IntArray, base: IntArray | FloatArray, lead: int) -> float:
+    """The smallest headroom over ``base`` whose counts reach every window's need."""
+    return float((need[lead:] / base[lead:]).max(initial=1.0))
 
 
 @dataclass(frozen=True)
 class Member:
-    """One (lookback, headroom) of the family, replayed."""
+    """One member of a family (a lookback, or a forecast's order) at one headroom, replayed."""
 
-    lookback: int
+    label: str
     headroom: float
     row: autoscale.Row
     misses: int
 
 
-def members(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
-    """For each lookback, the cheapest headroom found that meets every window (or the last tried, with its
-    misses), replayed and scored like every policy: raised from the covering headroom until a replay meets every
-    window, then bisected down towards ``LOWEST`` (a window can pass below the oracle's count when earlier
-    windows had headroom)."""
+def cheapest(
+    cell: Cell, need: IntArray, base: IntArray | FloatArray, cold_start: float, initial: int, policy: str, label: str,
+    cap: int | None = None,
+) -> Member:  # fmt: skip
+    """The cheapest headroom over ``base`` found that meets every window (or the last tried, with its misses),
+    replayed and scored like every policy: raised from the covering headroom until a replay meets every window,
+    then bisected down towards ``LOWEST`` (a window can pass below the oracle's count when earlier windows had
+    headroom)."""
     lead = lead_windows(cold_start, cell.window)
-    found = []
 
-    def tried(k: int, h: float) -> Member:
-        result = replay_counts(cell, reactive_counts(need, lead, k, h, cap), cold_start, "reactive-bound")
+    def tried(h: float) -> Member:
+        result = replay_counts(cell, headroom_counts(base, need, lead, h, cap), cold_start, policy)
         misses = len(failing_windows(cell, result))
-        row = autoscale.evaluate(cell.label, cold_start, "reactive-bound", cell.scenario, result, cell.slo, 0.0,
-                                 initial)  # fmt: skip
+        row = autoscale.evaluate(cell.label, cold_start, policy, cell.scenario, result, cell.slo, 0.0, initial)
         del result
         gc.collect()  # a run's engine and metric book refer to each other: free each replay (GBs on spikes)
-        return Member(k, h, replace(row, note=f"k={k}, h={h:.2f}"), misses)
+        return Member(label, h, replace(row, note=f"{label}, h={h:.2f}"), misses)
 
-    for k in LOOKBACKS:
-        h = covering_headroom(need, lead, k)
-        member = tried(k, h)
-        for _ in range(RAISES):
-            if not member.misses:
-                break
-            h *= RAISE
-            member = tried(k, h)
+    h = covering_headroom(need, base, lead)
+    member = tried(h)
+    for _ in range(RAISES):
         if not member.misses:
-            low = LOWEST
-            for _ in range(BISECTIONS):
-                lower = tried(k, (low + member.headroom) / 2)
-                if lower.misses:
-                    low = lower.headroom
-                else:
-                    member = lower
-        found.append(member)
-    return found
+            break
+        h *= RAISE
+        member = tried(h)
+    if not member.misses:
+        low = LOWEST
+        for _ in range(BISECTIONS):
+            lower = tried((low + member.headroom) / 2)
+            if lower.misses:
+                low = lower.headroom
+            else:
+                member = lower
+    return member
+
+
+def members(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
+    """The reactive family's cheapest member per lookback."""
+    lead = lead_windows(cold_start, cell.window)
+    return [
+        cheapest(cell, need, trailing_need(need, lead, k), cold_start, initial, "reactive-bound", f"k={k}", cap)
+        for k in LOOKBACKS
+    ]
+
+
+def forecasters(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
+    """The forecasting family's cheapest member per order."""
+    lead = lead_windows(cold_start, cell.window)
+    return [
+        cheapest(cell, need, forecast_need(need, lead, p), cold_start, initial, "forecast-bound", f"p={p}", cap)
+        for p in ORDERS
+    ]
+
+
+def _best(found: Sequence[Member], what: str) -> autoscale.Row:
+    meeting = [m for m in found if not m.misses]
+    if not meeting:
+        raise RuntimeError(f"{what}: no member met every window")
+    return min(meeting, key=lambda m: m.row.gpu_hours).row
 
 
 def _cell_seed(name: str, cold_start: float, seed: int) -> list[autoscale.Row]:
@@ -138,15 +196,15 @@ def _cell_seed(name: str, cold_start: float, seed: int) -> list[autoscale.Row]:
     lead = lead_windows(cold_start, cell.window)
     exact = replay_counts(cell, reactive_counts(oracle.ready, lead, 0, 1.0), cold_start, "reactive-exact")
     rows.append(autoscale.evaluate(name, cold_start, "reactive-exact", scn, exact, slo, 0.0, initial))
-    meeting = [m for m in members(cell, oracle.ready, cold_start, initial, common["max_replicas"]) if not m.misses]
-    if not meeting:
-        raise RuntimeError(f"{name}, cold start {cold_start:g} s, seed {seed}: no member met every window")
-    rows.append(min(meeting, key=lambda m: m.row.gpu_hours).row)
+    what = f"{name}, cold start {cold_start:g} s, seed {seed}"
+    cap = common["max_replicas"]
+    rows.append(_best(members(cell, oracle.ready, cold_start, initial, cap), f"{what}, reactive family"))
+    rows.append(_best(forecasters(cell, oracle.ready, cold_start, initial, cap), f"{what}, forecasting family"))
     hours = rows[0].gpu_hours
     return [replace(r, seed=seed, oracle_ratio=r.gpu_hours / hours) for r in rows]
 
 
-HEADERS = ("policy", "seeds", "windows met %", "violation-min", "GPU-h", "× oracle", "picked (k, h) per seed")
+HEADERS = ("policy", "seeds", "windows met %", "violation-min", "GPU-h", "× oracle", "picked per seed")
 
 
 def cell_table(rows: Sequence[autoscale.Row]) -> str:
@@ -192,7 +250,8 @@ def main(
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores). Same twin, "
         "SLO, windows, warm-up and maxReplicas as the autoscaling tables; `oracle` is the true oracle. "
-        f"{doc}\n\nLookbacks tried: {', '.join(map(str, LOOKBACKS))} windows.\n\n" + "\n".join(sections)
+        f"{doc}\n\nLookbacks tried (k): {', '.join(map(str, LOOKBACKS))} windows; forecast orders (p): "
+        f"{', '.join(map(str, ORDERS))}.\n\n" + "\n".join(sections)
     )
     write_section(docs, "autoscale-reachable", "What the oracle asks of a policy that cannot see ahead", body)
     return 0
