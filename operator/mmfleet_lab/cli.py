@@ -374,7 +374,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bas.set_defaults(func=cmd_bench_autoscale)
     p_reach = bench.add_parser(
         "reachable",
-        help="the least a reactive rule or a linear forecast, told each window's exact need, pays to meet every window",
+        help="what a reactive rule or a linear forecast, told each window's exact need, pays to meet every window",
     )
     p_reach.add_argument("--scenario", action="append", help="scenario (repeatable; default: "
                          + ", ".join(REACHABLE_CELLS) + ")")  # fmt: skip

@@ -5,12 +5,14 @@ oracle that sees ahead."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mmfleet_lab.bench.oracle import failing_windows, replay, true_oracle
 from mmfleet_lab.bench.reachable import (
     LOOKBACKS,
     ORDERS,
     covering_headroom,
+    forecast_inputs,
     forecast_need,
     forecasters,
     headroom_counts,
@@ -46,25 +48,37 @@ def test_the_covering_headroom_reaches_every_windows_need_and_no_less_does() -> 
     assert reactive_counts(NEED, 2, 0, 3.0)[:2].tolist() == [4, 4], "before an order can land: the need itself"
 
 
-def test_a_forecast_learns_a_steady_trend_in_hindsight_and_starts_from_the_last_need_known() -> None:
-    ramp = np.arange(3, 23, dtype=np.int64)
+def test_a_forecast_learns_a_steady_trend_in_hindsight() -> None:
+    ramp = np.arange(3, 63, dtype=np.int64)
     lead = 2
-    for order in ORDERS[:3]:
+    for order in ORDERS:
         forecast = forecast_need(ramp, lead, order)
-        assert np.allclose(forecast[lead + order - 1 :], ramp[lead + order - 1 :]), order
+        assert forecast is not None
+        assert np.allclose(forecast[lead:], ramp[lead:]), order
         assert forecast[:lead].tolist() == ramp[:lead].tolist(), "before an order can land: the need itself"
-        assert forecast[lead : lead + order - 1].tolist() == ramp[: order - 1].tolist(), "the last need known"
 
 
-def test_a_forecast_is_built_only_from_needs_known_a_lead_earlier() -> None:
-    # The coefficients fit the whole cell (hindsight), but window w's inputs stop at w - lead: a series that repeats
-    # every lead windows is forecast exactly, and a jump in its last window is not.
-    lead = 3
-    periodic = np.tile(np.array([5, 9, 7], dtype=np.int64), 6)
-    assert np.allclose(forecast_need(periodic, lead, 1)[lead:], periodic[lead:])
-    jump = periodic.copy()
-    jump[-1] = 60
-    assert forecast_need(jump, lead, 1)[-1] < 30
+def test_a_forecast_reads_only_needs_known_a_lead_earlier() -> None:
+    need = np.arange(100, 130, dtype=np.int64)
+    lead, order = 3, 4
+    inputs = forecast_inputs(need, lead, order)
+    assert inputs.shape == (need.size - lead, order + 1)
+    for row, w in zip(inputs, range(lead, need.size), strict=True):
+        assert row.tolist() == [1.0, *(float(need[max(w - lead - j, 0)]) for j in range(order))]
+    # Whatever the order, a jump in the last window is not foreseen.
+    periodic = np.tile(np.array([5, 9, 7], dtype=np.int64), 20)
+    periodic[-1] = 60
+    for order in ORDERS:
+        forecast = forecast_need(periodic, lead, order)
+        assert forecast is not None and forecast[-1] < 30, order
+
+
+def test_a_forecast_is_not_fitted_on_fewer_windows_than_its_coefficients_need() -> None:
+    assert forecast_need(np.full(56, 3, dtype=np.int64), 50, 8) is None
+    assert forecast_need(np.full(56, 3, dtype=np.int64), 50, 1) is None
+    assert forecast_need(np.full(57, 3, dtype=np.int64), 7, 8) is not None, "an hour at a 420 s cold start fits p = 8"
+    with pytest.raises(ValueError, match="order: 0 inputs"):
+        forecast_need(NEED, 1, 0)
 
 
 def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle() -> None:
@@ -75,11 +89,9 @@ def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle(
     reactive = members(cell, oracle.ready, cold, cell.initial)
     forecasting = forecasters(cell, oracle.ready, cold, cell.initial)
     assert [m.label for m in reactive] == [f"k={k}" for k in LOOKBACKS]
-    assert [m.label for m in forecasting] == [f"p={p}" for p in ORDERS]
-    bases = {
-        **{f"k={k}": trailing_need(oracle.ready, lead, k) for k in LOOKBACKS},
-        **{f"p={p}": forecast_need(oracle.ready, lead, p) for p in ORDERS},
-    }
+    assert [m.label for m in forecasting] == ["p=1"], "nine windows fit two coefficients, not three"
+    bases = {f"k={k}": trailing_need(oracle.ready, lead, k) for k in LOOKBACKS}
+    bases["p=1"] = forecast_need(oracle.ready, lead, 1)
     for family in (reactive, forecasting):
         meeting = [m for m in family if not m.misses]
         assert meeting, "the raise loop must find a member that meets every window on this cell"

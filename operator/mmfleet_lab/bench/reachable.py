@@ -17,8 +17,11 @@ rather than at its start, could pay less. ``reactive-exact`` is the same rule wi
 A forecast is outside that family: it can order before the need it expects has been seen. ``forecast-bound`` is
 the same search over ``ceil(h × f[w])``, where ``f[w]`` is a linear forecast of window w's need from the ``p``
 needs known ``lead`` or more windows earlier and an intercept (so it fits a steady trend too), its coefficients
-fitted by least squares on the cell itself: the forecaster a user could only have in hindsight.
-An hour of trace holds no daily cycle to forecast from, so none is tried.
+fitted by least squares on the cell itself: the forecaster a user could only have in hindsight, and fitted to the
+very windows it forecasts, which flatters it (at most one coefficient per ``ROWS_PER_COEFFICIENT`` windows keeps
+it from reproducing them). Also a search, not a proof: the fit minimises squared error before one headroom is
+applied, so a linear forecaster fitted for coverage could pay less. An hour of trace holds no daily cycle to
+forecast from, so none is tried.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 
 LOOKBACKS = (0, 1, 2, 4, 8, 16, 32)  # up to half the hour: the peak a fleet that rarely scales down holds
 ORDERS = (1, 2, 4, 8)  # inputs of the forecast: from the last need known up to the last 8 windows
+ROWS_PER_COEFFICIENT = 4  # windows a forecast's fit needs per coefficient (an hour has 57 scored ones: p = 8 fits)
 RAISE = 1.05  # the headroom's step when a replay still misses a window
 RAISES = 8
 LOWEST = 0.5  # the bisection's floor for the headroom
@@ -69,21 +73,29 @@ def trailing_need(need: IntArray, lead: int, lookback: int) -> IntArray:
     return base
 
 
-def forecast_need(need: IntArray, lead: int, order: int) -> FloatArray:
-    """For each window, a linear forecast of its need from the ``order`` needs known ``lead`` or more windows
-    earlier (an autoregression with an intercept, so a steady trend is fitted too), by least squares on the whole
-    cell: coefficients in hindsight, inputs only from the past. Windows before the first
-    ``order`` inputs exist repeat the last need known; windows before ``lead`` keep their own need."""
+def forecast_inputs(need: IntArray, lead: int, order: int) -> FloatArray:
+    """One row per window from ``lead`` on: 1 and the ``order`` needs known then, need[w - lead - j] for j < order
+    (the earliest need where the trace has no such window yet)."""
+    windows = np.arange(lead, need.size)
+    lags = np.maximum(windows[:, None] - lead - np.arange(order)[None, :], 0)
+    return np.column_stack([np.ones(windows.size), need.astype(np.float64)[lags]])
+
+
+def forecast_need(need: IntArray, lead: int, order: int) -> FloatArray | None:
+    """For each window, a linear forecast of its need from ``forecast_inputs`` (an autoregression with an
+    intercept, so a steady trend is fitted too), by least squares on the whole cell: coefficients in hindsight,
+    inputs only from the past; at least one replica. Windows before ``lead`` keep their own need. None when the
+    cell has fewer than ``ROWS_PER_COEFFICIENT`` windows per coefficient: a fit that close to one window per
+    coefficient reproduces the need instead of forecasting it."""
+    if order < 1:
+        raise ValueError(f"order: {order} inputs; at least 1")
     values = need.astype(np.float64)
-    first = lead + order - 1
+    inputs = forecast_inputs(need, lead, order)
+    if inputs.shape[0] < ROWS_PER_COEFFICIENT * inputs.shape[1]:
+        return None
+    coefficients, *_ = np.linalg.lstsq(inputs, values[lead:], rcond=None)
     forecast = values.copy()
-    forecast[lead:first] = values[: max(0, first - lead)]
-    if first < values.size:
-        inputs = np.column_stack(
-            [np.ones(values.size - first)] + [values[first - lead - j : values.size - lead - j] for j in range(order)]
-        )
-        coefficients, *_ = np.linalg.lstsq(inputs, values[first:], rcond=None)
-        forecast[first:] = inputs @ coefficients
+    forecast[lead:] = inputs @ coefficients
     np.maximum(forecast, 1.0, out=forecast)
     return forecast
 
@@ -166,11 +178,13 @@ def members(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: in
 
 
 def forecasters(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
-    """The forecasting family's cheapest member per order."""
+    """The forecasting family's cheapest member per order the cell's length can fit."""
     lead = lead_windows(cold_start, cell.window)
+    bases = {p: forecast_need(need, lead, p) for p in ORDERS}
     return [
-        cheapest(cell, need, forecast_need(need, lead, p), cold_start, initial, "forecast-bound", f"p={p}", cap)
-        for p in ORDERS
+        cheapest(cell, need, base, cold_start, initial, "forecast-bound", f"p={p}", cap)
+        for p, base in bases.items()
+        if base is not None
     ]
 
 
@@ -182,8 +196,8 @@ def _best(found: Sequence[Member], what: str) -> autoscale.Row:
 
 
 def _cell_seed(name: str, cold_start: float, seed: int) -> list[autoscale.Row]:
-    """The oracle and the reactive family's two rows on one cell and seed (the policies' rows are in the
-    autoscaling tables: this bound is the trace's, whatever policy runs on it)."""
+    """The oracle, the reactive family's two rows and the forecast's on one cell and seed (the policies' rows are in
+    the autoscaling tables: this bound is the trace's, whatever policy runs on it)."""
     params, slo = H200_QWEN25VL7B, REFERENCE_SLO
     _, demand, common = autoscale.cell(name, cold_start, params, slo, None, seed)
     scn = autoscale.scenario_of(name, params, slo, None, seed)
