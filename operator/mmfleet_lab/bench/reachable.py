@@ -180,11 +180,10 @@ def members(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: in
 def forecasters(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
     """The forecasting family's cheapest member per order the cell's length can fit."""
     lead = lead_windows(cold_start, cell.window)
-    bases = {p: forecast_need(need, lead, p) for p in ORDERS}
     return [
         cheapest(cell, need, base, cold_start, initial, "forecast-bound", f"p={p}", cap)
-        for p, base in bases.items()
-        if base is not None
+        for p in ORDERS
+        if (base := forecast_need(need, lead, p)) is not None
     ]
 
 
