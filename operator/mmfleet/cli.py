@@ -182,42 +182,54 @@ def cmd_run(args: argparse.Namespace) -> int:
         "default_cloud": args.default_cloud,
         "log_format": args.log_format,
         "health_address": args.health_address,
+        "metrics_address": args.metrics_address,
     }
     try:
         config = OperatorConfig.load(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as error:
         print(f"mmfleet run: {error}", file=sys.stderr)
         return EXIT_INVALID
-    # Imported after the check: the handlers' state reads the environment too, and would fail with a traceback.
-    from mmfleet.handlers.state import STATE
+    # Imported here, not at the top: the other commands (render, crd, docs) need none of the operator's runtime.
+    from mmfleet import handlers, metrics_export
+    from mmfleet.kube import Elector, lease_namespace
 
-    STATE.config = config
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)
     logging.getLogger("mmfleet").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    from mmfleet import metrics_export
-    from mmfleet.handlers.state import get_kube
-    from mmfleet.kube import Elector, lease_namespace
-
+    op = handlers.Operator(config=config)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    stop_metrics = metrics_export.serve(config.metrics_address) if config.metrics_address else None
     # Only the Lease's holder acts (it waits here until then); losing the Lease ends the process.
     elector = None
     if config.leader_election_lease:
         namespace = lease_namespace(config.leader_election_namespace)
-        elector = Elector(get_kube(), namespace, config.leader_election_lease)
+        elector = Elector(op.get_kube(), namespace, config.leader_election_lease)
         elector.wait()
         elector.keep()
     try:
-        # kopf's liveness server serves /healthz alone; the operator's serves /metrics beside it on the same address.
-        metrics_export.run(
-            config.health_address,
+        kopf.run(
+            registry=registry,
+            memo=handlers.memo(op),
             standalone=True,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
+            liveness_endpoint=_liveness_endpoint(config.health_address),
         )
     finally:
         if elector is not None:
             elector.release()
+        if stop_metrics is not None:
+            stop_metrics()
     return 0
+
+
+def _liveness_endpoint(address: str) -> str | None:
+    """kopf's liveness endpoint URL for ``host:port`` (``[::]:8080`` for IPv6); None turns it off."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    return f"http://{host or '0.0.0.0'}:{port}/healthz"
 
 
 def cmd_docs(_: argparse.Namespace) -> int:
@@ -274,7 +286,10 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
     p_run.add_argument("--default-cloud", choices=CLOUD_NAMES, help="profile for spec.cloud: auto")
     p_run.add_argument("--log-format", choices=["plain", "json"], help="log format (env MMFLEET_LOG_FORMAT)")
     p_run.add_argument(
-        "--health-address", help="host:port of /healthz and /metrics; empty: neither (env MMFLEET_HEALTH_ADDRESS)"
+        "--health-address", help="host:port of kopf's /healthz; empty: none (env MMFLEET_HEALTH_ADDRESS)"
+    )
+    p_run.add_argument(
+        "--metrics-address", help="host:port of the operator's /metrics; empty: none (env MMFLEET_METRICS_ADDRESS)"
     )
     p_run.add_argument("-v", "--verbose", action="store_true", help="debug logs")
     p_run.set_defaults(func=cmd_run)

@@ -66,6 +66,8 @@ class OperatorConfig(BaseSettings):
     workers: int = 16
     # Where kopf serves /healthz for the liveness probe; empty turns it off.
     health_address: str = "0.0.0.0:8080"
+    # Where the operator's own /metrics are served; empty turns them off.
+    metrics_address: str = "0.0.0.0:8081"
     # Where fleets' pods send spans when spec.tracing.endpoint is empty, and what TracingReady looks up: the
     # collector installed with the operator (the chart sets its release namespace's, or collector.endpoint).
     collector_endpoint: str = COLLECTOR_ENDPOINT

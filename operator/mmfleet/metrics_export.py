@@ -1,10 +1,7 @@
-"""The operator's own metrics (prometheus_client), and the one HTTP server for ``/metrics`` and ``/healthz``.
+"""The operator's own metrics (prometheus_client), served on ``/metrics`` at ``MMFLEET_METRICS_ADDRESS``.
 
-kopf's liveness server serves one path only (kopf 1.45.2, ``kopf/_core/engines/probing.py``
-``health_reporter`` adds a single route), so the operator serves both itself on
-``MMFLEET_HEALTH_ADDRESS``: ``/healthz`` runs kopf's probe handlers exactly as kopf's would (the
-probing activity, its answer cached 10 s, 500 when a probe fails permanently), and only once the
-startup handlers have finished (503 before); ``/metrics`` is served from the start.
+``/healthz`` is kopf's own liveness endpoint, on ``MMFLEET_HEALTH_ADDRESS``: a port each, as kopf's
+liveness server serves one path only (kopf 1.45.2, ``kopf/_core/engines/probing.py``).
 
 Per fleet, what a dashboard needs and Prometheus cannot get from the pods: the replicas the
 autoscaler set and the pods it counted, the SLO target and the percentile it read, its verdicts,
@@ -15,23 +12,10 @@ PodMonitor scraping the operator honours them (``honorLabels``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import datetime
 import math
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-import aiohttp.web
-import kopf
-from kopf._cogs.structs import ephemera
-from kopf._core.actions import lifecycles
-from kopf._core.engines import activities, indexing
-from kopf._core.intents import causes
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -39,7 +23,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    generate_latest,
+    start_http_server,
 )
 
 from mmfleet.api import MultimodalInference, seconds
@@ -53,14 +37,18 @@ ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
 GCCollector(registry=REGISTRY)
 
-RECONCILE_RESULTS = ("ok", "invalid_spec", "retry", "error")
+# ok; invalid_spec (only a new spec helps); retry (the API server may answer next time); refused (a write refused
+# or a child's name taken, tried again after a backoff); error (a bug, tried again after a backoff).
+RECONCILE_RESULTS = ("ok", "invalid_spec", "retry", "refused", "error")
 RECONCILES = Counter(
     "mmfleet_reconciles", "Reconciles of a MultimodalInference, by result.", ["result"], registry=REGISTRY
 )
 RECONCILE_SECONDS = Histogram(
-    "mmfleet_reconcile_duration_seconds", "Time one reconcile took (apply, observe, status).", registry=REGISTRY
+    "mmfleet_reconcile_duration_seconds",
+    "Time one reconcile took (apply when needed, observe, status).",
+    registry=REGISTRY,
 )
-ERROR_PLACES = ("reconcile", "status_refresh", "autoscale_fleet", "autoscale_cycle")
+ERROR_PLACES = ("reconcile", "autoscale_fleet", "autoscale_cycle")
 ERRORS = Counter(
     "mmfleet_errors", "Unexpected exceptions the operator logged, by where they happened.", ["where"], registry=REGISTRY
 )
@@ -130,26 +118,10 @@ for _result in ("ok", "error"):
     QUERY_SECONDS.labels(_result)
 
 
-@contextlib.contextmanager
-def reconciling() -> Iterator[None]:
-    """Count one reconcile by how it ended, and time it; exceptions pass through."""
-    started = time.perf_counter()
-    result = "error"
-    try:
-        yield
-        result = "ok"
-    except kopf.PermanentError:
-        result = "invalid_spec"
-        raise
-    except kopf.TemporaryError:
-        result = "retry"
-        raise
-    except Exception:
-        ERRORS.labels("reconcile").inc()
-        raise
-    finally:
-        RECONCILES.labels(result).inc()
-        RECONCILE_SECONDS.observe(time.perf_counter() - started)
+def reconciled(result: str, seconds: float) -> None:
+    """One reconcile, by how it ended (one of ``RECONCILE_RESULTS``), and how long it took."""
+    RECONCILES.labels(result).inc()
+    RECONCILE_SECONDS.observe(seconds)
 
 
 def error(where: str) -> None:
@@ -224,94 +196,19 @@ def forget_others(keep: set[Key]) -> None:
                 counter.remove(*key, label)
 
 
-# --- the HTTP server ----------------------------------------------------------------------------------------------
-
-PROBE_CACHE = datetime.timedelta(seconds=10)  # as kopf's health_reporter caches its probes' answer
-
-
-@dataclass
-class _Health:
-    """kopf's probing activity, run on demand and cached as kopf's own liveness endpoint does."""
-
-    settings: kopf.OperatorSettings
-    indices: ephemera.Indices
-    memo: ephemera.AnyMemo
-    started: asyncio.Event
-    results: dict[str, Any] = field(default_factory=dict)
-    at: datetime.datetime | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    async def get(self, _: aiohttp.web.Request) -> aiohttp.web.Response:
-        if not self.started.is_set():
-            return aiohttp.web.json_response({"operator": "starting"}, status=503)
-        async with self.lock:
-            now = datetime.datetime.now(datetime.UTC)
-            if self.at is None or now - self.at >= PROBE_CACHE:
-                try:
-                    results = await activities.run_activity(
-                        lifecycle=lifecycles.all_at_once,
-                        registry=kopf.get_default_registry(),
-                        settings=self.settings,
-                        activity=causes.Activity.PROBE,
-                        indices=self.indices,
-                        memo=self.memo,
-                    )
-                except activities.ActivityError as failed:
-                    return aiohttp.web.json_response({"failed": _failures(failed)}, status=500)
-                self.results = {str(handler): result for handler, result in results.items()}
-                self.at = datetime.datetime.now(datetime.UTC)
-            return aiohttp.web.json_response(self.results)
-
-
-def _failures(failed: activities.ActivityError) -> dict[str, str]:
-    return {str(handler): str(outcome.exception) for handler, outcome in failed.outcomes.items() if outcome.exception}
-
-
-async def get_metrics(_: aiohttp.web.Request) -> aiohttp.web.Response:
-    body = generate_latest(REGISTRY)
-    return aiohttp.web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[::]:8080`` for IPv6) as a listening host and port."""
+    """``host:port`` (``[::]:8081`` for IPv6) as a listening host and port."""
     host, _, port = address.rpartition(":")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def serve(
-    address: str, started: asyncio.Event, *, settings: kopf.OperatorSettings, indices: ephemera.Indices, memo: Any
-) -> aiohttp.web.AppRunner:
-    """Listen on ``address`` now (a port in use fails here, before the operator starts); the caller cleans up."""
-    health = _Health(settings, indices, ephemera.AnyMemo(memo), started)
-    app = aiohttp.web.Application()
-    app.add_routes([aiohttp.web.get("/healthz", health.get), aiohttp.web.get("/metrics", get_metrics)])
-    # No access log: a line per probe and per scrape would drown the operator's own.
-    runner = aiohttp.web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, access_log=None)
-    await runner.setup()
+def serve(address: str) -> Callable[[], None]:
+    """Serve ``/metrics`` on ``address`` from now on, in a thread (a port in use fails here); the way to stop it."""
     host, port = split_address(address)
-    try:
-        await aiohttp.web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner
+    server, thread = start_http_server(port, host, registry=REGISTRY)
 
+    def stop() -> None:
+        server.shutdown()
+        thread.join(timeout=5)
 
-async def operate(address: str, **options: Any) -> None:
-    """``kopf.operator(**options)``, with /healthz and /metrics on ``address`` (empty: no server)."""
-    if not address:
-        await kopf.operator(**options)
-        return
-    settings, memo, indexers = kopf.OperatorSettings(), kopf.Memo(), indexing.OperatorIndexers()
-    started = asyncio.Event()  # kopf raises it once the startup handlers have finished
-    runner = await serve(address, started, settings=settings, indices=indexers.indices, memo=memo)
-    try:
-        await kopf.operator(settings=settings, memo=memo, indexers=indexers, ready_flag=started, **options)
-    finally:
-        await runner.cleanup()
-
-
-def run(address: str, **options: Any) -> None:
-    """``kopf.run`` with the operator's own server: as kopf.run, a cancelled operator ends quietly."""
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(operate(address, **options))
+    return stop

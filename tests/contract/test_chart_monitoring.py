@@ -50,8 +50,7 @@ def test_the_pod_monitor_scrapes_the_operators_metrics_on_its_probe_port() -> No
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     container = pod["spec"]["containers"][0]
     port = next(p for p in container["ports"] if p["name"] == endpoint["port"])
-    assert container["livenessProbe"]["httpGet"]["port"] == endpoint["port"]
-    assert port["containerPort"] == int(OperatorConfig().health_address.rsplit(":", 1)[1])
+    assert port["containerPort"] == int(OperatorConfig().metrics_address.rsplit(":", 1)[1])
     assert endpoint["path"] == "/metrics"
     assert endpoint["honorLabels"] is True  # the fleets' namespace label, not the operator pod's
     job = {r["targetLabel"]: r["replacement"] for r in endpoint["relabelings"]}["job"]

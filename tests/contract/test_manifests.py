@@ -241,11 +241,16 @@ def test_operator_container(base: list[Obj]) -> None:
     container = operator_container(base)
     assert container["image"] == IMAGE
     assert container["args"] == ["run"]
-    port = int(config.OperatorConfig().health_address.rsplit(":", 1)[1])
-    assert container["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+    defaults = config.OperatorConfig()
+    port, metrics = (int(address.rsplit(":", 1)[1]) for address in (defaults.health_address, defaults.metrics_address))
+    assert container["ports"] == [
+        {"name": "health", "containerPort": port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": metrics, "protocol": "TCP"},
+    ]
     for probe in ("startupProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert env(container)["MMFLEET_HEALTH_ADDRESS"].endswith(f":{port}")
+    assert env(container)["MMFLEET_METRICS_ADDRESS"].endswith(f":{metrics}")
     assert {"requests", "limits"} <= container["resources"].keys()
 
 

@@ -11,60 +11,28 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import kopf
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from mmfleet.handlers import autoscale, fleet, state
-from mmfleet.handlers.state import STATE
-from mmfleet.kube import Kube, RetryableError, retry_after, transport_failure
-
-pytestmark = pytest.mark.usefixtures("fresh_operator_state")
-
-KEY = ("ml", "qwen")
-
-
-def body(autoscaling: bool = False) -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "cloud": "eks", "replicas": 2}
-    if autoscaling:
-        spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": 8, "slo": {"target": "2s"}}
-    meta = {"name": "qwen", "namespace": "ml", "uid": "u-1", "generation": 2}
-    return {"apiVersion": "mmfleet.io/v1alpha1", "kind": "MultimodalInference", "metadata": meta, "spec": spec}
-
-
-class FaultyKube(Kube):
-    """Applies echo back, status writes are recorded; the Deployment's apply raises ``fault`` while it is set."""
-
-    def __init__(self, fault: RetryableError | None) -> None:
-        self.fault = fault
-        self.written: list[dict[str, Any]] = []
-
-    def apply(self, manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
-        if self.fault is not None and manifest["kind"] == "Deployment":
-            raise self.fault
-        meta = {**manifest["metadata"], "uid": f"uid-{manifest['kind']}", "generation": 1}
-        return {**manifest, "metadata": meta, "status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}}
-
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        return None
-
-    def has_api(self, api_version: str, kind: str) -> bool:
-        return False
-
-    def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
-        pass
-
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.written.append(status)
-
-    def thread_requests(self) -> int:
-        return 0
+from mmfleet.handlers import autoscale, reconcile, records
+from mmfleet.kube import RetryableError, retry_after, transport_failure
+from tests.helpers.fleets import (
+    KEY,
+    RecordingKube,
+    fleet_body,
+    fleet_event,
+    indexes,
+    operator,
+    reconcile_once,
+    until,
+    workers,
+)
 
 
 @pytest.fixture(autouse=True)
 def no_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "kopf_event", lambda *args: None)  # kopf posts only inside its own handlers
+    monkeypatch.setattr(records, "kopf_event", lambda *args: None)  # kopf posts only inside its own handlers
     monkeypatch.setattr(autoscale, "kopf_event", lambda *args: None)
 
 
@@ -79,19 +47,6 @@ def too_many(seconds: str | None, status: int = 429, reason: str = "Too Many Req
     return error
 
 
-def drain_retries(indexes: dict[str, Any]) -> None:
-    """Run the operator's retry loop until the fleet's pending retry is gone (at most 5 s)."""
-
-    async def scenario() -> None:
-        loop = asyncio.create_task(fleet.retry_forever(indexes))
-        deadline = time.monotonic() + 5
-        while KEY in STATE.retries and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        loop.cancel()
-
-    asyncio.run(scenario())
-
-
 def test_the_retry_after_header_is_read_as_client_go_reads_it() -> None:
     assert retry_after(too_many("2")) == 2  # header names are case-insensitive
     assert retry_after(too_many("7", 503, "Service Unavailable")) == 7
@@ -102,15 +57,16 @@ def test_the_retry_after_header_is_read_as_client_go_reads_it() -> None:
 
 
 def test_the_next_try_waits_what_the_api_server_asked_within_bounds() -> None:
-    assert fleet.api_retry_delay(2, 0) == 2.0
-    assert fleet.api_retry_delay(2, 3) == 2.0, "the header, not the doubling backoff (20 s at the fourth try)"
-    assert fleet.api_retry_delay(0, 0) == fleet.RETRY_AFTER_MIN_SECONDS, "a 0 would spin"
-    assert fleet.api_retry_delay(3600, 0) == fleet.RETRY_AFTER_MAX_SECONDS
-    assert fleet.api_retry_delay(None, 0) == fleet.RETRY_FIRST_SECONDS
-    assert fleet.api_retry_delay(None, 2) == fleet.retry_delay(2) == 20.0
-    after = [fleet.api_retry_delay(1, fleet.RETRY_AFTER_ATTEMPTS + n) for n in range(3)]
+    delay = reconcile.api_retry_delay
+    assert delay(0, 2) == 2.0
+    assert delay(3, 2) == 2.0, "the header, not the doubling backoff (20 s at the fourth try)"
+    assert delay(0, 0) == reconcile.RETRY_AFTER_MIN_SECONDS, "a 0 would spin"
+    assert delay(0, 3600) == reconcile.RETRY_AFTER_MAX_SECONDS
+    assert delay(0, None) == reconcile.RETRY_FIRST_SECONDS
+    assert delay(2, None) == reconcile.retry_delay(2) == 20.0
+    after = [delay(reconcile.RETRY_AFTER_ATTEMPTS + n, 1) for n in range(3)]
     assert after == [5.0, 10.0, 20.0], "a server that keeps asking for 1 s is backed off from after 10 tries"
-    assert fleet.api_retry_delay(30, fleet.RETRY_AFTER_ATTEMPTS) == 30.0, "never shorter than the header"
+    assert delay(reconcile.RETRY_AFTER_ATTEMPTS, 30) == 30.0, "never shorter than the header"
 
 
 @pytest.mark.parametrize(
@@ -139,42 +95,33 @@ def test_the_next_try_waits_what_the_api_server_asked_within_bounds() -> None:
 def test_a_failed_call_is_retried_after_the_delay_and_progressing_names_it(
     fault: RetryableError, attempt: int, delay: float, message: str
 ) -> None:
-    kube = FaultyKube(fault)
-    STATE.kube = kube
-    with pytest.raises(kopf.TemporaryError) as raised:
-        fleet.reconcile(body(), [], None, prune=False, attempt=attempt)
-    assert raised.value.delay == delay
+    kube = RecordingKube(fault)
+    result = reconcile_once(operator(kube), fleet_body(), attempt=attempt)
+    assert result.retry and result.retry_after == fault.retry_after
+    assert reconcile.api_retry_delay(attempt, result.retry_after) == delay
     assert progressing(kube.written[-1]) == ("False", "ApiServerRetrying", message)
 
 
 def test_every_status_write_keeps_the_retry_until_a_reconcile_goes_through() -> None:
     """The autoscaler's cycle and a status refresh recompute Progressing; neither may drop the pending retry."""
-    kube = FaultyKube(RetryableError("503 Service Unavailable", call="apply Deployment ml/qwen", retry_after=1))
-    STATE.kube = kube
-    fleet_body = body(autoscaling=True)
-    with pytest.raises(kopf.TemporaryError):
-        fleet.reconcile(fleet_body, [], None, prune=False)
+    kube = RecordingKube(RetryableError("503 Service Unavailable", call="apply Deployment ml/qwen", retry_after=1))
+    op = operator(kube)
+    body = fleet_body(autoscaling=True)
+    assert reconcile_once(op, body).retry
     said = progressing(kube.written[-1])
     assert said[:2] == ("False", "ApiServerRetrying")
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"replicas": 1}}
-    view = autoscale.FleetView(KEY, fleet_body, deployment, [])
+    view = autoscale.FleetView(KEY, body, deployment, [])
     with ThreadPoolExecutor(1) as pool:  # no Prometheus: the cycle holds, and writes MetricsAvailable False
-        autoscale.autoscale([view], None, pool, lambda _: (deployment, []))
+        autoscale.autoscale(op, [view], None, pool, lambda _: (deployment, []))
     assert any(c["type"] == "MetricsAvailable" for c in kube.written[-1]["conditions"]), "the cycle wrote status"
-    assert progressing(kube.written[-1]) == said
-    indexes: dict[str, Any] = {
-        "fleets": {KEY: [fleet_body]},
-        "fleet_deployments": {KEY: [deployment]},
-        "fleet_pods": {KEY: []},
-    }
-    fleet.refresh_status(KEY, indexes)
     assert progressing(kube.written[-1]) == said
 
     kube.fault = None  # the retry goes through
-    fleet.reconcile(fleet_body, [], None, prune=False, attempt=1)
+    assert not reconcile_once(op, body, attempt=1, deployment=deployment).retry
     assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
     with ThreadPoolExecutor(1) as pool:
-        autoscale.autoscale([view], None, pool, lambda _: (deployment, []))
+        autoscale.autoscale(op, [view], None, pool, lambda _: (deployment, []))
     assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
 
 
@@ -232,66 +179,84 @@ def test_a_request_that_gets_no_answer_says_so(server: tuple[str, list[bool]]) -
     refused.close()
 
 
-def test_a_failed_reconcile_kopf_does_not_retry_is_reconciled_by_the_retry_loop(
+def test_a_failed_reconcile_is_tried_again_after_the_backoff_from_the_indexes_then_no_more(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """kopf drops its retry when the spec returns to what it last handled (2 replicas applied by the failed attempt,
-    then the spec back to 1): the retry loop must reconcile the fleet from the indexes after the grace period."""
-    kube = FaultyKube(RetryableError("500 Internal Server Error", call="apply PodDisruptionBudget ml/qwen"))
-    STATE.kube = kube
-    with pytest.raises(kopf.TemporaryError) as raised:
-        fleet.reconcile(body(), [], None, prune=False)
-    pending = STATE.retries[KEY]
-    assert pending.due - time.monotonic() == pytest.approx(raised.value.delay + fleet.KOPF_RETRY_GRACE_SECONDS, abs=1)
-    kube.fault = None
-    pending.due = time.monotonic()  # the grace has passed and kopf never called
-    monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
-    indexes: dict[str, Any] = {"fleets": {KEY: [body()]}, "fleet_deployments": {}, "fleet_pods": {}}
-    drain_retries(indexes)
-    assert KEY not in STATE.retries and KEY not in STATE.retrying
-    assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
+    """A failure half way (the Deployment applied with 2 replicas, the PodDisruptionBudget not) is reconciled again
+    from the indexes as they are then (the spec back to 1 replica), with no event to ask for it."""
+    monkeypatch.setattr(reconcile, "RETRY_FIRST_SECONDS", 0.05)
+    kube = RecordingKube(RetryableError("500 Internal Server Error", call="apply Deployment ml/qwen"))
+    op = operator(kube, workers=2)
+    held = indexes(fleet_body())
 
+    async def scenario() -> None:
+        async with workers(op, held):
+            await fleet_event(op, fleet_body())
+            await until(lambda: bool(kube.written) and op.records[KEY].retrying is not None, what="the failure")
+            held["fleets"][KEY] = [fleet_body(generation=3, replicas=1)]
+            kube.fault = None
+            await until(lambda: op.records[KEY].reconciled == 3, what="the retry")
+            tries = len(kube.applied)
+            await asyncio.sleep(0.3)
+            assert len(kube.applied) == tries, "a success is not retried"
 
-def test_a_generation_no_handler_takes_up_is_reconciled_by_the_retry_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The retry loop's own success (2 replicas) was followed by the spec back to 1, which kopf had last handled: no
-    update handler, so the Deployment kept 2. A newer generation than the last reconciled one leaves a retry."""
-    kube = FaultyKube(None)
-    STATE.kube = kube
-    fleet.reconcile(body(), [], None, prune=False)  # generation 2, 2 replicas
-    assert STATE.reconciled[KEY] == 2 and KEY not in STATE.retries
-    reverted = body()
-    reverted["metadata"]["generation"] = 3
-    reverted["spec"]["replicas"] = 1
-    event: Any = {"type": "MODIFIED", "object": reverted}
-    asyncio.run(fleet.follow_generation(event, "ml", "qwen"))
-    assert STATE.retries[KEY].due - time.monotonic() == pytest.approx(fleet.KOPF_RETRY_GRACE_SECONDS, abs=1)
-    same: Any = {"type": "MODIFIED", "object": body()}
-    STATE.retries.pop(KEY)
-    asyncio.run(fleet.follow_generation(same, "ml", "qwen"))
-    assert KEY not in STATE.retries, "a status write (same generation) asks for nothing"
-
-    asyncio.run(fleet.follow_generation(event, "ml", "qwen"))
-    STATE.retries[KEY].due = time.monotonic()  # the grace has passed and kopf never called
-    monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
-    indexes: dict[str, Any] = {"fleets": {KEY: [reverted]}, "fleet_deployments": {}, "fleet_pods": {}}
-    drain_retries(indexes)
-    assert STATE.reconciled[KEY] == 3 and KEY not in STATE.retries
+    asyncio.run(scenario())
     assert kube.written[-1]["observedGeneration"] == 3
+    assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
+    assert op.queue is not None and op.queue.failures(KEY) == 0
+
+
+def test_a_spec_changed_back_to_an_earlier_value_is_reconciled_and_a_status_write_asks_for_nothing() -> None:
+    """Generation 2 (2 replicas), 3 (1 replica), then 4 (2 replicas again: the spec generation 2 had). kopf's change
+    handlers saw no change in the last one; every new generation is reconciled here."""
+    kube = RecordingKube()
+    op = operator(kube, workers=2)
+    held = indexes(fleet_body())
+
+    async def scenario() -> None:
+        async with workers(op, held):
+            for generation, replicas in ((2, 2), (3, 1), (4, 2)):
+                body = fleet_body(generation=generation, replicas=replicas)
+                held["fleets"][KEY] = [body]
+                await fleet_event(op, body)
+                await until(lambda g=generation: op.records[KEY].reconciled == g, what=f"generation {generation}")
+            applies = len(kube.applied)
+            await fleet_event(op, fleet_body(generation=4, replicas=2))  # our own status write's event
+            await asyncio.sleep(0.2)
+            assert len(kube.applied) == applies
+
+    asyncio.run(scenario())
+    deployments = [a["spec"]["replicas"] for a in kube.applied if a["kind"] == "Deployment"]
+    assert deployments == [2, 1, 2]
 
 
 def test_a_status_refresh_that_fails_is_tried_again_without_another_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fault bench's one unconverged trial: the refresh after the last pod turned Ready met the fault, and no
     event came to ask for another, so the status said 1 of 2 ready until the resync, minutes later."""
+    monkeypatch.setattr(reconcile, "RETRY_FIRST_SECONDS", 0.2)
+    kube = RecordingKube()
+    op = operator(kube, workers=1)
+    held = indexes(fleet_body())
+    refused = [RetryableError("429 Too Many Requests", call="write the status of MultimodalInference ml/qwen")]
     calls: list[float] = []
+    patch_status = kube.patch_status
 
-    def refresh(key: Any, indexes: Any) -> None:
+    def flaky(namespace: str, name: str, status: dict[str, Any]) -> None:
         calls.append(time.monotonic())
-        if len(calls) == 1:
-            raise RetryableError("429 Too Many Requests", call="write the status of MultimodalInference ml/qwen")
+        if refused:
+            raise refused.pop()
+        patch_status(namespace, name, status)
 
-    monkeypatch.setattr(fleet, "refresh_status", refresh)
-    monkeypatch.setattr(fleet, "STATUS_DEBOUNCE", 0.01)
-    monkeypatch.setattr(fleet, "RETRY_FIRST_SECONDS", 0.2)
-    asyncio.run(fleet._refresh_later(KEY, {}))
-    assert len(calls) == 2 and calls[1] - calls[0] >= 0.2, "tried again after the first retry delay"
-    assert KEY not in STATE.refresh_again
+    async def scenario() -> None:
+        async with workers(op, held):
+            await fleet_event(op, fleet_body())
+            await until(lambda: op.records[KEY].reconciled == 2, what="the apply")
+            kube.patch_status = flaky  # type: ignore[method-assign]
+            deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"replicas": 2}}
+            held["fleet_deployments"][KEY] = [deployment]
+            assert op.queue is not None
+            op.queue.add_after(KEY, 0.01)  # a Deployment event
+            await until(lambda: len(calls) == 2, what="the second try")
+
+    asyncio.run(scenario())
+    assert calls[1] - calls[0] >= 0.2, "tried again after the first retry delay"

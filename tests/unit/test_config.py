@@ -16,6 +16,7 @@ VARIABLES = (
     "MMFLEET_LOG_FORMAT",
     "MMFLEET_WORKERS",
     "MMFLEET_HEALTH_ADDRESS",
+    "MMFLEET_METRICS_ADDRESS",
     "MMFLEET_COLLECTOR_ENDPOINT",
     "MMFLEET_CLUSTER_DOMAIN",
     "MMFLEET_LEADER_ELECTION_LEASE",
@@ -51,6 +52,7 @@ def test_defaults() -> None:
         log_format="plain",
         workers=16,
         health_address="0.0.0.0:8080",
+        metrics_address="0.0.0.0:8081",
         collector_endpoint="http://mmfleet-otel-collector.mmfleet-system.svc:4317",
         cluster_domain="cluster.local",
     )

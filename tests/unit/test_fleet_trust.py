@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import kopf
 import pytest
 import urllib3
 from kubernetes import client
@@ -17,60 +16,23 @@ from kubernetes import client
 from mmfleet import kube as kube_module
 from mmfleet import status
 from mmfleet.config import OperatorConfig
-from mmfleet.handlers import autoscale, fleet, state
-from mmfleet.handlers.state import STATE
-from mmfleet.kube import Kube, RefusedError, lease_namespace, timed
-
-pytestmark = pytest.mark.usefixtures("fresh_operator_state")
+from mmfleet.handlers import autoscale, children, memo, reconcile, records, triggers
+from mmfleet.kube import Kube, lease_namespace, timed
+from mmfleet.render import INFERENCE_LABEL
+from tests.helpers.fleets import KEY, RecordingKube, fleet_body, indexes, operator, reconcile_once, until, workers
 
 UID = "fleet-uid"
 
 
 def body(generation: int = 1) -> dict[str, Any]:
-    spec = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "cloud": "eks", "replicas": 1}
-    meta = {"name": "qwen", "namespace": "ml", "uid": UID, "generation": generation}
-    return {"apiVersion": "mmfleet.io/v1alpha1", "kind": "MultimodalInference", "metadata": meta, "spec": spec}
-
-
-class FakeKube(Kube):
-    """Objects that exist by (kind, name); applies recorded, or refused with ``refuse`` (a status and message)."""
-
-    def __init__(self, existing: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
-        self.existing = existing or {}
-        self.applied: list[dict[str, Any]] = []
-        self.written: list[dict[str, Any]] = []
-        self.got: list[tuple[str, str]] = []
-        self.refuse: tuple[int, str] | None = None
-
-    def apply(self, manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
-        if self.refuse is not None and manifest["kind"] == "Deployment":
-            raise RefusedError(*self.refuse)
-        self.applied.append(manifest)
-        meta = {**manifest["metadata"], "uid": f"uid-{manifest['kind']}", "generation": 1}
-        return {**manifest, "metadata": meta}
-
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        self.got.append((kind, name))
-        return self.existing.get((kind, name))
-
-    def has_api(self, api_version: str, kind: str) -> bool:
-        return False
-
-    def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
-        raise AssertionError("nothing to scale without autoscaling")
-
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.written.append(status)
-
-    def thread_requests(self) -> int:
-        return 0
+    return fleet_body(generation=generation, replicas=1, uid=UID)
 
 
 @pytest.fixture(autouse=True)
 def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """The events the status writes post, as (type, reason); kopf posts only inside its own handlers."""
     posted: list[tuple[str, str]] = []
-    monkeypatch.setattr(state, "kopf_event", lambda body, type_, reason, message: posted.append((type_, reason)))
+    monkeypatch.setattr(records, "kopf_event", lambda body, type_, reason, message: posted.append((type_, reason)))
     return posted
 
 
@@ -80,23 +42,24 @@ def degraded(written: dict[str, Any]) -> dict[str, Any]:
 
 def test_who_controls_a_live_object_of_a_childs_name() -> None:
     ours = {"metadata": {"ownerReferences": [{"kind": "MultimodalInference", "uid": UID, "controller": True}]}}
-    assert fleet.foreign_owner(None, UID) is None  # the name is free
-    assert fleet.foreign_owner(ours, UID) is None
-    assert fleet.foreign_owner({"metadata": {}}, UID) == "no controller (created by hand or by another tool)"
+    assert children.foreign_owner(None, UID) is None  # the name is free
+    assert children.foreign_owner(ours, UID) is None
+    assert children.foreign_owner({"metadata": {}}, UID) == "no controller (created by hand or by another tool)"
     other = {"metadata": {"ownerReferences": [{"kind": "Deployment", "name": "web", "uid": "u2", "controller": True}]}}
-    assert fleet.foreign_owner(other, UID) == "Deployment web (uid u2)"
+    assert children.foreign_owner(other, UID) == "Deployment web (uid u2)"
     # Only a controller reference makes it ours: a plain owner reference to the fleet is not enough.
     shared = {"metadata": {"ownerReferences": [{"kind": "MultimodalInference", "uid": UID}]}}
-    assert fleet.foreign_owner(shared, UID) is not None
+    assert children.foreign_owner(shared, UID) is not None
 
 
 def test_a_service_account_of_the_fleets_name_made_by_someone_else_is_never_applied_over(
     events: list[tuple[str, str]],
 ) -> None:
-    kube = FakeKube({("ServiceAccount", "qwen"): {"metadata": {"name": "qwen"}}})
-    STATE.kube = kube
-    with pytest.raises(kopf.PermanentError, match="ChildNotOwned"):
-        fleet.reconcile(body(), [], None, prune=False)
+    kube = RecordingKube()
+    kube.existing[("ServiceAccount", "qwen")] = {"metadata": {"name": "qwen"}}
+    op = operator(kube)
+    result = reconcile_once(op, body())
+    assert (result.outcome, result.retry) == ("refused", True)
     assert kube.applied == []  # not the ServiceAccount, nor a Deployment that would run as it
     condition = degraded(kube.written[-1])
     assert (condition["status"], condition["reason"]) == ("True", "ChildNotOwned")
@@ -104,7 +67,7 @@ def test_a_service_account_of_the_fleets_name_made_by_someone_else_is_never_appl
     assert "metadata.name (now qwen)" in condition["message"]
     assert kube.written[-1]["phase"] == "Degraded"
     assert ("Warning", "ChildNotOwned") in events
-    assert ("ml", "qwen") in STATE.refused and ("ml", "qwen") in STATE.retries
+    assert op.records[KEY].refused is not None
 
     # The autoscaler leaves the fleet alone: its Deployment may be someone else's.
     autoscaled = {**body(), "spec": {**body()["spec"], "autoscaling": {"minReplicas": 1, "maxReplicas": 4}}}
@@ -112,15 +75,15 @@ def test_a_service_account_of_the_fleets_name_made_by_someone_else_is_never_appl
     decided: list[Any] = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autoscale, "_autoscale_fleet", lambda *args: decided.append(args) or (False, False))
-        autoscale.autoscale([view], None, _Inline(), lambda key: (None, []))
+        autoscale.autoscale(op, [view], None, _Inline(), lambda key: (None, []))
     assert decided == []
 
     # Once the ServiceAccount is gone, the retry applies everything and clears the condition.
     del kube.existing[("ServiceAccount", "qwen")]
-    fleet.reconcile(body(), [], None, prune=False)
+    assert not reconcile_once(op, body()).retry
     assert [m["kind"] for m in kube.applied][:1] == ["ServiceAccount"]
     assert degraded(kube.written[-1])["reason"] != "ChildNotOwned"
-    assert ("ml", "qwen") not in STATE.refused and ("ml", "qwen") not in STATE.retries
+    assert op.records[KEY].refused is None
 
 
 class _Inline:
@@ -131,68 +94,58 @@ class _Inline:
 
 
 def test_children_are_looked_up_once_then_trusted_from_memory() -> None:
-    kube = FakeKube()
-    STATE.kube = kube
-    fleet.reconcile(body(), [], None, prune=False)
+    kube = RecordingKube()
+    op = operator(kube)
+    reconcile_once(op, body())
     first = len(kube.got)
     assert first == len(kube.applied)  # one read per child before its first apply
-    fleet.reconcile(body(), [], None, prune=False)
-    assert len(kube.got) == first
+    op.records[KEY].drifted = True  # a child edited by hand: everything is applied again
+    reconcile_once(op, body())
+    assert len(kube.got) == first and len(kube.applied) == 2 * first
 
 
 def test_a_write_the_api_server_refuses_is_a_condition_naming_the_child_and_is_retried_with_backoff() -> None:
-    kube = FakeKube()
+    kube = RecordingKube()
     kube.refuse = (422, 'Deployment.apps "qwen" is invalid: spec.template.spec.nodeSelector: Invalid value: "a b"')
-    STATE.kube = kube
-    with pytest.raises(kopf.PermanentError, match="ApplyRefused"):  # kopf does not retry a permanent error
-        fleet.reconcile(body(), [], None, prune=False)
+    op = operator(kube)
+    assert reconcile_once(op, body()).retry, "retried: the cause may be outside the spec (a webhook, a quota)"
     condition = degraded(kube.written[-1])
     assert condition["reason"] == "ApplyRefused"
     assert "(422): applying Deployment ml/qwen: " in condition["message"]
     assert "spec.template.spec.nodeSelector: Invalid value" in condition["message"]
-    first = STATE.retries[("ml", "qwen")]
-    with pytest.raises(kopf.PermanentError):
-        fleet.reconcile(body(), [], None, prune=False)
-    assert STATE.retries[("ml", "qwen")].attempts == first.attempts + 1
+    assert reconcile_once(op, body()).retry
     assert len(kube.written) == 1, "the same refusal again writes nothing new"
-    delays = [fleet.retry_delay(n) for n in range(20)]
-    assert delays[0] == fleet.RETRY_FIRST_SECONDS and delays == sorted(delays)
-    assert max(delays) == fleet.RETRY_MAX_SECONDS
+    delays = [reconcile.retry_delay(n) for n in range(20)]
+    assert delays[0] == reconcile.RETRY_FIRST_SECONDS and delays == sorted(delays)
+    assert max(delays) == reconcile.RETRY_MAX_SECONDS
 
 
-def test_a_failed_drift_repair_is_retried_by_the_retry_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kopf never retries an event handler: the repair's failure must leave a retry behind."""
-    calls: list[str] = []
-
-    def flaky(parent: dict[str, Any], pods: Any, deployment: Any, prune: bool) -> None:
-        calls.append(parent["metadata"]["name"])
-        if len(calls) == 1:
-            raise kube_module.RetryableError("503 Service Unavailable")
-        STATE.retries.pop(("ml", "qwen"), None)  # as a successful reconcile does
-
-    monkeypatch.setattr(fleet, "reconcile", flaky)
-    monkeypatch.setattr(fleet, "RETRY_FIRST_SECONDS", 0.05)
-    monkeypatch.setattr(fleet, "RETRY_TICK_SECONDS", 0.02)
-    indexes: dict[str, Any] = {
-        "fleets": {("ml", "qwen"): [body()]},
-        "fleet_deployments": {},
-        "fleet_pods": {},
+def test_a_deleted_child_is_repaired_and_a_failed_repair_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repair goes through the queue like any reconcile: its failure backs off and is tried again."""
+    monkeypatch.setattr(reconcile, "RETRY_FIRST_SECONDS", 0.05)
+    kube = RecordingKube()
+    op = operator(kube, workers=2)
+    held = indexes(body())
+    labels = {INFERENCE_LABEL: "qwen"}
+    deleted: Any = {
+        "type": "DELETED",
+        "object": {"kind": "Service", "metadata": {"name": "qwen", "uid": "uid-Service"}},
     }
-    labels = {fleet.INFERENCE_LABEL: "qwen"}
-    deleted: kopf.RawEvent = {"type": "DELETED", "object": {"kind": "Service", "metadata": {"name": "qwen"}}}  # type: ignore[typeddict-item]
 
     async def scenario() -> None:
-        await fleet.observe_child(deleted, "ml", labels, indexes)
-        assert ("ml", "qwen") in STATE.retries
-        loop = asyncio.create_task(fleet.retry_forever(indexes))
-        deadline = time.monotonic() + 5
-        while len(calls) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        loop.cancel()
+        async with workers(op, held):
+            await triggers.on_fleet_event({"type": "ADDED", "object": body()}, *KEY, body()["metadata"], memo(op))  # type: ignore[arg-type]
+            await until(lambda: op.records[KEY].reconciled == 1, what="the first apply")
+            applied = len(kube.applied)
+            kube.fault = kube_module.RetryableError("503 Service Unavailable")
+            await triggers.on_child_event(deleted, KEY[0], labels, memo(op), **held)
+            await until(lambda: op.records[KEY].retrying is not None, what="the failed repair")
+            kube.fault = None
+            await until(lambda: not op.records[KEY].drifted, what="the repair, tried again")
+            kinds = [m["kind"] for m in kube.applied[applied:]]
+            assert kinds.count("ServiceAccount") == 2 and kinds.count("Service") == 1, "tried twice, then whole"
 
     asyncio.run(scenario())
-    assert calls == ["qwen", "qwen"]
-    assert ("ml", "qwen") not in STATE.retries
 
 
 @pytest.fixture

@@ -1,27 +1,25 @@
-"""The handlers' judgements: hand edits, replicas ownership, caching, status writes, liveness."""
+"""The handlers' judgements: hand edits, replicas ownership, caching, status writes, liveness, and what each watch
+event asks of the work queue."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import contextvars
-import socket
 import time
 from typing import Any, cast
 
 import kopf
 import pytest
 
+from mmfleet import workqueue
 from mmfleet.api import MultimodalInferenceStatus
-from mmfleet.handlers import autoscale, connection, fleet
-from mmfleet.handlers.state import STATE, parse_spec, render_children, write_status
-from mmfleet.kube import Kube
+from mmfleet.handlers import autoscale, children, connection, memo, reconcile, register, triggers
+from mmfleet.handlers.records import FleetRecord, parse_spec, render_children, write_status
 from mmfleet.render import INFERENCE_LABEL
+from tests.helpers.fleets import KEY, RecordingKube, fleet_body, indexes, operator, until, workers
 
 NOW = "2026-12-01T00:00:00Z"
-
-
-pytestmark = pytest.mark.usefixtures("fresh_operator_state")  # each test starts from an empty operator memory
 
 
 def deployment(uid: str, generation: int) -> dict[str, object]:
@@ -29,18 +27,18 @@ def deployment(uid: str, generation: int) -> dict[str, object]:
 
 
 def test_only_a_newer_generation_than_our_apply_is_a_hand_edit() -> None:
-    applied = fleet._fingerprint(deployment("u1", 4))
-    assert not fleet.edited_by_hand(deployment("u1", 4), applied)  # status-only updates keep the generation
-    assert not fleet.edited_by_hand(deployment("u1", 3), applied)  # a late event about an older generation
-    assert fleet.edited_by_hand({**deployment("u1", 5), "spec": {"paused": True}}, applied)
-    assert not fleet.edited_by_hand(deployment("unknown", 9), None)  # nothing applied yet: nothing to compare
+    applied = children.fingerprint(deployment("u1", 4))
+    assert not children.edited_by_hand(deployment("u1", 4), applied)  # status-only updates keep the generation
+    assert not children.edited_by_hand(deployment("u1", 3), applied)  # a late event about an older generation
+    assert children.edited_by_hand({**deployment("u1", 5), "spec": {"paused": True}}, applied)
+    assert not children.edited_by_hand(deployment("unknown", 9), None)  # nothing applied yet: nothing to compare
 
 
 def test_kinds_without_generation_compare_resource_versions() -> None:
     account = {"metadata": {"uid": "sa", "resourceVersion": "7"}}
-    applied = fleet._fingerprint(account)
-    assert not fleet.edited_by_hand(account, applied)
-    assert fleet.edited_by_hand({"metadata": {"uid": "sa", "resourceVersion": "8"}}, applied)
+    applied = children.fingerprint(account)
+    assert not children.edited_by_hand(account, applied)
+    assert children.edited_by_hand({"metadata": {"uid": "sa", "resourceVersion": "8"}}, applied)
 
 
 SCALER_FIELDS = {"manager": "mmfleet-autoscaler", "subresource": "scale", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
@@ -52,16 +50,16 @@ def scaled(generation: int, replicas: int, managers: list[dict[str, Any]], **spe
 
 
 def test_the_autoscalers_own_scale_is_not_a_hand_edit_but_a_hand_scale_or_spec_edit_is() -> None:
-    applied = fleet._fingerprint(scaled(4, 3, [SCALER_FIELDS]))
-    assert not fleet.edited_by_hand(scaled(5, 7, [SCALER_FIELDS]), applied)  # the autoscaler went 3 -> 7
+    applied = children.fingerprint(scaled(4, 3, [SCALER_FIELDS]))
+    assert not children.edited_by_hand(scaled(5, 7, [SCALER_FIELDS]), applied)  # the autoscaler went 3 -> 7
     kubectl = {"manager": "kubectl", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
-    assert fleet.edited_by_hand(scaled(5, 7, [kubectl]), applied)  # kubectl scale took the field over
-    assert fleet.edited_by_hand(scaled(5, 3, [SCALER_FIELDS], paused=True), applied)  # an edit beside replicas
+    assert children.edited_by_hand(scaled(5, 7, [kubectl]), applied)  # kubectl scale took the field over
+    assert children.edited_by_hand(scaled(5, 3, [SCALER_FIELDS], paused=True), applied)  # an edit beside replicas
     # The first apply of an autoscaled fleet: replicas defaulted to 1, owned by no one; then the autoscaler's clamp.
-    first = fleet._fingerprint(scaled(1, 1, [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:template": {}}}}]))
-    assert not fleet.edited_by_hand(scaled(2, 2, [SCALER_FIELDS]), first)
-    fixed = fleet._fingerprint(scaled(4, 3, [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]))
-    assert fleet.edited_by_hand(scaled(5, 7, [kubectl]), fixed)  # no autoscaling: kubectl scale is repaired
+    first = children.fingerprint(scaled(1, 1, [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:template": {}}}}]))
+    assert not children.edited_by_hand(scaled(2, 2, [SCALER_FIELDS]), first)
+    fixed = children.fingerprint(scaled(4, 3, [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]))
+    assert children.edited_by_hand(scaled(5, 7, [kubectl]), fixed)  # no autoscaling: kubectl scale is repaired
 
 
 def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -> None:
@@ -73,12 +71,12 @@ def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -
             ]
         }
     }
-    assert fleet._scaler_owns_replicas(owned)
+    assert children.scaler_owns_replicas(owned)
     renderer_only = {
         "metadata": {"managedFields": [{"manager": "mmfleet", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]}
     }
-    assert not fleet._scaler_owns_replicas(renderer_only)
-    assert fleet._scaler_owns_replicas({"metadata": {"scalerOwnsReplicas": True}})  # as the index keeps it
+    assert not children.scaler_owns_replicas(renderer_only)
+    assert children.scaler_owns_replicas({"metadata": {"scalerOwnsReplicas": True}})  # as the index keeps it
 
 
 def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_children() -> None:
@@ -96,53 +94,45 @@ def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_childre
     assert [(v.key, v.deployment, len(v.pods)) for v in views] == [(("ml", "a"), {"spec": {"replicas": 3}}, 2)]
 
 
-async def _healthz(port: int) -> int:
-    """The status of the operator's liveness endpoint (``metrics_export``), with its probe handlers registered."""
-    import aiohttp
-
-    from mmfleet import metrics_export
-
-    started = asyncio.Event()
-    started.set()
-    runner = await metrics_export.serve(
-        f"127.0.0.1:{port}", started, settings=kopf.OperatorSettings(), indices=cast(Any, {}), memo=kopf.Memo()
-    )
-    try:
-        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as response:
-            return response.status
-    finally:
-        await runner.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def test_liveness_turns_red_when_the_autoscaling_loop_stops_cycling() -> None:
+    """kopf's /healthz answers 500 when a probe raises PermanentError (kopf 1.45.2, ``probing.py``)."""
+
     async def loop() -> None:
         await asyncio.Event().wait()
 
-    async def scenario() -> list[int]:
-        STATE.autoscaler = asyncio.create_task(loop())  # alive
-        interval = STATE.config.autoscale_interval
-        try:
-            STATE.autoscaler_cycled = time.monotonic() - interval  # cycling
-            cycling = await _healthz(_free_port())
-            STATE.autoscaler_cycled = time.monotonic() - 3 * interval - autoscale.STALL_MARGIN - 1  # stuck
-            stuck = await _healthz(_free_port())
-            STATE.autoscaler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await STATE.autoscaler
-            STATE.autoscaler_cycled = time.monotonic()
-            ended = await _healthz(_free_port())
-        finally:
-            STATE.autoscaler = None
-        return [cycling, stuck, ended]
+    async def scenario() -> list[str]:
+        op = operator(RecordingKube())
+        said = []
+        op.autoscaler = asyncio.create_task(loop())  # alive
+        interval = op.config.autoscale_interval
+        op.autoscaler_cycled = time.monotonic() - interval  # cycling
+        said.append(await autoscale.check_autoscaler(memo(op)))
+        op.autoscaler_cycled = time.monotonic() - 3 * interval - autoscale.STALL_MARGIN - 1  # stuck
+        for ended in (False, True):
+            if ended:
+                op.autoscaler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await op.autoscaler
+                op.autoscaler_cycled = time.monotonic()
+            with pytest.raises(kopf.PermanentError) as red:
+                await autoscale.check_autoscaler(memo(op))
+            said.append(str(red.value))
+        return said
 
-    assert asyncio.run(scenario()) == [200, 500, 500]
+    cycling, stuck, ended = asyncio.run(scenario())
+    assert cycling.startswith("last cycle") and "no autoscaling cycle finished" in stuck and "ended" in ended
+
+
+def test_every_handler_is_registered_explicitly_and_none_on_import() -> None:
+    """The operator's handlers live in the registry ``cli run`` builds, not in kopf's default one; kopf runs no
+    change handler (so it writes no annotation on fleets), only watch events, indexes and the operator's loops."""
+    registry = kopf.OperatorRegistry()
+    register(registry)
+    assert not list(kopf.get_default_registry()._watching.get_all_handlers())
+    watched = {h.id for h in registry._watching.get_all_handlers()}
+    assert watched == {"fleet_events", *(f"watch_{plural}" for _, _, plural in children.CHILD_KINDS)}
+    assert {h.id for h in registry._indexing.get_all_handlers()} == set(children.INDEXES)
+    assert not list(registry._changing.get_all_handlers())
 
 
 def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> None:
@@ -154,23 +144,14 @@ def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> Non
             "spec": {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": replicas},
         }
 
-    first = parse_spec(body(1, 2))
-    assert parse_spec(body(1, 2)) is first  # the autoscaler's every cycle, a status refresh
-    assert render_children(first, "eks", False) is render_children(first, "eks", False)
-    changed = parse_spec(body(2, 3))
+    op, record = operator(RecordingKube()), FleetRecord()
+    first = parse_spec(record, body(1, 2))
+    assert parse_spec(record, body(1, 2)) is first  # the autoscaler's every cycle, a status refresh
+    assert render_children(op, record, first, "eks", False) is render_children(op, record, first, "eks", False)
+    changed = parse_spec(record, body(2, 3))
     assert changed.spec.replicas == 3
-    deployment = next(c for c in render_children(changed, "eks", False) if c["kind"] == "Deployment")
+    deployment = next(c for c in render_children(op, record, changed, "eks", False) if c["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 3
-
-
-class RecordingKube(Kube):
-    """Records status writes instead of sending them."""
-
-    def __init__(self) -> None:
-        self.written: list[dict[str, Any]] = []
-
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.written.append(status)
 
 
 def test_status_is_written_only_when_it_changes_whatever_the_order_of_conditions() -> None:
@@ -185,48 +166,13 @@ def test_status_is_written_only_when_it_changes_whatever_the_order_of_conditions
 
     body = {"metadata": {"name": "order", "namespace": "ml"}}
     kube = RecordingKube()
-    STATE.kube = kube
-    try:
-        reconciled = status(("Ready", "False", "0/1 ready"), ("MetricsAvailable", "Unknown", "no pod is Ready"))
-        assert write_status(body, reconciled, None)
-        autoscaled = status(("MetricsAvailable", "Unknown", "no pod is Ready"), ("Ready", "False", "0/1 ready"))
-        assert not write_status(body, autoscaled, None)  # the autoscaler lists its conditions first
-        assert write_status(body, status(("Ready", "False", "1/2 ready")), None)
-        assert [[c["type"] for c in w["conditions"]] for w in kube.written] == [
-            ["Ready", "MetricsAvailable"],
-            ["Ready"],
-        ]
-    finally:
-        STATE.kube = None
-        STATE.written.pop(("ml", "order"), None)
-
-
-def test_the_diff_base_is_kopfs_essence() -> None:
-    """Update handlers fire on the same changes as with kopf's own storage."""
-    body = kopf.Body(
-        cast(
-            kopf.RawBody,
-            {
-                "apiVersion": "mmfleet.io/v1alpha1",
-                "kind": "MultimodalInference",
-                "metadata": {
-                    "name": "a",
-                    "labels": {"team": "vision"},
-                    "annotations": {"note": "x", "mmfleet.io/last-handled-configuration": "{}"},
-                    "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
-                    "resourceVersion": "7",
-                },
-                "spec": {"model": {"name": "m"}, "replicas": 2},
-                "status": {"phase": "Ready"},
-            },
-        )
-    )
-    ours = fleet.DiffBaseStorage(prefix="mmfleet.io", key="last-handled-configuration")
-    kopfs = kopf.AnnotationsDiffBaseStorage(prefix="mmfleet.io", key="last-handled-configuration")
-    assert ours.build(body=body) == kopfs.build(body=body)
-    assert ours.build(body=body, extra_fields=["status.phase"]) == kopfs.build(body=body, extra_fields=["status.phase"])
-    child = kopf.Body(cast(kopf.RawBody, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}))
-    assert ours.build(body=child) == {}  # no handler diffs the children: no essence to copy
+    op, record = operator(kube), FleetRecord()
+    reconciled = status(("Ready", "False", "0/1 ready"), ("MetricsAvailable", "Unknown", "no pod is Ready"))
+    assert write_status(op, record, body, reconciled, None)
+    autoscaled = status(("MetricsAvailable", "Unknown", "no pod is Ready"), ("Ready", "False", "0/1 ready"))
+    assert not write_status(op, record, body, autoscaled, None)  # the autoscaler lists its conditions first
+    assert write_status(op, record, body, status(("Ready", "False", "1/2 ready")), None)
+    assert [[c["type"] for c in w["conditions"]] for w in kube.written] == [["Ready", "MetricsAvailable"], ["Ready"]]
 
 
 def child_event(type_: str, kind: str, uid: str = "c1", **meta: object) -> kopf.RawEvent:
@@ -234,79 +180,91 @@ def child_event(type_: str, kind: str, uid: str = "c1", **meta: object) -> kopf.
     return cast(kopf.RawEvent, {"type": type_, "object": raw})
 
 
-def test_child_events_refresh_a_fleets_status_once_per_debounce_and_repair_only_hand_changes(
-    monkeypatch: Any,
+def test_child_events_queue_a_status_refresh_once_per_debounce_and_a_repair_only_for_hand_changes(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    refreshed: list[tuple[str, str]] = []
-    repaired: list[str] = []
-    monkeypatch.setattr(fleet, "STATUS_DEBOUNCE", 0.05)
-    monkeypatch.setattr(fleet, "refresh_status", lambda key, indexes: refreshed.append(key))
-    monkeypatch.setattr(fleet, "reconcile", lambda parent, pods, deployment, prune: repaired.append(parent["name"]))
-    indexes: dict[str, Any] = {
-        "fleets": {("ml", "a"): [{"name": "a", "metadata": {"name": "a"}}]},
-        "fleet_deployments": {},
-        "fleet_pods": {},
-    }
-    labels = {INFERENCE_LABEL: "a"}
-    STATE.applied["svc"] = (0, "5")
+    monkeypatch.setattr(triggers, "STATUS_DEBOUNCE", 0.05)
+    op = operator(RecordingKube())
+    labels = {INFERENCE_LABEL: KEY[1]}
+    held = indexes(fleet_body())
 
     async def events() -> None:
+        op.queue = queue = workqueue.WorkQueue(reconcile.api_retry_delay)
+        op.record(KEY).applied["svc"] = (0, "5")
+
+        async def event(type_: str, kind: str, uid: str = "c1", **meta: object) -> None:
+            await triggers.on_child_event(child_event(type_, kind, uid, **meta), KEY[0], labels, memo(op), **held)
+
         for type_, kind in (("ADDED", "Pod"), ("MODIFIED", "Deployment"), ("MODIFIED", "Pod")):
-            await fleet.observe_child(child_event(type_, kind), "ml", labels, indexes)
-        await fleet.observe_child(child_event("MODIFIED", "Service", "svc", resourceVersion="5"), "ml", labels, indexes)
-        await asyncio.sleep(0.1)
-        assert (refreshed, repaired) == ([("ml", "a")], [])  # three events, one refresh; our own apply echoed
-        await fleet.observe_child(child_event("MODIFIED", "Pod"), "ml", labels, indexes)
-        await fleet.observe_child(child_event("DELETED", "Service", "svc"), "ml", labels, indexes)
-        await asyncio.sleep(0.1)
+            await event(type_, kind)
+        await event("MODIFIED", "Service", "svc", resourceVersion="5")  # our own apply, echoed
+        assert (len(queue), queue.waiting()) == (0, 1), "three events, one refresh, later"
+        await until(lambda: len(queue) == 1, what="the debounced refresh")
+        assert not op.records[KEY].drifted
+        assert await queue.get() == KEY
+        queue.done(KEY)
+        await event("DELETED", "Service", "svc")
+        assert len(queue) == 1 and op.records[KEY].drifted, "a deleted child is repaired now"
+        assert "svc" not in op.records[KEY].applied
+        queue.shut_down()
 
     asyncio.run(events())
-    assert (refreshed, repaired) == ([("ml", "a"), ("ml", "a")], ["a"])
-    assert not STATE.refreshes
 
 
 def test_a_deleted_fleet_leaves_nothing_behind_so_a_namesake_starts_afresh() -> None:
-    key = ("ml", "gone")
-    STATE.written[key] = MultimodalInferenceStatus.model_validate({"phase": "Ready"})
-    STATE.scaling[key] = autoscale.cycle.Memory(cold_start=42.0)
-    STATE.children[key] = {"child-uid"}
-    STATE.applied["child-uid"] = (1, "")
-    STATE.parsed["fleet-uid"] = cast(Any, object())
-    modified = cast(kopf.RawEvent, {"type": "MODIFIED", "object": {"metadata": {"uid": "fleet-uid"}}})
-    asyncio.run(fleet.forget_fleet(event=modified, namespace="ml", name="gone"))
-    assert key in STATE.written, "only a deletion forgets"
-    deleted = cast(kopf.RawEvent, {"type": "DELETED", "object": {"metadata": {"uid": "fleet-uid"}}})
-    asyncio.run(fleet.forget_fleet(event=deleted, namespace="ml", name="gone"))
-    assert key not in STATE.written and key not in STATE.scaling and key not in STATE.children
-    assert "child-uid" not in STATE.applied and "fleet-uid" not in STATE.parsed
+    op = operator(RecordingKube())
+
+    async def scenario() -> None:
+        op.queue = workqueue.WorkQueue(reconcile.api_retry_delay)
+        record = op.record(KEY, "fleet-uid")
+        record.written = MultimodalInferenceStatus.model_validate({"phase": "Ready"})
+        record.scaling = autoscale.cycle.Memory(cold_start=42.0)
+        body = fleet_body(uid="fleet-uid")
+        await triggers.on_fleet_event(
+            cast(kopf.RawEvent, {"type": "MODIFIED", "object": body}), *KEY, body["metadata"], memo(op)
+        )
+        assert op.records[KEY] is record, "only a deletion forgets"
+        await triggers.on_fleet_event(
+            cast(kopf.RawEvent, {"type": "DELETED", "object": body}), *KEY, body["metadata"], memo(op)
+        )
+        assert KEY not in op.records and len(op.queue) == 0
+        assert op.record(KEY, "namesake-uid").written is None
+        op.record(KEY, "fleet-uid").scaling = autoscale.cycle.Memory(cold_start=1.0)
+        assert op.record(KEY, "another-uid").scaling is None, "a missed deletion: another uid starts afresh"
+
+    asyncio.run(scenario())
 
 
-def test_the_status_resync_survives_a_failing_fleet_and_runs_in_kopfs_context(monkeypatch: Any) -> None:
+def test_the_resync_reconciles_every_fleet_in_kopfs_context_and_survives_a_failing_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker")
     token = marker.set("kopf's")
-    monkeypatch.setattr(STATE, "kopf_context", contextvars.copy_context())
+    op = operator(RecordingKube(), workers=2)
+    op.kopf_context = contextvars.copy_context()
     marker.reset(token)
-    monkeypatch.setattr(fleet, "RESYNC_SECONDS", 0.01)
+    monkeypatch.setattr(triggers, "RESYNC_SECONDS", 0.05)
     seen: list[tuple[tuple[str, str], str | None]] = []
 
-    def refresh(key: tuple[str, str], _: Any) -> None:
-        seen.append((key, marker.get(None)))
-        if key == ("ml", "bad"):
-            raise RuntimeError("an API error")
+    def reconcile_(_: Any, snapshot: reconcile.Snapshot, __: Any) -> reconcile.Result:
+        seen.append((snapshot.key, marker.get(None)))
+        if snapshot.key == ("ml", "bad"):
+            raise RuntimeError("a bug")
+        return reconcile.Result("ok")
 
-    monkeypatch.setattr(fleet, "refresh_status", refresh)
-    indexes = {"fleets": {("ml", "bad"): [], ("ml", "good"): []}}
+    monkeypatch.setattr(triggers, "reconcile", reconcile_)
+    held: dict[str, Any] = {
+        "fleets": {("ml", "bad"): [{}], ("ml", "good"): [{}]},
+        "fleet_deployments": {},
+        "fleet_pods": {},
+    }
 
     async def two_rounds() -> None:
-        task = asyncio.create_task(fleet.resync_forever(indexes))
-        while len(seen) < 4:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        async with workers(op, held):
+            await until(lambda: len(seen) >= 4, what="two rounds")
 
-    asyncio.run(asyncio.wait_for(two_rounds(), 5))
-    assert [key for key, _ in seen[:4]] == [("ml", "bad"), ("ml", "good")] * 2
+    asyncio.run(two_rounds())
+    assert sorted(key for key, _ in seen[:4]) == [("ml", "bad")] * 2 + [("ml", "good")] * 2
     assert {where for _, where in seen} == {"kopf's"}, "kopf.event needs the context kopf sets around handlers"
 
 

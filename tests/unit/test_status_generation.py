@@ -7,22 +7,12 @@ while generation 2's Deployment apply was still being retried)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from mmfleet.api import MultimodalInferenceStatus
-from mmfleet.handlers.state import STATE, write_status
-from mmfleet.kube import Kube
+from mmfleet.handlers.records import FleetRecord, write_status
+from tests.helpers.fleets import RecordingKube, operator
 
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
-KEY = ("ml", "vl")
-
-
-class Recorder(Kube):
-    def __init__(self) -> None:
-        self.written: list[dict[str, Any]] = []
-
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.written.append(status)
 
 
 def ready(generation: int, replicas: int = 1) -> MultimodalInferenceStatus:
@@ -34,29 +24,18 @@ def ready(generation: int, replicas: int = 1) -> MultimodalInferenceStatus:
 
 def test_a_status_written_before_the_new_generation_is_applied_keeps_the_applied_one() -> None:
     body = {"metadata": {"name": "vl", "namespace": "ml", "generation": 2}}
-    kube = Recorder()
-    STATE.kube = kube
-    try:
-        STATE.reconciled[KEY] = 1  # generation 1 was applied; 2 is waiting for its retry
-        write_status(body, ready(2), ready(1, replicas=2))
-        assert kube.written[-1]["observedGeneration"] == 1
-        STATE.reconciled[KEY] = 2  # the retry went through
-        write_status(body, ready(2, replicas=3), None)
-        assert kube.written[-1]["observedGeneration"] == 2
-    finally:
-        STATE.kube = None
-        STATE.reconciled.pop(KEY, None)
-        STATE.written.pop(KEY, None)
+    kube = RecordingKube()
+    op, record = operator(kube), FleetRecord(reconciled=1)  # generation 1 was applied; 2 is waiting for its retry
+    write_status(op, record, body, ready(2), ready(1, replicas=2))
+    assert kube.written[-1]["observedGeneration"] == 1
+    record.reconciled = 2  # the retry went through
+    write_status(op, record, body, ready(2, replicas=3), None)
+    assert kube.written[-1]["observedGeneration"] == 2
 
 
 def test_after_a_restart_the_status_keeps_its_generation_until_a_reconcile() -> None:
     """A fresh process has reconciled nothing: the generation the status already holds stands."""
     body = {"metadata": {"name": "vl", "namespace": "ml", "generation": 3}}
-    kube = Recorder()
-    STATE.kube = kube
-    try:
-        write_status(body, ready(3, replicas=2), ready(2))
-        assert kube.written[-1]["observedGeneration"] == 2
-    finally:
-        STATE.kube = None
-        STATE.written.pop(KEY, None)
+    kube = RecordingKube()
+    write_status(operator(kube), FleetRecord(), body, ready(3, replicas=2), ready(2))
+    assert kube.written[-1]["observedGeneration"] == 2

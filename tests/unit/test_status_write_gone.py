@@ -11,8 +11,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from mmfleet.api import MultimodalInferenceStatus
-from mmfleet.handlers.state import STATE, write_status
+from mmfleet.handlers.records import FleetRecord, write_status
 from mmfleet.kube import Kube
+from tests.helpers.fleets import operator
 
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
 
@@ -37,12 +38,8 @@ def test_a_status_write_for_a_deleted_fleet_is_no_error_and_nothing_is_remembere
     )
     body = {"metadata": {"name": "gone", "namespace": "ml"}}
     kube = DeletedFleetKube()
-    STATE.kube = kube
-    try:
-        assert write_status(body, ready, None) is False
-        assert ("ml", "gone") not in STATE.written  # a fleet recreated under the name is written afresh
-        assert write_status(body, ready, None) is False
-        assert kube.calls == 2
-    finally:
-        STATE.kube = None
-        STATE.written.pop(("ml", "gone"), None)
+    op, record = operator(kube), FleetRecord()
+    assert write_status(op, record, body, ready, None) is False
+    assert record.written is None  # a fleet recreated under the name is written afresh
+    assert write_status(op, record, body, ready, None) is False
+    assert kube.calls == 2

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -17,10 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mmfleet import telemetry
 from mmfleet.autoscaler import cycle, metrics
-from mmfleet.config import OperatorConfig
-from mmfleet.handlers import autoscale, fleet, state
-from mmfleet.handlers.state import STATE, utc_now
-from mmfleet.kube import Kube
+from mmfleet.handlers import autoscale, discovery, records
+from mmfleet.handlers.records import Operator, utc_now
+from tests.helpers.fleets import FakePrometheus, RecordingKube, fleet_body, operator, reconcile_once
 
 EXPORTER = InMemorySpanExporter()
 
@@ -39,74 +37,15 @@ def provider() -> None:
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(fresh_operator_state: None) -> None:
-    """An empty operator memory and no spans from an earlier test."""
+def fresh_spans() -> None:
     EXPORTER.clear()
 
 
-class FakeKube(Kube):
-    """The API server as far as one reconcile and one scale need it: applies echo with a uid, writes recorded."""
-
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.scaled: list[int] = []
-        self.written: list[dict[str, Any]] = []
-
-    def apply(self, manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
-        self.applied.append(manifest)
-        meta = {**manifest["metadata"], "uid": f"uid-{len(self.applied)}", "generation": 1}
-        return {**manifest, "metadata": meta}
-
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        return None
-
-    def has_api(self, api_version: str, kind: str) -> bool:
-        return False
-
-    def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
-        self.scaled.append(replicas)
-
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.written.append(status)
-
-    def thread_requests(self) -> int:
-        return 0
-
-    services: list[str] | None = []  # noqa: RUF012 (the Services that exist, by name; None: listing them fails)
-    slices: list[dict[str, Any]] | int = []  # noqa: RUF012 (their EndpointSlices; an int: the error status)
-    listed = 0
-
-    def list_objects(
-        self,
-        api_version: str,
-        kind: str,
-        namespace: str | None = None,
-        selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> list[dict[str, Any]]:
-        self.listed += 1
-        if kind == "EndpointSlice":
-            if isinstance(self.slices, int):
-                raise ApiException(status=self.slices, reason="Forbidden" if self.slices == 403 else "Unavailable")
-            return self.slices
-        if self.services is None:
-            raise ApiException(status=503, reason="Service Unavailable")
-        name = (field_selector or "").removeprefix("metadata.name=")
-        return [{"metadata": {"name": name}}] if name in self.services else []
+body = functools.partial(fleet_body, generation=3, replicas=1, capacity_per_replica=2.0)
 
 
-def body(generation: int = 3, autoscaling: bool = False, tracing: bool = False) -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "cloud": "eks", "replicas": 1}
-    if tracing:
-        spec["tracing"] = {"enabled": True}
-    if autoscaling:
-        spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": 8, "slo": {"target": "2s"}, "capacityPerReplica": 2.0}
-    return {
-        "apiVersion": "mmfleet.io/v1alpha1",
-        "kind": "MultimodalInference",
-        "metadata": {"name": "qwen", "namespace": "ml", "uid": f"u-{generation}", "generation": generation},
-        "spec": spec,
-    }
+def _reconcile(op: Operator, generation: int, tracing: bool = False) -> None:
+    assert not reconcile_once(op, body(generation=generation, tracing=tracing)).retry
 
 
 def spans(name: str) -> list[ReadableSpan]:
@@ -120,9 +59,8 @@ def one(name: str) -> ReadableSpan:
 
 
 def test_a_reconcile_is_a_span_with_an_apply_per_child_and_the_status_write_inside() -> None:
-    kube = FakeKube()
-    STATE.kube = kube
-    fleet.reconcile(body(generation=3), [], None, prune=False)
+    kube = RecordingKube()
+    _reconcile(operator(kube), 3)
     reconcile = one(telemetry.RECONCILE)
     assert dict(reconcile.attributes or {}) == {
         telemetry.NAMESPACE: "ml",
@@ -143,34 +81,24 @@ def test_a_reconcile_is_a_span_with_an_apply_per_child_and_the_status_write_insi
 
 
 def test_an_unchanged_status_is_no_write_and_no_span() -> None:
-    STATE.kube = FakeKube()
-    fleet.reconcile(body(), [], None, prune=False)
+    op = operator(RecordingKube())
+    _reconcile(op, 3)
     EXPORTER.clear()
-    fleet.reconcile(body(), [], None, prune=False)  # idempotent: nothing new to write
+    op.records[("ml", "qwen")].drifted = True  # applied again: idempotent, nothing new to write
+    _reconcile(op, 3)
     assert spans(telemetry.STATUS_WRITE) == []
+    assert len(spans(telemetry.RECONCILE)) == 1
+    _reconcile(op, 3)  # nothing to apply: a status refresh, no span
     assert len(spans(telemetry.RECONCILE)) == 1
 
 
-class FakePrometheus(metrics.Prometheus):
-    """Answers every read with the signals given, as one batched read would."""
-
-    def __init__(self, signals: metrics.Signals | None, outage: str | None = None) -> None:
-        self.signals = signals
-        self.outage = outage
-
-    def read(self, targets: Iterable[metrics.Target], at: float) -> metrics.Readings:
-        if self.outage:
-            return metrics.Readings(outage=self.outage, queries=1)
-        return metrics.Readings({t.key: self.signals or metrics.Signals() for t in targets}, queries=5)
-
-
-def _cycle(monkeypatch: pytest.MonkeyPatch, prometheus: metrics.Prometheus) -> FakeKube:
+def _cycle(monkeypatch: pytest.MonkeyPatch, prometheus: metrics.Prometheus) -> tuple[Operator, RecordingKube]:
     """One autoscaling cycle over one fleet at 2 replicas whose series have been read for two minutes."""
-    kube = FakeKube()
-    STATE.kube = kube
+    kube = RecordingKube()
+    op = operator(kube)
     monkeypatch.setattr(autoscale, "kopf_event", lambda *args: None)  # kopf's posting needs its own context
     key = ("ml", "qwen")
-    STATE.scaling[key] = cycle.Memory(metrics_since=(utc_now() - timedelta(minutes=2)).timestamp())
+    op.record(key).scaling = cycle.Memory(metrics_since=(utc_now() - timedelta(minutes=2)).timestamp())
     pod = {
         "metadata": {"name": "qwen-1", "creationTimestamp": "2026-12-01T00:00:00+00:00"},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
@@ -178,13 +106,13 @@ def _cycle(monkeypatch: pytest.MonkeyPatch, prometheus: metrics.Prometheus) -> F
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {}}
     view = autoscale.FleetView(key, body(autoscaling=True), deployment, [pod, pod])
     with ThreadPoolExecutor(2) as pool:
-        autoscale.autoscale([view], prometheus, pool, lambda _: (deployment, [pod, pod]))
-    return kube
+        autoscale.autoscale(op, [view], prometheus, pool, lambda _: (deployment, [pod, pod]))
+    return op, kube
 
 
 def test_a_scale_decision_links_to_the_prometheus_read_it_was_made_on(monkeypatch: pytest.MonkeyPatch) -> None:
     signals = metrics.Signals(latency=9.0, request_rate=12.0, waiting=40.0, running=16.0, kv_cache_usage=0.9)
-    kube = _cycle(monkeypatch, FakePrometheus(signals))
+    op, kube = _cycle(monkeypatch, FakePrometheus(signals))
     assert kube.scaled, "the test needs a cycle that scales"
     observe, decide, cycle_span = one(telemetry.OBSERVE), one(telemetry.DECIDE), one(telemetry.AUTOSCALE_CYCLE)
     assert [link.context.span_id for link in decide.links] == [observe.context.span_id]
@@ -195,7 +123,7 @@ def test_a_scale_decision_links_to_the_prometheus_read_it_was_made_on(monkeypatc
     assert attributes[telemetry.REPLICAS_BEFORE] == 2
     assert attributes[telemetry.REPLICAS_AFTER] == kube.scaled[0] > 2
     assert attributes[telemetry.SCALED] is True
-    assert attributes[telemetry.REASON] == STATE.written[("ml", "qwen")].last_scale_reason
+    assert attributes[telemetry.REASON] == op.records[("ml", "qwen")].written.last_scale_reason  # type: ignore[union-attr]
     assert (attributes[telemetry.LATENCY], attributes[telemetry.REQUEST_RATE]) == (9.0, 12.0)
     assert (attributes[telemetry.WAITING], attributes[telemetry.RUNNING]) == (40.0, 16.0)
     assert attributes[telemetry.KV_CACHE_USAGE] == 0.9
@@ -207,7 +135,7 @@ def test_a_scale_decision_links_to_the_prometheus_read_it_was_made_on(monkeypatc
 
 
 def test_a_hold_on_an_outage_says_why_and_sets_no_signal(monkeypatch: pytest.MonkeyPatch) -> None:
-    kube = _cycle(monkeypatch, FakePrometheus(None, outage="http://prometheus:9090 unreachable"))
+    _, kube = _cycle(monkeypatch, FakePrometheus(None, outage="http://prometheus:9090 unreachable"))
     assert kube.scaled == []
     decide = one(telemetry.DECIDE)
     attributes = dict(decide.attributes or {})
@@ -233,19 +161,19 @@ def test_tracing_ready_follows_the_collector_service_looked_up_once_for_all_flee
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     events: list[tuple[str, ...]] = []
-    monkeypatch.setattr(state, "kopf_event", lambda body, *event: events.append(event))
-    kube = FakeKube()
-    STATE.kube = kube
-    fleet.reconcile(body(generation=1, tracing=True), [], None, prune=False)
-    fleet.reconcile(body(generation=2, tracing=True), [], None, prune=False)
+    monkeypatch.setattr(records, "kopf_event", lambda body, *event: events.append(event))
+    kube = RecordingKube()
+    op = operator(kube)
+    _reconcile(op, 1, tracing=True)
+    _reconcile(op, 2, tracing=True)
     assert kube.listed == 1  # cached for COLLECTOR_CACHE_SECONDS
     condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
     assert (condition["status"], condition["reason"]) == ("False", "CollectorNotFound")
     assert events == [("Warning", "CollectorNotFound", condition["message"])]
 
     def tracing_ready(generation: int) -> tuple[str, str]:
-        STATE.collectors.clear()  # as if the cache had expired
-        fleet.reconcile(body(generation=generation, tracing=True), [], None, prune=False)
+        op.collectors.clear()  # as if the cache had expired
+        _reconcile(op, generation, tracing=True)
         condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
         return condition["status"], condition["reason"]
 
@@ -257,11 +185,11 @@ def test_tracing_ready_follows_the_collector_service_looked_up_once_for_all_flee
     assert tracing_ready(5) == ("True", "CollectorFound")
     kube.slices = 403  # no RBAC for the slices: the Service is taken on trust
     assert tracing_ready(6) == ("True", "CollectorFound")
-    assert STATE.tracing[("ml", "qwen")] is not None  # what the autoscaler's status writes carry
+    assert op.records[("ml", "qwen")].tracing is not None  # what the autoscaler's status writes carry
 
 
-def _tracing_ready(kube: FakeKube, generation: int) -> tuple[str, str, str]:
-    fleet.reconcile(body(generation=generation, tracing=True), [], None, prune=False)
+def _tracing_ready(op: Operator, kube: RecordingKube, generation: int) -> tuple[str, str, str]:
+    _reconcile(op, generation, tracing=True)
     condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
     return condition["status"], condition["reason"], condition["message"]
 
@@ -270,69 +198,68 @@ def test_endpoint_slices_that_fail_to_read_keep_what_was_seen_and_are_asked_agai
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Only a 403 means "may not know, trust the Service"; any other failure must not turn a down collector True."""
-    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
-    kube = FakeKube()
-    STATE.kube = kube
+    monkeypatch.setattr(records, "kopf_event", lambda body, *event: None)
+    kube = RecordingKube()
+    op = operator(kube)
     kube.services = ["mmfleet-otel-collector"]
     kube.slices = 503
-    status, reason, message = _tracing_ready(kube, 1)  # nothing seen before: the condition says what failed
+    status, reason, message = _tracing_ready(op, kube, 1)  # nothing seen before: the condition says what failed
     assert (status, reason) == ("Unknown", "CollectorLookupFailed")
     assert "EndpointSlices of mmfleet-system/mmfleet-otel-collector" in message
     listed = kube.listed
-    _tracing_ready(kube, 2)
+    _tracing_ready(op, kube, 2)
     assert kube.listed == listed + 2  # not cached: the Service and its slices are asked again
     kube.slices = []
-    assert _tracing_ready(kube, 3)[:2] == ("False", "CollectorNotReady")
+    assert _tracing_ready(op, kube, 3)[:2] == ("False", "CollectorNotReady")
     key = ("mmfleet-system", "mmfleet-otel-collector")
-    seen = STATE.collectors[key] = dataclasses.replace(STATE.collectors[key], at=-1e9)  # as if it had expired
+    seen = op.collectors[key] = dataclasses.replace(op.collectors[key], at=-1e9)  # as if it had expired
     kube.slices = 503
-    assert _tracing_ready(kube, 4)[:2] == ("False", "CollectorNotReady")  # the ready count seen before holds
-    assert STATE.collectors[key] == seen  # and the failure is not remembered
+    assert _tracing_ready(op, kube, 4)[:2] == ("False", "CollectorNotReady")  # the ready count seen before holds
+    assert op.collectors[key] == seen  # and the failure is not remembered
 
 
 def test_the_missing_endpoint_slice_rbac_is_logged_once(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
-    kube = FakeKube()
-    STATE.kube = kube
+    monkeypatch.setattr(records, "kopf_event", lambda body, *event: None)
+    kube = RecordingKube()
+    op = operator(kube)
     kube.services, kube.slices = ["mmfleet-otel-collector"], 403
     for generation in (1, 2):
-        STATE.collectors.clear()
-        assert _tracing_ready(kube, generation)[:2] == ("True", "CollectorFound")
+        op.collectors.clear()
+        assert _tracing_ready(op, kube, generation)[:2] == ("True", "CollectorFound")
     assert sum("may not list EndpointSlices" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_failed_service_look_up_says_what_failed_and_is_remembered_briefly(
     monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
-    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
-    kube = FakeKube()
-    STATE.kube = kube
+    monkeypatch.setattr(records, "kopf_event", lambda body, *event: None)
+    kube = RecordingKube()
+    op = operator(kube)
     kube.services = None
-    status, reason, message = _tracing_ready(kube, 1)
+    status, reason, message = _tracing_ready(op, kube, 1)
     assert (status, reason) == ("Unknown", "CollectorLookupFailed")
     assert "listing Services in mmfleet-system" in message and "503" in message
     listed = kube.listed
-    _tracing_ready(kube, 2)
+    _tracing_ready(op, kube, 2)
     assert kube.listed == listed  # remembered: the next fleets neither ask nor warn again
     assert sum("looking up the collector Service" in r.getMessage() for r in caplog.records) == 1
-    lookup = STATE.collectors[("mmfleet-system", "mmfleet-otel-collector")]
-    STATE.collectors[("mmfleet-system", "mmfleet-otel-collector")] = dataclasses.replace(
-        lookup, at=lookup.at - fleet.COLLECTOR_FAILURE_CACHE_SECONDS
+    lookup = op.collectors[("mmfleet-system", "mmfleet-otel-collector")]
+    op.collectors[("mmfleet-system", "mmfleet-otel-collector")] = dataclasses.replace(
+        lookup, at=lookup.at - discovery.COLLECTOR_FAILURE_CACHE_SECONDS
     )
     kube.services, kube.slices = ["mmfleet-otel-collector"], [{"endpoints": [{"addresses": ["10.0.0.9"]}]}]
-    assert _tracing_ready(kube, 3)[:2] == ("True", "CollectorFound")  # asked again once the failure expired
+    assert _tracing_ready(op, kube, 3)[:2] == ("True", "CollectorFound")  # asked again once the failure expired
 
 
 def test_the_operators_collector_setting_reaches_the_pods_and_tracing_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reused collector or a chart outside mmfleet-system: fleets without spec.tracing.endpoint follow the setting."""
-    monkeypatch.setattr(state, "kopf_event", lambda body, *event: None)
-    kube = FakeKube()
-    STATE.kube = kube
+    monkeypatch.setattr(records, "kopf_event", lambda body, *event: None)
+    kube = RecordingKube()
     endpoint = "http://otel.observability.svc.corp.example:4317"
-    STATE.config = OperatorConfig(collector_endpoint=endpoint, cluster_domain="corp.example")
+    op = operator(kube, collector_endpoint=endpoint, cluster_domain="corp.example")
     kube.services = ["otel"]
     kube.slices = [{"endpoints": [{"addresses": ["10.0.0.9"]}]}]
-    status, reason, message = _tracing_ready(kube, 1)
+    status, reason, message = _tracing_ready(op, kube, 1)
     assert (status, reason) == ("True", "CollectorFound")
     assert endpoint in message and "Service observability/otel" in message
     deployment = next(m for m in kube.applied if m["kind"] == "Deployment")

@@ -1,10 +1,48 @@
-"""The kopf handlers, one module per concern; importing this package registers them all.
+"""The kopf handlers, one module per concern, registered explicitly by ``register``.
 
-``fleet``: reconcile, drift repair, pruning and status. ``autoscale``: the autoscaling loop and
-its liveness probe. ``connection``: kopf's login, its requests (not its watches) bounded. ``state``: what
-they share.
+``triggers``: when a fleet is reconciled (the work queue, its workers and every trigger). ``reconcile``: the one
+reconcile. ``children``: kopf's indexes and how a child's change is judged. ``discovery``: the cloud, the CRDs and
+collector Services, cached. ``autoscale``: the autoscaling loop and its liveness probe. ``connection``: kopf's login,
+its requests (not its watches) bounded. ``settings``: kopf's settings and cleanup. ``records``: what they keep.
 """
 
-from mmfleet.handlers import autoscale, connection, fleet
+from __future__ import annotations
 
-__all__ = ["autoscale", "connection", "fleet"]
+import kopf
+
+from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet.handlers import autoscale, children, connection, settings, triggers
+from mmfleet.handlers.children import CHILD_KINDS, CHILD_LABELS, POD_LABELS
+from mmfleet.handlers.records import MEMO_KEY, Operator
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Every handler of the operator, in ``registry``; nothing registers itself on import."""
+    on = kopf.on
+    on.login(registry=registry)(connection.login)
+    on.startup(registry=registry)(settings.configure_operator)
+    on.startup(registry=registry)(triggers.start_workers)
+    on.startup(registry=registry)(autoscale.start_autoscaler)
+    on.cleanup(registry=registry)(triggers.stop_workers)
+    on.cleanup(registry=registry)(autoscale.stop_autoscaler)
+    on.cleanup(registry=registry)(settings.report_requests)
+    on.probe(id="autoscaler", registry=registry)(autoscale.check_autoscaler)
+    kopf.index(GROUP, VERSION, PLURAL, id="fleets", registry=registry)(children.fleets)
+    kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id="fleet_deployments", registry=registry)(
+        children.fleet_deployments
+    )
+    kopf.index("", "v1", "pods", labels=POD_LABELS, id="fleet_pods", registry=registry)(children.fleet_pods)
+    on.event(GROUP, VERSION, PLURAL, id="fleet_events", registry=registry)(triggers.on_fleet_event)
+    for group, version, plural in CHILD_KINDS:
+        labels = POD_LABELS if plural == "pods" else CHILD_LABELS
+        on.event(group, version, plural, labels=labels, id=f"watch_{plural}", registry=registry)(
+            triggers.on_child_event
+        )
+
+
+def memo(op: Operator) -> kopf.Memo:
+    """kopf's memo carrying ``op`` to every handler."""
+    return kopf.Memo({MEMO_KEY: op})
+
+
+__all__ = ["Operator", "memo", "register"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import time
 from collections.abc import Callable
@@ -25,15 +24,15 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from mmfleet import metrics_export, status, telemetry
 from mmfleet.api import MultimodalInference, seconds
 from mmfleet.autoscaler import cycle, metrics
-from mmfleet.handlers.fleet import resolve_cloud
-from mmfleet.handlers.state import (
-    STATE,
+from mmfleet.handlers.discovery import resolve_cloud
+from mmfleet.handlers.records import (
     Body,
     Key,
-    get_kube,
+    Operator,
     kopf_event,
     last_status,
     log,
+    operator_of,
     parse_spec,
     utc_now,
     write_status,
@@ -73,22 +72,29 @@ Children = Callable[[Key], tuple[Body | None, list[Body]]]
 
 
 def autoscale(
-    views: list[FleetView], prometheus: metrics.Prometheus | None, pool: ThreadPoolExecutor, children: Children
+    op: Operator,
+    views: list[FleetView],
+    prometheus: metrics.Prometheus | None,
+    pool: ThreadPoolExecutor,
+    children: Children,
 ) -> None:
     """One cycle over every autoscaled fleet: one batched read of Prometheus, then the fleets side by side."""
     started, now = time.perf_counter(), utc_now()
     fleets: list[tuple[FleetView, MultimodalInference]] = []
     for view in views:
         with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
-            inference = parse_spec(view.body)
-            # A fleet whose reconcile applied nothing (handlers.fleet: a child it does not own, a refused apply)
-            # is not scaled: its Deployment may be someone else's.
-            if inference.spec.autoscaled and view.deployment is not None and view.key not in STATE.refused:
+            record = op.record(view.key, view.body["metadata"].get("uid"))
+            inference = parse_spec(record, view.body)
+            # A fleet whose reconcile applied nothing (a child it does not own, a refused apply) is not scaled:
+            # its Deployment may be someone else's.
+            if inference.spec.autoscaled and view.deployment is not None and record.refused is None:
                 fleets.append((view, inference))
     # Autoscaling turned off (or the fleet gone): start afresh if it comes back. A fleet whose Deployment
     # is missing for a moment, or whose spec is briefly invalid, keeps what it learned.
-    for gone in STATE.scaling.keys() - {view.key for view in views}:
-        STATE.scaling.pop(gone, None)
+    autoscaled = {view.key for view in views}
+    for key, record in list(op.records.items()):
+        if key not in autoscaled:
+            record.scaling = None
     metrics_export.forget_others({view.key for view, _ in fleets})
     tracer = telemetry.tracer()
     with tracer.start_as_current_span(telemetry.AUTOSCALE_CYCLE, attributes={telemetry.FLEETS: len(fleets)}):
@@ -101,10 +107,10 @@ def autoscale(
         # The fleets' threads run in kopf's context, which has no span: the cycle's is handed over.
         traced = Traced(otel_context.get_current(), observe.get_span_context())
         # An empty context when no fleet was indexed yet, so there is nothing to post about.
-        context = STATE.kopf_context or contextvars.Context()
         done = list(
             pool.map(
-                lambda f: context.copy().run(_autoscale_fleet, f[0], f[1], readings, now, children, traced), fleets
+                lambda f: op.in_kopf_context().run(_autoscale_fleet, op, f[0], f[1], readings, now, children, traced),
+                fleets,
             )
         )
     metrics_export.record_cycle(readings, time.perf_counter() - started)
@@ -136,6 +142,7 @@ class Traced:
 
 
 def _autoscale_fleet(
+    op: Operator,
     view: FleetView,
     inference: MultimodalInference,
     readings: metrics.Readings,
@@ -160,10 +167,11 @@ def _autoscale_fleet(
         links=[Link(traced.observation)] if traced else (),
         attributes=telemetry.fleet(meta.namespace, meta.name, meta.generation),
     ) as span:
-        return _decide_fleet(view, inference, int(replicas), readings, now, children, span)
+        return _decide_fleet(op, view, inference, int(replicas), readings, now, children, span)
 
 
 def _decide_fleet(
+    op: Operator,
     view: FleetView,
     inference: MultimodalInference,
     replicas: int,
@@ -173,9 +181,10 @@ def _decide_fleet(
     span: Span,
 ) -> tuple[bool, bool]:
     meta = inference.metadata
-    config = STATE.config
+    config = op.config
+    record = op.record(view.key, meta.uid)
     try:
-        with STATE.locks[view.key]:
+        with record.lock:
             counted = cycle.count_pods(view.pods)
             refused, why = status.refused_pods(view.deployment)
             if refused:  # pods a quota refused never exist; like unschedulable ones, they stop growth
@@ -184,7 +193,7 @@ def _decide_fleet(
                     counted, unschedulable=counted.unschedulable + refused, why_unschedulable=why
                 )
             seen = cycle.Seen(replicas, counted, readings.signals.get(view.key), readings.outage)
-            memory = STATE.scaling.get(view.key, cycle.Memory())
+            memory = record.scaling or cycle.Memory()
             outcome = cycle.decide(
                 inference,
                 seen,
@@ -193,25 +202,27 @@ def _decide_fleet(
                 interval=config.autoscale_interval,
                 default_cold_start=config.default_cold_start,
             )
-            STATE.scaling[view.key] = outcome.memory
+            record.scaling = outcome.memory
             metrics_export.record_decision(view.key, inference, seen, outcome, config.default_cold_start)
             _describe(span, inference, seen, outcome, config.default_cold_start)
-            kube = get_kube()
+            kube = op.get_kube()
             if outcome.scaled:
                 kube.scale(meta.namespace, meta.name, outcome.replicas)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
-            previous = last_status(view.key, view.body)
+            previous = last_status(record, view.body)
             deployment, pods = children(view.key)
             observed = status.Observed(
                 deployment=deployment or view.deployment,
                 pod_problems=status.pod_problems(pods),
-                cloud=resolve_cloud(inference),
+                cloud=resolve_cloud(op, inference),
                 scaling=outcome.scaling(),
-                cache_problem=STATE.cache_problems.get(view.key),
-                tracing=STATE.tracing.get(view.key),
-                retrying=STATE.retrying.get(view.key),
+                cache_problem=record.cache_problem,
+                tracing=record.tracing,
+                retrying=record.retrying,
             )
-            wrote = write_status(view.body, status.compute_status(inference, observed, previous, now), previous)
+            wrote = write_status(
+                op, record, view.body, status.compute_status(inference, observed, previous, now), previous
+            )
             if outcome.scaled:
                 kopf_event(view.body, "Normal", outcome.event_reason, outcome.reason)
     except Exception as error:  # one fleet's failure (an API error, a bug) must not stop the others
@@ -257,10 +268,10 @@ def _describe(
 
 
 async def autoscale_forever(
-    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
+    op: Operator, fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
 ) -> None:
     """Every ``autoscale_interval``: a snapshot of the indexes here, the cycle's blocking I/O in a thread."""
-    config = STATE.config
+    config = op.config
     prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
     pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
 
@@ -272,12 +283,12 @@ async def autoscale_forever(
             started = time.monotonic()
             views = autoscaled_fleets(fleets, deployments, pods)
             try:
-                await asyncio.to_thread(autoscale, views, prometheus, pool, children)
+                await asyncio.to_thread(autoscale, op, views, prometheus, pool, children)
             except Exception:
                 log.exception("autoscaling cycle failed")
                 metrics_export.error("autoscale_cycle")
             else:
-                STATE.autoscaler_cycled = time.monotonic()
+                op.autoscaler_cycled = time.monotonic()
             await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
     finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
         pool.shutdown(wait=False, cancel_futures=True)
@@ -285,45 +296,43 @@ async def autoscale_forever(
             prometheus.close()
 
 
-@kopf.on.startup()
-async def start_autoscaler(**kwargs: Any) -> None:
+async def start_autoscaler(memo: kopf.Memo, **kwargs: Any) -> None:
     """Start the loop once kopf's indexes exist (they fill as the watches start; the first cycle waits one interval)."""
+    op = operator_of(memo)
     indexes = (kwargs["fleets"], kwargs["fleet_deployments"], kwargs["fleet_pods"])
 
     async def run() -> None:
-        await asyncio.sleep(STATE.config.autoscale_interval)
-        await autoscale_forever(*indexes)
+        await asyncio.sleep(op.config.autoscale_interval)
+        await autoscale_forever(op, *indexes)
 
-    STATE.autoscaler_cycled = time.monotonic()
-    STATE.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")
-    log.info(
-        "autoscaler: every %gs, Prometheus %s", STATE.config.autoscale_interval, STATE.config.prometheus_url or "(none)"
-    )
+    op.autoscaler_cycled = time.monotonic()
+    op.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")
+    log.info("autoscaler: every %gs, Prometheus %s", op.config.autoscale_interval, op.config.prometheus_url or "(none)")
 
 
-@kopf.on.cleanup()
-async def stop_autoscaler(**_: Any) -> None:
-    if STATE.autoscaler is not None:
-        STATE.autoscaler.cancel()
+async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+    op = operator_of(memo)
+    if op.autoscaler is not None:
+        op.autoscaler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await STATE.autoscaler
+            await op.autoscaler
 
 
-@kopf.on.probe(id="autoscaler")
-async def check_autoscaler(**_: Any) -> str:
+async def check_autoscaler(memo: kopf.Memo, **_: Any) -> str:
     """Turn kopf's liveness endpoint red when the autoscaling loop has stopped cycling.
 
     A probe that raises ``PermanentError`` fails kopf's probing activity, and /healthz answers 500
     (kopf 1.45.2, ``kopf/_core/engines/probing.py``); any other exception would be retried after a
     backoff, holding the probe's request open instead.
     """
-    loop = STATE.autoscaler
+    op = operator_of(memo)
+    loop = op.autoscaler
     if loop is None:
         return "not started"
     if loop.done():
         raise kopf.PermanentError("the autoscaling loop has ended")
-    silent = time.monotonic() - STATE.autoscaler_cycled
-    limit = STALL_INTERVALS * STATE.config.autoscale_interval + STALL_MARGIN
+    silent = time.monotonic() - op.autoscaler_cycled
+    limit = STALL_INTERVALS * op.config.autoscale_interval + STALL_MARGIN
     if silent > limit:
         raise kopf.PermanentError(f"no autoscaling cycle finished for {silent:.0f}s (limit {limit:.0f}s)")
     return f"last cycle {silent:.0f}s ago"

@@ -44,7 +44,6 @@ class RequestBound:
             return response
 
 
-@kopf.on.login()
 async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
     """kopf's default login (in-cluster, else kubeconfig), through a session with bounded requests."""
     info = await asyncio.to_thread(kopf.login_via_client, **kwargs)

@@ -1,0 +1,315 @@
+"""One reconcile of one fleet, the only one there is: whatever asked for it (mmfleet.handlers.triggers).
+
+Parse the spec; when the generation is new to this process, a child drifted, or the last try failed: resolve the
+cloud, render, check that no child's name is taken by an object this fleet does not control, server-side apply
+every child, prune; then, always, observe and write status. Idempotent, so running it for a key that needed
+nothing costs no request unless the status changed. It never raises: what went wrong is in its ``Result``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from opentelemetry.trace import Span
+
+from mmfleet import metrics_export, render, status, telemetry
+from mmfleet.api import MultimodalInference
+from mmfleet.handlers import discovery
+from mmfleet.handlers.children import fingerprint, foreign_owner, scaler_owns_replicas
+from mmfleet.handlers.records import (
+    Body,
+    FleetRecord,
+    Key,
+    Operator,
+    last_status,
+    log,
+    parse_spec,
+    previous_status,
+    render_children,
+    utc_now,
+    write_status,
+)
+from mmfleet.kube import NamespaceTerminatingError, RefusedError, RetryableError
+from mmfleet.render import SpecError
+
+# A failed reconcile is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
+# A Retry-After is waited for as asked, within these bounds (0 would spin; the header is the server's to set), for the
+# first RETRY_AFTER_ATTEMPTS retries, as client-go honours it for 10 retries of a request (rest.Request's maxRetries);
+# after that the doubling backoff starts again from RETRY_FIRST_SECONDS, never shorter than the header.
+RETRY_AFTER_MIN_SECONDS = 1
+RETRY_AFTER_MAX_SECONDS = 60
+RETRY_AFTER_ATTEMPTS = 10
+# The API server's own message is kept whole up to this length in a condition.
+MESSAGE_LIMIT = 2048
+
+
+def retry_delay(attempts: int) -> float:
+    """Seconds before retry number ``attempts`` (0 for the first): doubling, bounded, so a refusal never spins."""
+    return min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2.0 ** min(attempts, 16))
+
+
+def api_retry_delay(attempts: int, retry_after: float | None) -> float:
+    """Seconds before retry number ``attempts``: the ``Retry-After`` the API server sent (bounded), else the
+    doubling backoff. The work queue's backoff for every fleet."""
+    if retry_after is None:
+        return retry_delay(attempts)
+    asked = float(min(RETRY_AFTER_MAX_SECONDS, max(RETRY_AFTER_MIN_SECONDS, retry_after)))
+    if attempts < RETRY_AFTER_ATTEMPTS:
+        return asked
+    return max(asked, retry_delay(attempts - RETRY_AFTER_ATTEMPTS))
+
+
+def retrying_message(error: RetryableError, delay: float) -> str:
+    """The Progressing condition's message: the call, what it met, what the API server asked, when the next try is."""
+    asked = f"; the API server asked to retry after {error.retry_after} s" if error.retry_after is not None else ""
+    return f"{error}{asked}; next in {delay:.0f} s"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A fleet and its children as kopf's indexes showed them when a worker took its key."""
+
+    key: Key
+    body: Body
+    deployment: Body | None
+    pods: list[Body]
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a reconcile ended: ``retry`` puts the key back after its backoff (or the server's ``retry_after``)."""
+
+    outcome: str  # one of metrics_export.RECONCILE_RESULTS
+    retry: bool = False
+    retry_after: float | None = None
+
+
+# The delay the queue will wait before the next try, given the server's Retry-After: for the status message.
+NextDelay = Callable[[float | None], float]
+
+
+class _NotAppliedError(Exception):
+    """Nothing more is applied for this fleet: ``reason`` and ``message`` go into its conditions."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def reconcile(op: Operator, seen: Snapshot, next_delay: NextDelay) -> Result:
+    """Bring the fleet's children in line with its spec, and its status in line with its children."""
+    started = time.perf_counter()
+    meta = seen.body["metadata"]
+    record = op.record(seen.key, meta.get("uid"))
+    try:
+        with record.lock:
+            result = _reconcile(op, record, seen, next_delay)
+    except RetryableError as error:  # writing the status met the API server's fault
+        log.warning("%s/%s: %s", *seen.key, error)
+        result = Result("retry", retry=True, retry_after=error.retry_after)
+    except Exception:  # a bug, or an answer no check foresaw: logged, counted, tried again later
+        log.exception("reconciling %s/%s failed", *seen.key)
+        metrics_export.error("reconcile")
+        result = Result("error", retry=True)
+    metrics_export.reconciled(result.outcome, time.perf_counter() - started)
+    return result
+
+
+def _reconcile(op: Operator, record: FleetRecord, seen: Snapshot, next_delay: NextDelay) -> Result:
+    meta = seen.body["metadata"]
+    try:
+        inference = parse_spec(record, seen.body)
+    except SpecError as error:
+        record.reconciled, record.refused, record.retrying = int(meta.get("generation") or 0), None, None
+        previous = previous_status(seen.body)
+        invalid_spec = status.InvalidSpec(error.problems, meta.get("generation"))
+        invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
+        write_status(op, record, seen.body, invalid, previous)
+        return Result("invalid_spec")
+    if record.needs_apply(meta.get("generation")):
+        return _apply_all(op, record, seen, inference, next_delay)
+    cloud = discovery.resolve_cloud(op, inference)
+    _observe(op, record, seen.body, inference, seen.deployment, seen.pods, cloud)
+    return Result("ok")
+
+
+def _apply_all(
+    op: Operator, record: FleetRecord, seen: Snapshot, inference: MultimodalInference, next_delay: NextDelay
+) -> Result:
+    """The apply, as one span with the applies and the status write inside it."""
+    meta = seen.body["metadata"]
+    attributes = telemetry.fleet(meta["namespace"], meta["name"], meta.get("generation"))
+    requests_before = op.get_kube().thread_requests()
+    started = time.perf_counter()
+    with telemetry.tracer().start_as_current_span(telemetry.RECONCILE, attributes=attributes) as span:
+        result = _apply(op, record, seen, inference, next_delay, span)
+    log.info(
+        "reconciled %s/%s (%s) in %.1f ms with %d API requests",
+        *seen.key,
+        result.outcome,
+        (time.perf_counter() - started) * 1000,
+        op.get_kube().thread_requests() - requests_before,
+    )
+    return result
+
+
+def _apply(
+    op: Operator, record: FleetRecord, seen: Snapshot, inference: MultimodalInference, next_delay: NextDelay, span: Span
+) -> Result:
+    key, body, live = seen.key, seen.body, seen.deployment
+    generation = int(body["metadata"].get("generation") or 0)
+    cloud: str | None = None
+    deployment: Body | None = None
+    try:
+        cloud = discovery.resolve_cloud(op, inference)
+        children = render_children(op, record, inference, cloud, discovery.monitoring_crds(op))
+        backend = inference.spec.backend.name
+        span.set_attributes({telemetry.CLOUD: cloud, telemetry.BACKEND: backend, telemetry.CHILDREN: len(children)})
+        _claim_names(op, record, inference, children)
+        _hand_over_replicas(op, inference, live)
+        for child in children:
+            applied = _apply_child(op, child)
+            record.applied[applied["metadata"]["uid"]] = fingerprint(applied)
+            record.owned.add((child["kind"], child["metadata"]["name"]))
+            if child["kind"] == "Deployment":
+                deployment = applied
+        if deployment is not None and inference.spec.autoscaled:
+            deployment = _clamp_replicas(op, inference, deployment)
+        # A spec changed since this process applied one: what it no longer asks for goes. After a restart, nothing
+        # is known to have changed (the first reconcile of each fleet would cost a read per optional child).
+        if record.reconciled is not None and record.reconciled != generation:
+            _prune(op, inference, children)
+        record.reconciled, record.refused, record.retrying, record.drifted = generation, None, None, False
+        _observe(op, record, body, inference, deployment, seen.pods, cloud)
+        return Result("ok")
+    except RetryableError as error:
+        # Said in Progressing until a reconcile goes through; every status write (the autoscaler's too) keeps it.
+        record.retrying = retrying_message(error, next_delay(error.retry_after))
+        seen_status = last_status(record, body)
+        with contextlib.suppress(RetryableError):  # the status write may meet the same fault
+            _observe(
+                op,
+                record,
+                body,
+                inference,
+                deployment or live,
+                seen.pods,
+                cloud or (seen_status.cloud if seen_status else None),
+            )
+        log.warning("%s/%s: %s", *key, record.retrying)
+        return Result("retry", retry=True, retry_after=error.retry_after)
+    except NamespaceTerminatingError:
+        log.info("%s/%s: its namespace is being deleted; nothing to apply", *key)
+        return Result("ok")
+    except (_NotAppliedError, RefusedError) as error:
+        refused = error if isinstance(error, _NotAppliedError) else _NotAppliedError("ApplyRefused", _refusal(error))
+        log.warning("%s/%s: %s: %s", *key, refused.reason, refused.message)
+        record.refused, record.retrying = (refused.reason, refused.message), None
+        with contextlib.suppress(RetryableError):
+            _observe(op, record, body, inference, live, seen.pods, cloud)
+        return Result("refused", retry=True)
+
+
+def _claim_names(op: Operator, record: FleetRecord, inference: MultimodalInference, children: list[Body]) -> None:
+    """Raise ``_NotAppliedError`` when a child's name is held by an object this fleet does not control.
+
+    Applying over it would adopt it: a ServiceAccount taken over this way runs the fleet's image with its
+    rights, and deleting the fleet would delete it. One read per child the first time, none after.
+    """
+    meta = inference.metadata
+    for child in children:
+        kind, name = child["kind"], child["metadata"]["name"]
+        if (kind, name) in record.owned:
+            continue
+        live = op.get_kube().get(child["apiVersion"], kind, meta.namespace, name)
+        holder = foreign_owner(live, meta.uid)
+        if holder is not None:
+            raise _NotAppliedError(
+                "ChildNotOwned",
+                f"{kind} {meta.namespace}/{name} already exists with {holder}, not this MultimodalInference: the "
+                f"operator neither changes nor deletes objects it did not create; delete or rename that {kind}, or "
+                f"give this MultimodalInference another metadata.name (now {meta.name})",
+            )
+        if live is not None:
+            record.owned.add((kind, name))
+
+
+def _observe(
+    op: Operator,
+    record: FleetRecord,
+    body: Body,
+    inference: MultimodalInference,
+    deployment: Body | None,
+    pods: list[Body],
+    cloud: str | None,
+) -> None:
+    observed = status.Observed(
+        deployment=deployment,
+        pod_problems=status.pod_problems(pods),
+        cloud=cloud,
+        cache_problem=discovery.cache_problem(op, record, inference),
+        tracing=discovery.tracing_seen(op, record, inference, cloud) if cloud is not None else None,
+        refused=record.refused,
+        retrying=record.retrying,
+    )
+    previous = last_status(record, body)
+    write_status(op, record, body, status.compute_status(inference, observed, previous, utc_now()), previous)
+
+
+def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body) -> Body:
+    """With autoscaling on, the Deployment's replicas belong to the scaler; keep them within bounds."""
+    desired = status.desired_replicas(inference, deployment)
+    if deployment.get("spec", {}).get("replicas") != desired:
+        meta = inference.metadata
+        op.get_kube().scale(meta.namespace, meta.name, desired)
+        deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": desired}}
+    return deployment
+
+
+def _hand_over_replicas(op: Operator, inference: MultimodalInference, live: Body | None) -> None:
+    """Before an apply that drops replicas (autoscaling turned on), let the scaler own the field.
+
+    Server-side apply resets a field its only manager stops applying; without a co-owner the
+    Deployment would fall to 1 replica for a moment and kill serving pods.
+    """
+    if live is None or not inference.spec.autoscaled or scaler_owns_replicas(live):
+        return
+    meta = inference.metadata
+    op.get_kube().scale(meta.namespace, meta.name, status.desired_replicas(inference, live))
+
+
+def _refusal(error: RefusedError) -> str:
+    text = f"the API server refused a write ({error.status}): {error.message}"
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
+
+
+def _apply_child(op: Operator, child: Body) -> Body:
+    """One server-side apply, as a span of the reconcile that asked for it; a refusal names the child."""
+    kind, meta = child["kind"], child["metadata"]
+    attributes = {telemetry.CHILD_KIND: kind, telemetry.CHILD_NAME: meta["name"]}
+    with telemetry.tracer().start_as_current_span(telemetry.APPLY, attributes=attributes):
+        try:
+            return op.get_kube().apply(child)
+        except RefusedError as error:
+            where = f"{kind} {meta.get('namespace')}/{meta['name']}"
+            raise RefusedError(error.status, f"applying {where}: {error.message}") from error
+
+
+def _prune(op: Operator, inference: MultimodalInference, children: list[Body]) -> None:
+    """Delete optional children the spec no longer asks for, but only ones this resource owns."""
+    kube = op.get_kube()
+    meta = inference.metadata
+    present = {(c["apiVersion"], c["kind"]) for c in children}
+    for api_version, kind, name in render.optional_children(inference):
+        if (api_version, kind) in present or (kind == "PodMonitor" and not discovery.monitoring_crds(op)):
+            continue
+        found = kube.get(api_version, kind, meta.namespace, name)
+        owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
+        if any(o.get("uid") == meta.uid for o in owners):
+            kube.delete(api_version, kind, meta.namespace, name)

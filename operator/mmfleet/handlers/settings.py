@@ -1,0 +1,57 @@
+"""kopf's settings for this operator, set once at startup, and what happens at cleanup."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, cast
+
+import kopf
+
+from mmfleet import telemetry
+from mmfleet.handlers.discovery import monitoring_crds
+from mmfleet.handlers.records import log, operator_of
+
+# kopf keeps a worker per watched object (with its queue and last event) this long after its last event; at the
+# default 5 s, a burst of creations kept thousands alive at once.
+WORKER_IDLE_SECONDS = 1.0
+
+
+class EmptyEssence(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base, never built: no handler of ours reads a diff (there is no change handler).
+
+    kopf builds the essence of every watched event, pods' included, by deep-copying the body, and diffs it
+    against the stored one (kopf 1.45.2, ``kopf/_core/reactor/processing.py``, ``_detect_causes``), whether or
+    not a change handler will read it.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+
+def configure_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    op = operator_of(memo)
+    # No handler needs a finalizer or stores progress; kopf's annotations are named under mmfleet.io should one ever.
+    settings.persistence.finalizer = "mmfleet.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mmfleet.io")
+    settings.persistence.diffbase_storage = EmptyEssence(prefix="mmfleet.io", key="last-handled-configuration")
+    # kopf's own log lines become Kubernetes Events only from warnings up (not one per handler success);
+    # the operator's own events (Ready, Degraded) are posted explicitly with kopf.event.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 600
+    # kopf's own requests (events) end within this long. Watches are bounded by server_timeout and kopf's
+    # inactivity_timeout.
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 5
+    settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
+    if op.tracer_provider is None:
+        op.tracer_provider = telemetry.setup()
+    log.info("mmfleet operator started: monitoring CRDs %s", "found" if monitoring_crds(op) else "absent")
+
+
+def report_requests(memo: kopf.Memo, **_: Any) -> None:
+    op = operator_of(memo)
+    log.info("API requests made: %d", op.get_kube().requests)
+    if op.tracer_provider is not None:  # send the last batch of spans
+        op.tracer_provider.shutdown()
+        op.tracer_provider = None

@@ -1,0 +1,1 @@
+"""What tests share: helpers, never tests (no test module imports another)."""
