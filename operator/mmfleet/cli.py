@@ -197,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("mmfleet").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     from mmfleet import metrics_export
     from mmfleet.handlers.state import get_kube
-    from mmfleet.kube import Elector, lease_namespace
+    from mmfleet.leader import Elector, lease_namespace
 
     # Only the Lease's holder acts (it waits here until then); losing the Lease ends the process.
     elector = None
