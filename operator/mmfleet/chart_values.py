@@ -210,7 +210,7 @@ class ChartValues(Model):
         description="The cold start (pod created to Ready, Go duration) assumed until a fleet's pod is seen Ready.",
     )
     log_format: LogFormat = Field(default="json", description="plain, or json (one object per line).")
-    workers: int = Field(default=16, ge=1, description="Reconcile workers taking fleets from the work queue, and the autoscaler's per-fleet threads.")
+    workers: int = Field(default=16, ge=1, description="Reconcile workers (and autoscaler threads).")
     service_account: ServiceAccount = Field(default_factory=ServiceAccount, description="The operator's account.")
     resources: Resources = Field(default_factory=_default_resources, description="The operator's resources.")
     pod_annotations: Labels = Field(default_factory=dict, description="Extra annotations on the operator's pod.")

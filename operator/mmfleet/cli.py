@@ -191,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     # Imported here, not at the top: the other commands (render, crd, docs) need none of the operator's runtime.
     from mmfleet import handlers, metrics_export
-    from mmfleet.kube import Elector, lease_namespace
+    from mmfleet.leader import Elector, lease_namespace
 
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=args.verbose, log_format=log_format)

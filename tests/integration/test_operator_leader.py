@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from mmfleet.kube import LEASE_SECONDS, RENEW_SECONDS
+from mmfleet.leader import LEASE_SECONDS, RENEW_SECONDS
 from mmfleet_lab.cluster import Cluster
 from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
 from tests.integration.operator_process import OperatorProcess, wait_for

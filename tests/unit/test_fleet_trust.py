@@ -15,9 +15,8 @@ from kubernetes import client
 
 from mmfleet import kube as kube_module
 from mmfleet import status
-from mmfleet.config import OperatorConfig
 from mmfleet.handlers import autoscale, children, memo, reconcile, records, triggers
-from mmfleet.kube import Kube, lease_namespace, timed
+from mmfleet.kube import Kube, timed
 from mmfleet.render import INFERENCE_LABEL
 from tests.helpers.fleets import KEY, RecordingKube, fleet_body, indexes, operator, reconcile_once, until, workers
 
@@ -197,14 +196,6 @@ def test_a_hung_api_server_fails_a_call_within_the_timeout_instead_of_holding_it
     assert not thread.is_alive(), "the call still hangs after 15 s"
     assert isinstance(outcome[0], urllib3.exceptions.HTTPError), outcome
     assert time.monotonic() - started < 15
-
-
-def test_leader_election_settings_name_the_variable_and_the_rule() -> None:
-    assert OperatorConfig.load().leader_election_lease == ""  # off unless asked for (the chart asks)
-    assert OperatorConfig.load(leader_election_lease="mmfleet-operator").leader_election_lease == "mmfleet-operator"
-    with pytest.raises(ValueError, match="MMFLEET_LEADER_ELECTION_LEASE: 'Not A Name': not an object name"):
-        OperatorConfig.load(leader_election_lease="Not A Name")
-    assert lease_namespace("ops") == "ops"
 
 
 def test_pods_a_quota_refused_count_as_refused_and_name_the_quota() -> None:

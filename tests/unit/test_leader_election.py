@@ -1,9 +1,16 @@
-"""Leader election judges a Lease's expiry by when this process saw its record change, as client-go does, so a
-holder whose clock is hours off neither loses its Lease early nor keeps it for ever."""
+"""Leader election (``mmfleet.leader``) judges a Lease's expiry by when this process saw its record change, as client-go
+does, so a holder whose clock is hours off neither loses its Lease early nor keeps it for ever; a candidate that loses
+a write race says so and tries again; a released Lease is taken at once."""
 
 from __future__ import annotations
 
-from mmfleet.kube import LEASE_SECONDS, Observed
+from typing import Any
+
+import pytest
+
+from mmfleet.config import OperatorConfig
+from mmfleet.kube import Kube
+from mmfleet.leader import LEASE_SECONDS, Elector, Observed, lease_namespace
 
 
 class Clock:
@@ -49,3 +56,62 @@ def test_a_lease_is_free_when_unheld_or_ours() -> None:
     assert observed.holder(record("2026-12-01T12:00:00.000000Z"), "pod-a") is None  # ours
     assert observed.holder({}, "pod-b") is None
     assert observed.holder({"holderIdentity": "", "leaseDurationSeconds": 1}, "pod-b") is None  # released
+
+
+def test_leader_election_settings_name_the_variable_and_the_rule() -> None:
+    assert OperatorConfig.load().leader_election_lease == ""  # off unless asked for (the chart asks)
+    assert OperatorConfig.load(leader_election_lease="mmfleet-operator").leader_election_lease == "mmfleet-operator"
+    with pytest.raises(ValueError, match="MMFLEET_LEADER_ELECTION_LEASE: 'Not A Name': not an object name"):
+        OperatorConfig.load(leader_election_lease="Not A Name")
+    assert lease_namespace("ops") == "ops"
+
+
+class LeaseKube(Kube):
+    """One Lease kept in memory, as the API server keeps it; ``race`` makes the next write lose to another writer."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.race = False
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.lease
+
+    def _write(self, lease: dict[str, Any], version: str) -> bool:
+        if self.race:
+            self.race = False
+            return False
+        self.lease = {**lease, "metadata": {**lease["metadata"], "resourceVersion": version}}
+        return True
+
+    def create_lease(self, namespace: str, lease: dict[str, Any]) -> bool:
+        return self.lease is None and self._write(lease, "1")
+
+    def replace_lease(self, namespace: str, lease: dict[str, Any]) -> bool:
+        version = lease["metadata"]["resourceVersion"]
+        assert self.lease is not None and version == self.lease["metadata"]["resourceVersion"]
+        return self._write(lease, str(int(version) + 1))
+
+
+def test_a_candidate_that_loses_a_race_for_the_lease_says_so_and_wins_the_next_attempt() -> None:
+    kube = LeaseKube()
+    one, two = Elector(kube, "ops", "mmfleet"), Elector(kube, "ops", "mmfleet")
+    kube.race = True
+    assert one.try_hold() == "another candidate (created at the same moment)"
+    assert one.try_hold() is None and kube.lease is not None
+    assert kube.lease["spec"]["holderIdentity"] == one.identity and "acquireTime" in kube.lease["spec"]
+    kube.race = True
+    assert one.try_hold() == "another candidate (updated at the same moment)"
+    assert one.try_hold() is None  # renewed: still no transition
+    assert "leaseTransitions" not in kube.lease["spec"]
+    assert two.try_hold() == one.identity
+
+
+def test_a_released_lease_is_taken_at_once_and_counts_a_transition() -> None:
+    kube = LeaseKube()
+    one, two = Elector(kube, "ops", "mmfleet"), Elector(kube, "ops", "mmfleet")
+    assert one.try_hold() is None
+    assert two.try_hold() == one.identity
+    one.release()
+    assert kube.lease is not None and "holderIdentity" not in kube.lease["spec"]
+    assert two.try_hold() is None
+    assert kube.lease["spec"]["holderIdentity"] == two.identity and kube.lease["spec"]["leaseTransitions"] == 1

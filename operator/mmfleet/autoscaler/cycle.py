@@ -299,7 +299,7 @@ def decide(
         memory = replace(memory, metrics_since=since)
         if clock - since < WARM_UP_S:
             # Young series: rate() over a window they only partly cover reads low, and a capacity learned
-            # from it would grow the fleet for nothing (seen: 1 -> 4 at steady load).
+            # from it would grow the fleet for nothing (docs/autoscaling.md, Design notes).
             replicas, cause = held, "warming_up"
             reason = f"series read for {clock - since:.0f}s, less than the {RATE_WINDOW} rate window: holding {held}"
         else:

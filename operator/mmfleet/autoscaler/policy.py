@@ -13,7 +13,7 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   grown by how much this fleet's own demand rises within that horizon at the SLO's percentile,
   learned from its last half hour (``rise_quantile``), at most doubling it: a
   fleet sized for today's demand misses windows whenever demand rises before a pod ordered now is
-  Ready, and how much it rises is the workload's, not a constant (a chat trace and a code trace differ);
+  Ready, and how much it rises is the workload's, not a constant;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -74,8 +74,7 @@ REVERSAL_WINDOWS = 2.0  # a scale-down undone within this many down windows is a
 STEP_PERIOD = 15.0  # s: within any such period the fleet grows by at most the larger of ``step_pods`` pods and
 # ``step_ratio`` times the replicas it had (the HPA's default scale-up policies: 4 pods, 100 %)
 # μ_SLO is raised only by a throughput seen this many cycles in a row within the SLO, the least of them: one outlier
-# teaches nothing. Picked on the quick cell, a test cell (5, a whole rate window at 15 s, cost 42 % more GPU-hours
-# there; 2 cost 4 %); on the training cells 1 and 2 are within 1 % (docs/benchmarks.md).
+# teaches nothing (why 2: docs/autoscaling.md, Design notes).
 CAPACITY_SAMPLES = 2
 CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated replicas missing the target serve
 
@@ -152,9 +151,8 @@ def rise_quantile(samples: Samples, horizon: float, percentile: float) -> float:
 
     The log changes of demand over ``RISE_LAG`` are taken as a random walk: their spread, by the median
     absolute deviation, which a spike's few steps do not move, grows with the square root of the horizon.
-    Measured over a short lag, so that a 4x step taints few pairs (over the whole horizon, a step put a
-    third of the pairs at ln 4 when L = 420 s, and the spread with them). 0 until there are enough pairs
-    to say anything about the workload.
+    Taken over a short lag (``RISE_LAG``), so that a step taints few pairs (docs/autoscaling.md, Design notes).
+    0 until there are enough pairs to say anything about the workload.
     """
     times = [t for t, _ in samples]
     logs: list[float] = []
@@ -272,8 +270,7 @@ class SloPolicy:
             floor = max(n for _, n in recs)
             if sizing.capacity:
                 # Not below what demand may rise to, at the SLO's percentile, within the reversal horizon: a pod
-                # released and ordered again inside it costs a cold start (training, seed 0: 6 reversals inside
-                # spikes without this, 1 with it, for 0.7 % more GPU-hours).
+                # released and ordered again inside it costs a cold start (docs/autoscaling.md, Design notes).
                 rise = min(rise_quantile(state.demand, REVERSAL_WINDOWS * window, obs.slo_percentile), MAX_RISE)
                 floor = max(floor, math.ceil(sizing.demand * (1.0 + rise) / sizing.capacity - 1e-9))
             paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
@@ -309,10 +306,8 @@ class SloPolicy:
         target = obs.slo_target
         dt = obs.time - state.time if state.time is not None and obs.time > state.time else None
 
-        # Demand: arrivals, else completions plus the growth of what is in flight over the same window. Growth over
-        # one interval beside completions over the rate window counted a drained backlog twice: once as growth
-        # falling (demand read as 0) and again, for the rest of the window, as completions (spike-x2, training:
-        # 1,570 req/s read where 800 arrived, 84 -> 113 pods and a reversal within the spike).
+        # Demand: arrivals, else completions plus the growth of what is in flight over the same window, so a drained
+        # backlog is not counted twice (docs/autoscaling.md, Design notes).
         inflights = (
             *((t, v) for t, v in state.inflights if t >= obs.time - self.rate_window - 1e-9),
             (obs.time, obs.waiting + (obs.running or 0.0)),
@@ -339,9 +334,8 @@ class SloPolicy:
         # not extrapolated beyond the span it was fitted on
         growth = max(0.0, slope) * min(horizon, TREND_WINDOW)
         upper = max(demand, level + QUANTILE_Z * spread)
-        # At most doubling the demand, as the backlog and the latency feedback at most double the fleet: on a
-        # workload that bursts within a minute (the log changes' spread near 1 per minute) the quantile alone
-        # asked for several times the demand, more than a static fleet at the peak holds.
+        # At most doubling the demand, as the backlog and the latency feedback at most double the fleet
+        # (docs/autoscaling.md, Design notes).
         rise = min(rise_quantile(samples, horizon, obs.slo_percentile), MAX_RISE)
         forecast = max(upper + min(growth, TREND_CAP * upper), demand * (1.0 + rise))  # what capacity is sized for
 
@@ -367,8 +361,7 @@ class SloPolicy:
             streak = ()
             # Replicas missing the target with a queue that does not drain, with nothing on order, serve all they
             # can: μ_SLO above that was never true, or is no longer (a heavier mix), and falls toward it. While
-            # pods start, a standing queue is expected and says nothing of μ_SLO (decaying then cost 5-6 % more
-            # GPU-hours on the training cells, all of it during growth).
+            # pods start, a standing queue is expected and says nothing of μ_SLO (docs/autoscaling.md, Design notes).
             served = obs.request_rate / obs.ready if obs.ready else None
             standing_queue = obs.waiting > 0 and not draining
             missing = obs.latency > target and ready_steady and standing_queue and obs.starting == 0 and dt is not None
@@ -388,7 +381,7 @@ class SloPolicy:
             clears = known * scale * obs.ready * target  # what the Ready replicas clear within the target
             standing = spans and all(h[2] > clears for h in history)
             # A queue that shrinks is served faster than it grows: an over-provisioned fleet draining a
-            # backlog says nothing about slow replicas (seen: the estimate fell to 0.29 x mu after a spike).
+            # backlog says nothing about slow replicas (docs/autoscaling.md, Design notes).
             if obs.latency > target and standing and ready_steady and obs.waiting >= history[0][2]:
                 scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / known))
             elif obs.latency <= target and dt is not None:
@@ -396,15 +389,12 @@ class SloPolicy:
             capacity = known * scale
             queued = max(0.0, obs.waiting - capacity * obs.ready * target)
             starting = self._starting_ready_at(obs, state)
-            # The queue builds from what arrives now; the trend is already in the forecast, and counting
-            # it twice ordered a backlog that never came (azure-conv: 38 pods for a need of 22).
+            # The queue builds from what arrives now; the trend is already in the forecast, not counted twice.
             arriving = max(demand, level)  # what the queue will see
             backlog = projected_backlog(queued, arriving, obs.ready, starting, obs.time, obs.cold_start, capacity)
             sized = forecast / capacity
-            # At most as many again for the backlog: pods that arrive after a cold start to drain a queue of
-            # requests already late win few windows back (spike-x8, L=420 s: 924 pods for a need of 230). And at
-            # most the Ready replicas: the backlog sits on them, only they serve it, and meanwhile the arrivals
-            # need ``sized`` of their own (spike-x4, L=90 s: 190 pods where the oracle needed 94-114).
+            # The backlog adds at most as many again as the demand needs, and at most the Ready replicas: only they
+            # serve the queue they hold, while arrivals need ``sized`` of their own (docs/autoscaling.md, Design notes).
             drain = min(backlog / (capacity * self.drain_time), BACKLOG_RATIO * sized, float(obs.ready))
             feedforward = math.ceil(sized + drain - 1e-9)
             needed = feedforward
