@@ -19,22 +19,33 @@ from mmfleet.api import (
     SCALE_REASON_MAX,
     TRUNCATED,
     Condition,
+    ConditionType,
+    DegradedReason,
     MultimodalInference,
     MultimodalInferenceStatus,
     Phase,
+    ProgressingReason,
+    ReadyReason,
     SloStatus,
+    TracingReadyReason,
     clamp_replicas,
     duration_text,
 )
 
 # Waiting reasons of a container that will not get better by waiting.
 BROKEN_WAITING_REASONS = frozenset(
-    {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
+    {
+        DegradedReason.CRASH_LOOP_BACK_OFF,
+        DegradedReason.IMAGE_PULL_BACK_OFF,
+        DegradedReason.ERR_IMAGE_PULL,
+        DegradedReason.CREATE_CONTAINER_CONFIG_ERROR,
+        DegradedReason.INVALID_IMAGE_NAME,
+    }
 )
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
 WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True", "TracingReady": "False"}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
-AUTOSCALER_CONDITIONS = ("ScalingLimited", "SLOMet", "MetricsAvailable")
+AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = ("ScalingLimited", "SLOMet", "MetricsAvailable")
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ class PodProblem:
 
 
 # A condition before it meets the previous status: (type, True/False/None for Unknown, reason, message).
-ConditionRow = tuple[str, bool | None, str, str]
+ConditionRow = tuple[ConditionType, bool | None, str, str]
 
 
 @dataclass(frozen=True)
@@ -122,7 +133,7 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
         return (
             "TracingReady",
             None,
-            "EndpointNotChecked",
+            TracingReadyReason.ENDPOINT_NOT_CHECKED,
             f"spans go to {seen.endpoint} ({where}), which names no Service in cluster DNS; whether anything "
             "receives them there was not checked",
         )
@@ -131,16 +142,21 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
         return (
             "TracingReady",
             None,
-            "CollectorLookupFailed",
+            TracingReadyReason.COLLECTOR_LOOKUP_FAILED,
             f"looking up Service {namespace}/{name} of {seen.endpoint} ({where}) failed: {seen.failed}",
         )
     if seen.found is None:
-        return ("TracingReady", None, "NotChecked", f"Service {namespace}/{name} of {seen.endpoint} not looked up yet")
+        return (
+            "TracingReady",
+            None,
+            TracingReadyReason.NOT_CHECKED,
+            f"Service {namespace}/{name} of {seen.endpoint} not looked up yet",
+        )
     if not seen.found and _also_outside(seen.endpoint):
         return (
             "TracingReady",
             None,
-            "EndpointNotChecked",
+            TracingReadyReason.ENDPOINT_NOT_CHECKED,
             f"no Service {name} in namespace {namespace}: spans sent to {seen.endpoint} ({where}) go to that host "
             "outside the cluster, if there is one; not checked",
         )
@@ -153,14 +169,14 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
         return (
             "TracingReady",
             False,
-            "CollectorNotFound",
+            TracingReadyReason.COLLECTOR_NOT_FOUND,
             f"no Service {name} in namespace {namespace}: the spans sent to {seen.endpoint} ({where}) are lost; {fix}",
         )
     if seen.ready == 0:
         return (
             "TracingReady",
             False,
-            "CollectorNotReady",
+            TracingReadyReason.COLLECTOR_NOT_READY,
             f"Service {namespace}/{name} has no ready endpoint: no collector pod behind it is serving, and the spans "
             f"sent to {seen.endpoint} ({where}) are lost; a Secret or cloud identity the collector needs may be "
             f"missing (kubectl -n {namespace} get pods; docs/tracing.md)",
@@ -168,7 +184,7 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
     return (
         "TracingReady",
         True,
-        "CollectorFound",
+        TracingReadyReason.COLLECTOR_FOUND,
         f"spans go to {seen.endpoint} ({where}), Service {namespace}/{name}",
     )
 
@@ -207,7 +223,7 @@ def scheduling_failure(pod: dict[str, Any]) -> PodProblem | None:
     for entry in (pod.get("status") or {}).get("conditions") or []:
         if entry.get("type") == "PodScheduled" and entry.get("status") == "False":
             name = pod.get("metadata", {}).get("name", "")
-            return PodProblem(name, entry.get("reason") or "Unschedulable", entry.get("message") or "")
+            return PodProblem(name, entry.get("reason") or DegradedReason.UNSCHEDULABLE, entry.get("message") or "")
     return None
 
 
@@ -244,33 +260,41 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
 
 
-def condition(
-    kind: str,
-    ok: bool | None,
-    reason: str,
-    message: str,
-    previous: dict[str, Condition],
-    now: datetime,
-    generation: int | None,
-) -> Condition:
-    """A condition whose transition time moves only when its status does; ``ok`` None is Unknown.
+@dataclass(frozen=True)
+class Conditions:
+    """Builds the conditions of one new status: all share its time and generation, and meet the same previous ones."""
 
-    A message longer than the API server accepts (Condition.message's maxLength) is cut, with a marker, so that a
-    long list of problems never makes the status itself unwritable.
-    """
-    status = "Unknown" if ok is None else "True" if ok else "False"
-    before = previous.get(kind)
-    since = before.last_transition_time if before is not None and before.status == status else now
-    return Condition.model_validate(
-        {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": truncate(message, CONDITION_MESSAGE_MAX),
-            "lastTransitionTime": since,
-            "observedGeneration": generation,
-        }
-    )
+    before: dict[str, Condition]
+    now: datetime
+    generation: int | None
+
+    @classmethod
+    def after(cls, previous: MultimodalInferenceStatus | None, now: datetime, generation: int | None) -> Conditions:
+        return cls({c.type: c for c in (previous.conditions if previous else [])}, now, generation)
+
+    def __call__(self, kind: ConditionType, ok: bool | None, reason: str, message: str) -> Condition:
+        """A condition whose transition time moves only when its status does; ``ok`` None is Unknown.
+
+        A message longer than the API server accepts (Condition.message's maxLength) is cut, with a marker, so that
+        a long list of problems never makes the status itself unwritable.
+        """
+        status = "Unknown" if ok is None else "True" if ok else "False"
+        before = self.before.get(kind)
+        since = before.last_transition_time if before is not None and before.status == status else self.now
+        return Condition.model_validate(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": truncate(message, CONDITION_MESSAGE_MAX),
+                "lastTransitionTime": since,
+                "observedGeneration": self.generation,
+            }
+        )
+
+    def kept(self, kinds: tuple[ConditionType, ...]) -> list[Condition]:
+        """Those of ``kinds`` as last written, for a part of the status this one does not recompute."""
+        return [self.before[kind] for kind in kinds if kind in self.before]
 
 
 def replica_failure(deployment: dict[str, Any] | None) -> tuple[str, str] | None:
@@ -282,7 +306,11 @@ def replica_failure(deployment: dict[str, Any] | None) -> tuple[str, str] | None
     for entry in ((deployment or {}).get("status") or {}).get("conditions") or []:
         if entry.get("type") == "ReplicaFailure" and entry.get("status") == "True":
             message = str(entry.get("message") or "")
-            reason = "QuotaExceeded" if "exceeded quota" in message else str(entry.get("reason") or "FailedCreate")
+            reason = (
+                DegradedReason.QUOTA_EXCEEDED
+                if "exceeded quota" in message
+                else str(entry.get("reason") or DegradedReason.FAILED_CREATE)
+            )
             return reason, f"the Deployment's pods cannot be created: {message}"
     return None
 
@@ -312,8 +340,7 @@ def _scaling_part(
     inference: MultimodalInference,
     scaling: Scaling | None,
     previous: MultimodalInferenceStatus | None,
-    before: dict[str, Condition],
-    now: datetime,
+    condition: Conditions,
 ) -> tuple[dict[str, Any], list[Condition]]:
     """The autoscaler's fields and conditions: from this cycle's ``scaling``, else as last written.
 
@@ -332,9 +359,9 @@ def _scaling_part(
             "lastScaleTime": previous.last_scale_time,
             "lastScaleReason": previous.last_scale_reason,
         }
-        return fields, [before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before]
+        return fields, condition.kept(AUTOSCALER_CONDITIONS)
     previous = previous or MultimodalInferenceStatus()
-    generation = inference.metadata.generation
+    now = condition.now
     last = previous.slo or SloStatus()
     if scaling.latency is not None or scaling.idle:
         observed = None if scaling.latency is None else duration_text(scaling.latency)
@@ -349,8 +376,7 @@ def _scaling_part(
         "lastScaleTime": now if scaling.scaled else previous.last_scale_time,
         "lastScaleReason": truncate(scaling.reason, SCALE_REASON_MAX) if scaling.scaled else previous.last_scale_reason,
     }
-    conditions = [condition(kind, ok, why, text, before, now, generation) for kind, ok, why, text in scaling.conditions]
-    return fields, conditions
+    return fields, [condition(*row) for row in scaling.conditions]
 
 
 def shared_cache_problem(inference: MultimodalInference, claim: dict[str, Any] | None) -> tuple[str, str] | None:
@@ -366,19 +392,22 @@ def shared_cache_problem(inference: MultimodalInference, claim: dict[str, Any] |
     instead = "or set spec.modelCache.volume: emptyDir"
     if claim is None:
         return (
-            "ModelCacheClaimMissing",
+            DegradedReason.MODEL_CACHE_CLAIM_MISSING,
             f"{where}: no PersistentVolumeClaim of that name in namespace {inference.metadata.namespace}; create a "
             f"ReadWriteMany claim (EFS on EKS, Azure Files on AKS, NAS on ACK) {instead}",
         )
     modes = list((claim.get("spec") or {}).get("accessModes") or [])
     if "ReadWriteMany" not in modes:
         return (
-            "ModelCacheClaimNotShared",
+            DegradedReason.MODEL_CACHE_CLAIM_NOT_SHARED,
             f"{where} has access modes {', '.join(modes) or 'none'}; replicas on several nodes need ReadWriteMany "
             f"(EFS, Azure Files, NAS) {instead}",
         )
     if (claim.get("status") or {}).get("phase") == "Lost":
-        return "ModelCacheClaimLost", f"{where} is Lost: its PersistentVolume is gone; recreate it {instead}"
+        return (
+            DegradedReason.MODEL_CACHE_CLAIM_LOST,
+            f"{where} is Lost: its PersistentVolume is gone; recreate it {instead}",
+        )
     return None
 
 
@@ -392,8 +421,8 @@ def compute_status(
     if isinstance(inference, InvalidSpec):
         return _invalid_status(inference, previous, now)
     generation = inference.metadata.generation
-    before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
-    base, kept = _scaling_part(inference, observed.scaling, previous, before, now)
+    condition = Conditions.after(previous, now, generation)
+    base, kept = _scaling_part(inference, observed.scaling, previous, condition)
     base |= {
         "observedGeneration": generation,
         "selector": render.selector_string(inference),
@@ -402,7 +431,7 @@ def compute_status(
         "backend": inference.spec.backend.name,
     }
 
-    tracing = _tracing_part(inference, observed.tracing, before, now)
+    tracing = _tracing_part(inference, observed.tracing, condition)
 
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
         body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing]}
@@ -415,25 +444,22 @@ def compute_status(
         return status(
             "Degraded",
             [
-                condition("Ready", False, reason, message, before, now, generation),
-                condition(
-                    "Progressing", False, reason, "nothing applied until this is resolved", before, now, generation
-                ),
-                condition("Degraded", True, reason, message, before, now, generation),
+                condition("Ready", False, reason, message),
+                condition("Progressing", False, reason, "nothing applied until this is resolved"),
+                condition("Degraded", True, reason, message),
             ],
             desiredReplicas=desired,
         )
     retrying = None
     if observed.retrying is not None:
-        retrying = condition("Progressing", False, "ApiServerRetrying", observed.retrying, before, now, generation)
+        retrying = condition("Progressing", False, ProgressingReason.API_SERVER_RETRYING, observed.retrying)
     if deployment is None:
         return status(
             "Pending",
             [
-                condition("Ready", False, "Creating", "creating the Deployment", before, now, generation),
-                retrying
-                or condition("Progressing", True, "Creating", "creating the Deployment", before, now, generation),
-                condition("Degraded", False, "AsExpected", "", before, now, generation),
+                condition("Ready", False, ReadyReason.CREATING, "creating the Deployment"),
+                retrying or condition("Progressing", True, ProgressingReason.CREATING, "creating the Deployment"),
+                condition("Degraded", False, DegradedReason.AS_EXPECTED, ""),
             ],
             desiredReplicas=desired,
         )
@@ -450,35 +476,30 @@ def compute_status(
 
     ready_message = f"{ready}/{desired} replicas ready"
     if serving:
-        ready_cond = condition("Ready", True, "ReplicasReady", ready_message, before, now, generation)
-        progressing = condition("Progressing", False, "RolledOut", ready_message, before, now, generation)
+        ready_cond = condition("Ready", True, ReadyReason.REPLICAS_READY, ready_message)
+        progressing = condition("Progressing", False, ProgressingReason.ROLLED_OUT, ready_message)
     else:
-        ready_cond = condition("Ready", False, "ReplicasNotReady", ready_message, before, now, generation)
+        ready_cond = condition("Ready", False, ReadyReason.REPLICAS_NOT_READY, ready_message)
         progressing = condition(
             "Progressing",
             not stalled,
-            "ProgressDeadlineExceeded" if stalled else "ReplicasStarting",
+            ProgressingReason.PROGRESS_DEADLINE_EXCEEDED if stalled else ProgressingReason.REPLICAS_STARTING,
             stall_message or f"{updated}/{desired} replicas on the current spec, {ready} ready",
-            before,
-            now,
-            generation,
         )
     progressing = retrying or progressing
     if observed.cache_problem is not None:
         reason, message = observed.cache_problem
-        degraded = condition("Degraded", True, reason, message, before, now, generation)
+        degraded = condition("Degraded", True, reason, message)
     elif failed_create is not None:
-        degraded = condition("Degraded", True, *failed_create, before, now, generation)
+        degraded = condition("Degraded", True, *failed_create)
     elif problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        degraded = condition(
-            "Degraded", True, first.reason, f"pod {first.pod}: {first.message}{more}", before, now, generation
-        )
+        degraded = condition("Degraded", True, first.reason, f"pod {first.pod}: {first.message}{more}")
     elif stalled:
-        degraded = condition("Degraded", True, "ProgressDeadlineExceeded", stall_message, before, now, generation)
+        degraded = condition("Degraded", True, DegradedReason.PROGRESS_DEADLINE_EXCEEDED, stall_message)
     else:
-        degraded = condition("Degraded", False, "AsExpected", "", before, now, generation)
+        degraded = condition("Degraded", False, DegradedReason.AS_EXPECTED, "")
 
     phase: Phase = "Ready" if serving else ("Degraded" if degraded.status == "True" else "Progressing")
     return status(
@@ -490,20 +511,15 @@ def compute_status(
     )
 
 
-def _tracing_part(
-    inference: MultimodalInference, seen: TracingSeen | None, before: dict[str, Condition], now: datetime
-) -> list[Condition]:
+def _tracing_part(inference: MultimodalInference, seen: TracingSeen | None, condition: Conditions) -> list[Condition]:
     """TracingReady while spec.tracing.enabled, from what was seen, else as last written (Unknown before that)."""
     if not inference.spec.tracing.enabled:
         return []
-    if seen is None:
-        if "TracingReady" in before:
-            return [before["TracingReady"]]
-        row: ConditionRow = ("TracingReady", None, "NotChecked", "the collector has not been looked up yet")
-    else:
-        row = tracing_row(seen)
-    kind, ok, reason, message = row
-    return [condition(kind, ok, reason, message, before, now, inference.metadata.generation)]
+    if seen is not None:
+        return [condition(*tracing_row(seen))]
+    kept = condition.kept(("TracingReady",))
+    message = "the collector has not been looked up yet"
+    return kept or [condition("TracingReady", None, TracingReadyReason.NOT_CHECKED, message)]
 
 
 def _invalid_status(
@@ -511,13 +527,13 @@ def _invalid_status(
 ) -> MultimodalInferenceStatus:
     """A spec the operator cannot serve: say why on Ready, and leave running children alone."""
     problems, generation = spec.problems, spec.generation
-    before: dict[str, Condition] = {c.type: c for c in (previous.conditions if previous else [])}
+    condition = Conditions.after(previous, now, generation)
     message = "; ".join(problems)
     conditions = [
-        condition("Ready", False, "InvalidSpec", message, before, now, generation),
-        condition("Progressing", False, "InvalidSpec", "fix the spec to continue", before, now, generation),
-        condition("Degraded", True, "InvalidSpec", message, before, now, generation),
-        *(before[kind] for kind in AUTOSCALER_CONDITIONS if kind in before),
+        condition("Ready", False, ReadyReason.INVALID_SPEC, message),
+        condition("Progressing", False, ProgressingReason.INVALID_SPEC, "fix the spec to continue"),
+        condition("Degraded", True, DegradedReason.INVALID_SPEC, message),
+        *condition.kept(AUTOSCALER_CONDITIONS),
     ]
     kept = previous.model_dump(exclude={"conditions", "phase", "observed_generation"}) if previous else {}
     return MultimodalInferenceStatus.model_validate(

@@ -27,7 +27,10 @@ from typing import Any, Literal, get_args
 from mmfleet import backends
 from mmfleet.api import (
     AutoscalingSpec,
+    MetricsAvailableReason,
     MultimodalInference,
+    ScalingLimitedReason,
+    SloMetReason,
     SloSpec,
     clamp_replicas,
     duration_text,
@@ -211,22 +214,32 @@ def _unavailable(seen: Seen, inference: MultimodalInference, held: int) -> Condi
     """
     holding = f"holding {held} replicas"
     if seen.outage is not None:
-        return ("MetricsAvailable", False, "PrometheusUnavailable", f"{seen.outage}; {holding}")
+        return ("MetricsAvailable", False, MetricsAvailableReason.PROMETHEUS_UNAVAILABLE, f"{seen.outage}; {holding}")
     if seen.signals is not None and seen.signals.failed is not None:
-        return ("MetricsAvailable", False, "QueryFailed", f"{seen.signals.failed}; {holding}")
+        return ("MetricsAvailable", False, MetricsAvailableReason.QUERY_FAILED, f"{seen.signals.failed}; {holding}")
     if seen.signals is not None and not seen.signals.missing:
         rejected = implausible(seen.signals, seen.pods, inference)
         if rejected:
-            return ("MetricsAvailable", False, "SamplesRejected", f"not trusted: {'; '.join(rejected)}; {holding}")
+            return (
+                "MetricsAvailable",
+                False,
+                MetricsAvailableReason.SAMPLES_REJECTED,
+                f"not trusted: {'; '.join(rejected)}; {holding}",
+            )
         return None
     if seen.pods.ready == 0:
-        return ("MetricsAvailable", None, "NoPodServing", f"no pod is Ready, so none is scraped yet; {holding}")
+        return (
+            "MetricsAvailable",
+            None,
+            MetricsAvailableReason.NO_POD_SERVING,
+            f"no pod is Ready, so none is scraped yet; {holding}",
+        )
     missing = ", ".join(seen.signals.missing) if seen.signals else "any series"
     meta = inference.metadata
     return (
         "MetricsAvailable",
         False,
-        "SeriesMissing",
+        MetricsAvailableReason.SERIES_MISSING,
         f"Prometheus has no {missing} for namespace={meta.namespace}, mmfleet_io_inference={meta.name}; "
         f"{holding} (does Prometheus scrape the pods? see docs/autoscaling.md)",
     )
@@ -266,7 +279,7 @@ def decide(
             if held == seen.current
             else f"metrics unavailable: {seen.current} -> {held}, within minReplicas and maxReplicas"
         )
-        slo_met = ("SLOMet", None, "MetricsUnavailable", "nothing measured: see MetricsAvailable")
+        slo_met = ("SLOMet", None, SloMetReason.METRICS_UNAVAILABLE, "nothing measured: see MetricsAvailable")
     else:
         assert seen.signals is not None
         signals = seen.signals
@@ -311,12 +324,21 @@ def decide(
             elif replicas >= autoscaling.max_replicas:
                 cause = "at_max_replicas"
         partial = signals.reporting is not None and signals.reporting < expected
-        metrics = (
-            ("MetricsAvailable", False, "PartialScrape", f"{signals.reporting} of {expected} Ready pods report "
-             "series, so the sums miss pods: the fleet may grow, not shrink (does Prometheus scrape every pod?)")
-            if partial
-            else ("MetricsAvailable", True, "SeriesPresent", "latency, request rate, queue and KV-cache series read")
-        )  # fmt: skip
+        if partial:
+            metrics = (
+                "MetricsAvailable",
+                False,
+                MetricsAvailableReason.PARTIAL_SCRAPE,
+                f"{signals.reporting} of {expected} Ready pods report series, so the sums miss pods: the fleet may "
+                "grow, not shrink (does Prometheus scrape every pod?)",
+            )
+        else:
+            metrics = (
+                "MetricsAvailable",
+                True,
+                MetricsAvailableReason.SERIES_PRESENT,
+                "latency, request rate, queue and KV-cache series read",
+            )
         if latency is not None:
             met = latency <= target
             memory = replace(
@@ -327,16 +349,16 @@ def decide(
             slo_met = (
                 "SLOMet",
                 met,
-                "TargetMet" if met else "TargetMissed",
+                SloMetReason.TARGET_MET if met else SloMetReason.TARGET_MISSED,
                 f"{label} {duration_text(latency)} {op} target {slo.target} over the last {slo.window}",
             )
         elif idle:
-            slo_met = ("SLOMet", True, "NoRequests", f"no requests over the last {slo.window}")
+            slo_met = ("SLOMet", True, SloMetReason.NO_REQUESTS, f"no requests over the last {slo.window}")
         else:
             slo_met = (
                 "SLOMet",
                 None,
-                "NoRequestsFinished",
+                SloMetReason.NO_REQUESTS_FINISHED,
                 f"no request finished over the last {slo.window}, {in_flight:g} in flight",
             )
     if replicas != seen.current:
@@ -363,7 +385,7 @@ def _limits(
         return (
             "ScalingLimited",
             True,
-            "PodsUnschedulable",
+            ScalingLimitedReason.PODS_UNSCHEDULABLE,
             f"{pods.unschedulable} pods cannot be scheduled ({pods.why_unschedulable}); "
             "not adding more until they start",
         )
@@ -374,13 +396,13 @@ def _limits(
         return (
             "ScalingLimited",
             True,
-            "AtMaxReplicas",
+            ScalingLimitedReason.AT_MAX_REPLICAS,
             f"{replicas} replicas is spec.autoscaling.maxReplicas{over}; raise it to let the fleet grow",
         )
     return (
         "ScalingLimited",
         False,
-        "WithinRange",
+        ScalingLimitedReason.WITHIN_RANGE,
         f"{replicas} replicas within minReplicas {autoscaling.min_replicas} and maxReplicas {autoscaling.max_replicas}",
     )
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import Span
 
 from mmfleet import metrics_export, render, status, telemetry
-from mmfleet.api import MultimodalInference
+from mmfleet.api import DegradedReason, MultimodalInference
 from mmfleet.handlers import discovery
 from mmfleet.handlers.children import fingerprint, foreign_owner, scaler_owns_replicas
 from mmfleet.handlers.records import (
@@ -96,7 +96,7 @@ NextDelay = Callable[[float | None], float]
 class _NotAppliedError(Exception):
     """Nothing more is applied for this fleet: ``reason`` and ``message`` go into its conditions."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: DegradedReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -208,7 +208,11 @@ def _apply(
         log.info("%s/%s: its namespace is being deleted; nothing to apply", *key)
         return Result("ok")
     except (_NotAppliedError, RefusedError) as error:
-        refused = error if isinstance(error, _NotAppliedError) else _NotAppliedError("ApplyRefused", _refusal(error))
+        refused = (
+            error
+            if isinstance(error, _NotAppliedError)
+            else _NotAppliedError(DegradedReason.APPLY_REFUSED, _refusal(error))
+        )
         log.warning("%s/%s: %s: %s", *key, refused.reason, refused.message)
         record.refused, record.retrying = (refused.reason, refused.message), None
         with contextlib.suppress(RetryableError):
@@ -231,7 +235,7 @@ def _claim_names(op: Operator, record: FleetRecord, inference: MultimodalInferen
         holder = foreign_owner(live, meta.uid)
         if holder is not None:
             raise _NotAppliedError(
-                "ChildNotOwned",
+                DegradedReason.CHILD_NOT_OWNED,
                 f"{kind} {meta.namespace}/{name} already exists with {holder}, not this MultimodalInference: the "
                 f"operator neither changes nor deletes objects it did not create; delete or rename that {kind}, or "
                 f"give this MultimodalInference another metadata.name (now {meta.name})",

@@ -1,0 +1,102 @@
+"""The conditions of a MultimodalInference's status, and every reason each can give.
+
+One enum per condition type: the reasons are produced from these members (a member is its string on the wire), and
+docs/troubleshooting.md is checked to explain each of them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal, get_args
+
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable", "TracingReady"
+]
+CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
+
+
+class ReadyReason(StrEnum):
+    REPLICAS_READY = "ReplicasReady"
+    CREATING = "Creating"
+    REPLICAS_NOT_READY = "ReplicasNotReady"
+    INVALID_SPEC = "InvalidSpec"
+    CHILD_NOT_OWNED = "ChildNotOwned"
+    APPLY_REFUSED = "ApplyRefused"
+
+
+class ProgressingReason(StrEnum):
+    CREATING = "Creating"
+    REPLICAS_STARTING = "ReplicasStarting"
+    ROLLED_OUT = "RolledOut"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    INVALID_SPEC = "InvalidSpec"
+    CHILD_NOT_OWNED = "ChildNotOwned"
+    APPLY_REFUSED = "ApplyRefused"
+    API_SERVER_RETRYING = "ApiServerRetrying"
+
+
+class DegradedReason(StrEnum):
+    """A pod's problem is passed through in the scheduler's or the kubelet's word: the members from UNSCHEDULABLE to
+    CREATE_CONTAINER_CONFIG_ERROR are theirs (another scheduler reason, or a ReplicaSet's other than FailedCreate,
+    would pass through too)."""
+
+    AS_EXPECTED = "AsExpected"
+    UNSCHEDULABLE = "Unschedulable"
+    CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    ERR_IMAGE_PULL = "ErrImagePull"
+    INVALID_IMAGE_NAME = "InvalidImageName"
+    CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    MODEL_CACHE_CLAIM_MISSING = "ModelCacheClaimMissing"
+    MODEL_CACHE_CLAIM_NOT_SHARED = "ModelCacheClaimNotShared"
+    MODEL_CACHE_CLAIM_LOST = "ModelCacheClaimLost"
+    INVALID_SPEC = "InvalidSpec"
+    CHILD_NOT_OWNED = "ChildNotOwned"
+    APPLY_REFUSED = "ApplyRefused"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    FAILED_CREATE = "FailedCreate"
+
+
+class ScalingLimitedReason(StrEnum):
+    WITHIN_RANGE = "WithinRange"
+    AT_MAX_REPLICAS = "AtMaxReplicas"
+    PODS_UNSCHEDULABLE = "PodsUnschedulable"
+
+
+class SloMetReason(StrEnum):
+    TARGET_MET = "TargetMet"
+    TARGET_MISSED = "TargetMissed"
+    NO_REQUESTS = "NoRequests"
+    NO_REQUESTS_FINISHED = "NoRequestsFinished"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+
+
+class MetricsAvailableReason(StrEnum):
+    SERIES_PRESENT = "SeriesPresent"
+    NO_POD_SERVING = "NoPodServing"
+    PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+    SERIES_MISSING = "SeriesMissing"
+    QUERY_FAILED = "QueryFailed"
+    SAMPLES_REJECTED = "SamplesRejected"
+    PARTIAL_SCRAPE = "PartialScrape"
+
+
+class TracingReadyReason(StrEnum):
+    COLLECTOR_FOUND = "CollectorFound"
+    COLLECTOR_NOT_FOUND = "CollectorNotFound"
+    COLLECTOR_NOT_READY = "CollectorNotReady"
+    ENDPOINT_NOT_CHECKED = "EndpointNotChecked"
+    COLLECTOR_LOOKUP_FAILED = "CollectorLookupFailed"
+    NOT_CHECKED = "NotChecked"
+
+
+REASONS: dict[ConditionType, type[StrEnum]] = {
+    "Ready": ReadyReason,
+    "Progressing": ProgressingReason,
+    "Degraded": DegradedReason,
+    "ScalingLimited": ScalingLimitedReason,
+    "SLOMet": SloMetReason,
+    "MetricsAvailable": MetricsAvailableReason,
+    "TracingReady": TracingReadyReason,
+}

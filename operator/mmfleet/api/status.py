@@ -1,0 +1,75 @@
+"""The status of a MultimodalInference: written only by the operator."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from mmfleet.api.base import Model
+from mmfleet.api.conditions import ConditionType
+
+# The most a condition's message may hold (Condition.message's maxLength): longer ones are cut with TRUNCATED.
+CONDITION_MESSAGE_MAX = 32768
+TRUNCATED = " ... (truncated)"
+SCALE_REASON_MAX = 4096
+
+
+class StatusModel(Model):
+    """Base of what ``.status`` holds: fields it does not know are ignored, not refused, because a status written
+    by another version of the operator (after a rollback) is still this resource's status."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    """A status condition, as Kubernetes conventions define it."""
+
+    type: ConditionType = Field(
+        description="Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable or TracingReady."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
+    message: str = Field(default="", max_length=CONDITION_MESSAGE_MAX, description="What happened, for a person.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(default=None, description="Generation the condition was computed for.")
+
+
+class SloStatus(StatusModel):
+    """The latency objective as last measured."""
+
+    observed: str | None = Field(default=None, description="Measured percentile latency, e.g. 1.42s.")
+    target: str | None = Field(default=None, description="The target from spec.autoscaling.slo.")
+    attainment: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Share of the autoscaling cycles of the last hour whose measured percentile met the target.",
+    )
+    last_evaluated: datetime | None = Field(default=None, description="When the latency was last measured.")
+
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
+
+
+class MultimodalInferenceStatus(StatusModel):
+    """What the operator observed; written only by the operator."""
+
+    phase: Phase | None = Field(default=None, description="Pending, Progressing, Ready, Degraded or Failed.")
+    observed_generation: int | None = Field(default=None, description="Last spec generation acted on.")
+    replicas: int | None = Field(default=None, description="Replicas that exist (scale subresource).")
+    ready_replicas: int | None = Field(default=None, description="Replicas ready to serve.")
+    desired_replicas: int | None = Field(default=None, description="Replicas the operator wants.")
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
+    cloud: str | None = Field(default=None, description="Cloud profile in use.")
+    backend: str | None = Field(default=None, description="Backend in use (spec.backend.name with its default).")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
+    last_scale_time: datetime | None = Field(default=None, description="When the autoscaler last changed the replicas.")
+    last_scale_reason: str | None = Field(
+        default=None,
+        max_length=SCALE_REASON_MAX,
+        description="Why the autoscaler last changed the replicas, e.g. P90 2.8s > target 2s, ...: 4 -> 7.",
+    )
