@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from mmfleet.backends import tensorrt_llm, vllm
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 IMAGES = ROOT / "images"
 DOCKERFILES = sorted(IMAGES.glob("*Dockerfile"))

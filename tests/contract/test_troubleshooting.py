@@ -16,7 +16,7 @@ import textwrap
 
 from mmfleet import status
 from mmfleet.api import CONDITION_TYPES
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 DOC = ROOT / "docs/troubleshooting.md"
 SOURCES = sorted((ROOT / "operator/mmfleet").rglob("*.py"))
