@@ -24,12 +24,12 @@ from mmfleet import config, telemetry
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet_lab.twin.spans import kubelet_env
 from tests.helpers.manifests import BASE, CHART, OVERLAYS, Obj, is_collector, kustomize, strip_template
-from tests.helpers.repo import K8S_VERSION, ROOT
+from tests.helpers.repo import K8S_VERSION, ROOT, VERSION
 
 ARGOCD = ROOT / "manifests/argocd"
 CRD_FILE = ROOT / "crds/multimodalinferences.mmfleet.io.yaml"
 NAMESPACE = "mmfleet-system"
-IMAGE = "ghcr.io/mmfleet/operator:0.1.0"
+IMAGE = f"ghcr.io/mmfleet/operator:{VERSION}"
 HEALTH_KEY = "resource.customizations.health.mmfleet.io_MultimodalInference"
 
 
@@ -388,8 +388,8 @@ def test_chart_metadata_and_values_parse() -> None:
     assert (chart["apiVersion"], chart["name"], chart["version"], chart["appVersion"]) == (
         "v2",
         "mmfleet",
-        "0.1.0",
-        "0.1.0",
+        VERSION,
+        VERSION,
     )
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" == IMAGE

@@ -12,6 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"  # measurements and traces the tests read
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+VERSION = (ROOT / "VERSION").read_text().strip()  # the operator's and the lab's, written only there
 K8S_VERSION = "1.34.0"  # the Kubernetes version manifests are validated against (kubernetes-validate)
 
 
