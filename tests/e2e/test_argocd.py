@@ -32,7 +32,8 @@ from tests.helpers.repo import ROOT
 from tests.helpers.spike import BASE_RATE
 from tests.helpers.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+# A module cluster and Argo CD started, then a spike run to its end and a roll from Git: past the default timeout.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 APP = "qwen-vl"
 NAMESPACE = "gitops"

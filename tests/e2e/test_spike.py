@@ -26,7 +26,8 @@ from mmfleet_lab.twin.serve import Spike
 from tests.helpers.repo import ROOT
 from tests.helpers.spike import BASE_RATE, CLUSTER, say
 
-pytestmark = pytest.mark.e2e
+# A module cluster started, then 360 s of traffic after the series' warm-up: past the default per-test timeout.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 NAMESPACE = "e2e"
 NAME = "qwen-vl"
