@@ -84,10 +84,6 @@ def test_crd_command_prints_the_crd() -> None:
     assert yaml.safe_load(result.stdout)["metadata"]["name"] == "multimodalinferences.mmfleet.io"
 
 
-
-
-
-
 @pytest.mark.parametrize("args", [("render", "-f", "examples/minimal.yaml"), ("crd",), ("docs", "api")])
 def test_operator_commands_work_without_the_lab_and_its_dependencies(args: tuple[str, ...]) -> None:
     """As `pip install .` (no extra) leaves it: the output is the same as with the lab installed."""
@@ -114,9 +110,3 @@ def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> No
     assert result.returncode == 2
     assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
     assert "{render,run,crd,docs,collector-config}" in run("--help", without=("numpy",)).stdout
-
-
-
-
-
-

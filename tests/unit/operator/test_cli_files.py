@@ -67,19 +67,3 @@ def test_render_reads_a_spec_with_anchors_and_aliases(tmp_path: Path) -> None:
     result = run("render", "-f", str(path), "--cloud", "generic")
     assert result.returncode == 0, result.stderr
     assert "- --tensor-parallel-size\n        - '2'" in result.stdout
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
