@@ -1,4 +1,5 @@
 # mmfleet: `make test` (lint, type check, every test tier) and `make demo` (local control plane + operator).
+# `make fast` is the part of `make test` that needs no cluster and builds nothing: lint, typecheck, unit, lab-unit.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,12 +9,14 @@ STAMP  := $(VENV)/.installed
 DEMO_PACKAGES   := prometheus
 SYSTEM_PACKAGES := $(DEMO_PACKAGES) lua5.1 redis-server
 
-.PHONY: install system-deps demo-deps binaries test-binaries lint typecheck test unit demo reliability crds clean
+.PHONY: install system-deps demo-deps binaries test-binaries lint typecheck fast unit lab-unit integration test demo \
+	reliability crds clean
 
-$(STAMP): pyproject.toml
+# Both distributions in one pip command, so that the `lab` extra's mmfleet-lab is the one in lab/ (no index has it).
+$(STAMP): pyproject.toml lab/pyproject.toml VERSION
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[lab,dev]"
+	$(BIN)/pip install --quiet -e ".[lab,dev]" -e ./lab
 	@touch $@
 
 install: $(STAMP)
@@ -44,17 +47,30 @@ test-binaries: binaries
 
 lint: install
 	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
 	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy
 
-## Fast tier: pure functions and contracts, no cluster.
+## Fast tier: pure functions and contracts, no cluster. `unit` is the operator's (tests of mmfleet and the committed
+## files); `lab-unit` the lab's (the twin, the benchmarks, the local cluster's parts, the lab's commands).
 unit: install
-	$(BIN)/pytest -q tests/unit tests/contract
+	$(BIN)/pytest -q tests/unit/operator tests/contract
 
-test: lint typecheck system-deps test-binaries
-	$(BIN)/pytest -q
+lab-unit: install
+	$(BIN)/pytest -q tests/unit/lab
+
+fast: lint typecheck unit lab-unit
+
+## The local control plane's tiers: the binaries are built first (minutes, once), then integration and end-to-end.
+integration: system-deps test-binaries
+	$(BIN)/pytest -q tests/integration tests/e2e
+
+## Every test: the fast checks first, so a failure there stops before any build; then the cluster's tiers.
+test:
+	$(MAKE) fast
+	$(MAKE) integration
 
 ## The main job on the embedded default: a local control plane with Prometheus, the operator, the
 ## examples, and a traffic spike served by the digital twin while the operator scales.

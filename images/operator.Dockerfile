@@ -1,17 +1,18 @@
 # The mmfleet operator: a small Python image running `mmfleet run`. Build from the repository root:
-#   docker build -f images/operator.Dockerfile -t ghcr.io/mmfleet/operator:0.1.0 .
-# The tag is the version in pyproject.toml, the chart's appVersion and the image the kustomize base and the
-# chart run; VERSION below says the same (tests/contract/test_images.py checks all of them agree).
-# Only the operator goes in: operator/mmfleet and no extra, so neither the lab (operator/mmfleet_lab)
-# nor its dependencies (numpy, numba, matplotlib, cryptography) are installed.
+#   docker build -f images/operator.Dockerfile --build-arg VERSION="$(cat VERSION)" -t "ghcr.io/mmfleet/operator:$(cat VERSION)" .
+# The file VERSION is the one place the version is written: the wheel's version is read from it, and the tag, the
+# chart's appVersion and the image the kustomize base and the chart run say the same
+# (tests/contract/test_images.py checks all of them agree).
+# Only the operator goes in: the mmfleet distribution (operator/mmfleet) and no extra, so neither the lab
+# (mmfleet-lab, lab/pyproject.toml) nor its dependencies (numpy, numba, matplotlib, cryptography) are installed.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md VERSION ./
 COPY operator/mmfleet ./operator/mmfleet
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
-ARG VERSION=0.1.0
+ARG VERSION
 LABEL org.opencontainers.image.title="mmfleet-operator" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"

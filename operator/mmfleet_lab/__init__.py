@@ -1,9 +1,10 @@
 """What proves the operator: the digital twin, the benchmarks, the local control plane and the demo.
 
-Installed with the ``lab`` extra. It may import ``mmfleet``; ``mmfleet`` never imports it. ``pip
-install .`` puts this package on disk too (one distribution), so importing it checks for the
-extra's dependencies first: without them the ``mmfleet`` command leaves the lab's sub-commands out
-and says what to install, instead of failing half-way through one.
+The distribution ``mmfleet-lab`` (lab/pyproject.toml), which the ``lab`` extra of ``mmfleet``
+requires. It may import ``mmfleet``; ``mmfleet`` never imports it. Where this package is importable
+without its dependencies (a checkout's ``operator/`` on the path), importing it checks for them
+first: without them the ``mmfleet`` command leaves the lab's sub-commands out and says what to
+install, instead of failing half-way through one.
 """
 
 from importlib.util import find_spec

@@ -66,7 +66,8 @@ BATCH = 40  # fleets live at once: what 2 cores serve within BOUND, each with it
 QUOTA_PODS = 2  # pods per fleet's namespace: enough to see the pods admitted, few enough for 1,000-replica specs
 RETRY_LIMIT = 5  # the same warning for one fleet more often than this within a batch is a retry loop
 UPDATE_EVERY = 3  # every third live fleet is updated once answered: a second round of the batch, a third longer
-# A problem line of the operator's: a field path rooted at the document, then what is wrong (tests/unit/test_properties)
+# A problem line of the operator's: a field path rooted at the document, then what is wrong
+# (tests/unit/operator/test_properties.py)
 PROBLEM = re.compile(r"^(spec|metadata|kind|apiVersion)(\.[A-Za-z0-9_-]+|\[\d+\])*: .+")
 FIELD_PATH = re.compile(r"\b(spec|metadata)(\.[A-Za-z0-9_-]+|\[\d+\])*\b")
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}

@@ -6,16 +6,15 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from mmfleet import metrics_export
 from mmfleet.autoscaler.metrics import FLEET_LABELS
+from tests.helpers.metrics import exported_series
+from tests.helpers.repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "charts" / "mmfleet" / "files" / "alerts.yaml"
 ALERT_TESTS = ROOT / "tests" / "data" / "alerts_test.yaml"
 
@@ -66,16 +65,6 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
                 quiet = quiet or not expected or bool(fleets - named)
         assert firing, f"{name}: no promtool case expects it to fire"
         assert quiet, f"{name}: no promtool case expects it to stay quiet"
-
-
-def exported_series() -> set[str]:
-    """Every series name the operator's registry can expose (a labelled metric has no sample until first used)."""
-    suffixes = {"counter": ("_total",), "histogram": ("_count", "_sum", "_bucket"), "gauge": ("",)}
-    return {
-        family.name + suffix
-        for family in metrics_export.REGISTRY.collect()
-        for suffix in suffixes.get(family.type, ("",))
-    }
 
 
 def test_the_alerts_read_only_series_the_operator_exports() -> None:

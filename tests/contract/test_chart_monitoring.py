@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mmfleet.config import OperatorConfig
-from tests.conftest import helm_binary
+from tests.helpers.repo import ROOT, helm_binary
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "mmfleet"
 ALL_ON = (
     "--set", "monitoring.podMonitor.enabled=true", "--set", "monitoring.podMonitor.labels.release=kp",

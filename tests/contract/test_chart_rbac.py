@@ -10,8 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import ROOT, helm_binary
-from tests.contract.test_manifests import K8S_VERSION
+from tests.helpers.repo import K8S_VERSION, ROOT, helm_binary
 
 CHART = ROOT / "charts/mmfleet"
 BASE_RBAC = ROOT / "manifests/base/rbac.yaml"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +11,9 @@ import yaml
 from pydantic import ValidationError
 
 from mmfleet.chart_values import ChartValues, values_schema_json
+from tests.helpers.repo import ROOT
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "mmfleet"
+CHART = ROOT / "charts" / "mmfleet"
 
 
 def test_committed_schema_is_the_generators_output() -> None:

@@ -38,8 +38,8 @@ from mmfleet.clouds.collector import (
 )
 from mmfleet.config import OperatorConfig
 from mmfleet.status import collector_service
-from tests.conftest import ROOT, helm_binary
-from tests.contract.test_manifests import BASE, CHART, K8S_VERSION, OVERLAYS, _strip_template, is_collector, kustomize
+from tests.helpers.manifests import BASE, CHART, OVERLAYS, is_collector, kustomize, strip_template
+from tests.helpers.repo import K8S_VERSION, ROOT, helm_binary
 
 Obj = dict[str, Any]
 CLOUDS = ["generic", *OVERLAYS]
@@ -179,7 +179,7 @@ def test_collector_pod_meets_the_restricted_pod_security_standard() -> None:
 
 def _chart_documents() -> dict[str, Obj]:
     text = (CHART / "templates/collector.yaml").read_text()
-    docs = [d for d in yaml.safe_load_all(_strip_template(text)) if d]
+    docs = [d for d in yaml.safe_load_all(strip_template(text)) if d]
     return {d["kind"]: d for d in docs}
 
 

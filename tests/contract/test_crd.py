@@ -8,9 +8,9 @@ from typing import Any
 import kubernetes_validate
 
 from mmfleet import apidocs, crd
+from tests.helpers.repo import K8S_VERSION
 
 CRD_FILE = "crds/multimodalinferences.mmfleet.io.yaml"
-K8S_VERSION = "1.34.0"
 
 
 def schema() -> dict[str, Any]:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from mmfleet import backends, dashboard
 from mmfleet.autoscaler.metrics import SIGNALS
-from tests.contract.test_alerts import exported_series
+from tests.helpers.metrics import exported_series
+from tests.helpers.repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "charts" / "mmfleet" / "files" / "dashboards" / "mmfleet.json"
 
 

@@ -9,9 +9,8 @@ import pytest
 
 from mmfleet import render
 from mmfleet.validation import parse
-from tests.conftest import EXAMPLES, load_example
+from tests.helpers.repo import EXAMPLES, K8S_VERSION, load_example
 
-K8S_VERSION = "1.34.0"
 CLOUDS = ["eks", "aks", "ack", "generic"]
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from mmfleet.backends import tensorrt_llm, vllm
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT, VERSION
 
 IMAGES = ROOT / "images"
 DOCKERFILES = sorted(IMAGES.glob("*Dockerfile"))
@@ -51,22 +51,28 @@ def test_the_only_image_built_here_is_the_operator() -> None:
     assert DOCKERFILES == [OPERATOR_DOCKERFILE]
 
 
-def _version() -> str:
-    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+def test_both_distributions_read_their_version_from_the_one_file() -> None:
+    for pyproject in (ROOT / "pyproject.toml", ROOT / "lab" / "pyproject.toml"):
+        project = tomllib.loads(pyproject.read_text())
+        assert "version" not in project["project"] and "version" in project["project"]["dynamic"], pyproject
+        assert project["tool"]["setuptools"]["dynamic"]["version"] == {"file": "VERSION"}, pyproject
+    assert (ROOT / "lab" / "VERSION").resolve() == ROOT / "VERSION"  # a link: setuptools reads no file above lab/
 
 
 def test_operator_image_tag_chart_app_version_and_docs_agree() -> None:
-    version = _version()
+    version = VERSION  # the file both distributions read their version from
     image = f"{OPERATOR_REPOSITORY}:{version}"
     chart = yaml.safe_load((ROOT / "charts/mmfleet/Chart.yaml").read_text())
     assert chart["appVersion"] == version
     dockerfile = OPERATOR_DOCKERFILE.read_text()
-    assert f"ARG VERSION={version}\n" in dockerfile
-    assert f"-t {image} ." in dockerfile
+    assert "ARG VERSION\n" in dockerfile  # no default: the build passes VERSION's content
+    assert '--build-arg VERSION="$(cat VERSION)" -t "ghcr.io/mmfleet/operator:$(cat VERSION)" .' in dockerfile
     deployment = yaml.safe_load((ROOT / "manifests/base/deployment.yaml").read_text())
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
     assert deployment["metadata"]["labels"]["app.kubernetes.io/version"] == version
     assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == version
+    application = yaml.safe_load((ROOT / "manifests/argocd/application.yaml").read_text())
+    assert application["spec"]["source"]["targetRevision"] == f"v{version}"
     quickstart = (ROOT / "docs/quickstart.md").read_text()
     tags = set(re.findall(rf"{re.escape(OPERATOR_REPOSITORY)}:([\w.-]+)", quickstart))
     assert tags == {version}, tags
@@ -89,6 +95,7 @@ def test_operator_image_runs_as_the_deployments_numeric_non_root_user() -> None:
 def test_operator_image_installs_the_operator_without_extras_for_a_read_only_root() -> None:
     dockerfile = OPERATOR_DOCKERFILE.read_text()
     assert "COPY operator/mmfleet ./operator/mmfleet" in dockerfile
+    assert "COPY pyproject.toml README.md VERSION ./" in dockerfile  # the operator's distribution, not lab/
     assert "mmfleet_lab" not in re.sub(r"#.*", "", dockerfile)
     (build,) = re.findall(r"^RUN pip wheel .*$", dockerfile, re.MULTILINE)
     assert build.endswith(" .") and "[" not in build, build

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -23,21 +22,15 @@ import yaml
 
 from mmfleet import config, telemetry
 from mmfleet.clouds import COLLECTOR_ENDPOINT
-from mmfleet_lab.cluster.build import binaries_at, cache_root
 from mmfleet_lab.twin.spans import kubelet_env
-from tests.conftest import ROOT
+from tests.helpers.manifests import BASE, CHART, OVERLAYS, Obj, is_collector, kustomize, strip_template
+from tests.helpers.repo import K8S_VERSION, ROOT, VERSION
 
-K8S_VERSION = "1.34.0"
-BASE = ROOT / "manifests/base"
-OVERLAYS = ["eks", "aks", "ack"]
 ARGOCD = ROOT / "manifests/argocd"
-CHART = ROOT / "charts/mmfleet"
 CRD_FILE = ROOT / "crds/multimodalinferences.mmfleet.io.yaml"
 NAMESPACE = "mmfleet-system"
-IMAGE = "ghcr.io/mmfleet/operator:0.1.0"
+IMAGE = f"ghcr.io/mmfleet/operator:{VERSION}"
 HEALTH_KEY = "resource.customizations.health.mmfleet.io_MultimodalInference"
-
-Obj = dict[str, Any]
 
 
 def _triples(group: str, resources: Iterable[str], verbs: Iterable[str]) -> set[tuple[str, str, str]]:
@@ -59,7 +52,7 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("mmfleet.io", ["multimodalinferences/status"], ["patch"])
     | _triples("mmfleet.io", ["multimodalinferences/finalizers"], ["update"])
     # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers; read
-    # once before the first apply (handlers.fleet._claim_names: never adopt an object of that name).
+    # once before the first apply (handlers.reconcile._claim_names: never adopt an object of that name).
     | _triples("apps", ["deployments"], ["get", "list", "watch", "create", "patch"])
     | _triples("apps", ["deployments/scale"], ["patch"])  # kube.Kube.scale: server-side apply on /scale
     | _triples("", ["services", "serviceaccounts"], ["get", "list", "watch", "create", "patch"])
@@ -70,35 +63,11 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
     | _triples("", ["persistentvolumeclaims"], ["get"])  # status.shared_cache_problem reads the shared claim
     | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)
-    # TracingReady's CollectorNotReady: the collector Service's EndpointSlices (handlers.fleet._ready_endpoints).
+    # TracingReady's CollectorNotReady: the collector Service's EndpointSlices (handlers.discovery._ready_endpoints).
     | _triples("discovery.k8s.io", ["endpointslices"], ["list"])
 )
 # Verbs that would let the operator grant itself more than this list.
 ESCALATING = {"*", "escalate", "bind", "impersonate"}
-
-
-def kubectl() -> str:
-    """The kubectl `make binaries` builds (make test builds it first); the fast tier skips without one."""
-    cached = binaries_at(cache_root()).kubectl
-    if cached.exists():
-        return str(cached)
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.skip(f"no kubectl: neither {cached} (make binaries) nor one on PATH")
-    return found
-
-
-def kustomize(path: Path) -> list[Obj]:
-    result = subprocess.run(
-        [kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, f"kubectl kustomize {path} failed:\n{result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def is_collector(obj: Obj) -> bool:
-    """The OpenTelemetry Collector's objects (tests/contract/test_collector_manifests.py checks them)."""
-    return bool(obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "otel-collector")
 
 
 def one(objs: list[Obj], kind: str) -> Obj:
@@ -424,8 +393,8 @@ def test_chart_metadata_and_values_parse() -> None:
     assert (chart["apiVersion"], chart["name"], chart["version"], chart["appVersion"]) == (
         "v2",
         "mmfleet",
-        "0.1.0",
-        "0.1.0",
+        VERSION,
+        VERSION,
     )
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" == IMAGE
@@ -450,21 +419,11 @@ def test_chart_templates_use_only_values_that_exist() -> None:
     assert used - values.keys() == set()
 
 
-def _strip_template(text: str) -> str:
-    """The literal YAML of a template: drop whole-line actions, blank out inline ones.
-
-    Good enough for the templates here, whose compared parts are literal YAML with no
-    conditionals around them; it is not a template engine.
-    """
-    lines = [line for line in text.splitlines() if not re.fullmatch(r"\s*\{\{.*\}\}\s*", line)]
-    return re.sub(r"\{\{.*?\}\}", "TEMPLATED", "\n".join(lines))
-
-
 def test_chart_deployment_matches_the_base(base: list[Obj]) -> None:
     text = (CHART / "templates/deployment.yaml").read_text()
     names = {e["name"] for e in operator_container(base)["env"]}
     assert set(re.findall(r"- name: (MMFLEET_\w+|OTEL_\w+)", text)) == names
-    literal = yaml.safe_load(_strip_template(text))
+    literal = yaml.safe_load(strip_template(text))
     spec = literal["spec"]
     base_spec = one(base, "Deployment")["spec"]
     assert spec["replicas"] == base_spec["replicas"] == 1

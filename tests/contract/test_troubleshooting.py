@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from mmfleet.api import CONDITION_TYPES, REASONS
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 DOC = ROOT / "docs/troubleshooting.md"
 # The events' own reasons (``status.events``, ``autoscaler.cycle.Outcome.event_reason``); the rest are conditions'.

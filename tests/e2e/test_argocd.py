@@ -28,12 +28,13 @@ from mmfleet_lab.cluster.argocd import GitRepo, RunningArgoCD, run_argocd
 from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.spike import Twin
 from mmfleet_lab.twin.serve import Spike
-from tests.e2e.test_spike import BASE_RATE, cluster, operator  # noqa: F401 (fixtures: the spike test's cluster)
-from tests.integration.operator_process import wait_for
+from tests.helpers.repo import ROOT
+from tests.helpers.spike import BASE_RATE
+from tests.helpers.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+# A module cluster and Argo CD started, then a spike run to its end and a roll from Git: past the default timeout.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-ROOT = Path(__file__).resolve().parents[2]
 APP = "qwen-vl"
 NAMESPACE = "gitops"
 PATH = "fleet/qwen-vl.yaml"
@@ -70,7 +71,7 @@ def application(repo_url: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def argocd(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningArgoCD]:  # noqa: F811
+def argocd(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningArgoCD]:
     patch = ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml"
     workdir = tmp_path_factory.mktemp("argocd")
     with run_argocd(cluster.kubeconfig, workdir, cm_patches=(patch,), resync_seconds=RESYNC) as running:
@@ -125,8 +126,8 @@ def _container_command(deployment: dict[str, Any]) -> list[str]:
 
 
 def test_argocd_syncs_reports_health_stays_synced_through_a_spike_and_rolls_from_git(
-    cluster: Cluster,  # noqa: F811
-    operator: Any,  # noqa: F811
+    cluster: Cluster,
+    operator: Any,
     argocd: RunningArgoCD,
     tmp_path: Path,
 ) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,11 +27,12 @@ from mmfleet_lab.cluster import Cluster, NodePool, down, process, prometheus, up
 from mmfleet_lab.cluster.crds import install_mmfleet_crd
 from mmfleet_lab.cluster.kubectl import apply_ready
 from mmfleet_lab.spike import Twin
-from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = f"mmfleet-obs-{os.getpid()}"
 NAMESPACE = "obs"
 NAME = "qwen-vl"
@@ -126,13 +126,21 @@ def test_every_panel_answers_and_every_rule_evaluates_while_the_twin_serves(
             found = [(title, expr, *query(cluster, expr)) for title, expr in panels]
             return [(title, expr, status) for title, expr, status, result in found if status != "success" or not result]
 
-        deadline = time.monotonic() + SETTLE
-        missing = unanswered()
-        while missing and time.monotonic() < deadline:
-            time.sleep(5)
+        missing: list[tuple[str, str, str]] = []
+
+        def answered() -> bool:
+            nonlocal missing
             missing = unanswered()
-        assert not missing, f"panels without an answer after {SETTLE:.0f}s (operator log: {operator.tail(20)}): " + (
-            "\n".join(f"{title}: {status}: {expr}" for title, expr, status in missing)
+            return not missing
+
+        wait_for(
+            answered,
+            SETTLE,
+            lambda: (
+                f"every panel to answer (operator log: {operator.tail(20)}): "
+                + "\n".join(f"{title}: {status}: {expr}" for title, expr, status in missing)
+            ),
+            interval=5,
         )
         refused = [(name, status) for name, expr in rule_queries() if (status := query(cluster, expr)[0]) != "success"]
         assert not refused, refused

@@ -14,28 +14,23 @@ stopped from 205 to 225 (and a minute of warm-up again after it), the scale-down
 from __future__ import annotations
 
 import itertools
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mmfleet_lab.cluster import Cluster, NodePool, down, start_prometheus, stop_prometheus, up
-from mmfleet_lab.cluster.crds import install_mmfleet_crd
+from mmfleet_lab.cluster import Cluster, start_prometheus, stop_prometheus
 from mmfleet_lab.cluster.kubectl import apply_ready
 from mmfleet_lab.spike import Sample, Twin, follow, line, plot
 from mmfleet_lab.twin.serve import Spike
+from tests.helpers.repo import ROOT
+from tests.helpers.spike import BASE_RATE, CLUSTER, say
 
-pytestmark = pytest.mark.e2e
+# A module cluster started, then 360 s of traffic after the series' warm-up: past the default per-test timeout.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = f"mmfleet-e2e-{os.getpid()}"
-COLD_START = "10s"  # kwok's pod-ready delay: what a new pod costs before it serves
 NAMESPACE = "e2e"
 NAME = "qwen-vl"
-BASE_RATE = 4.0  # req/s: one H100 replica holds P90 under 3 s up to about 10 req/s (capacity_at_slo)
 SPIKE = Spike(start=100.0, end=190.0, factor=5.0)
 OUTAGE = (205.0, 225.0)
 END = 360.0
@@ -58,32 +53,6 @@ RESOURCE = {
 }
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    running = up(
-        CLUSTER, pod_ready_delay=COLD_START, nodes=(NodePool(cloud="eks", gpu_type="H100", count=2),),
-        scrape_interval="2s", progress=_say,
-    )  # fmt: skip
-    yield running
-    down(CLUSTER, progress=_say)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.integration.operator_process import OperatorProcess
-
-    install_mmfleet_crd(cluster.api_client(), "mmfleet-tests")
-    env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "", "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
-    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env)
-    process.start()
-    yield process
-    process.stop()
-
-
 def run_spike(cluster: Cluster, tmp_path: Path) -> list[Sample]:
     apply_ready(cluster.kubeconfig, RESOURCE)
     twin = Twin(cluster, BASE_RATE, (SPIKE,), tmp_path / "twin.log", ROOT / "tests" / "data")
@@ -92,7 +61,7 @@ def run_spike(cluster: Cluster, tmp_path: Path) -> list[Sample]:
     try:
         for sample in follow(cluster, NAMESPACE, NAME, twin.started, interval=1.0):
             samples.append(sample)
-            _say(line(sample, (SPIKE,)) + "".join(f"\n  event: {e}" for e in sample.events))
+            say(line(sample, (SPIKE,)) + "".join(f"\n  event: {e}" for e in sample.events))
             if not stopped and sample.t >= OUTAGE[0]:
                 stop_prometheus(CLUSTER)
                 stopped = True

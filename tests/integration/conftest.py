@@ -6,9 +6,7 @@ first run on a machine builds the binaries (minutes); later sessions start in ab
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,27 +14,27 @@ from typing import Any
 
 import pytest
 
-from mmfleet_lab.cluster import Cluster, NodePool, down, up
+from mmfleet_lab.cluster import Cluster, down, up
 from mmfleet_lab.cluster.cluster import clusters_dir
-from tests.integration.operator_process import OperatorProcess
-
-# One cluster per pytest process, so sessions running side by side (two developers' shells, two agents)
-# never share, or tear down, each other's cluster; the pid in the name lets a later session clean up
-# after one that was killed.
-CLUSTER_PREFIX = "mmfleet-it-"
-CLUSTER_NAME = f"{CLUSTER_PREFIX}{os.getpid()}"
-POD_READY_DELAY = "2s"
-SCRAPE_INTERVAL = "2s"  # Prometheus'; short, so a test sees a full rate() window within seconds
-POOLS = (
-    NodePool(cloud="eks", gpu_type="H100", count=2),
-    NodePool(cloud="aks", gpu_type="A100", count=1),
-    NodePool(cloud="ack", gpu_type="H20", count=1),
+from tests.helpers.chart import (  # noqa: F401 (fixtures: the chart installed, run, and the PodMonitor CRD served)
+    chart_run,
+    has_default_sa,
+    installed,
+    pod_monitor_crd,
+    settled_pod_monitor_crd,
+    watch_mode,
 )
-LAST = "test_down_stops_every_process"  # tears the session cluster down, so it must run last
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.name == LAST)  # stable: only moves that test to the end
+from tests.helpers.cluster import (
+    CLUSTER_NAME,
+    CLUSTER_PREFIX,
+    POD_READY_DELAY,
+    POOLS,
+    SCRAPE_INTERVAL,
+    down_leaves_nothing_behind,
+)
+from tests.helpers.fleet import Fleet
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
 
 def _progress(line: str) -> None:
@@ -57,8 +55,11 @@ def cluster() -> Iterator[Cluster]:
     running = up(
         CLUSTER_NAME, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, progress=_progress, scrape_interval=SCRAPE_INTERVAL
     )
-    yield running
-    down(CLUSTER_NAME, progress=_progress)  # a no-op when the last test already took it down
+    try:
+        yield running
+        down_leaves_nothing_behind(running)  # the cluster's end, checked as a user's ``mmfleet cluster down`` would
+    finally:
+        down(CLUSTER_NAME, progress=_progress)  # a no-op once the check above took it down
 
 
 @pytest.fixture(scope="session")
@@ -77,15 +78,7 @@ def namespace(api: Any) -> Iterator[str]:
     core = client.CoreV1Api(api)
     name = f"it-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            core.read_namespaced_service_account("default", name)
-            break
-        except ApiException as error:
-            if error.status != 404 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    wait_for(lambda: has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
     yield name
     try:
         core.delete_namespace(name)
@@ -108,3 +101,8 @@ def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFacto
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture
+def fleet(api: Any, namespace: str, operator: OperatorProcess) -> Fleet:
+    return Fleet(api, namespace)

@@ -1,6 +1,6 @@
 """``autoscaler.metrics`` against a real Prometheus scraping vLLM- and TensorRT-LLM-shaped pods.
 
-No control plane is needed: Prometheus (Debian's package) scrapes fake pods (tests/integration/fake_pods.py)
+No control plane is needed: Prometheus (Debian's package) scrapes fake pods (tests/helpers/fake_pods.py)
 through file_sd targets labelled as the PodMonitor relabelling labels real pods' series.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mmfleet.autoscaler.metrics import Prometheus, Readings, Slo, Target
-from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
-from tests.integration.operator_process import wait_for
+from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Prometheus faults, on the real Prometheus: bad data never scales a fleet to minReplicas or maxReplicas.
 
 Two fleets (``a`` and ``b``, three fake vLLM pods each, different SLO windows so each has its own latency
-query) are scraped by Debian's Prometheus (tests/integration/fake_pods.py). The autoscaler reads it through
+query) are scraped by Debian's Prometheus (tests/helpers/fake_pods.py). The autoscaler reads it through
 ``PrometheusFaultProxy`` (``mmfleet_lab.cluster.prometheus_faults``), which breaks the answers (down, slow,
 empty, an error status, NaN/±Inf, text, not JSON); the pods themselves break what is scraped (a counter
 reset, stale series, a partial scrape, NaN and a wild outlier in an exposition). Each fault is read the way
@@ -24,9 +24,9 @@ from mmfleet.api import MultimodalInference
 from mmfleet.autoscaler import cycle
 from mmfleet.autoscaler.metrics import Prometheus, Readings, Target
 from mmfleet_lab.cluster.prometheus_faults import Fault, PrometheusFaultProxy
-from tests.conftest import spec_doc
-from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
-from tests.integration.operator_process import wait_for
+from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
+from tests.helpers.repo import spec_doc
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

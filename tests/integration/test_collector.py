@@ -1,7 +1,7 @@
 """The real OpenTelemetry Collector (built by ``ensure_collector``) on every generated configuration, and on 127.0.0.1.
 
 - ``validate`` accepts each cloud's configuration, with and without the user's overrides (the cases of
-  tests/unit/test_collector_config.py), given what the collector's Secret would hold;
+  tests/unit/operator/test_collector_config.py), given what the collector's Secret would hold;
 - it refuses a configuration with a key the component does not have, and one whose Secret is missing,
   so a passing validate means something;
 - a span sent with the OpenTelemetry SDK over OTLP/gRPC and OTLP/HTTP comes out of the file exporter.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,8 @@ from mmfleet.clouds.collector import (
 )
 from mmfleet_lab.cluster.build import COLLECTOR_COMPONENTS
 from mmfleet_lab.cluster.collector import PodEnvironmentError, Validation, run_collector, validate
-from tests.unit.test_collector_config import CASES
+from tests.helpers.collector import CASES
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -173,9 +173,12 @@ def test_a_span_sent_over_otlp_comes_out_of_the_file_exporter(tmp_path: Path) ->
     with run_collector(tmp_path) as collector:
         _send_span("grpc", collector.endpoint, "over-grpc")
         _send_span("http", collector.http_endpoint, "over-http")
-        deadline = time.monotonic() + 20
-        while len(collector.spans()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(
+            lambda: len(collector.spans()) >= 2,
+            20,
+            lambda: f"two spans exported (collector log:\n{collector.log.read_text()[-2000:]})",
+            interval=0.2,
+        )
     spans = {span["name"]: span for span in collector.spans()}
     assert set(spans) == {"over-grpc", "over-http"}, f"collector log:\n{collector.log.read_text()[-2000:]}"
     for span in spans.values():

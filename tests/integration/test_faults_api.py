@@ -37,7 +37,8 @@ from mmfleet_lab.faults_api import (
     scale_fleets,
 )
 from mmfleet_lab.faults_crash import Namespace
-from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 from mmfleet_lab import faults_crash
 from mmfleet_lab.bench.report import table
 from mmfleet_lab.cluster import Cluster
-from tests.integration.operator_process import OperatorProcess
+from tests.helpers.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.integration
 

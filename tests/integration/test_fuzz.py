@@ -26,16 +26,13 @@ from kubernetes import client
 
 from mmfleet_lab import fuzz
 from mmfleet_lab.cluster import Cluster
-from tests.integration import test_helm, test_least_privilege
-from tests.integration.operator_process import OperatorProcess, wait_for
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_pod_monitor_crd")]
 
-# The Prometheus Operator's released PodMonitor CRD, served while this module runs (test_helm's fixture), so that the
+# The Prometheus Operator's released PodMonitor CRD is served while this module runs (``pod_monitor_crd``), so that the
 # operator renders PodMonitors as it would with the CRD installed and the API server validates them too.
-pod_monitor_crd = test_helm.pod_monitor_crd
-settled_pod_monitor_crd = test_least_privilege.settled_pod_monitor_crd
-
 SEED = int(os.environ.get("MMFLEET_FUZZ_SEED", "13"))
 COUNT = int(os.environ.get("MMFLEET_FUZZ_COUNT", "1200"))  # half from the schema, half mutations of the examples
 LIVE = os.environ.get("MMFLEET_FUZZ_LIVE", "60")

@@ -11,12 +11,8 @@ checkout with exactly what the installed Deployment gives its container, except 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,52 +23,38 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL
 from mmfleet_lab.cluster import Cluster
-from mmfleet_lab.cluster.crds import established, install_crd
-from mmfleet_lab.cluster.kubectl import kubectl
-from mmfleet_lab.cluster.process import free_port
-from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
-from mmfleet_lab.twin.spans import kubelet_env
-from tests.conftest import ROOT, helm_binary
-from tests.integration.operator_process import OperatorProcess, mmfleet_command, stop, wait_for
-from tests.integration.test_operator import Fleet
+from tests.helpers.chart import (
+    CHART,
+    CRD_NAME,
+    EXAMPLES,
+    NAMESPACE,
+    RELEASE,
+    ChartRun,
+    Installed,
+    Triple,
+    _apiserver_calls,
+    _container,
+    helm,
+    namespaced,
+    refused_calls,
+    rule_triples,
+)
+from tests.helpers.fleet import Fleet
+from tests.helpers.repo import ROOT
 
 pytestmark = pytest.mark.integration
 
-CHART = ROOT / "charts" / "mmfleet"
 BASE_RBAC = ROOT / "manifests" / "base" / "rbac.yaml"
-CRD_NAME = f"{PLURAL}.{GROUP}"
-PODMONITOR_CRD = "monitoring.coreos.com_podmonitors"
-RELEASE = "mmfleet"  # contains the chart's name, so every object is called "mmfleet"
-NAMESPACE = "mmfleet-helm"
-WATCHED = "helm-*"  # watchNamespaces as a kopf pattern: the fleets' namespaces below match it
-# minimal: the least spec; qwen-vl-eks: autoscaling, tracing, a workload identity (its own ServiceAccount);
-# llama-vision-trtllm-aks: TensorRT-LLM's ConfigMap, two replicas.
-EXAMPLES = ("minimal.yaml", "qwen-vl-eks.yaml", "llama-vision-trtllm-aks.yaml")
 CLOUD_VALUES = {
     "eks": ["--set", "defaultCloud=eks", "--set", "collector.awsRegion=us-west-2"],
     "aks": ["--set", "defaultCloud=aks"],
     "ack": ["--set", "defaultCloud=ack"],
     "generic": ["--set", "defaultCloud=generic"],
 }
-Triple = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
-
-
-def helm(*args: str, kubeconfig: Path | None = None, home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``helm ARGS`` with the lab's helm; its cache, config and data kept out of the user's home."""
-    env = dict(os.environ)
-    if home is not None:
-        env |= {f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}
-    argv = [str(helm_binary()), *args, *(["--kubeconfig", str(kubeconfig)] if kubeconfig else [])]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=env)
 
 
 def _docs(rendered: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(rendered) if d]
-
-
-def _container(deployment: dict[str, Any]) -> dict[str, Any]:
-    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
-    return container
 
 
 # --- lint, template, the values schema ------------------------------------------------------------------------
@@ -124,259 +106,6 @@ def test_a_wrong_value_fails_template_and_install_naming_the_field(
 # --- install, the operator as installed, RBAC, upgrade, uninstall ---------------------------------------------
 
 
-@dataclass
-class Installed:
-    cluster: Cluster
-    home: Path
-    watched: list[str]  # watchNamespaces
-    unused: list[str] = field(default_factory=list)  # with plain names: those no fleet was given yet
-
-    def fleet_namespace(self, api: Any) -> str:
-        """A watched namespace for a new fleet: a fresh one matching the pattern, or the next of the plain names (made
-        before the install, which puts a Role in each)."""
-        if self.watched == [WATCHED]:
-            return _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
-        assert self.unused, f"every plain watched namespace ({self.watched}) has a fleet already"
-        return self.unused.pop(0)
-
-    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return helm(*args, "--namespace", NAMESPACE, kubeconfig=self.cluster.kubeconfig, home=self.home)
-
-    def deployment(self, api: Any) -> dict[str, Any]:
-        """The installed operator Deployment as YAML shows it (camelCase)."""
-        found: dict[str, Any] = api.sanitize_for_serialization(
-            client.AppsV1Api(api).read_namespaced_deployment(RELEASE, NAMESPACE)
-        )
-        return found
-
-
-def _no_fleets_anywhere(api: Any) -> bool:
-    try:
-        return not client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, "v1alpha1", PLURAL)["items"]
-    except ApiException as error:
-        return error.status == 404
-
-
-def _remove_crd(api: Any) -> None:
-    """Delete the CRD (no fleet exists any more) so that the install is what creates it, from crds/."""
-    ext = client.ApiextensionsV1Api(api)
-    try:
-        ext.delete_custom_resource_definition(CRD_NAME)
-    except ApiException as error:
-        if error.status != 404:
-            raise
-
-    def gone() -> bool:
-        try:
-            ext.read_custom_resource_definition(CRD_NAME)
-        except ApiException as error:
-            return error.status == 404
-        return False
-
-    wait_for(gone, 60, f"the CRD {CRD_NAME} to be deleted")
-
-
-@pytest.fixture(scope="module")
-def pod_monitor_crd(api: Any) -> Iterator[None]:
-    """The Prometheus Operator's real PodMonitor CRD served, so the operator creates and prunes PodMonitors;
-    removed again after the module when it was not there before (other tests count a fleet's children)."""
-    body = yaml.safe_load((prometheus_operator_crds() / f"{PODMONITOR_CRD}.yaml").read_text())
-    present = established(api, body["metadata"]["name"])
-    if not present:
-        install_crd(api, body, "mmfleet-tests", timeout=30)
-    yield
-    if not present:
-        client.ApiextensionsV1Api(api).delete_custom_resource_definition(body["metadata"]["name"])
-
-
-@pytest.fixture(scope="module")
-def watch_mode() -> str:
-    """How the install gives watchNamespaces: ``pattern`` (WATCHED; the ClusterRole holds every rule) or ``names``
-    (one plain name per fleet the run makes; a Role in each). Here the pattern; test_least_privilege runs both."""
-    return "pattern"
-
-
-@pytest.fixture(scope="module")
-def installed(
-    cluster: Cluster,
-    api: Any,
-    operator: OperatorProcess,
-    pod_monitor_crd: None,
-    watch_mode: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Installed]:
-    """``helm install`` of the chart; the session's operator stopped meanwhile (one operator per fleet)."""
-    # Earlier tests' fleets go first (their finalizers need the session's operator), then the CRD.
-    wait_for(lambda: _no_fleets_anywhere(api), 60, "earlier tests' fleets to be gone")
-    operator.stop()
-    _remove_crd(api)
-    home = tmp_path_factory.mktemp("helm")
-    if watch_mode == "names":  # made before the install puts a Role in each: one per example, one for _exercise's
-        names = [_namespaced(api, f"helm-{uuid.uuid4().hex[:8]}") for _ in range(len(EXAMPLES) + 1)]
-        release = Installed(cluster, home, names, unused=list(names))
-    else:
-        release = Installed(cluster, home, [WATCHED])
-    result = release.helm(
-        "install", RELEASE, str(CHART), "--create-namespace",
-        "--set", f"prometheusUrl={cluster.prometheus_url}",
-        "--set-json", f"watchNamespaces={json.dumps(release.watched)}",
-        # The generic collector, installed beside the operator: TracingReady looks up its Service's EndpointSlices.
-        "--set", "collector.cloud=generic",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    yield release
-    release.helm("uninstall", RELEASE)
-    operator.start()
-
-
-def _token_kubeconfig(cluster: Cluster, service_account: str, path: Path) -> Path:
-    """A kubeconfig for the cluster as the ServiceAccount (a TokenRequest token, as the kubelet mounts one)."""
-    token = kubectl(
-        cluster.kubeconfig, "create", "token", service_account, "--namespace", NAMESPACE, "--duration", "1h", timeout=30
-    ).strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": service_account, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": service_account}}],
-        "current-context": "sa",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
-@dataclass
-class ChartRun:
-    username: str  # the ServiceAccount the operator ran as
-    health_url: str
-    fleets: dict[str, tuple[str, dict[str, Any]]]  # example file -> (namespace, status once Ready)
-    log: Path
-
-
-def _apiserver_calls(cluster: Cluster, username: str) -> list[dict[str, Any]]:
-    """The audit events of ``username``'s finished resource requests."""
-    events = (json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line.strip())
-    return [e for e in events if e["user"]["username"] == username and e.get("objectRef")]
-
-
-def _refused(cluster: Cluster, username: str) -> list[dict[str, Any]]:
-    return [e for e in _apiserver_calls(cluster, username) if e["responseStatus"]["code"] == 403]
-
-
-def _namespaced(api: Any, name: str) -> str:
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: _has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
-    return name
-
-
-def _has_default_sa(api: Any, namespace: str) -> bool:
-    try:
-        client.CoreV1Api(api).read_namespaced_service_account("default", namespace)
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
-
-
-def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
-    """What a user does next, so the run reaches the operator's other API calls: a PodMonitor turned off (pruned),
-    an autoscaled fleet's minimum raised (the scale subresource), a backend switched (the stale ConfigMap pruned),
-    a shared model cache whose claim is missing (read, to say why)."""
-    namespace, _ = fleets["minimal.yaml"]
-    monitors = client.CustomObjectsApi(api)
-
-    def monitor(present: bool) -> bool:
-        try:
-            monitors.get_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", "minimal")
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            return not present
-        return present
-
-    wait_for(lambda: monitor(present=True), 60, "the PodMonitor the served CRD makes the operator create")
-    Fleet(api, namespace).patch("minimal", {"monitoring": {"podMonitor": False}})
-    wait_for(lambda: monitor(present=False), 60, "the PodMonitor pruned once the spec turns it off")
-
-    namespace, _ = fleets["qwen-vl-eks.yaml"]
-    Fleet(api, namespace).patch("qwen-vl", {"autoscaling": {"minReplicas": 2}})
-    Fleet(api, namespace).wait_ready("qwen-vl", replicas=2, timeout=90)
-
-    namespace, _ = fleets["llama-vision-trtllm-aks.yaml"]
-    core = client.CoreV1Api(api)
-    assert core.read_namespaced_config_map("llama-vision-config", namespace)
-    tuning = {"kvCacheDtype": None, "maxModelLen": None, "maxNumSeqs": None, "maxNumBatchedTokens": None}
-    Fleet(api, namespace).patch("llama-vision", {"backend": {"name": "vllm", **tuning}})
-
-    def pruned() -> bool:
-        try:
-            core.read_namespaced_config_map("llama-vision-config", namespace)
-        except ApiException as error:
-            return error.status == 404
-        return False
-
-    wait_for(pruned, 60, "the TensorRT-LLM ConfigMap pruned after the switch to vLLM")
-
-    body = yaml.safe_load((ROOT / "examples" / "qwen-vl-shared-cache.yaml").read_text())
-    body["metadata"].pop("namespace", None)
-    namespace = installed.fleet_namespace(api)
-    fleet = Fleet(api, namespace)
-    fleet.create(body)
-    name = body["metadata"]["name"]
-    wait_for(lambda: fleet.status(name).get("observedGeneration"), 60, f"{name}'s status")
-    fleets["qwen-vl-shared-cache.yaml"] = (namespace, fleet.status(name))
-
-
-@pytest.fixture(scope="module")
-def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartRun]:
-    """The operator, from this checkout, with the installed Deployment's args and env and its ServiceAccount's token,
-    reconciling the examples to Ready (each in its own namespace matching watchNamespaces)."""
-    work = tmp_path_factory.mktemp("chart-operator")
-    deployment = installed.deployment(api)
-    pod = deployment["spec"]["template"]
-    service_account = pod["spec"]["serviceAccountName"]
-    container = _container(deployment)
-    env = kubelet_env(container["env"], {"metadata": {"name": f"{RELEASE}-0", "namespace": NAMESPACE}})
-    probe = container["startupProbe"]["httpGet"]
-    assert env["MMFLEET_HEALTH_ADDRESS"].endswith(f":{container['ports'][0]['containerPort']}")
-    env["MMFLEET_HEALTH_ADDRESS"] = f"127.0.0.1:{free_port()}"
-    kubeconfig = _token_kubeconfig(installed.cluster, service_account, work / "kubeconfig")
-    username = f"system:serviceaccount:{NAMESPACE}:{service_account}"
-    # The shell's settings must not leak in: only what the pod would have, plus PATH/HOME to run Python.
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("MMFLEET_", "OTEL_", "KUBECONFIG"))}
-    log = work / "operator.log"
-    argv = [*mmfleet_command(), *(container.get("args") or [])]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, env={**inherited, **env, "KUBECONFIG": str(kubeconfig)}, stdout=out, stderr=out)
-    fleets: dict[str, tuple[str, dict[str, Any]]] = {}
-    try:
-        for example in EXAMPLES:
-            body = yaml.safe_load((ROOT / "examples" / example).read_text())
-            body["metadata"].pop("namespace", None)
-            namespace = installed.fleet_namespace(api)
-            fleet = Fleet(api, namespace)
-            fleet.create(body)
-            name = body["metadata"]["name"]
-            fleets[example] = (namespace, fleet.wait_ready(name, replicas=body["spec"].get("replicas", 1), timeout=90))
-        _exercise(api, installed, fleets)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        yield ChartRun(username, f"http://{env['MMFLEET_HEALTH_ADDRESS']}{probe['path']}", fleets, log)
-    except AssertionError as error:  # say what the chart's RBAC refused, if that is why
-        denied = {
-            (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("subresource"))
-            for e in _refused(installed.cluster, username)
-        }
-        raise AssertionError(f"{error}; refused by the chart's RBAC: {sorted(denied, key=str) or 'nothing'}") from error
-    finally:
-        stop(proc)
-        for namespace, _ in fleets.values():  # their finalizers go when the session's operator is back
-            client.CoreV1Api(api).delete_namespace(namespace)
-
-
 def test_helm_install_creates_the_crd_from_crds(installed: Installed, api: Any) -> None:
     crd = api.sanitize_for_serialization(client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME))
     spec_writers = {m["manager"] for m in crd["metadata"]["managedFields"] if "f:spec" in m["fieldsV1"]}
@@ -392,7 +121,7 @@ def test_the_installed_operator_reconciles_the_examples_to_ready(chart_run: Char
     with urllib.request.urlopen(chart_run.health_url, timeout=5) as response:
         assert response.status == 200
     assert "Traceback" not in chart_run.log.read_text()
-    assert _refused(installed.cluster, chart_run.username) == [], "the chart's RBAC denied the operator"
+    assert refused_calls(installed.cluster, chart_run.username) == [], "the chart's RBAC denied the operator"
 
 
 NEW_NAMESPACES = 5  # with the 4 of chart_run: 63 watch streams, where a pool sized for one namespace held 33
@@ -407,7 +136,7 @@ def test_fleets_in_namespaces_created_after_the_start_are_served(chart_run: Char
     made = []
     try:
         for _ in range(NEW_NAMESPACES):
-            namespace = _namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
+            namespace = namespaced(api, f"helm-{uuid.uuid4().hex[:8]}")
             made.append(namespace)
             Fleet(api, namespace).create(body)
         for namespace in made:
@@ -418,16 +147,6 @@ def test_fleets_in_namespaces_created_after_the_start_are_served(chart_run: Char
     finally:
         for namespace in made:
             client.CoreV1Api(api).delete_namespace(namespace)
-
-
-def _granted(rules: list[dict[str, Any]]) -> set[Triple]:
-    return {
-        (group, resource, verb)
-        for rule in rules
-        for group in rule.get("apiGroups", [])
-        for resource in rule.get("resources", [])
-        for verb in rule.get("verbs", [])
-    }
 
 
 def _used(calls: list[dict[str, Any]]) -> set[Triple]:
@@ -452,11 +171,11 @@ def test_cluster_role_grants_only_what_the_operator_calls(chart_run: ChartRun, i
     role = client.RbacAuthorizationV1Api(api).read_cluster_role(RELEASE)
     chart_rules = api.sanitize_for_serialization(role)["rules"]
     base_rules = next(d for d in yaml.safe_load_all(BASE_RBAC.read_text()) if d and d["kind"] == "ClusterRole")["rules"]
-    granted = _granted(chart_rules)
-    assert granted == _granted(base_rules), "the chart's and the kustomize base's ClusterRoles differ"
+    granted = rule_triples(chart_rules)
+    assert granted == rule_triples(base_rules), "the chart's and the kustomize base's ClusterRoles differ"
     # The one namespaced Role: the leader election's Lease in the release namespace.
     leases = client.RbacAuthorizationV1Api(api).read_namespaced_role(f"{RELEASE}-leader-election", NAMESPACE)
-    granted |= _granted(api.sanitize_for_serialization(leases)["rules"])
+    granted |= rule_triples(api.sanitize_for_serialization(leases)["rules"])
     wildcards = {t for t in granted if "*" in t}
     assert wildcards == set()
     used = _used(_apiserver_calls(installed.cluster, chart_run.username))

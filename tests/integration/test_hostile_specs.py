@@ -19,8 +19,8 @@ from mmfleet.api import CONDITION_MESSAGE_MAX, TRUNCATED
 from mmfleet.validation import parse
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.kubectl import run_kubectl
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.test_operator import Fleet, mmi
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 
 from mmfleet.kube import Kube
-from tests.integration.operator_process import wait_for
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,11 @@ from kubernetes.client.exceptions import ApiException
 from mmfleet.api import GROUP, PLURAL
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.kubectl import run_kubectl
-from tests.integration.operator_process import wait_for
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "manifests" / "base"
 OVERLAYS = ("eks", "aks", "ack")
 CRD_NAME = f"{PLURAL}.{GROUP}"

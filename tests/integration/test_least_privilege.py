@@ -29,26 +29,16 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.render import INFERENCE_LABEL
-from mmfleet_lab.cluster.crds import read_crd
 from mmfleet_lab.cluster.kubectl import run_kubectl
-from tests.conftest import ROOT
-from tests.integration import test_helm
-from tests.integration.operator_process import wait_for
-from tests.integration.test_helm import NAMESPACE, ChartRun, Installed, _refused, _token_kubeconfig
-from tests.integration.test_operator import Fleet
+from tests.helpers import chart
+from tests.helpers.chart import NAMESPACE, ChartRun, Installed, refused_calls, token_kubeconfig
+from tests.helpers.fleet import Fleet
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
-pytestmark = pytest.mark.integration
-
-# test_helm's fixtures, shared rather than copied: this module gets its own install and run of the chart.
-installed = test_helm.installed
-chart_run = test_helm.chart_run
-pod_monitor_crd = test_helm.pod_monitor_crd
-PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
-
-
-def _not_terminating(api: Any, name: str) -> bool:
-    found = read_crd(api, name)
-    return found is None or found.metadata.deletion_timestamp is None
+# The chart's fixtures (tests/helpers/chart.py, through the conftest): this module gets its own install and run of
+# the chart; and the PodMonitor CRD an earlier module deleted, gone before this module's is made.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_pod_monitor_crd")]
 
 
 @pytest.fixture(scope="module", params=["pattern", "names"], ids=["cluster-wide", "namespaced"])
@@ -63,14 +53,6 @@ def started(watch_mode: str) -> str:
     """When this mode's run began, as the audit log writes times: an earlier module (and mode) ran an operator under
     the same ServiceAccount name, refused once its release was uninstalled."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def settled_pod_monitor_crd(api: Any) -> None:
-    """An earlier module's ``pod_monitor_crd`` deletes the CRD it made as it ends, and a CRD being deleted still reads
-    as established: wait until it is gone, so that this module's ``pod_monitor_crd`` makes it again (autouse fixtures
-    run before the others of their scope)."""
-    wait_for(lambda: _not_terminating(api, PODMONITOR_CRD), 120, f"the {PODMONITOR_CRD} CRD's deletion to end")
 
 
 RESTRICTED = {
@@ -113,7 +95,7 @@ FORBIDDEN = [
 def as_operator(installed: Installed, chart_run: ChartRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kubeconfig with a fresh token of the ServiceAccount the operator ran as."""
     service_account = chart_run.username.rsplit(":", 1)[1]
-    return _token_kubeconfig(installed.cluster, service_account, tmp_path_factory.mktemp("sa") / "kubeconfig")
+    return token_kubeconfig(installed.cluster, service_account, tmp_path_factory.mktemp("sa") / "kubeconfig")
 
 
 @pytest.mark.parametrize(("verb", "group", "resource", "subresource", "namespace"), FORBIDDEN)
@@ -165,7 +147,7 @@ def _restricted_namespace(api: Any) -> str:
     """A namespace the chart's operator watches (helm-*), enforcing Pod Security "restricted"."""
     name = f"helm-lp-{uuid.uuid4().hex[:6]}"
     client.CoreV1Api(api).create_namespace({"metadata": {"name": name, "labels": RESTRICTED}})
-    wait_for(lambda: test_helm._has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
+    wait_for(lambda: chart.has_default_sa(api, name), 30, f"namespace {name}'s default ServiceAccount")
     return name
 
 
@@ -228,7 +210,7 @@ def test_the_operator_serves_scales_and_deletes_a_fleet_with_nothing_refused(
     assert len(secret_fleet["pods"]) >= 2, "the fleet's pods were admitted under Pod Security restricted"
     refused = [
         (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("subresource"), e["objectRef"].get("namespace"))
-        for e in _refused(installed.cluster, chart_run.username)
+        for e in refused_calls(installed.cluster, chart_run.username)
         if e["requestReceivedTimestamp"] >= started
         and not e.get("userAgent", "").startswith("kubectl/")  # this module's deliberate attempts, made with kubectl
     ]
@@ -306,10 +288,10 @@ def test_with_plain_names_it_can_touch_no_namespace_it_does_not_watch(
         pytest.skip("watchNamespaces a pattern: the ClusterRole grants every namespace (docs/reliability.md says so)")
     watched = chart_run.fleets["minimal.yaml"][0]
     assert watched in installed.watched
-    role = client.RbacAuthorizationV1Api(api).read_namespaced_role(test_helm.RELEASE, watched)
-    rules = sorted(test_helm._granted(api.sanitize_for_serialization(role)["rules"]))
+    role = client.RbacAuthorizationV1Api(api).read_namespaced_role(chart.RELEASE, watched)
+    rules = sorted(chart.rule_triples(api.sanitize_for_serialization(role)["rules"]))
     assert len(rules) >= 20, rules  # the operator's namespaced rules: events, fleets, every kind of child
-    unwatched = test_helm._namespaced(api, f"lp-unwatched-{uuid.uuid4().hex[:6]}")
+    unwatched = chart.namespaced(api, f"lp-unwatched-{uuid.uuid4().hex[:6]}")
     try:
         answers = {
             (group, resource, verb, where): _allowed(as_operator, verb, group, *resource.split("/"), namespace=where)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -21,24 +18,18 @@ from mmfleet.api import GpuSpec, seconds
 from mmfleet_lab.cluster import READY_DELAY_ANNOTATION, Cluster, attach, env, get, process, up
 from mmfleet_lab.cluster.build import K8S_VERSION
 from mmfleet_lab.cluster.nodes import POOL_LABEL
-from tests.conftest import ROOT
-from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
+from tests.helpers.cluster import (
+    CLUSTER_NAME,
+    POD_READY_DELAY,
+    POOLS,
+    SCRAPE_INTERVAL,
+    sleeper,
+)
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 DATA = ROOT / "tests" / "data"
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def condition(pod: Any, kind: str) -> Any:
@@ -114,7 +105,7 @@ def test_gpu_deployment_is_scheduled_and_turns_ready_after_the_delay(api: Any, n
 
     eks_nodes = {n.metadata.name for n in core.list_node(label_selector=f"{POOL_LABEL}=eks-h100").items}
     for app, delay in (("default-delay", seconds(POD_READY_DELAY)), ("own-delay", 5.0)):
-        pod = wait_for(f"pod of {app} Ready", partial(ready_pod, app), timeout=60)
+        pod = wait_for(partial(ready_pod, app), 60, f"pod of {app} Ready")
         assert pod.spec.node_name in eks_nodes
         assert pod.status.phase == "Running"
         assert pod.status.pod_ip
@@ -129,11 +120,12 @@ def test_gpu_deployment_is_scheduled_and_turns_ready_after_the_delay(api: Any, n
     # Garbage collection: deleting the Deployment takes its ReplicaSet and pods with it.
     apps.delete_namespaced_deployment("own-delay", namespace, propagation_policy="Background")
     wait_for(
-        "ReplicaSet and pod of own-delay collected",
         lambda: (
             not core.list_namespaced_pod(namespace, label_selector="app=own-delay").items
             and not apps.list_namespaced_replica_set(namespace, label_selector="app=own-delay").items
         ),
+        30,
+        "ReplicaSet and pod of own-delay collected",
     )
 
 
@@ -144,8 +136,7 @@ def test_cloud_gpu_affinity_lands_on_that_clouds_nodes(api: Any, namespace: str,
         namespace, gpu_deployment("fleet", 1, pool.cloud, pool.gpu_type, {})
     )
     pod = wait_for(
-        "pod bound",
-        lambda: next((p for p in core.list_namespaced_pod(namespace).items if p.spec.node_name), None),
+        lambda: next((p for p in core.list_namespaced_pod(namespace).items if p.spec.node_name), None), 30, "pod bound"
     )
     node = core.read_node(pod.spec.node_name)
     assert node.metadata.labels[POOL_LABEL] == pool.pool_name
@@ -163,16 +154,17 @@ def test_pod_asking_for_more_gpus_than_a_node_has_stays_pending(api: Any, namesp
         found = condition(core.read_namespaced_pod("too-big", namespace), "PodScheduled")
         return found if found is not None and found.reason == "Unschedulable" else None
 
-    scheduled = wait_for("PodScheduled=False/Unschedulable", unschedulable)
+    scheduled = wait_for(unschedulable, 30, "PodScheduled=False/Unschedulable")
     assert scheduled.status == "False"
     assert "Insufficient nvidia.com/gpu" in scheduled.message
     events = wait_for(
-        "FailedScheduling event",
         lambda: [
             e
             for e in core.list_namespaced_event(namespace, field_selector="involvedObject.name=too-big").items
             if e.reason == "FailedScheduling"
         ],
+        30,
+        "FailedScheduling event",
     )
     assert "Insufficient nvidia.com/gpu" in events[0].message
     assert core.read_namespaced_pod("too-big", namespace).status.phase == "Pending"
@@ -182,26 +174,26 @@ def test_deleting_a_namespace_removes_it_and_its_pods(api: Any) -> None:
     core = client.CoreV1Api(api)
     name = "it-doomed"
     core.create_namespace({"metadata": {"name": name}})
-    wait_for("default ServiceAccount", lambda: _exists(lambda: core.read_namespaced_service_account("default", name)))
+    wait_for(
+        lambda: _exists(lambda: core.read_namespaced_service_account("default", name)), 30, "default ServiceAccount"
+    )
     client.AppsV1Api(api).create_namespaced_deployment(name, gpu_deployment("fleet", 1, "eks", "H100", {}))
-    wait_for("a running pod", lambda: [p for p in core.list_namespaced_pod(name).items if p.status.phase == "Running"])
+    wait_for(
+        lambda: [p for p in core.list_namespaced_pod(name).items if p.status.phase == "Running"], 30, "a running pod"
+    )
     core.delete_namespace(name)
-    wait_for("namespace gone", lambda: not _exists(lambda: core.read_namespace(name)), timeout=90)
+    wait_for(lambda: not _exists(lambda: core.read_namespace(name)), 90, "namespace gone")
     assert not core.list_pod_for_all_namespaces(field_selector=f"metadata.namespace={name}").items
-
-
-def _sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["sleep", "600"], start_new_session=True)
 
 
 def test_second_up_returns_the_running_cluster(cluster: Cluster) -> None:
     # A dead attached process (say, an operator that crashed) must not make ``up`` restart the cluster.
     recorded = get(CLUSTER_NAME)  # not the fixture's: Prometheus may have been restarted since
     assert recorded is not None
-    sleeper = _sleeper()
-    attach(CLUSTER_NAME, "sleeper", sleeper.pid)
-    sleeper.kill()
-    sleeper.wait()
+    attached = sleeper()
+    attach(CLUSTER_NAME, "sleeper", attached.pid)
+    attached.kill()
+    attached.wait()
     started = time.monotonic()
     again = up(CLUSTER_NAME, pod_ready_delay=POD_READY_DELAY, nodes=POOLS, scrape_interval=SCRAPE_INTERVAL)
     assert {k: v for k, v in again.pids.items() if k != "sleeper"} == recorded.pids
@@ -212,45 +204,6 @@ def test_second_up_returns_the_running_cluster(cluster: Cluster) -> None:
     )
 
 
-def test_down_stops_every_process(cluster: Cluster) -> None:
-    """Runs last (see conftest): ``mmfleet cluster down`` from another process leaves nothing behind."""
-    recorded = get(CLUSTER_NAME)  # not the fixture's: Prometheus may have been restarted since
-    assert recorded is not None
-    pids = recorded.pids
-    components = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus"}
-    assert set(pids) >= components
-    assert all(process.alive(p) for p in recorded.processes if p.component in components)
-    sleeper = _sleeper()  # an attached process (what ``mmfleet demo`` does with the operator) goes down too
-    pids["sleeper"] = sleeper.pid
-    attach(CLUSTER_NAME, "sleeper", sleeper.pid)
-    twin = subprocess.Popen(  # so does a twin serving the cluster, which records itself
-        [sys.executable, "-m", "mmfleet.cli", "twin", "serve", "--cluster", CLUSTER_NAME, "--traces", str(DATA)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    pids["twin"] = twin.pid
-    wait_for("the twin to record itself", partial(_recorded, "twin", twin.pid))
-    done = subprocess.run(
-        [sys.executable, "-m", "mmfleet_lab.cluster", "down", "--name", CLUSTER_NAME],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    for component, pid in pids.items():
-        _reap(pid)  # they were started by this process, so their zombies are ours to collect
-        assert not Path(f"/proc/{pid}").exists(), f"{component} (pid {pid}) still exists"
-    assert twin.wait(timeout=5) == 0  # stopped by SIGTERM, cleanly
-    assert not cluster.state_dir.exists()
-    assert get(CLUSTER_NAME) is None
-
-
-def _recorded(component: str, pid: int) -> bool:
-    state = get(CLUSTER_NAME)
-    return state is not None and state.pids.get(component) == pid
-
-
 def _exists(read: Callable[[], object]) -> bool:
     try:
         read()
@@ -259,14 +212,6 @@ def _exists(read: Callable[[], object]) -> bool:
             return False
         raise
     return True
-
-
-def _reap(pid: int) -> None:
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
 
 
 def _listening_addresses(pids: Any) -> set[tuple[str, int]]:

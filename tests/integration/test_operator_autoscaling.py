@@ -1,6 +1,6 @@
 """The operator's autoscaler on the local control plane, fed by a real Prometheus scraping fake pods.
 
-The fake pods (tests/integration/fake_pods.py) report a latency over the SLO for one fleet and nothing
+The fake pods (tests/helpers/fake_pods.py) report a latency over the SLO for one fleet and nothing
 for another, so the test sees the loop end to end (queries, decision, actuation through the scale
 subresource, status, events) without the twin; the closed loop with the twin is tests/e2e.
 """
@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube
-from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
-from tests.integration.operator_process import OperatorProcess, wait_for
-from tests.integration.test_operator import Fleet, mmi
+from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

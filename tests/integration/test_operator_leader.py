@@ -15,9 +15,10 @@ from kubernetes import client
 
 from mmfleet.leader import LEASE_SECONDS, RENEW_SECONDS
 from mmfleet_lab.cluster import Cluster
-from tests.integration.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
-from tests.integration.operator_process import OperatorProcess, wait_for
-from tests.integration.test_operator import Fleet, mmi
+from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from kubernetes import client
 
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.kubectl import kubectl
-from tests.conftest import ROOT, helm_binary
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.test_operator import Fleet, mmi
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.repo import ROOT, helm_binary
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,9 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.cluster import Cluster
-from tests.conftest import ROOT
-from tests.integration.operator_process import LAB_MODULES, mmfleet_command, stop, wait_for
+from tests.helpers.operator_process import LAB_MODULES, mmfleet_command, stop
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

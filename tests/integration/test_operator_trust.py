@@ -15,13 +15,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from mmfleet_lab.cluster.discovery import dynamic_client
-from tests.integration.fake_pods import FakePod, prometheus_scraping
-from tests.integration.operator_process import OperatorProcess, wait_for
-from tests.integration.test_operator import Fleet, fleet, mmi
+from tests.helpers.fake_pods import FakePod, prometheus_scraping
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 SLO = {"target": "2s", "window": "10s"}  # a short window: the policy's latency feedback waits one window
-__all__ = ["fleet"]  # the fixture, imported for the tests here
 
 
 def test_a_same_named_service_account_is_never_adopted_nor_deleted_and_the_fleet_converges_once_it_goes(

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from tests.integration.operator_process import LAB_MODULES, OperatorProcess
-from tests.integration.test_operator import Fleet
+from tests.helpers.fleet import Fleet
+from tests.helpers.operator_process import LAB_MODULES, OperatorProcess
+from tests.helpers.repo import ROOT
 
 pytestmark = pytest.mark.integration
 

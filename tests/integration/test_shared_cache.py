@@ -9,8 +9,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration.operator_process import OperatorProcess, wait_for
-from tests.integration.test_operator import Fleet, mmi
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

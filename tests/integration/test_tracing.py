@@ -23,9 +23,10 @@ from mmfleet_lab.cluster import Cluster, process
 from mmfleet_lab.cluster.collector import RunningCollector, attributes, read_spans, run_collector
 from mmfleet_lab.spike import Twin
 from mmfleet_lab.twin import spans as twin_spans
-from tests.conftest import ROOT
-from tests.integration.operator_process import OperatorProcess, wait_for
-from tests.integration.test_operator import Fleet, mmi
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

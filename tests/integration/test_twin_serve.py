@@ -26,9 +26,10 @@ from mmfleet.kube import Kube
 from mmfleet.validation import parse
 from mmfleet_lab.cluster import READY_DELAY_ANNOTATION, Cluster, get, process, start_prometheus, stop_prometheus, up
 from mmfleet_lab.twin.serve import TARGETS_FILE
-from tests.conftest import ROOT
-from tests.integration.conftest import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
-from tests.integration.operator_process import stop, wait_for
+from tests.helpers.cluster import CLUSTER_NAME, POD_READY_DELAY, POOLS, SCRAPE_INTERVAL
+from tests.helpers.operator_process import stop
+from tests.helpers.repo import ROOT
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The twin's engine: each replica advanced one vLLM engine step at a time, compiled with numba.
 
-A plain-Python version of the same algorithm (``tests/twin_reference.py``) is the oracle it is tested
+A plain-Python version of the same algorithm (``tests/helpers/twin_reference.py``) is the oracle it is tested
 against, but costs Python time per step and per request. This engine runs that algorithm (the same
 scheduling, preemption, dropping, routing at each arrival, and float operations in the same order),
 in numba-compiled code over preallocated arrays:
@@ -21,7 +21,7 @@ in numba-compiled code over preallocated arrays:
 The metric counters are bucketed inside the compiled code and folded into ``book`` whenever it is
 read (a scrape, a new replica), exactly when the reference engine's book folds its queued observations:
 so even the histograms' float ``_sum`` columns are added in the same grouping and come out
-bit-identical. ``tests/unit/test_twin_compiled.py`` checks outcomes and books against the reference.
+bit-identical. ``tests/unit/lab/test_twin_compiled.py`` checks outcomes and books against the reference.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What an engine is given and gives back: the per-request work, the outcomes, the interface.
 
 ``compiled.CompiledEngine`` implements ``Engine``: one vLLM step at a time, exact routing at each
-arrival, compiled with numba. ``tests/twin_reference.py`` is the same algorithm in plain Python, the
-oracle ``tests/unit/test_twin_compiled.py`` checks it against.
+arrival, compiled with numba. ``tests/helpers/twin_reference.py`` is the same algorithm in plain Python, the
+oracle ``tests/unit/lab/test_twin_compiled.py`` checks it against.
 """
 
 from __future__ import annotations

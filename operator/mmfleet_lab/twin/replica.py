@@ -6,7 +6,7 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
   least-squares fit to ``tests/data/h200_qwen25vl7b.csv`` (method in ``tests/data/README.md``):
   ``T_dense(N)`` knots, ``a_dec`` = 12.49 ns per cached token read by a decode, ``a_pre`` = 0.843 us
   per causal query-key pair of a prompt chunk, ``b_lm`` = 0.44 us per sampled row, and the windowed
-  vision encoder ``1.089 + 3.597 P/1000 + 0.042 (P/1000)^2`` ms. ``tests/unit/test_twin_calibration.py``
+  vision encoder ``1.089 + 3.597 P/1000 + 0.042 (P/1000)^2`` ms. ``tests/unit/lab/test_twin_calibration.py``
   replays every decode, prefill, mixed and vision row.
 - **Image encoder as vLLM runs it**: eagerly. vLLM compiles and graph-captures only the text model
   unless ``--compilation-config`` sets ``compile_mm_encoder`` / ``cudagraph_mm_encoder`` (both
@@ -15,7 +15,7 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
   least the eager-launch floor ``15.97 + 1.83 n`` ms for n images, our fit to the CSV rows
   ``vision_window_eager`` (17.8 ms for one image, where the kernels take 4.8 ms in a graph).
 - **Fitted** on a real vLLM 0.33.0 server on one H200 (``tests/data/vllm_h200_*.csv``, described in
-  ``tests/data/README.md``; ``tests/unit/test_twin_real_server.py`` replays it):
+  ``tests/data/README.md``; ``tests/unit/lab/test_twin_real_server.py`` replays it):
   ``HOST_MS_BASE`` from the batch-1 decode (4.75 ms per token against 4.57 ms of modelled GPU time);
   ``HOST_MS_PER_SEQ`` and ``REQUEST_OVERHEAD_S`` by least squares on the open-loop runs (TTFT
   medians and P90s at 2-10 req/s, e2e medians and P90s at all six rates). The per-sequence term is
@@ -191,7 +191,7 @@ H200_QWEN25VL7B: Final = ReplicaParams(name="h200-qwen2.5-vl-7b")
 # H200 SXM 4.8 TB/s vs H100 SXM 3.35 TB/s HBM; the same 989 TFLOP/s dense bf16 and 132 SMs; 80 GB
 # (about 79.2 GiB usable, assumed). Splitwise's A100->H100 profiles (splitwise_perf_model_a100_h100.csv)
 # show real decode speed-ups of about 0.9x the bandwidth ratio, so this H100 decode is, if anything,
-# slightly pessimistic; tests/unit/test_twin_calibration.py checks it against Splitwise's H100 rows.
+# slightly pessimistic; tests/unit/lab/test_twin_calibration.py checks it against Splitwise's H100 rows.
 H100_QWEN25VL7B: Final = derive_profile(
     H200_QWEN25VL7B,
     "h100-qwen2.5-vl-7b (derived)",

@@ -1,0 +1,34 @@
+"""The end-to-end tests' own local control plane (one per module: a cluster with two H100 nodes whose pod-ready delay
+stands for the cold start) and the operator against it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mmfleet_lab.cluster import Cluster, NodePool, down, up
+from mmfleet_lab.cluster.crds import install_mmfleet_crd
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.spike import CLUSTER, COLD_START, say
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    running = up(
+        CLUSTER, pod_ready_delay=COLD_START, nodes=(NodePool(cloud="eks", gpu_type="H100", count=2),),
+        scrape_interval="2s", progress=say,
+    )  # fmt: skip
+    yield running
+    down(CLUSTER, progress=say)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    install_mmfleet_crd(cluster.api_client(), "mmfleet-tests")
+    env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "", "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
+    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env)
+    process.start()
+    yield process
+    process.stop()

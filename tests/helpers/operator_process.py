@@ -1,0 +1,78 @@
+"""The operator as users run it: a separate `mmfleet run` process against the local cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# What `pip install .` (no extra) leaves out: the lab and the dependencies only it needs.
+LAB_MODULES = ("mmfleet_lab", "numpy", "numba", "matplotlib", "cryptography")
+# `mmfleet ARGS` with the modules in argv[1] (comma-separated) unimportable, as if not installed.
+_WITHOUT = (
+    "import sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(',')));"
+    "from mmfleet.cli import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+def stop(proc: subprocess.Popen[Any], grace: float = 15.0) -> int:
+    """SIGTERM, and SIGKILL if it has not exited within ``grace`` seconds; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
+def mmfleet_command(without: Sequence[str] = ()) -> list[str]:
+    """The argv that starts the ``mmfleet`` command in this interpreter, with ``without`` blocked."""
+    return [sys.executable, "-c", _WITHOUT, ",".join(without)] if without else [sys.executable, "-m", "mmfleet.cli"]
+
+
+class OperatorProcess:
+    """Start, kill and restart `mmfleet run`; its log goes to a file for post-mortems."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        without: Sequence[str] = (),
+        health_address: str = "",
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.env = env or {}  # MMFLEET_* settings for the next start
+        self.without = tuple(without)  # modules the process may not import (see LAB_MODULES)
+        self.health_address = health_address  # where /healthz and /metrics are served; empty: not served
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [*mmfleet_command(self.without), "run", "--health-address", self.health_address],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no finalizers, exactly like an OOM kill or a node loss."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""

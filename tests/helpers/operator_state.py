@@ -1,0 +1,156 @@
+"""An operator of its own for each unit test: its state, its reconcile and its work queue, driven without kopf or
+an API server (``RecordingKube`` answers in its place)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet.autoscaler import metrics
+from mmfleet.config import OperatorConfig
+from mmfleet.handlers import memo, triggers
+from mmfleet.handlers.reconcile import Result, Snapshot, api_retry_delay, reconcile
+from mmfleet.handlers.records import Operator
+from mmfleet.kube import Kube, RefusedError, RetryableError
+
+KEY = ("ml", "qwen")
+Body = dict[str, Any]
+
+
+def fleet_body(
+    generation: int = 2,
+    autoscaling: bool = False,
+    replicas: int = 2,
+    uid: str = "u-1",
+    tracing: bool = False,
+    capacity_per_replica: float | None = None,
+) -> Body:
+    spec: Body = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "cloud": "eks", "replicas": replicas}
+    if tracing:
+        spec["tracing"] = {"enabled": True}
+    if autoscaling:
+        spec["autoscaling"] = {"minReplicas": 1, "maxReplicas": 8, "slo": {"target": "2s"}}
+        if capacity_per_replica is not None:
+            spec["autoscaling"]["capacityPerReplica"] = capacity_per_replica
+    meta = {"name": KEY[1], "namespace": KEY[0], "uid": uid, "generation": generation}
+    return {"apiVersion": "mmfleet.io/v1alpha1", "kind": "MultimodalInference", "metadata": meta, "spec": spec}
+
+
+class RecordingKube(Kube):
+    """Applies echo back (a Deployment as ready as its replicas), status writes and reads are recorded.
+
+    The Deployment's apply raises ``fault``, or is refused with ``refuse``, while set; ``existing``: objects
+    that exist, by (kind, name).
+    """
+
+    def __init__(self, fault: RetryableError | None = None) -> None:
+        self.fault = fault
+        self.refuse: tuple[int, str] | None = None
+        self.existing: dict[tuple[str, str], Body] = {}
+        self.applied: list[Body] = []
+        self.written: list[Body] = []
+        self.got: list[tuple[str, str]] = []
+        self.scaled: list[int] = []
+
+    def apply(self, manifest: Body, manager: str = "mmfleet") -> Body:
+        if manifest["kind"] == "Deployment":
+            if self.fault is not None:
+                raise self.fault
+            if self.refuse is not None:
+                raise RefusedError(*self.refuse)
+        self.applied.append(manifest)
+        meta = {**manifest["metadata"], "uid": f"uid-{manifest['kind']}", "generation": 1}
+        replicas = manifest.get("spec", {}).get("replicas", 1)
+        ready = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+        return {**manifest, "metadata": meta, "status": ready}
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Body | None:
+        self.got.append((kind, name))
+        return self.existing.get((kind, name))
+
+    def has_api(self, api_version: str, kind: str) -> bool:
+        return False
+
+    def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
+        self.scaled.append(replicas)
+
+    def patch_status(self, namespace: str, name: str, status: Body) -> None:
+        self.written.append(status)
+
+    def thread_requests(self) -> int:
+        return 0
+
+    services: list[str] | None = []  # noqa: RUF012 (the Services that exist, by name; None: listing them fails)
+    slices: list[Body] | int = []  # noqa: RUF012 (their EndpointSlices; an int: the error status)
+    listed = 0
+
+    def list_objects(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Body]:
+        self.listed += 1
+        if kind == "EndpointSlice":
+            if isinstance(self.slices, int):
+                raise ApiException(status=self.slices, reason="Forbidden" if self.slices == 403 else "Unavailable")
+            return self.slices
+        if self.services is None:
+            raise ApiException(status=503, reason="Service Unavailable")
+        name = (field_selector or "").removeprefix("metadata.name=")
+        return [{"metadata": {"name": name}}] if name in self.services else []
+
+
+class FakePrometheus(metrics.Prometheus):
+    """Answers every read with the signals given, as one batched read would."""
+
+    def __init__(self, signals: metrics.Signals | None, outage: str | None = None) -> None:
+        self.signals = signals
+        self.outage = outage
+
+    def read(self, targets: Iterable[metrics.Target], at: float) -> metrics.Readings:
+        if self.outage:
+            return metrics.Readings(outage=self.outage, queries=1)
+        return metrics.Readings({t.key: self.signals or metrics.Signals() for t in targets}, queries=5)
+
+
+def operator(kube: Kube, **config: Any) -> Operator:
+    return Operator(config=OperatorConfig(**config), kube=kube)
+
+
+def reconcile_once(
+    op: Operator, body: Body, attempt: int = 0, deployment: Body | None = None, pods: list[Body] | None = None
+) -> Result:
+    """One reconcile, as a worker runs it, for the ``attempt``-th try."""
+    seen = Snapshot(KEY, body, deployment, pods or [])
+    return reconcile(op, seen, lambda retry_after: api_retry_delay(attempt, retry_after))
+
+
+def indexes(body: Body | None, deployment: Body | None = None, pods: list[Body] | None = None) -> dict[str, Any]:
+    """kopf's three indexes as they would hold one fleet (or none)."""
+    return {
+        "fleets": {KEY: [body]} if body is not None else {},
+        "fleet_deployments": {KEY: [deployment]} if deployment is not None else {},
+        "fleet_pods": {KEY: pods or []},
+    }
+
+
+@contextlib.asynccontextmanager
+async def workers(op: Operator, held: dict[str, Any]) -> AsyncIterator[Operator]:
+    """The operator's work queue and workers running over the indexes ``held`` (changed in place by the test)."""
+    await triggers.start_workers(memo=memo(op), **held)
+    try:
+        yield op
+    finally:
+        await triggers.stop_workers(memo=memo(op))
+
+
+async def fleet_event(op: Operator, body: Body, type_: str = "MODIFIED") -> None:
+    """The fleet's watch event, as kopf hands it to the handler."""
+    event: Any = {"type": type_, "object": body}
+    await triggers.on_fleet_event(event, KEY[0], KEY[1], body["metadata"], memo(op))

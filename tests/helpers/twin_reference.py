@@ -1,0 +1,236 @@
+"""The reference engine: each replica advanced one vLLM engine step at a time, in plain Python.
+
+It is the oracle the twin's compiled engine (``mmfleet_lab.twin.compiled``) is tested against
+(``tests/unit/lab/test_twin_compiled.py``): the same algorithm written for reading rather than speed, so
+a change to the compiled code that alters any schedule shows up as a mismatch. Too slow for the
+benchmark (Python time per step and per request), so it lives with the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from mmfleet_lab.twin.engine import Outcomes, Workload
+from mmfleet_lab.twin.observe import LAYOUT, MetricBook
+from mmfleet_lab.twin.replica import ReplicaParams
+
+
+class _Req:
+    __slots__ = ("first", "gen", "gone", "i", "kv", "last_tok", "out", "pdone", "prompt", "vision_done")
+
+    def __init__(self, i: int, prompt: int, out: int, vision_done: bool) -> None:
+        self.i = i
+        self.prompt = prompt  # tokens to compute before decoding (+ generated ones after a preemption)
+        self.out = out
+        self.pdone = 0
+        self.gen = 0
+        self.kv = 0
+        self.first = False
+        self.vision_done = vision_done
+        self.last_tok = 0.0
+        self.gone = False  # finished, dropped or abandoned
+
+
+class ReplicaEngine:
+    """One replica, scheduled the way vLLM V1 does it.
+
+    Each step: running requests in admission order take what they need from the token budget
+    (a decode 1 token, a prefill a chunk of what is left of ``max_num_batched_tokens``), then
+    waiting requests are admitted FCFS while seats (``max_num_seqs``), budget and KV cache allow.
+    A request's images run through the encoder in the step of its first chunk. When decodes cannot
+    get a KV slot, the newest running request is preempted and later recomputed (vLLM's default).
+    Before each step, requests whose client has given up (past their deadline) leave the queue or
+    their seat.
+    """
+
+    def __init__(self, rid: int, params: ReplicaParams, work: Workload, book: MetricBook, outcomes: Outcomes) -> None:
+        self.rid = rid
+        self.p = params
+        self.w = work
+        self.book = book
+        self.outcomes = outcomes
+        self.clock = 0.0
+        self.waiting: deque[_Req] = deque()
+        self.running: list[_Req] = []
+        self.assigned: deque[_Req] = deque()  # sent here, in arrival order (so in deadline order)
+        self.kv_cap = params.kv_capacity_tokens
+        self.kv_used = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def submit(self, i: int) -> None:
+        r = _Req(i, int(self.w.prompt[i]), int(self.w.out[i]), self.w.vis_ms[i] <= 0)
+        # The engine queue is ordered by when a request is ready (after CPU preprocessing).
+        avail = self.w.avail
+        pos = len(self.waiting)
+        while pos > 0 and avail[self.waiting[pos - 1].i] > avail[i]:
+            pos -= 1
+        self.waiting.insert(pos, r)
+        self.assigned.append(r)
+
+    def _abandon(self) -> None:
+        """Requests past their deadline leave: from the queue, or from their seat with their KV."""
+        deadline = self.w.deadline
+        while self.assigned:
+            r = self.assigned[0]
+            if not r.gone and deadline[r.i] > self.clock:
+                return
+            self.assigned.popleft()
+            if r.gone:
+                continue
+            if r in self.running:
+                self.running.remove(r)
+                self.kv_used -= r.kv
+            else:
+                self.waiting.remove(r)
+            r.gone = True
+
+    def _preempt(self) -> None:
+        while self.running:
+            need = sum(1 for r in self.running if r.pdone >= r.prompt)
+            if self.kv_used + need <= self.kv_cap:
+                return
+            v = self.running.pop()
+            self.kv_used -= v.kv
+            v.kv = 0
+            if v.first:
+                v.prompt = int(self.w.prompt[v.i]) + v.gen
+            v.pdone = 0
+            self.waiting.appendleft(v)
+
+    def step_once(self) -> bool:
+        """One engine step from ``clock``; False when nothing can be scheduled."""
+        p = self.p
+        w = self.w
+        self._abandon()
+        self._preempt()
+        budget = p.max_num_batched_tokens
+        decodes: list[_Req] = []
+        chunks: list[tuple[_Req, int]] = []
+        for r in self.running:
+            if budget <= 0:
+                break
+            if r.pdone >= r.prompt:
+                decodes.append(r)
+                budget -= 1
+            else:
+                tc = min(r.prompt - r.pdone, budget)
+                chunks.append((r, tc))
+                budget -= tc
+        while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            r = self.waiting[0]
+            if w.avail[r.i] > self.clock:
+                break
+            tc = min(r.prompt, budget)
+            if self.kv_used + tc > self.kv_cap:
+                if not self.running:  # can never fit: drop it (it stays at np.inf)
+                    self.waiting.popleft().gone = True
+                    continue
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            chunks.append((r, tc))
+            budget -= tc
+        if not decodes and not chunks:
+            return False
+        sampling = sum(1 for r, tc in chunks if r.pdone + tc >= r.prompt)
+        gpu = p.step_gpu_ms([r.kv for r in decodes], [(tc, r.pdone) for r, tc in chunks], sampling)
+        gpu += sum(float(w.vis_ms[r.i]) for r, _ in chunks if not r.vision_done)
+        dt = (gpu + p.host_ms(len(decodes) + len(chunks))) / 1000.0
+        self.clock += dt
+        now = self.clock
+        done: list[_Req] = []
+        gaps: list[float] = []
+        for r in decodes:
+            r.gen += 1
+            r.kv += 1
+            self.kv_used += 1
+            gaps.append(now - r.last_tok)
+            r.last_tok = now
+            if r.gen >= r.out:
+                done.append(r)
+        new_tokens = len(decodes)
+        for r, tc in chunks:
+            r.vision_done = True
+            r.pdone += tc
+            r.kv += tc
+            self.kv_used += tc
+            if r.pdone >= r.prompt and not r.first:
+                r.first = True
+                r.gen = 1
+                r.kv += 1
+                self.kv_used += 1
+                r.last_tok = now
+                new_tokens += 1
+                self.outcomes.ttft[r.i] = now - w.arrival[r.i]
+                self.book.observe("ttft", self.rid, now - w.arrival[r.i])
+                self.book.add(LAYOUT.prompt, self.rid, float(w.prompt[r.i]))
+                if r.gen >= r.out:
+                    done.append(r)
+        if gaps:
+            self.book.observe("itl", self.rid, np.asarray(gaps))
+        self.book.add(LAYOUT.generation, self.rid, float(new_tokens))
+        for r in done:
+            r.gone = True
+            self.running.remove(r)
+            self.kv_used -= r.kv
+            self.outcomes.finish(r.i, now, w.arrival[r.i], w.out[r.i])
+            self.book.observe("e2e", self.rid, now - w.arrival[r.i])
+            self.book.add(LAYOUT.success, self.rid, 1.0)
+        return True
+
+    def advance(self, until: float) -> None:
+        """Run steps until the clock reaches ``until`` (the last step may end after it)."""
+        while self.clock < until:
+            if self.step_once():
+                continue
+            nxt = min((float(self.w.avail[r.i]) for r in self.waiting), default=math.inf)
+            if self.clock < nxt < until:
+                self.clock = nxt
+                continue
+            self.clock = until
+            return
+
+    def gauges(self) -> tuple[float, float, float]:
+        cap = max(self.kv_cap, 1)
+        return float(len(self.running)), float(len(self.waiting)), min(self.kv_used / cap, 1.0)
+
+
+class FineEngine:
+    """Replicas advanced step by step; each arrival is routed with the exact outstanding counts."""
+
+    def __init__(self, params: ReplicaParams, work: Workload) -> None:
+        self.params = params
+        self.work = work
+        self.book = MetricBook()
+        self.outcomes = Outcomes(work.arrival.shape[0])
+        self.replicas: list[ReplicaEngine] = []
+
+    def add_replica(self) -> int:
+        rid = self.book.add_replica()
+        self.replicas.append(ReplicaEngine(rid, self.params, self.work, self.book, self.outcomes))
+        return rid
+
+    def outstanding(self) -> np.ndarray:
+        return np.array([r.outstanding for r in self.replicas], dtype=np.int64)
+
+    def gauges(self, rid: int) -> tuple[float, float, float]:
+        return self.replicas[rid].gauges()
+
+    def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
+        for i in idx:
+            t = max(float(self.work.arrival[i]), t0)
+            for r in self.replicas:
+                r.advance(t)
+            if self.work.deadline[i] <= t:  # its client gave up at the gateway
+                continue
+            counts = [self.replicas[e].outstanding for e in eligible]
+            target = self.replicas[int(eligible[int(np.argmin(counts))])]
+            target.submit(int(i))
+        for r in self.replicas:
+            r.advance(t1)

@@ -1,0 +1,247 @@
+"""One autoscaling cycle as pure functions: pods counted, silence held, the policy asked, status and conditions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from mmfleet.api import AutoscalingSpec, MultimodalInference, MultimodalInferenceStatus, SloSpec
+from mmfleet.autoscaler import Observation
+from mmfleet.autoscaler.cycle import Memory, Outcome, Pods, Seen, count_pods, decide, policy_for
+from mmfleet.autoscaler.metrics import Signals
+from mmfleet.status import Observed, compute_status
+from tests.helpers.autoscaler import INTERVAL, T0, busy, conditions, fleet, run
+
+# --- pods ------------------------------------------------------------------------------------
+
+
+def pod(name: str, created: str = "2026-11-29T11:00:00Z", **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "creationTimestamp": created}, "status": status}
+
+
+def ready_at(when: str) -> dict[str, Any]:
+    return {"type": "Ready", "status": "True", "lastTransitionTime": when}
+
+
+def test_pods_are_counted_as_the_policy_needs_and_cold_start_is_their_median_creation_to_ready() -> None:
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+    }
+    pods = [
+        pod("a", conditions=[ready_at("2026-11-29T11:01:30Z")]),  # 90 s
+        pod("b", conditions=[ready_at("2026-11-29T11:01:00Z")]),  # 60 s
+        pod("c", conditions=[ready_at("2026-11-29T11:03:00Z")]),  # 180 s
+        pod("d", phase="Pending", conditions=[{"type": "PodScheduled", "status": "True"}]),
+        pod("e", phase="Pending", conditions=[unschedulable]),
+        {**pod("f", conditions=[ready_at("2026-11-29T11:00:05Z")]), "metadata": {"deletionTimestamp": "x"}},
+        pod("g", phase="Failed"),
+    ]
+    counted = count_pods(pods)
+    assert counted == Pods(
+        ready=3,
+        starting=1,
+        unschedulable=1,
+        why_unschedulable="pod e: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+        cold_start=90.0,
+        ready_since=tuple(datetime.fromisoformat(f"2026-11-29T11:0{t}Z") for t in ("1:30", "1:00", "3:00")),
+    )
+    assert count_pods([pod("h", phase="Pending")]).cold_start is None
+
+
+# --- silence is held -------------------------------------------------------------------------
+
+
+def test_prometheus_unreachable_holds_the_replicas_and_says_so() -> None:
+    outage = "http://prom:9090 unreachable: [Errno 111] Connection refused"
+    outcomes, memory, current = run(fleet(min_replicas=1), 5, None, cycles=40, outage=outage)
+    assert current == 5, "ten minutes of silence must not take the fleet to minReplicas"
+    assert not any(o.scaled for o in outcomes)
+    assert memory.policy_state is None, "the policy is not asked when there is nothing to decide on"
+    ok, reason, message = conditions(outcomes[-1])["MetricsAvailable"]
+    assert (ok, reason) == (False, "PrometheusUnavailable")
+    assert message == f"{outage}; holding 5 replicas"
+    assert conditions(outcomes[-1])["SLOMet"][:2] == (None, "MetricsUnavailable")
+
+
+def test_a_missing_series_holds_and_names_the_series_and_the_fleet() -> None:
+    signals = replace(busy(4.0), waiting=None, missing=("vllm:num_requests_waiting",))
+    outcomes, _, current = run(fleet(), 3, signals, cycles=10)
+    assert current == 3
+    ok, reason, message = conditions(outcomes[-1])["MetricsAvailable"]
+    assert (ok, reason) == (False, "SeriesMissing")
+    assert "vllm:num_requests_waiting" in message
+    assert "namespace=ml, mmfleet_io_inference=qwen" in message
+    assert "holding 3 replicas" in message
+
+
+def test_no_series_before_any_pod_is_ready_is_unknown_not_a_failure() -> None:
+    signals = Signals(missing=("vllm:e2e_request_latency_seconds_bucket",))
+    outcomes, _, current = run(fleet(min_replicas=2), 2, signals, cycles=2, pods=Pods(starting=2))
+    assert current == 2
+    assert conditions(outcomes[-1])["MetricsAvailable"][:2] == (None, "NoPodServing")
+
+
+# --- the policy decides ----------------------------------------------------------------------
+
+
+def test_latency_over_target_scales_up_with_the_policy_reason_as_event_text() -> None:
+    outcomes, _, current = run(fleet(max_replicas=8), 2, busy(4.0), cycles=12)
+    scaled = [o for o in outcomes if o.scaled]
+    assert scaled, [o.reason for o in outcomes]
+    first = scaled[0]
+    assert first.replicas > first.current == 2
+    assert first.event_reason == "ScaledUp"
+    assert first.reason.startswith("P90 4s > target 2s")
+    assert first.reason.endswith(f": 2 -> {first.replicas}")
+    assert current >= first.replicas
+    assert conditions(first)["SLOMet"] == (False, "TargetMissed", "P90 4s > target 2s over the last 60s")
+    assert conditions(first)["MetricsAvailable"][:2] == (True, "SeriesPresent")
+
+
+def test_at_max_replicas_scaling_is_limited_and_says_what_to_raise() -> None:
+    outcomes, _, current = run(fleet(max_replicas=3), 2, busy(4.0), cycles=12)
+    assert current == 3
+    ok, reason, message = conditions(outcomes[-1])["ScalingLimited"]
+    assert (ok, reason) == (True, "AtMaxReplicas")
+    assert (
+        message == "3 replicas is spec.autoscaling.maxReplicas while P90 4s > target 2s; raise it to let the fleet grow"
+    )
+    assert conditions(outcomes[0])["ScalingLimited"][:2] == (False, "WithinRange")
+
+
+def test_unschedulable_pods_stop_growth_and_say_why() -> None:
+    why = "pod qwen-1: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    pods = Pods(ready=2, unschedulable=1, why_unschedulable=why)
+    outcomes, _, current = run(fleet(max_replicas=8), 3, busy(4.0), cycles=12, pods=pods)
+    assert current == 3, "pods that cannot start are not capacity: no more are added"
+    ok, reason, message = conditions(outcomes[-1])["ScalingLimited"]
+    assert (ok, reason) == (True, "PodsUnschedulable")
+    assert message == f"1 pods cannot be scheduled ({why}); not adding more until they start"
+
+
+def test_an_idle_fleet_meets_its_target_and_returns_to_min_replicas() -> None:
+    # A busy hour within the SLO teaches the policy what a replica serves ...
+    outcomes, memory, current = run(fleet(min_replicas=1), 4, busy(1.0, rate=8.0, waiting=0.0), cycles=30)
+    assert current == 4
+    # ... then no request at all: nothing finished, nothing in flight.
+    idle = Signals(latency=None, request_rate=0.0, waiting=0.0, running=0.0, kv_cache_usage=0.0)
+    later = T0 + timedelta(seconds=INTERVAL * 30)
+    outcomes, _, current = run(fleet(min_replicas=1), current, idle, cycles=80, memory=memory, start=later)
+    assert conditions(outcomes[0])["SLOMet"] == (True, "NoRequests", "no requests over the last 60s")
+    assert current == 1
+    assert outcomes[-1].latency is None
+
+
+def test_nothing_finished_while_requests_are_in_flight_is_unknown_and_held() -> None:
+    stuck = Signals(latency=None, request_rate=0.0, waiting=3.0, running=8.0, kv_cache_usage=0.9)
+    outcomes, _, current = run(fleet(), 2, stuck, cycles=10)
+    assert current == 2
+    assert conditions(outcomes[-1])["SLOMet"] == (
+        None,
+        "NoRequestsFinished",
+        "no request finished over the last 60s, 11 in flight",
+    )
+
+
+def test_the_cold_start_measured_on_pods_reaches_the_policy_and_is_kept_when_they_go() -> None:
+    """The policy plans over L + one interval; its reason says over how long."""
+    within = busy(1.0, waiting=0.0)
+    outcomes, memory, current = run(fleet(), 2, within, cycles=14, pods=Pods(ready=2, cold_start=42.0))
+    assert memory.cold_start == 42.0
+    assert "over 57s" in outcomes[-1].reason
+    outcomes, memory, _ = run(fleet(), current, within, cycles=1, pods=Pods(ready=2), memory=memory,
+                              start=T0 + timedelta(minutes=2))  # fmt: skip
+    assert memory.cold_start == 42.0, "the measurement outlives the pods it was made on"
+    assert "over 57s" in outcomes[-1].reason
+    outcomes, _, _ = run(fleet(), 2, within, cycles=14, pods=Pods(ready=2))
+    assert "over 135s" in outcomes[-1].reason, "no pod seen Ready yet: the configured default, 120 s"
+
+
+# --- status ----------------------------------------------------------------------------------
+
+DEPLOYMENT = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
+              "status": {"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}}  # fmt: skip
+
+
+def scaled_status(
+    inference: MultimodalInference, outcome: Outcome, previous: MultimodalInferenceStatus | None, now: datetime
+) -> MultimodalInferenceStatus:
+    """The status the autoscaling loop writes after a cycle: compute_status with the cycle's outcome."""
+    observed = Observed(deployment=DEPLOYMENT, cloud="eks", scaling=outcome.scaling())
+    return compute_status(inference, observed, previous, now)
+
+
+def test_attainment_is_the_share_of_measured_cycles_in_the_last_hour_that_met_the_target() -> None:
+    clock = T0.timestamp()
+    memory = Memory(verdicts=((clock - 4000, False), (clock - 100, True), (clock - 50, False), (clock - 20, True)))
+    outcome = decide(fleet(), Seen(2, Pods(ready=2), busy(1.0)), memory, T0, interval=INTERVAL, default_cold_start=120)
+    assert [met for _, met in outcome.memory.verdicts] == [True, False, True, True]  # the one over an hour ago went
+    status = scaled_status(fleet(), outcome, None, T0)
+    assert status.slo is not None
+    assert status.slo.attainment == 0.75
+
+
+def test_status_replaces_only_the_autoscaler_fields_and_keeps_the_last_measurement_through_an_outage() -> None:
+    inference = fleet()
+    previous = MultimodalInferenceStatus.model_validate(
+        {
+            "phase": "Ready",
+            "readyReplicas": 2,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "ReplicasReady"}],
+        }
+    )
+    outcomes, _, _ = run(inference, 2, busy(4.0), cycles=12)
+    scaled = next(o for o in outcomes if o.scaled)
+    status = scaled_status(inference, scaled, previous, T0)
+    assert status.ready_replicas == 2
+    assert status.desired_replicas == scaled.replicas
+    assert (status.last_scale_time, status.last_scale_reason) == (T0, scaled.reason)
+    assert status.slo is not None
+    assert (status.slo.observed, status.slo.target, status.slo.last_evaluated) == ("4s", "2s", T0)
+    kinds = [c.type for c in status.conditions]
+    assert kinds == ["Ready", "Progressing", "Degraded", "MetricsAvailable", "SLOMet", "ScalingLimited"]
+
+    later = T0 + timedelta(minutes=1)
+    held = decide(inference, Seen(scaled.replicas, Pods(ready=2), None, "down"), scaled.memory, later,
+                  interval=INTERVAL, default_cold_start=120)  # fmt: skip
+    after = scaled_status(inference, held, status, later)
+    assert after.slo is not None
+    assert (after.slo.observed, after.slo.last_evaluated) == ("4s", T0), "the last measurement, with its age"
+    assert (after.last_scale_time, after.last_scale_reason) == (T0, scaled.reason), "a hold is not a scale"
+    by_type = {c.type: c for c in after.conditions}
+    assert by_type["MetricsAvailable"].last_transition_time == later
+    assert by_type["ScalingLimited"].last_transition_time == T0, "unchanged conditions keep their transition time"
+    assert by_type["SLOMet"].status == "Unknown"
+
+
+def test_scale_down_delay_sets_the_policys_down_window() -> None:
+    slo = SloSpec(target="2s")
+    probe = Observation(time=0.0, ready=1, starting=0, unschedulable=0, current=1, min_replicas=1,
+                        max_replicas=4, slo_target=2.0, slo_percentile=90.0, cold_start=30.0)  # fmt: skip
+    quick = AutoscalingSpec(slo=slo, scale_down_delay="90s")
+    assert policy_for(quick, slo, 15.0).down_window(probe) == 90.0
+    assert policy_for(AutoscalingSpec(slo=slo), slo, 15.0).down_window(probe) == 300.0  # max(5m, cold start)
+
+
+def test_young_series_are_not_read_until_they_cover_a_rate_window() -> None:
+    # rate() over a window the series only partly cover reads low; a fleet must not grow (or learn) on it
+    outcomes, memory, current = run(fleet(max_replicas=8), 1, busy(4.0), cycles=4)
+    assert current == 1
+    assert all("less than the 1m rate window: holding 1" in o.reason for o in outcomes)
+    assert memory.policy_state is None
+    outcomes, memory, current = run(
+        fleet(max_replicas=8), 1, busy(4.0), cycles=8, memory=memory, start=T0 + timedelta(seconds=60)
+    )
+    assert current > 1  # from a full window on, the policy decides
+    # an outage leaves a hole in the windows: the warm-up starts again when the series return
+    _, memory, _ = run(
+        fleet(max_replicas=8), current, None, cycles=1, outage="down", memory=memory, start=T0 + timedelta(seconds=180)
+    )
+    outcomes, _, _ = run(
+        fleet(max_replicas=8), current, busy(4.0), cycles=1, memory=memory, start=T0 + timedelta(seconds=195)
+    )
+    assert "rate window" in outcomes[0].reason

@@ -1,0 +1,141 @@
+"""The autoscaler's PromQL: a fixed number of queries per cycle, and each fleet's values picked out of them.
+
+The same code against a real Prometheus: tests/integration/test_autoscaler_prometheus.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mmfleet.autoscaler.metrics import (
+    SIGNALS,
+    MalformedAnswerError,
+    Signals,
+    Slo,
+    Target,
+    build_queries,
+    parse_result,
+    promql_duration,
+    signals_for,
+)
+from mmfleet.validation import parse
+from tests.helpers.repo import spec_doc
+
+E2E_P90 = Slo("e2e", 90, "60s")
+TTFT_P99 = Slo("ttft", 99, "1m30s")
+
+
+def test_fleets_whose_slo_windows_are_spelled_differently_share_one_query() -> None:
+    def fleet(name: str, window: str) -> Target:
+        doc = spec_doc(autoscaling={"maxReplicas": 4, "slo": {"target": "2s", "window": window}})
+        doc["metadata"]["name"] = name
+        return Target.of(parse(doc))
+
+    one, other = fleet("a", "1m"), fleet("b", "60s")
+    assert one.slo == other.slo == Slo("e2e", 90, "60s")
+    assert len(build_queries([one, other])) == 6  # four signals, the pods reporting and one latency query
+
+
+def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:
+    many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
+    queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
+    assert len(queries) == 7  # request rate, waiting, running, KV-cache use, pods reporting, and two SLOs
+    assert queries[E2E_P90] == (
+        "label_replace(histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
+        '(rate(vllm:e2e_request_latency_seconds_bucket[60s]))), "mmfleet_backend", "vllm", "", "")'
+    )
+    assert "trtllm_time_to_first_token_seconds_bucket[90s]" in queries[TTFT_P99]
+    assert "vllm" not in queries[TTFT_P99], "only the backends of the fleets with that SLO"
+    assert queries["waiting"] == (
+        "label_replace(sum by (namespace, mmfleet_io_inference) (trtllm_num_requests_waiting), "
+        '"mmfleet_backend", "tensorrt-llm", "", "") or '
+        "label_replace(sum by (namespace, mmfleet_io_inference) (vllm:num_requests_waiting), "
+        '"mmfleet_backend", "vllm", "", "")'
+    )
+    assert "rate(vllm:request_success_total[1m])" in queries["request_rate"]
+    assert "avg by (namespace, mmfleet_io_inference) (vllm:kv_cache_usage_perc)" in queries["kv_cache_usage"]
+    assert build_queries([]) == {}
+
+
+@pytest.mark.parametrize(("duration", "promql"), [("60s", "60s"), ("1m30s", "90s"), ("1.5s", "1500ms"), ("2m", "120s")])
+def test_spec_durations_become_durations_every_prometheus_parses(duration: str, promql: str) -> None:
+    assert promql_duration(duration) == promql
+
+
+def sample(namespace: str, fleet: str, backend: str, value: str) -> dict[str, object]:
+    labels = {"namespace": namespace, "mmfleet_io_inference": fleet, "mmfleet_backend": backend}
+    return {"metric": labels, "value": [1795953365.0, value]}
+
+
+def test_each_fleet_gets_its_own_backend_values_and_the_names_of_what_is_missing() -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {
+        E2E_P90: parse_result([sample("ml", "qwen", "vllm", "1.25"), sample("ml", "other", "vllm", "9")]),
+        "request_rate": parse_result([sample("ml", "qwen", "vllm", "12.5")]),
+        # The same fleet name seen on another backend (a backend switch still in the window) is not ours.
+        "waiting": parse_result([sample("ml", "qwen", "tensorrt-llm", "40")]),
+        "running": parse_result([sample("ml", "qwen", "vllm", "7")]),
+        "kv_cache_usage": parse_result([sample("ml", "other", "vllm", "0.5")]),
+        "reporting": parse_result([sample("ml", "qwen", "vllm", "2")]),
+    }
+    assert signals_for(target, answers) == Signals(
+        latency=1.25,
+        request_rate=12.5,
+        running=7.0,
+        missing=("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+        reporting=2,
+    )
+
+
+def test_a_series_that_holds_nan_is_kept_as_nan_for_the_cycle_to_reject_not_read_as_missing() -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {q: parse_result([sample("ml", "qwen", "vllm", "1")]) for q in (E2E_P90, *SIGNALS, "reporting")}
+    answers["waiting"] = parse_result([sample("ml", "qwen", "vllm", "NaN")])
+    signals = signals_for(target, answers)
+    assert signals.missing == ()
+    assert signals.waiting is not None and math.isnan(signals.waiting)
+
+
+def test_a_value_that_is_not_a_number_fails_only_its_fleet() -> None:
+    mine, other = Target("ml", "qwen", "vllm", E2E_P90), Target("ml", "other", "vllm", E2E_P90)
+    answers = {
+        q: parse_result([sample("ml", "qwen", "vllm", "1"), sample("ml", "other", "vllm", "1")])
+        for q in (E2E_P90, *SIGNALS, "reporting")
+    }
+    answers["waiting"] = parse_result([sample("ml", "qwen", "vllm", "lots"), sample("ml", "other", "vllm", "3")])
+    assert signals_for(mine, answers).failed == (
+        "Prometheus answered a value that is not a number: vllm:num_requests_waiting = 'lots'"
+    )
+    assert signals_for(other, answers) == Signals(1.0, 1.0, 3.0, 1.0, 1.0, reporting=1)
+
+
+def test_an_answer_that_is_not_an_instant_vector_is_malformed() -> None:
+    with pytest.raises(MalformedAnswerError):
+        parse_result({"resultType": "matrix"})
+    with pytest.raises(MalformedAnswerError):
+        parse_result(["not a sample"])
+
+
+def test_a_query_prometheus_refused_fails_the_fleets_that_needed_it_and_no_other() -> None:
+    short, long = Slo("e2e", 90, "60s"), Slo("e2e", 90, "600s")
+    answers = {q: parse_result([sample("ml", "a", "vllm", "1")]) for q in (short, *SIGNALS, "reporting")}
+    errors = {long: "http://prometheus refused the query '...[600s]': HTTP Status Code 422"}
+    assert signals_for(Target("ml", "b", "vllm", long), answers, errors).failed == errors[long]
+    assert signals_for(Target("ml", "a", "vllm", short), answers, errors).failed is None
+
+
+def test_a_latency_of_nothing_finished_is_none_but_not_missing() -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {
+        E2E_P90: parse_result([sample("ml", "qwen", "vllm", "NaN")]),
+        **{s: parse_result([sample("ml", "qwen", "vllm", "0")]) for s in ("request_rate", "waiting", "running")},
+        "kv_cache_usage": parse_result([sample("ml", "qwen", "vllm", "0")]),
+    }
+    signals = signals_for(target, answers)
+    assert signals.latency is None and signals.missing == ()
+    assert signals.request_rate == 0.0
+    nothing = signals_for(target, {k: {} for k in answers})
+    assert nothing.missing[0] == "vllm:e2e_request_latency_seconds_bucket"
+    assert len(nothing.missing) == 5
