@@ -95,7 +95,7 @@ def _start_operator(cluster: Cluster, otlp_endpoint: str) -> int:
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""],
+            [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", ""],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     attach(cluster.name, "operator", proc.pid)

@@ -587,7 +587,7 @@ def main(trials: int, docs: Path, progress: Callable[[str], None]) -> int:
         env = {**os.environ, **OPERATOR_ENV, "KUBECONFIG": str(kubeconfig)}
         progress(f"the operator's log: {OPERATOR_LOG} (kept after the cluster is down)")
         with OPERATOR_LOG.open("wb") as out:
-            command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""]
+            command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", ""]
             operator = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         ns = Namespace(api, NAMESPACE)
         create_fleets(ns)

@@ -304,7 +304,7 @@ def main(kills: int, seed: int, docs: Path, progress: Callable[[str], None]) -> 
             procs[-1].kill()
             procs[-1].wait(timeout=10)
         with log.open("ab") as out:
-            command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""]
+            command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", ""]
             procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
 
     try:

@@ -1014,7 +1014,7 @@ def _live_under_operator(
     log = cluster.state_dir / f"operator-fuzz-{seed}.log"
     health = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url}
-    command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", health]
+    command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", health, "--metrics-address", ""]
     with log.open("ab") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     running = Running(proc.poll, log, f"http://{health}/healthz")

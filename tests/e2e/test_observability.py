@@ -1,7 +1,7 @@
 """Every dashboard panel's PromQL, and every alert's, against the local cluster's Prometheus while the twin serves.
 
 Real parts throughout: kube-apiserver, scheduler and kwok GPU nodes; the operator as users run it
-(``mmfleet run``), serving /healthz and /metrics on one address, which the lab's Prometheus scrapes
+(``mmfleet run``), serving kopf's /healthz and its own /metrics, which the lab's Prometheus scrapes
 as the ``mmfleet-operator`` job (as the chart's PodMonitor does); and the twin serving the fleet's
 pods with vLLM's metrics under steady traffic. A panel whose query errors, or returns nothing while
 the twin serves, fails the test; so does an alert or recording rule that Prometheus refuses.
@@ -71,14 +71,14 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """``mmfleet run`` serving /healthz and /metrics, written as the lab Prometheus' operator target."""
+    """``mmfleet run`` serving /healthz and /metrics (each on its port), the latter the lab Prometheus' target."""
     install_mmfleet_crd(cluster.api_client(), "mmfleet-tests")
-    address = f"127.0.0.1:{process.free_port()}"
+    address, metrics = (f"127.0.0.1:{process.free_port()}" for _ in range(2))
     env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url, "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
     log = tmp_path_factory.mktemp("observability") / "operator.log"
-    running = OperatorProcess(cluster.kubeconfig, log, env=env, health_address=address)
+    running = OperatorProcess(cluster.kubeconfig, log, env=env, health_address=address, metrics_address=metrics)
     running.start()
-    prometheus.write_operator_target(cluster.state_dir, address)
+    prometheus.write_operator_target(cluster.state_dir, metrics)
     yield running
     running.stop()
 
@@ -115,7 +115,7 @@ def test_every_panel_answers_and_every_rule_evaluates_while_the_twin_serves(
 ) -> None:
     apply_ready(cluster.kubeconfig, RESOURCE)
     health = process.http_get(f"http://{operator.health_address}/healthz")
-    assert "autoscaler" in json.loads(health), health  # the operator's probe handlers, through its own server
+    assert "autoscaler" in json.loads(health), health  # the operator's probe handlers, through kopf's endpoint
     twin = Twin(cluster, RATE, (), tmp_path / "twin.log", ROOT / "tests" / "data")
     panels = panel_queries()
     try:

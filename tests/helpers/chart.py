@@ -279,7 +279,9 @@ def chart_run(installed: Installed, api: Any, tmp_path_factory: pytest.TempPathF
     env = kubelet_env(container["env"], {"metadata": {"name": f"{RELEASE}-0", "namespace": NAMESPACE}})
     probe = container["startupProbe"]["httpGet"]
     assert env["MMFLEET_HEALTH_ADDRESS"].endswith(f":{container['ports'][0]['containerPort']}")
+    assert env["MMFLEET_METRICS_ADDRESS"].endswith(f":{container['ports'][1]['containerPort']}")
     env["MMFLEET_HEALTH_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    env["MMFLEET_METRICS_ADDRESS"] = f"127.0.0.1:{free_port()}"
     kubeconfig = token_kubeconfig(installed.cluster, service_account, work / "kubeconfig")
     username = f"system:serviceaccount:{NAMESPACE}:{service_account}"
     # The shell's settings must not leak in: only what the pod would have, plus PATH/HOME to run Python.

@@ -46,19 +46,22 @@ class OperatorProcess:
         env: dict[str, str] | None = None,
         without: Sequence[str] = (),
         health_address: str = "",
+        metrics_address: str = "",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
         self.env = env or {}  # MMFLEET_* settings for the next start
         self.without = tuple(without)  # modules the process may not import (see LAB_MODULES)
-        self.health_address = health_address  # where /healthz and /metrics are served; empty: not served
+        self.health_address = health_address  # where /healthz is served; empty: not served
+        self.metrics_address = metrics_address  # where /metrics is served; empty: not served
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
+        run = [*mmfleet_command(self.without), "run"]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*mmfleet_command(self.without), "run", "--health-address", self.health_address],
+                [*run, "--health-address", self.health_address, "--metrics-address", self.metrics_address],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

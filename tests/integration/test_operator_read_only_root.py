@@ -86,7 +86,15 @@ def test_operator_reconciles_with_a_read_only_root_and_only_tmp_writable(
         "MMFLEET_NAMESPACES": namespace,
         "MMFLEET_PROMETHEUS_URL": "",
     }
-    command = [*prefix, *mmfleet_command(LAB_MODULES), "run", "--health-address", f"127.0.0.1:{port}"]
+    command = [
+        *prefix,
+        *mmfleet_command(LAB_MODULES),
+        "run",
+        "--health-address",
+        f"127.0.0.1:{port}",
+        "--metrics-address",
+        "",
+    ]
     with log.open("wb") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
     try:

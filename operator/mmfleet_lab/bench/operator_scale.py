@@ -198,7 +198,7 @@ def run_once(count: int, progress: Progress, timeout: float, floor: bool = False
             "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
             "MMFLEET_AUTOSCALE_INTERVAL": f"{AUTOSCALE_INTERVAL:g}s",
         }
-        command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", ""]
+        command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", ""]
         if os.environ.get(TRACEMALLOC_ENV):
             prefix = Path(os.environ[TRACEMALLOC_ENV]) / f"operator-{count}"
             prefix.parent.mkdir(parents=True, exist_ok=True)
