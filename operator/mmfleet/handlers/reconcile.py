@@ -150,11 +150,11 @@ def _apply_all(
     with telemetry.tracer().start_as_current_span(telemetry.RECONCILE, attributes=attributes) as span:
         result = _apply(op, record, seen, inference, next_delay, span)
     log.info(
-        "reconciled %s/%s (%s) in %.1f ms with %d API requests",
+        "reconciled %s/%s in %.1f ms with %d API requests (%s)",
         *seen.key,
-        result.outcome,
         (time.perf_counter() - started) * 1000,
         op.get_kube().thread_requests() - requests_before,
+        result.outcome,
     )
     return result
 
@@ -166,6 +166,9 @@ def _apply(
     generation = int(body["metadata"].get("generation") or 0)
     cloud: str | None = None
     deployment: Body | None = None
+    # Cleared before the applies, not after: a hand edit seen while they run (its event sets it again) is applied
+    # over by the next reconcile, which the event has queued.
+    record.drifted = False
     try:
         cloud = discovery.resolve_cloud(op, inference)
         children = render_children(op, record, inference, cloud, discovery.monitoring_crds(op))
@@ -185,7 +188,7 @@ def _apply(
         # is known to have changed (the first reconcile of each fleet would cost a read per optional child).
         if record.reconciled is not None and record.reconciled != generation:
             _prune(op, inference, children)
-        record.reconciled, record.refused, record.retrying, record.drifted = generation, None, None, False
+        record.reconciled, record.refused, record.retrying = generation, None, None
         _observe(op, record, body, inference, deployment, seen.pods, cloud)
         return Result("ok")
     except RetryableError as error:

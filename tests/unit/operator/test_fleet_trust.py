@@ -141,7 +141,7 @@ def test_a_deleted_child_is_repaired_and_a_failed_repair_is_tried_again(monkeypa
             await triggers.on_child_event(deleted, KEY[0], labels, memo(op), **held)
             await until(lambda: op.records[KEY].retrying is not None, what="the failed repair")
             kube.fault = None
-            await until(lambda: not op.records[KEY].drifted, what="the repair, tried again")
+            await until(lambda: op.records[KEY].retrying is None, what="the repair, tried again")
             kinds = [m["kind"] for m in kube.applied[applied:]]
             assert kinds.count("ServiceAccount") == 2 and kinds.count("Service") == 1, "tried twice, then whole"
 
@@ -215,3 +215,45 @@ def test_pods_a_quota_refused_count_as_refused_and_name_the_quota() -> None:
         f"the Deployment's pods cannot be created: {webhook['message']}",
     )
     assert status.refused_pods({"spec": {"replicas": 3}, "status": {"replicas": 1}}) == (0, "")
+
+
+def test_a_hand_edit_seen_while_the_fleet_is_applied_is_applied_over_by_the_next_reconcile() -> None:
+    """The edit's event comes while a repair applies (it cannot have restored the edit it had not seen): the key is
+    queued again, and that reconcile applies, however the running one ends."""
+    kube = RecordingKube()
+    op = operator(kube, workers=2)
+    held = indexes(body())
+    labels = {INFERENCE_LABEL: "qwen"}
+    applying, release = threading.Event(), threading.Event()
+    apply = kube.apply
+
+    def held_apply(manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
+        if manifest["kind"] == "Deployment" and op.records[KEY].reconciled is not None and not release.is_set():
+            applying.set()
+            release.wait(5)
+        return apply(manifest, manager)
+
+    kube.apply = held_apply  # type: ignore[method-assign]
+    deleted: Any = {
+        "type": "DELETED",
+        "object": {"kind": "Service", "metadata": {"name": "qwen", "uid": "uid-Service"}},
+    }
+    edited: Any = {
+        "type": "MODIFIED",
+        "object": {"kind": "Deployment", "metadata": {"name": "qwen", "uid": "uid-Deployment", "generation": 5},
+                   "spec": {"paused": True}},
+    }  # fmt: skip
+
+    async def scenario() -> None:
+        async with workers(op, held):
+            await triggers.on_fleet_event({"type": "ADDED", "object": body()}, *KEY, body()["metadata"], memo(op))  # type: ignore[arg-type]
+            await until(lambda: op.records[KEY].reconciled == 1, what="the first apply")
+            await triggers.on_child_event(deleted, KEY[0], labels, memo(op), **held)
+            await until(applying.is_set, what="the repair applying the Deployment")
+            await triggers.on_child_event(edited, KEY[0], labels, memo(op), **held)
+            release.set()
+            deployments = lambda: [m for m in kube.applied if m["kind"] == "Deployment"]  # noqa: E731
+            await until(lambda: len(deployments()) == 3, what="the edit applied over")
+            await until(lambda: not op.records[KEY].drifted, what="the fleet settled")
+
+    asyncio.run(scenario())
