@@ -24,7 +24,11 @@ def test_create_makes_children_and_reports_ready(fleet: Fleet) -> None:
     assert status["cloud"] == "eks"  # detected from the fake nodes' providerIDs
     assert status["endpoint"] == f"http://vl.{fleet.namespace}.svc.cluster.local:8000/v1"
     assert status["selector"] == "mmfleet.io/inference=vl,app.kubernetes.io/component=inference-server"
-    owner_uid = fleet.get("vl")["metadata"]["uid"]
+    meta = fleet.get("vl")["metadata"]
+    owner_uid = meta["uid"]
+    # The operator owns status and children only: no bookkeeping of kopf's (it runs no change handler of ours).
+    assert not [a for a in meta.get("annotations") or {} if a.startswith("mmfleet.io/")]
+    assert not meta.get("finalizers")
     deployment = fleet.deployment("vl")
     assert deployment.metadata.owner_references[0].uid == owner_uid
     assert deployment.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
