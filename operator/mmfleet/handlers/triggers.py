@@ -107,8 +107,8 @@ async def _process(op: Operator, pool: ThreadPoolExecutor, key: Key) -> None:
     queue = op.queue
     assert queue is not None
     body = first(op.indexes, "fleets", key)
-    if body is None:  # deleted since it was queued
-        queue.forget(key)
+    if body is None:  # deleted since it was queued (a reconcile racing the deletion may have made a record again)
+        op.forget(key)
         return
     seen = Snapshot(key, body, first(op.indexes, "fleet_deployments", key), indexed(op.indexes, "fleet_pods", key))
     next_delay = functools.partial(queue.backoff, key)
