@@ -126,7 +126,8 @@ def operator(kube: Kube, **config: Any) -> Operator:
 def reconcile_once(
     op: Operator, body: Body, attempt: int = 0, deployment: Body | None = None, pods: list[Body] | None = None
 ) -> Result:
-    """One reconcile, as a worker runs it, for the ``attempt``-th try."""
+    """One reconcile, as a worker runs it, for the ``attempt``-th try (of a fleet whose watch event was seen)."""
+    op.record(KEY, body["metadata"].get("uid"))
     seen = Snapshot(KEY, body, deployment, pods or [])
     return reconcile(op, seen, lambda retry_after: api_retry_delay(attempt, retry_after))
 

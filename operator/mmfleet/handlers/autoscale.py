@@ -83,7 +83,9 @@ def autoscale(
     fleets: list[tuple[FleetView, MultimodalInference]] = []
     for view in views:
         with contextlib.suppress(SpecError):  # an invalid spec is reported by its reconcile
-            record = op.record(view.key, view.body["metadata"].get("uid"))
+            record = op.find(view.key, view.body["metadata"].get("uid"))
+            if record is None:  # indexed before its watch event made a record: the next cycle takes it
+                continue
             inference = parse_spec(record, view.body)
             # A fleet whose reconcile applied nothing (a child it does not own, a refused apply) is not scaled:
             # its Deployment may be someone else's.
@@ -182,7 +184,9 @@ def _decide_fleet(
 ) -> tuple[bool, bool]:
     meta = inference.metadata
     config = op.config
-    record = op.record(view.key, meta.uid)
+    record = op.find(view.key, meta.uid)
+    if record is None:  # deleted since the cycle's snapshot
+        return False, False
     try:
         with record.lock:
             counted = cycle.count_pods(view.pods)

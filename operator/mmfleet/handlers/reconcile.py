@@ -87,6 +87,8 @@ class Result:
     outcome: str  # one of metrics_export.RECONCILE_RESULTS
     retry: bool = False
     retry_after: float | None = None
+    # Come back this much later without counting a failure (a failed apply's backoff not over yet).
+    requeue_after: float | None = None
 
 
 # The delay the queue will wait before the next try, given the server's Retry-After: for the status message.
@@ -106,7 +108,9 @@ def reconcile(op: Operator, seen: Snapshot, next_delay: NextDelay) -> Result:
     """Bring the fleet's children in line with its spec, and its status in line with its children."""
     started = time.perf_counter()
     meta = seen.body["metadata"]
-    record = op.record(seen.key, meta.get("uid"))
+    record = op.find(seen.key, meta.get("uid"))
+    if record is None:  # deleted, or the name taken by another fleet, since the key was taken
+        return Result("ok")
     try:
         with record.lock:
             result = _reconcile(op, record, seen, next_delay)
@@ -132,11 +136,12 @@ def _reconcile(op: Operator, record: FleetRecord, seen: Snapshot, next_delay: Ne
         invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
         write_status(op, record, seen.body, invalid, previous)
         return Result("invalid_spec")
-    if record.needs_apply(meta.get("generation")):
+    waiting = record.backing_off(meta.get("generation"), time.monotonic())
+    if record.needs_apply(meta.get("generation")) and not waiting:
         return _apply_all(op, record, seen, inference, next_delay)
     cloud = discovery.resolve_cloud(op, inference)
     _observe(op, record, seen.body, inference, seen.deployment, seen.pods, cloud)
-    return Result("ok")
+    return Result("ok", requeue_after=waiting or None)
 
 
 def _apply_all(
@@ -168,7 +173,7 @@ def _apply(
     deployment: Body | None = None
     # Cleared before the applies, not after: a hand edit seen while they run (its event sets it again) is applied
     # over by the next reconcile, which the event has queued.
-    record.drifted = False
+    record.drifted, record.attempted = False, generation
     try:
         cloud = discovery.resolve_cloud(op, inference)
         children = render_children(op, record, inference, cloud, discovery.monitoring_crds(op))

@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -69,6 +70,8 @@ class FleetRecord:
     queued: int | None = None
     # The generation the last reconcile finished with (applied, or judged invalid); a newer one needs an apply.
     reconciled: int | None = None
+    # The generation the last apply tried (whether it went through or failed).
+    attempted: int | None = None
     # A child was deleted or edited by hand since the last apply: the next reconcile applies again.
     drifted: bool = False
     # Each child's fingerprint as our last apply left it, by uid, to tell hand edits apart.
@@ -80,6 +83,9 @@ class FleetRecord:
     # Why the reconcile waits to be retried (a call the API server may answer next time), for Progressing: every
     # status write (the autoscaler's too) carries it until a reconcile goes through.
     retrying: str | None = None
+    # time.monotonic() before which a failed apply is not tried again (its backoff, or the server's Retry-After):
+    # a reconcile that comes sooner (a pod's event) only observes.
+    retry_due: float = -math.inf
     # The autoscaler's memory (policy state, attainment, cold start).
     scaling: cycle.Memory | None = None
     # Why the shared model cache's claim cannot serve the fleet, and where its spans go, as the last reconcile saw
@@ -92,6 +98,12 @@ class FleetRecord:
 
     def failed(self) -> bool:
         return self.refused is not None or self.retrying is not None
+
+    def backing_off(self, generation: int | None, now: float) -> float:
+        """Seconds the failed apply of this same generation still waits (0: none): a new spec is applied at once."""
+        if not self.failed() or self.attempted != (generation or 0):
+            return 0.0
+        return max(0.0, self.retry_due - now)
 
 
 @dataclass
@@ -119,8 +131,10 @@ class Operator:
     kopf_context: contextvars.Context | None = None
     # The SDK's provider of the operator's own spans (mmfleet.telemetry.setup), None when they go nowhere.
     tracer_provider: TracerProvider | None = None
-    # The operator's own loops (the workers, the resync tick, the autoscaler), cancelled at cleanup.
+    # The operator's own loops (the workers, the resync tick, the autoscaler), cancelled at cleanup, and the threads
+    # the workers' reconciles run in, awaited at cleanup (no apply may outlive the Lease).
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    pool: ThreadPoolExecutor | None = None
     autoscaler: asyncio.Task[None] | None = None
     # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
     autoscaler_cycled: float = -math.inf
@@ -131,7 +145,10 @@ class Operator:
         return self.kube
 
     def record(self, key: Key, uid: str | None = None) -> FleetRecord:
-        """The fleet's record; a new one when ``uid`` says the name now belongs to another fleet (a missed delete)."""
+        """The fleet's record; a new one when ``uid`` says the name now belongs to another fleet (a missed delete).
+
+        Only the event loop makes or replaces records (watch events, in order per fleet); worker threads ``find``.
+        """
         found = self.records.get(key)
         if found is None or (uid is not None and found.uid is not None and found.uid != uid):
             found = self.records[key] = FleetRecord(uid=uid)
@@ -139,7 +156,18 @@ class Operator:
             found.uid = uid
         return found
 
-    def forget(self, key: Key) -> None:
+    def find(self, key: Key, uid: str | None) -> FleetRecord | None:
+        """The record of the fleet ``uid`` under ``key``; None when the name is gone or now another fleet's."""
+        found = self.records.get(key)
+        if found is None or (uid is not None and found.uid is not None and found.uid != uid):
+            return None
+        return found
+
+    def forget(self, key: Key, uid: str | None = None) -> None:
+        """Drop the fleet's record and pending work; with ``uid``, only if the name still belongs to that fleet
+        (a namesake created since must not lose its own)."""
+        if uid is not None and self.find(key, uid) is None:
+            return
         self.records.pop(key, None)
         if self.queue is not None:
             self.queue.discard(key)

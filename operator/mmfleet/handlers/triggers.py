@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -49,7 +50,7 @@ async def on_fleet_event(
     op = operator_of(memo)
     key = (namespace or "", name)
     if event["type"] == "DELETED":
-        op.forget(key)
+        op.forget(key, meta.get("uid"))
         return
     if meta.get("deletionTimestamp"):
         return
@@ -115,7 +116,12 @@ async def _process(op: Operator, pool: ThreadPoolExecutor, key: Key) -> None:
     task = functools.partial(op.in_kopf_context().run, reconcile, op, seen, next_delay)
     result = await asyncio.get_running_loop().run_in_executor(pool, task)
     if result.retry:
-        queue.add_rate_limited(key, result.retry_after)
+        record = op.find(key, body["metadata"].get("uid"))
+        delay = queue.add_rate_limited(key, result.retry_after)
+        if record is not None:
+            record.retry_due = time.monotonic() + delay
+    elif result.requeue_after is not None:
+        queue.add_after(key, result.requeue_after)
     else:
         queue.forget(key)
 
@@ -133,10 +139,9 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
     op.indexes = {name: kwargs[name] for name in INDEXES}
     queue: workqueue.WorkQueue[Key] = workqueue.WorkQueue(api_retry_delay)
     op.queue = queue
-    pool = ThreadPoolExecutor(op.config.workers, thread_name_prefix="reconcile")
+    op.pool = pool = ThreadPoolExecutor(op.config.workers, thread_name_prefix="reconcile")
     process = functools.partial(_process, op, pool)
     workers = asyncio.create_task(workqueue.serve(queue, op.config.workers, process), name="mmfleet workers")
-    workers.add_done_callback(lambda _: pool.shutdown(wait=False, cancel_futures=True))
     op.tasks += [workers, asyncio.create_task(_resync(op), name="mmfleet resync")]
 
 
@@ -149,3 +154,6 @@ async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     op.tasks.clear()
+    if op.pool is not None:  # the reconciles under way finish (each call is bounded by the request timeout)
+        await asyncio.to_thread(op.pool.shutdown, wait=True, cancel_futures=True)
+        op.pool = None

@@ -15,8 +15,10 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from mmfleet.handlers import autoscale, reconcile, records
+from mmfleet.handlers import autoscale, memo, reconcile, records, triggers
 from mmfleet.kube import RetryableError, retry_after, transport_failure
+from mmfleet.render import INFERENCE_LABEL
+from mmfleet.workqueue import WorkQueue
 from tests.helpers.operator_state import (
     KEY,
     RecordingKube,
@@ -260,3 +262,87 @@ def test_a_status_refresh_that_fails_is_tried_again_without_another_event(monkey
 
     asyncio.run(scenario())
     assert calls[1] - calls[0] >= 0.2, "tried again after the first retry delay"
+
+
+def test_pod_events_during_a_backoff_refresh_the_status_but_never_apply_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet waiting out its backoff (or a Retry-After) gets pod and Deployment events (a crash loop, a rollout):
+    they refresh its status; the apply waits until the backoff is over."""
+    monkeypatch.setattr(reconcile, "RETRY_FIRST_SECONDS", 0.6)
+    monkeypatch.setattr(triggers, "STATUS_DEBOUNCE", 0.01)
+    kube = RecordingKube(RetryableError("503 Service Unavailable", call="apply Deployment ml/qwen"))
+    tried: list[float] = []
+    apply = kube.apply
+
+    def counted(manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
+        if manifest["kind"] == "Deployment":
+            tried.append(time.monotonic())
+        return apply(manifest, manager)
+
+    kube.apply = counted  # type: ignore[method-assign]
+    op = operator(kube, workers=2)
+    held = indexes(fleet_body())
+    labels = {INFERENCE_LABEL: "qwen"}
+    pod: Any = {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "qwen-1", "uid": "p"}}}
+
+    async def scenario() -> None:
+        async with workers(op, held):
+            await fleet_event(op, fleet_body())
+            await until(lambda: len(tried) == 1, what="the first, failing, apply")
+            written = len(kube.written)
+            for _ in range(5):  # five pod events in the first 0.3 s of the 0.6 s backoff
+                await triggers.on_child_event(pod, KEY[0], labels, memo(op), **held)
+                await asyncio.sleep(0.06)
+            assert len(tried) == 1, "no apply before the backoff is over"
+            kube.fault = None
+            await until(lambda: len(tried) == 2 and op.records[KEY].retrying is None, what="the retry")
+            assert tried[1] - tried[0] >= 0.55
+            assert len(kube.written) > written, "the status was refreshed meanwhile"
+
+    asyncio.run(scenario())
+
+
+def test_a_namesakes_creation_seen_before_the_old_fleets_deletion_keeps_its_record_and_its_turn() -> None:
+    """kopf handles each uid's events apart: ``kubectl replace --force`` can bring the new fleet's ADDED before the
+    old one's DELETED."""
+    op = operator(RecordingKube())
+
+    async def scenario() -> None:
+        op.queue = WorkQueue(reconcile.api_retry_delay)
+        old, new = fleet_body(uid="old"), fleet_body(generation=1, uid="new")
+        await fleet_event(op, old, "ADDED")
+        assert await op.queue.get() == KEY
+        op.queue.done(KEY)
+        await fleet_event(op, new, "ADDED")
+        await fleet_event(op, old, "DELETED")
+        assert op.records[KEY].uid == "new" and len(op.queue) == 1
+        await fleet_event(op, new, "DELETED")
+        assert KEY not in op.records and len(op.queue) == 0
+
+    asyncio.run(scenario())
+
+
+def test_cleanup_waits_for_the_reconciles_under_way() -> None:
+    """No apply may go on after the operator stops (and its Lease is released)."""
+    kube = RecordingKube()
+    op = operator(kube, workers=1)
+    started, release = threading.Event(), threading.Event()
+    apply = kube.apply
+
+    def slow(manifest: dict[str, Any], manager: str = "mmfleet") -> dict[str, Any]:
+        started.set()
+        release.wait(5)
+        return apply(manifest, manager)
+
+    kube.apply = slow  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await triggers.start_workers(memo=memo(op), **indexes(fleet_body()))
+        await fleet_event(op, fleet_body())
+        await until(started.is_set, what="an apply under way")
+        stopping = asyncio.create_task(triggers.stop_workers(memo=memo(op)))
+        await asyncio.sleep(0.2)
+        assert not stopping.done(), "cleanup returned while an apply was under way"
+        release.set()
+        await asyncio.wait_for(stopping, 5)
+
+    asyncio.run(scenario())
