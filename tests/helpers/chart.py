@@ -221,7 +221,8 @@ def has_default_sa(api: Any, namespace: str) -> bool:
 def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """What a user does next, so the run reaches the operator's other API calls: a PodMonitor turned off (pruned),
     an autoscaled fleet's minimum raised (the scale subresource), a backend switched (the stale ConfigMap pruned),
-    a shared model cache whose claim is missing (read, to say why)."""
+    a shared model cache whose claim is missing (read, to say why), a fleet an upgrade finds with the finalizer an
+    earlier version added (removed)."""
     namespace, _ = fleets["minimal.yaml"]
     monitors = client.CustomObjectsApi(api)
 
@@ -265,6 +266,12 @@ def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[
     name = body["metadata"]["name"]
     wait_for(lambda: fleet.status(name).get("observedGeneration"), 60, f"{name}'s status")
     fleets["qwen-vl-shared-cache.yaml"] = (namespace, fleet.status(name))
+
+    # A fleet an earlier operator version left with its finalizer (it had timers): kopf removes it (a patch).
+    legacy = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    legacy["metadata"] = {"name": "legacy", "finalizers": ["mmfleet.io/finalizer"]}
+    fleet.create(legacy)
+    wait_for(lambda: not fleet.get("legacy")["metadata"].get("finalizers"), 60, "the legacy finalizer removed")
 
 
 @pytest.fixture(scope="module")

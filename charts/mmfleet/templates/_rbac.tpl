@@ -36,17 +36,17 @@ With watchNamespaces empty or a pattern, namespaces are not known in advance, so
 {{- end -}}
 
 {{- define "mmfleet.namespacedRules" -}}
-# kopf posts handler progress and kopf.event (handlers.state.kopf_event, the autoscaler's scale
+# kopf posts kopf.event (handlers.records.kopf_event: transitions and the autoscaler's scale
 # events included) as core v1 Events with POST only; it never patches them or uses events.k8s.io.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# The MultimodalInference: kopf watches it and patches only metadata (its progress and
-# diff-base annotations under mmfleet.io/, and the finalizer). The operator never writes spec.
+# The MultimodalInference: kopf watches it, and patches only metadata: it removes the finalizer
+# an earlier version added (no handler of ours needs one). The operator never writes spec.
 - apiGroups: [mmfleet.io]
   resources: [multimodalinferences]
   verbs: [list, watch, patch]
-# controller._write_status -> kube.Kube.patch_status (merge patch on the status subresource).
+# handlers.records.write_status -> kube.Kube.patch_status (merge patch on the status subresource).
 - apiGroups: [mmfleet.io]
   resources: [multimodalinferences/status]
   verbs: [patch]
@@ -58,7 +58,7 @@ With watchNamespaces empty or a pattern, namespaces are not known in advance, so
   verbs: [update]
 # Children: applied (create+patch), watched (kopf indexes and watch_* event handlers); each is
 # read (get) once before its first apply, so that an object of that name the fleet does not
-# control is never adopted (handlers.fleet._claim_names), and optional ones before pruning.
+# control is never adopted (handlers.reconcile._claim_names), and optional ones before pruning.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
@@ -95,7 +95,7 @@ With watchNamespaces empty or a pattern, namespaces are not known in advance, so
   resources: [persistentvolumeclaims]
   verbs: [get]
 # TracingReady's CollectorNotReady: the collector Service's EndpointSlices, listed by its
-# kubernetes.io/service-name label (handlers.fleet._ready_endpoints), at most once a minute per
+# kubernetes.io/service-name label (handlers.discovery._ready_endpoints), at most once a minute per
 # collector. Without it the Service is taken on trust (TracingReady True with no endpoint check).
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
