@@ -149,8 +149,8 @@ class Operator:
 
         Only the event loop makes or replaces records (watch events, in order per fleet); worker threads ``find``.
         """
-        found = self.records.get(key)
-        if found is None or (uid is not None and found.uid is not None and found.uid != uid):
+        found = self.find(key, uid)
+        if found is None:
             found = self.records[key] = FleetRecord(uid=uid)
         elif found.uid is None:
             found.uid = uid
