@@ -191,7 +191,9 @@ class Kube:
             )
         return _json(result)
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool = False) -> Obj | None:
+        """One object, or None. ``cached``: from the API server's watch cache (``resourceVersion=0``), which spares
+        etcd a quorum read; it may lag a write by a moment, so only for a check that races its own write anyway."""
         self._count()
         with self._errors(f"get {kind} {_where(namespace, name)}", refusals=False):
             try:
@@ -200,6 +202,7 @@ class Kube:
                         self._resource(api_version, kind),
                         name=name,
                         namespace=namespace,
+                        resource_version="0" if cached else None,
                         serialize=False,
                         _request_timeout=REQUEST_TIMEOUT,
                     )

@@ -541,6 +541,11 @@ def _invalid_status(
     )
 
 
+def rolling_out(new: MultimodalInferenceStatus) -> bool:
+    """Whether ``new`` only says that a rollout is under way: not Ready, and no condition worth an event."""
+    return new.phase in ("Pending", "Progressing") and not events(None, new)
+
+
 def events(previous: MultimodalInferenceStatus | None, new: MultimodalInferenceStatus) -> list[tuple[str, str, str]]:
     """The (type, reason, message) events a status change is worth: bad news as Warnings, and Ready.
 

@@ -43,7 +43,7 @@ class RecordingKube(Kube):
     """Applies echo back (a Deployment as ready as its replicas), status writes and reads are recorded.
 
     The Deployment's apply raises ``fault``, or is refused with ``refuse``, while set; ``existing``: objects
-    that exist, by (kind, name).
+    that exist, by (kind, name); ``ready``: whether an applied Deployment's replicas are ready at once.
     """
 
     def __init__(self, fault: RetryableError | None = None) -> None:
@@ -54,6 +54,7 @@ class RecordingKube(Kube):
         self.written: list[Body] = []
         self.got: list[tuple[str, str]] = []
         self.scaled: list[int] = []
+        self.ready = True
 
     def apply(self, manifest: Body, manager: str = "mmfleet") -> Body:
         if manifest["kind"] == "Deployment":
@@ -64,10 +65,10 @@ class RecordingKube(Kube):
         self.applied.append(manifest)
         meta = {**manifest["metadata"], "uid": f"uid-{manifest['kind']}", "generation": 1}
         replicas = manifest.get("spec", {}).get("replicas", 1)
-        ready = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+        ready = {"replicas": replicas, "readyReplicas": replicas if self.ready else 0, "updatedReplicas": replicas}
         return {**manifest, "metadata": meta, "status": ready}
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Body | None:
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool = False) -> Body | None:
         self.got.append((kind, name))
         return self.existing.get((kind, name))
 

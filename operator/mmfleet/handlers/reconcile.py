@@ -20,12 +20,14 @@ from mmfleet.api import DegradedReason, MultimodalInference
 from mmfleet.handlers import discovery
 from mmfleet.handlers.children import fingerprint, foreign_owner, scaler_owns_replicas
 from mmfleet.handlers.records import (
+    FIRST_STATUS_WAIT,
     Body,
     FleetRecord,
     Key,
     Operator,
     last_status,
     log,
+    never_reported,
     parse_spec,
     previous_status,
     render_children,
@@ -140,8 +142,9 @@ def _reconcile(op: Operator, record: FleetRecord, seen: Snapshot, next_delay: Ne
     if record.needs_apply(meta.get("generation")) and not waiting:
         return _apply_all(op, record, seen, inference, next_delay)
     cloud = discovery.resolve_cloud(op, inference)
-    _observe(op, record, seen.body, inference, seen.deployment, seen.pods, cloud)
-    return Result("ok", requeue_after=waiting or None)
+    held = _observe(op, record, seen.body, inference, seen.deployment, seen.pods, cloud)
+    due = [seconds for seconds in (waiting, held) if seconds]
+    return Result("ok", requeue_after=min(due) if due else None)
 
 
 def _apply_all(
@@ -194,8 +197,10 @@ def _apply(
         if record.reconciled is not None and record.reconciled != generation:
             _prune(op, inference, children)
         record.reconciled, record.refused, record.retrying = generation, None, None
-        _observe(op, record, body, inference, deployment, seen.pods, cloud)
-        return Result("ok")
+        if never_reported(last_status(record, body)):
+            record.first_status_due = time.monotonic() + FIRST_STATUS_WAIT
+        held = _observe(op, record, body, inference, deployment, seen.pods, cloud)
+        return Result("ok", requeue_after=held)
     except RetryableError as error:
         # Said in Progressing until a reconcile goes through; every status write (the autoscaler's too) keeps it.
         record.retrying = retrying_message(error, next_delay(error.retry_after))
@@ -232,14 +237,15 @@ def _claim_names(op: Operator, record: FleetRecord, inference: MultimodalInferen
     """Raise ``_NotAppliedError`` when a child's name is held by an object this fleet does not control.
 
     Applying over it would adopt it: a ServiceAccount taken over this way runs the fleet's image with its
-    rights, and deleting the fleet would delete it. One read per child the first time, none after.
+    rights, and deleting the fleet would delete it. One read per child the first time, none after, from the API
+    server's watch cache: an object created a moment before could be missed, as it could between read and apply.
     """
     meta = inference.metadata
     for child in children:
         kind, name = child["kind"], child["metadata"]["name"]
         if (kind, name) in record.owned:
             continue
-        live = op.get_kube().get(child["apiVersion"], kind, meta.namespace, name)
+        live = op.get_kube().get(child["apiVersion"], kind, meta.namespace, name, cached=True)
         holder = foreign_owner(live, meta.uid)
         if holder is not None:
             raise _NotAppliedError(
@@ -260,7 +266,8 @@ def _observe(
     deployment: Body | None,
     pods: list[Body],
     cloud: str | None,
-) -> None:
+) -> float | None:
+    """Write the status the fleet's children show; the seconds until a held first status is due, if it was held."""
     observed = status.Observed(
         deployment=deployment,
         pod_problems=status.pod_problems(pods),
@@ -272,6 +279,7 @@ def _observe(
     )
     previous = last_status(record, body)
     write_status(op, record, body, status.compute_status(inference, observed, previous, utc_now()), previous)
+    return record.holding_status(time.monotonic())
 
 
 def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body) -> Body:

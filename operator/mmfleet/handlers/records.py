@@ -11,6 +11,7 @@ import contextvars
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ log = logging.getLogger("mmfleet")
 Key = tuple[str, str]
 Body = dict[str, Any]
 Fingerprint = tuple[int, str]  # a child's generation and spec digest, or (0, resourceVersion)
+
+# A new fleet's first status waits this many seconds after its first apply while it only says "rolling out".
+FIRST_STATUS_WAIT = 5.0
 
 
 @dataclass
@@ -86,6 +90,8 @@ class FleetRecord:
     # time.monotonic() before which a failed apply is not tried again (its backoff, or the server's Retry-After):
     # a reconcile that comes sooner (a pod's event) only observes.
     retry_due: float = -math.inf
+    # time.monotonic() until which a new fleet's first status waits for its rollout (FIRST_STATUS_WAIT).
+    first_status_due: float = -math.inf
     # The autoscaler's memory (policy state, attainment, cold start).
     scaling: cycle.Memory | None = None
     # Why the shared model cache's claim cannot serve the fleet, and where its spans go, as the last reconcile saw
@@ -98,6 +104,12 @@ class FleetRecord:
 
     def failed(self) -> bool:
         return self.refused is not None or self.retrying is not None
+
+    def holding_status(self, now: float) -> float | None:
+        """Seconds until a held first status is due, or None when none is held."""
+        if self.written is not None or now >= self.first_status_due:
+            return None
+        return self.first_status_due - now
 
     def backing_off(self, generation: int | None, now: float) -> float:
         """Seconds the failed apply of this same generation still waits (0: none): a new spec is applied at once."""
@@ -242,6 +254,11 @@ def last_status(record: FleetRecord, body: Body) -> MultimodalInferenceStatus | 
     return record.written if record.written is not None else previous_status(body)
 
 
+def never_reported(previous: MultimodalInferenceStatus | None) -> bool:
+    """Whether a fleet's status has never named a generation: no write of ours has reached it yet."""
+    return previous is None or previous.observed_generation is None
+
+
 def kopf_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     target = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(body)))
     kopf.event(target, type=type_, reason=reason, message=message)
@@ -255,6 +272,9 @@ def write_status(
     previous: MultimodalInferenceStatus | None,
 ) -> bool:
     """Write status only when it changed, and tell the user about transitions as events; whether it wrote.
+
+    A new fleet's first status waits up to FIRST_STATUS_WAIT while it only says "rolling out": a rollout that ends
+    by then is written once, Ready, rather than twice; bad news is never held.
 
     "Changed" is judged against what this process last judged (the operator is the only writer),
     because the watched copy of the resource can lag behind our own last patch. Conditions are kept
@@ -274,6 +294,8 @@ def write_status(
     if applied is not None and (new.observed_generation or 0) > applied:
         new = new.model_copy(update={"observed_generation": applied})
     if previous == new:
+        return False
+    if never_reported(previous) and status.rolling_out(new) and record.holding_status(time.monotonic()) is not None:
         return False
     wire = new.wire()
     if previous is not None and previous.wire() == wire:

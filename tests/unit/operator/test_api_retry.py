@@ -236,6 +236,7 @@ def test_a_status_refresh_that_fails_is_tried_again_without_another_event(monkey
     """The fault bench's one unconverged trial: the refresh after the last pod turned Ready met the fault, and no
     event came to ask for another, so the status said 1 of 2 ready until the resync, minutes later."""
     monkeypatch.setattr(reconcile, "RETRY_FIRST_SECONDS", 0.2)
+    monkeypatch.setattr(reconcile, "FIRST_STATUS_WAIT", 0.0)
     kube = RecordingKube()
     op = operator(kube, workers=1)
     held = indexes(fleet_body())

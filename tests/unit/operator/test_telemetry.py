@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from mmfleet import telemetry
 from mmfleet.autoscaler import cycle, metrics
-from mmfleet.handlers import autoscale, discovery, records
+from mmfleet.handlers import autoscale, discovery, reconcile, records
 from mmfleet.handlers.records import Operator, utc_now
 from tests.helpers.operator_state import FakePrometheus, RecordingKube, fleet_body, operator, reconcile_once
 
@@ -37,8 +37,9 @@ def provider() -> None:
 
 
 @pytest.fixture(autouse=True)
-def fresh_spans() -> None:
+def fresh_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     EXPORTER.clear()
+    monkeypatch.setattr(reconcile, "FIRST_STATUS_WAIT", 0.0)  # each new fleet's status is written at once, and read
 
 
 body = functools.partial(fleet_body, generation=3, replicas=1, capacity_per_replica=2.0)
