@@ -17,7 +17,8 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,10 +34,14 @@ from mmfleet.api import API_VERSION, KIND
 from mmfleet.render import FIELD_MANAGER
 
 Obj = dict[str, Any]
+# (apiVersion, kind, namespace, name) of one object.
+ObjectRef = tuple[str, str, str | None, str]
 log = logging.getLogger("mmfleet")
 AUTOSCALER_FIELD_MANAGER = "mmfleet-autoscaler"
 # (connect, read) seconds for one request. A reconcile makes a handful; a list of every node is the largest read.
 REQUEST_TIMEOUT = (5.0, 30.0)
+# Reads of get_each in flight at once, for all callers: at most a reconcile's children for each of a few workers.
+LOOKUP_THREADS = 16
 
 
 class RetryableError(Exception):
@@ -135,11 +140,13 @@ class Kube:
         self._lock = threading.Lock()
         self._thread = threading.local()
         self.requests = 0
+        # get_each's reads; its threads start on first use.
+        self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="kube-get")
 
-    def _count(self) -> None:
+    def _count(self, requests: int = 1) -> None:
         with self._lock:
-            self.requests += 1
-        self._thread.requests = self.thread_requests() + 1
+            self.requests += requests
+        self._thread.requests = self.thread_requests() + requests
 
     def thread_requests(self) -> int:
         """Requests made by the calling thread so far; a handler's difference is its own cost."""
@@ -195,6 +202,20 @@ class Kube:
         """One object, or None. ``cached``: from the API server's watch cache (``resourceVersion=0``), which spares
         etcd a quorum read; it may lag a write by a moment, so only for a check that races its own write anyway."""
         self._count()
+        return self._get(api_version, kind, namespace, name, cached)
+
+    def get_each(self, wanted: Sequence[ObjectRef], cached: bool = False) -> list[Obj | None]:
+        """``get`` of each (apiVersion, kind, namespace, name), at once: a reconcile waits one round trip, not one
+        per object. Counted as the calling thread's requests; the first failure is raised."""
+        self._count(len(wanted))
+
+        def read(ref: ObjectRef) -> Obj | None:
+            api_version, kind, namespace, name = ref
+            return self._get(api_version, kind, namespace, name, cached)
+
+        return list(self._lookups.map(read, wanted))
+
+    def _get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool) -> Obj | None:
         with self._errors(f"get {kind} {_where(namespace, name)}", refusals=False):
             try:
                 return _json(

@@ -4,7 +4,7 @@ an API server (``RecordingKube`` answers in its place)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -14,7 +14,7 @@ from mmfleet.config import OperatorConfig
 from mmfleet.handlers import memo, triggers
 from mmfleet.handlers.reconcile import Result, Snapshot, api_retry_delay, reconcile
 from mmfleet.handlers.records import Operator
-from mmfleet.kube import Kube, RefusedError, RetryableError
+from mmfleet.kube import Kube, ObjectRef, RefusedError, RetryableError
 
 KEY = ("ml", "qwen")
 Body = dict[str, Any]
@@ -71,6 +71,9 @@ class RecordingKube(Kube):
     def get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool = False) -> Body | None:
         self.got.append((kind, name))
         return self.existing.get((kind, name))
+
+    def get_each(self, wanted: Sequence[ObjectRef], cached: bool = False) -> list[Body | None]:
+        return [self.get(*ref, cached=cached) for ref in wanted]
 
     def has_api(self, api_version: str, kind: str) -> bool:
         return False

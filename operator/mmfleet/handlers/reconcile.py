@@ -237,15 +237,13 @@ def _claim_names(op: Operator, record: FleetRecord, inference: MultimodalInferen
     """Raise ``_NotAppliedError`` when a child's name is held by an object this fleet does not control.
 
     Applying over it would adopt it: a ServiceAccount taken over this way runs the fleet's image with its
-    rights, and deleting the fleet would delete it. One read per child the first time, none after, from the API
-    server's watch cache: an object created a moment before could be missed, as it could between read and apply.
+    rights, and deleting the fleet would delete it. One read per child the first time, none after, all at once, from
+    the API server's watch cache: an object created a moment before could be missed, as between read and apply.
     """
     meta = inference.metadata
-    for child in children:
-        kind, name = child["kind"], child["metadata"]["name"]
-        if (kind, name) in record.owned:
-            continue
-        live = op.get_kube().get(child["apiVersion"], kind, meta.namespace, name, cached=True)
+    unknown = [c for c in children if (c["kind"], c["metadata"]["name"]) not in record.owned]
+    refs = [(c["apiVersion"], c["kind"], meta.namespace, c["metadata"]["name"]) for c in unknown]
+    for (_, kind, _, name), live in zip(refs, op.get_kube().get_each(refs, cached=True), strict=True):
         holder = foreign_owner(live, meta.uid)
         if holder is not None:
             raise _NotAppliedError(
