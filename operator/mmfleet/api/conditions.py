@@ -74,7 +74,7 @@ class SloMetReason(StrEnum):
 
 class MetricsAvailableReason(StrEnum):
     SERIES_PRESENT = "SeriesPresent"
-    NO_POD_SERVING = "NoPodServing"
+    NOT_SCRAPED_YET = "NotScrapedYet"
     PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
     SERIES_MISSING = "SeriesMissing"
     QUERY_FAILED = "QueryFailed"
