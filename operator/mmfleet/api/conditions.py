@@ -74,7 +74,7 @@ class SloMetReason(StrEnum):
 
 class MetricsAvailableReason(StrEnum):
     SERIES_PRESENT = "SeriesPresent"
-    NOT_SCRAPED_YET = "NotScrapedYet"
+    NO_POD_SERVING = "NoPodServing"
     PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
     SERIES_MISSING = "SeriesMissing"
     QUERY_FAILED = "QueryFailed"

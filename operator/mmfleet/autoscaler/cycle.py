@@ -207,12 +207,10 @@ def implausible(signals: Signals, pods: Pods, inference: MultimodalInference) ->
     ]
 
 
-def _unavailable(seen: Seen, inference: MultimodalInference, held: int, now: datetime) -> ConditionRow | None:
+def _unavailable(seen: Seen, inference: MultimodalInference, held: int) -> ConditionRow | None:
     """MetricsAvailable when the signals cannot be used (then the fleet holds), or None when they can.
 
-    Series missing while no pod has been Ready for SCRAPE_GRACE may be a scrape still to come: Unknown, not a
-    failure worth a Warning (every new fleet would get one), and the same words before and after its first pod
-    turns Ready, so that moment costs no status write.
+    A fleet with no Ready pod has nothing scraped yet: Unknown, not a failure worth a Warning.
     """
     holding = f"holding {held} replicas"
     if seen.outage is not None:
@@ -229,12 +227,12 @@ def _unavailable(seen: Seen, inference: MultimodalInference, held: int, now: dat
                 f"not trusted: {'; '.join(rejected)}; {holding}",
             )
         return None
-    if should_report(seen.pods, now) == 0:
+    if seen.pods.ready == 0:
         return (
             "MetricsAvailable",
             None,
-            MetricsAvailableReason.NOT_SCRAPED_YET,
-            f"no pod has been Ready for {SCRAPE_GRACE:g}s, the time Prometheus may take to scrape one; {holding}",
+            MetricsAvailableReason.NO_POD_SERVING,
+            f"no pod is Ready, so none is scraped yet; {holding}",
         )
     missing = ", ".join(seen.signals.missing) if seen.signals else "any series"
     meta = inference.metadata
@@ -267,7 +265,7 @@ def decide(
     memory = replace(memory, cold_start=cold_start)
     clock = now.timestamp()
     held = clamp_replicas(seen.current, autoscaling.min_replicas, autoscaling.max_replicas)
-    unavailable = _unavailable(seen, inference, held, now)
+    unavailable = _unavailable(seen, inference, held)
     latency: float | None = None
     idle = False
     cause: Cause = "held"
