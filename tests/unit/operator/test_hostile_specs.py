@@ -279,3 +279,20 @@ def test_a_models_names_are_printable_ascii(model: dict[str, str], field: str, q
 def test_a_models_usual_names_are_accepted() -> None:
     for name in ("Qwen/Qwen2.5-VL-7B-Instruct", "/mnt/models/qwen2.5-vl", "org/model:v1.2@sha_3+x"):
         assert parse(spec_doc(model={"name": name, "servedName": name.rsplit("/", 1)[-1]})).spec.model.name == name
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"replicas": "2"}, "spec.replicas"),
+        ({"replicas": 2.0}, "spec.replicas"),
+        ({"tracing": {"enabled": "true"}}, "spec.tracing.enabled"),
+        ({"model": {"name": 7}}, "spec.model.name"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_as_the_api_server_refuses_it(spec: dict[str, Any], field: str) -> None:
+    """Issue 23, item 9: `mmfleet render` coerced what the API server's schema refuses ("2" for an integer), so a
+    file it rendered could not be applied. The models take no coercion now, in the CLI and in the operator alike."""
+    with pytest.raises(SpecError) as caught:
+        parse(spec_doc(**spec))
+    assert any(p.startswith(f"{field}: ") for p in caught.value.problems), caught.value.problems
