@@ -24,6 +24,8 @@ log = logging.getLogger("mmfleet")
 LEASE_SECONDS = 15
 RENEW_SECONDS = 2.0
 RENEW_DEADLINE_SECONDS = 10.0
+# How often the deadline is looked at, apart from the renewals (a renewal may hang for a request's timeout).
+DEADLINE_CHECK_SECONDS = 0.5
 POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -80,6 +82,7 @@ class Elector:
         self.observed = Observed()
         self.renewed = -float("inf")  # time.monotonic() of the last renewal
         self._stop = threading.Event()
+        self._losing = threading.Lock()
 
     def try_hold(self) -> str | None:
         """One attempt to take or renew the Lease; None when it is ours now, else who holds it."""
@@ -123,7 +126,10 @@ class Elector:
             time.sleep(RENEW_SECONDS)
 
     def keep(self) -> threading.Thread:
-        """Renew the Lease every ``RENEW_SECONDS`` in a daemon thread; ``lost`` when that fails for good."""
+        """Renew the Lease every ``RENEW_SECONDS`` in a daemon thread, and watch the deadline in another: ``lost``
+        when no renewal went through for ``RENEW_DEADLINE_SECONDS``, even while a renewal call still hangs (its own
+        timeout is the request's, 30 s, longer than the Lease)."""
+        threading.Thread(target=self._watch_deadline, name="mmfleet leader deadline", daemon=True).start()
         thread = threading.Thread(target=self._renew_forever, name="mmfleet leader election", daemon=True)
         thread.start()
         return thread
@@ -133,17 +139,29 @@ class Elector:
             try:
                 holder = self.try_hold()
             except Exception as error:
-                holder = None if time.monotonic() - self.renewed < RENEW_DEADLINE_SECONDS else error_text(error)
-                if holder is None:
-                    log.warning("leader election: renewing Lease %s/%s failed: %s", self.namespace, self.name,
-                                error_text(error))  # fmt: skip
-                    continue
+                log.warning("leader election: renewing Lease %s/%s failed: %s", self.namespace, self.name,
+                            error_text(error))  # fmt: skip
+                continue
+            if holder is None:
+                self.renewed = time.monotonic()
             else:
-                if holder is None:
-                    self.renewed = time.monotonic()
-                    continue
-            self.lost(f"Lease {self.namespace}/{self.name} lost ({holder})")
-            return
+                self._lose(f"Lease {self.namespace}/{self.name} lost ({holder})")
+                return
+
+    def _watch_deadline(self) -> None:
+        while not self._stop.wait(DEADLINE_CHECK_SECONDS):
+            late = time.monotonic() - self.renewed
+            if late >= RENEW_DEADLINE_SECONDS:
+                self._lose(f"Lease {self.namespace}/{self.name} not renewed for {late:.1f} s")
+                return
+
+    def _lose(self, why: str) -> None:
+        """``lost`` once, whichever thread found out first; nothing renews after it."""
+        with self._losing:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+        self.lost(why)
 
     def release(self) -> None:
         """Stop renewing and free the Lease at once, so a successor need not wait for it to expire."""

@@ -83,6 +83,9 @@ class TracingSeen:
     found: bool | None = None  # whether that Service exists; None when not looked up
     ready: int | None = None  # its ready endpoints (EndpointSlices); None when they may not be read
     failed: str | None = None  # why the look-up failed (remembered briefly), when it did
+    # A Service the spec names in another namespace than the fleet's: not looked up, so that whether it exists is
+    # not told to whoever may write a MultimodalInference.
+    elsewhere: bool = False
 
 
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
@@ -138,6 +141,14 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
             "receives them there was not checked",
         )
     namespace, name = seen.service
+    if seen.elsewhere:
+        return (
+            "TracingReady",
+            None,
+            TracingReadyReason.ENDPOINT_NOT_CHECKED,
+            f"spans go to {seen.endpoint} ({where}), a Service in namespace {namespace}, not this resource's: the "
+            "operator does not look into other namespaces for it (that would tell what they hold); not checked",
+        )
     if seen.failed is not None:
         return (
             "TracingReady",

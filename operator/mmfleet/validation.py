@@ -71,7 +71,7 @@ def parse(document: Any) -> MultimodalInference:
     if not isinstance(document, dict):
         raise SpecError([f"(document): expected a MultimodalInference mapping, got {type(document).__name__}"])
     try:
-        inference = MultimodalInference.model_validate(document)
+        inference = MultimodalInference.model_validate(document, strict=True)
     except ValidationError as error:
         raise SpecError(describe(error)) from None
     found = render.problems(inference)

@@ -81,6 +81,14 @@ ACCEPTED: dict[str, dict[str, Any]] = {
     },
 }
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    # Issue 23, item 9: a control character rewrites the log lines that print the name; a look-alike letter names
+    # another model than the one a reader sees.
+    "model-name-control": ({"model": {"name": "Qwen/Qwen2.5-VL-7B\u001b[2K"}}, "spec.model.name"),
+    "model-name-homoglyph": ({"model": {"name": "Qwen/Qw\u0435n2.5-VL-7B-Instruct"}}, "spec.model.name"),
+    "served-name-space": (
+        {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct", "servedName": "my model"}},
+        "spec.model.servedName",
+    ),
     "node-selector-value": (
         {"placement": {"nodeSelector": {"pool": "not a value"}}},
         "spec.placement.nodeSelector.pool",

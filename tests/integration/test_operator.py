@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
@@ -67,6 +69,28 @@ def test_children_deleted_or_edited_by_hand_come_back(fleet: Fleet) -> None:
         return bool(fleet.deployment("drift").spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.33.0")
 
     wait_for(repaired, 30, "the Service to be recreated and the image restored")
+
+
+def test_a_network_policy_deleted_or_opened_by_hand_is_restored(fleet: Fleet, api: Any) -> None:
+    """Issue 23, item 5: it was applied and never watched, so one deleted stayed gone and one opened to every
+    source stayed open (7 minutes, the fleet Ready meanwhile)."""
+    net = client.NetworkingV1Api(api)
+    fleet.create(mmi("fenced"))
+    fleet.wait_ready("fenced")
+    rendered = net.read_namespaced_network_policy("fenced", fleet.namespace).to_dict()["spec"]["ingress"]
+
+    def ingress() -> Any:
+        try:
+            return net.read_namespaced_network_policy("fenced", fleet.namespace).to_dict()["spec"]["ingress"]
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    net.delete_namespaced_network_policy("fenced", fleet.namespace)
+    wait_for(lambda: ingress() == rendered, 30, "the deleted NetworkPolicy to be recreated as rendered")
+    net.patch_namespaced_network_policy("fenced", fleet.namespace, {"spec": {"ingress": [{}]}})  # from anywhere
+    wait_for(lambda: ingress() == rendered, 30, "the NetworkPolicy opened to every source to be restored")
 
 
 def test_delete_removes_children_through_owner_references(fleet: Fleet) -> None:

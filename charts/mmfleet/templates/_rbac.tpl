@@ -77,10 +77,11 @@ With watchNamespaces empty or a pattern, namespaces are not known in advance, so
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch]
-# Each fleet's NetworkPolicy is applied (read once before, to adopt nothing), never watched or pruned.
+# Each fleet's NetworkPolicy is applied (read once before, to adopt nothing) and watched, so that one
+# deleted or opened by hand is restored at once; never pruned (every fleet has one).
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 # PodMonitors are applied and pruned, never watched.
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]

@@ -62,16 +62,28 @@ def _not_a_flag(value: str) -> str:
 
 
 NOT_A_FLAG_CEL = cel("!self.startsWith('-')", "must not start with '-' (the server would take it for a flag)")
+# A model's names are printed in logs, metrics labels and the server's command line: printable ASCII with no space, so
+# that no control character rewrites a log line and no look-alike letter (a Cyrillic 'а') names another model.
+PLAIN_NAME_PATTERN = "^[!-~]+$"
+PLAIN_NAME_TEXT = "printable ASCII with no space (letters, digits and punctuation such as / . - _ :)"
+PLAIN_NAME_CEL = cel(f"self.matches('{PLAIN_NAME_PATTERN}')", f"must be {PLAIN_NAME_TEXT}")
+
+
+def _plain_name(value: str) -> str:
+    odd = next((c for c in value if not "!" <= c <= "~"), None)
+    if odd is not None:
+        raise ValueError(f"it holds {odd!r} (U+{ord(odd):04X}); a model's name must be {PLAIN_NAME_TEXT}")
+    return value
 
 
 class ModelSpec(Model):
     """What the server loads and where it comes from."""
 
-    name: Annotated[str, AfterValidator(_not_a_flag)] = Field(
+    name: Annotated[str, AfterValidator(_not_a_flag), AfterValidator(_plain_name)] = Field(
         min_length=1,
         max_length=253,
         description="Model to serve, as the backend names it, e.g. Qwen/Qwen2.5-VL-7B-Instruct.",
-        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL]},
+        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL, PLAIN_NAME_CEL]},
     )
     source: str | None = Field(
         default=None,
@@ -91,12 +103,12 @@ class ModelSpec(Model):
             "Default: hf://<model.name>."
         ),
     )
-    served_name: Annotated[str, AfterValidator(_not_a_flag)] | None = Field(
+    served_name: Annotated[str, AfterValidator(_not_a_flag), AfterValidator(_plain_name)] | None = Field(
         default=None,
         min_length=1,
         max_length=253,
         description="Model name clients send in requests and the model_name metric label. Default: metadata.name.",
-        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL]},
+        json_schema_extra={"x-kubernetes-validations": [NOT_A_FLAG_CEL, PLAIN_NAME_CEL]},
     )
     credentials_secret: DnsSubdomain | None = Field(
         default=None,

@@ -30,6 +30,7 @@ CHILD_KINDS = (
     ("", "v1", "serviceaccounts"),
     ("", "v1", "configmaps"),
     ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
     ("", "v1", "pods"),
 )
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")

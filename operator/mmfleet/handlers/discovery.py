@@ -126,8 +126,11 @@ def tracing_seen(
     if tracing.enabled:
         endpoint = render.tracing_endpoint(inference, clouds.get(cloud), op.config.collector_endpoint) or ""
         service = status.collector_service(endpoint, meta.namespace, op.config.cluster_domain)
+        ours = status.collector_service(op.config.collector_endpoint, meta.namespace, op.config.cluster_domain)
         if service is None:
             seen = status.TracingSeen(endpoint, bool(tracing.endpoint), cloud)
+        elif tracing.endpoint and service[0] != meta.namespace and service != ours:
+            seen = status.TracingSeen(endpoint, True, cloud, service, elsewhere=True)
         else:
             lookup = _collector(op, *service)
             seen = status.TracingSeen(

@@ -256,3 +256,43 @@ def test_a_network_peer_names_namespaces_or_pods() -> None:
 def test_a_secret_key_of_dots_alone_is_refused_naming_the_field(key: str) -> None:
     (line,) = problems_of(spec_doc(apiKeySecret={"name": "k", "key": key}))
     assert line.startswith("spec.apiKeySecret.key:") and "not '.' or '..' alone" in line, line
+
+
+@pytest.mark.parametrize(
+    ("model", "field", "quoted"),
+    [
+        ({"name": "Qwen/Qwen2.5-VL-7B\u001b[2K"}, "spec.model.name", "'\\x1b' (U+001B)"),
+        ({"name": "Qwen/Qw\u0435n2.5-VL-7B-Instruct"}, "spec.model.name", "'е' (U+0435)"),
+        ({"name": "Qwen/Qwen2.5-VL-7B-Instruct", "servedName": "my model"}, "spec.model.servedName", "' ' (U+0020)"),
+    ],
+)
+def test_a_models_names_are_printable_ascii(model: dict[str, str], field: str, quoted: str) -> None:
+    """Issue 23, item 9: a control character in a name rewrites the log lines that print it; a look-alike letter
+    names another model than the one a reader sees. Refused naming the field, the character and what is accepted."""
+    with pytest.raises(SpecError) as caught:
+        parse(spec_doc(model=model))
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"{field}: "), problem
+    assert quoted in problem and "printable ASCII with no space" in problem, problem
+
+
+def test_a_models_usual_names_are_accepted() -> None:
+    for name in ("Qwen/Qwen2.5-VL-7B-Instruct", "/mnt/models/qwen2.5-vl", "org/model:v1.2@sha_3+x"):
+        assert parse(spec_doc(model={"name": name, "servedName": name.rsplit("/", 1)[-1]})).spec.model.name == name
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"replicas": "2"}, "spec.replicas"),
+        ({"replicas": 2.0}, "spec.replicas"),
+        ({"tracing": {"enabled": "true"}}, "spec.tracing.enabled"),
+        ({"model": {"name": 7}}, "spec.model.name"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_as_the_api_server_refuses_it(spec: dict[str, Any], field: str) -> None:
+    """Issue 23, item 9: `mmfleet render` coerced what the API server's schema refuses ("2" for an integer), so a
+    file it rendered could not be applied. The models take no coercion now, in the CLI and in the operator alike."""
+    with pytest.raises(SpecError) as caught:
+        parse(spec_doc(**spec))
+    assert any(p.startswith(f"{field}: ") for p in caught.value.problems), caught.value.problems

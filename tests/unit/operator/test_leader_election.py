@@ -4,13 +4,17 @@ a write race says so and tries again; a released Lease is taken at once."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
 
+from mmfleet import leader
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
 from mmfleet.leader import LEASE_SECONDS, Elector, Observed, lease_namespace
+from tests.helpers.wait import wait_for
 
 
 class Clock:
@@ -115,3 +119,52 @@ def test_a_released_lease_is_taken_at_once_and_counts_a_transition() -> None:
     assert kube.lease is not None and "holderIdentity" not in kube.lease["spec"]
     assert two.try_hold() is None
     assert kube.lease["spec"]["holderIdentity"] == two.identity and kube.lease["spec"]["leaseTransitions"] == 1
+
+
+def test_a_renewal_that_hangs_ends_the_leadership_at_the_renew_deadline_not_at_the_requests_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal stuck in a request for its 30 s timeout left the old leader acting for 12-22 s after a standby took
+    the Lease (15 s after its last change): the deadline must be kept while the call still hangs."""
+    monkeypatch.setattr(leader, "RENEW_SECONDS", 0.05)
+    monkeypatch.setattr(leader, "RENEW_DEADLINE_SECONDS", 0.4)
+    monkeypatch.setattr(leader, "DEADLINE_CHECK_SECONDS", 0.05)
+    kube = HangingLeaseKube()
+    lost: list[tuple[str, float]] = []
+    done = threading.Event()
+
+    def on_lost(why: str) -> None:
+        lost.append((why, time.monotonic()))
+        done.set()
+
+    elector = Elector(kube, "ops", "mmfleet", lost=on_lost)
+    assert elector.try_hold() is None
+    elector.renewed = time.monotonic()
+    elector.keep()
+    try:
+        wait_for(kube.hung.is_set, 2, "a renewal stuck in its request")
+        hung_at = time.monotonic()
+        assert done.wait(2), "still the leader while its renewal hangs"
+        ((why, at),) = lost
+        assert at - hung_at < 0.4 + 0.2, "lost at the renew deadline"
+        assert why.startswith("Lease ops/mmfleet not renewed for"), why
+        assert not kube.released.is_set(), "the call was still hanging"
+    finally:
+        kube.released.set()
+
+
+class HangingLeaseKube(LeaseKube):
+    """Answers the first read; every read after it hangs until ``released``, as a request to a stalled API server."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.hung = threading.Event()
+        self.released = threading.Event()
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        if self.reads > 1:
+            self.hung.set()
+            self.released.wait(30)
+        return super().get_lease(namespace, name)

@@ -266,3 +266,25 @@ def test_the_operators_collector_setting_reaches_the_pods_and_tracing_ready(monk
     deployment = next(m for m in kube.applied if m["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert args[args.index("--otlp-traces-endpoint") + 1] == endpoint
+
+
+def test_a_service_the_spec_names_in_another_namespace_is_not_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, item 9: TracingReady told an author who may only write MultimodalInferences whether a Service of
+    that name exists in any namespace (CollectorFound against CollectorNotFound)."""
+    monkeypatch.setattr(records, "kopf_event", lambda body, *event: None)
+    kube = RecordingKube()
+    kube.services = ["vault"]
+    op = operator(kube)
+    inference = fleet_body(generation=3, tracing=True)
+    inference["spec"]["tracing"]["endpoint"] = "http://vault.secrets:4317"
+    assert not reconcile_once(op, inference).retry
+    condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
+    assert (condition["status"], condition["reason"]) == ("Unknown", "EndpointNotChecked")
+    assert "namespace secrets, not this resource's" in condition["message"]
+    assert kube.listed == 0, "nothing was asked about that namespace"
+
+    inference["spec"]["tracing"]["endpoint"] = "http://vault:4317"  # the fleet's own namespace: looked up
+    inference["metadata"]["generation"] = 4
+    assert not reconcile_once(op, inference).retry
+    condition = next(c for c in kube.written[-1]["conditions"] if c["type"] == "TracingReady")
+    assert condition["reason"] != "EndpointNotChecked" and kube.listed >= 1
