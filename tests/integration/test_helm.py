@@ -124,11 +124,11 @@ def test_the_installed_operator_reconciles_the_examples_to_ready(chart_run: Char
     assert refused_calls(installed.cluster, chart_run.username) == [], "the chart's RBAC denied the operator"
 
 
-NEW_NAMESPACES = 5  # with the 4 of chart_run: 63 watch streams, where a pool sized for one namespace held 33
+NEW_NAMESPACES = 5  # with the 4 of chart_run: 72 watch streams, where a pool sized for one namespace held 33
 
 
 def test_fleets_in_namespaces_created_after_the_start_are_served(chart_run: ChartRun, api: Any) -> None:
-    """watchNamespaces is a pattern: every matching namespace made later adds kopf's watch streams (seven kinds).
+    """watchNamespaces is a pattern: every matching namespace made later adds kopf's watch streams (eight kinds).
     When those were counted against kopf's connection pool, the fifth new namespace's lists timed out waiting for a
     connection and its fleet was never reconciled."""
     body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())

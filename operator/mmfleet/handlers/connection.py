@@ -9,9 +9,10 @@ memory flat; requests beyond the bound wait.
 
 Watches are outside that bound. kopf holds one stream per watched kind per namespace for as long as
 it watches, and with a namespace pattern (``MMFLEET_NAMESPACES=helm-*``) every matching namespace
-created later adds seven. A pool bound sized from the configured namespaces counted the pattern as
-one namespace: from the fifth matching namespace on, the streams held every connection and the new
-namespace's lists timed out waiting for one, so its fleets were never reconciled.
+created later adds eight (fleets and their seven child kinds). A pool bound sized from the configured
+namespaces counted the pattern as one namespace: from the fifth matching namespace on, the streams held
+every connection and the new namespace's lists timed out waiting for one, so its fleets were never
+reconciled.
 """
 
 from __future__ import annotations
