@@ -198,15 +198,16 @@ class Kube:
             )
         return _json(result)
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool = False) -> Obj | None:
-        """One object, or None. ``cached``: from the API server's watch cache (``resourceVersion=0``), which spares
-        etcd a quorum read; it may lag a write by a moment, so only for a check that races its own write anyway."""
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
+        """One object, or None."""
         self._count()
-        return self._get(api_version, kind, namespace, name, cached)
+        return self._get(api_version, kind, namespace, name, cached=False)
 
     def get_each(self, wanted: Sequence[ObjectRef], cached: bool = False) -> list[Obj | None]:
         """``get`` of each (apiVersion, kind, namespace, name), at once: a reconcile waits one round trip, not one
-        per object. Counted as the calling thread's requests; the first failure is raised."""
+        per object. Counted as the calling thread's requests; the first failure is raised. ``cached``: from the API
+        server's watch cache (``resourceVersion=0``), which spares etcd a quorum read; it may lag a write by a
+        moment, so only for a check that races its own write anyway."""
         self._count(len(wanted))
 
         def read(ref: ObjectRef) -> Obj | None:

@@ -68,12 +68,12 @@ class RecordingKube(Kube):
         ready = {"replicas": replicas, "readyReplicas": replicas if self.ready else 0, "updatedReplicas": replicas}
         return {**manifest, "metadata": meta, "status": ready}
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool = False) -> Body | None:
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Body | None:
         self.got.append((kind, name))
         return self.existing.get((kind, name))
 
     def get_each(self, wanted: Sequence[ObjectRef], cached: bool = False) -> list[Body | None]:
-        return [self.get(*ref, cached=cached) for ref in wanted]
+        return [self.get(*ref) for ref in wanted]
 
     def has_api(self, api_version: str, kind: str) -> bool:
         return False

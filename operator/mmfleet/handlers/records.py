@@ -295,7 +295,7 @@ def write_status(
         new = new.model_copy(update={"observed_generation": applied})
     if previous == new:
         return False
-    if never_reported(previous) and status.rolling_out(new) and record.holding_status(time.monotonic()) is not None:
+    if record.holding_status(time.monotonic()) is not None and status.rolling_out(new):
         return False
     wire = new.wire()
     if previous is not None and previous.wire() == wire:
