@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, WithJsonSchema
 
+from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import (
     DNS_SUBDOMAIN_PATTERN,
     DURATION_PATTERN,
@@ -226,6 +227,11 @@ class ChartValues(Model):
         description="The cluster's DNS domain (MMFLEET_CLUSTER_DOMAIN).",
     )
     collector: Collector = Field(default_factory=Collector, description="The OpenTelemetry Collector.")
+    policy: AdminPolicy = Field(
+        default_factory=AdminPolicy,
+        description="What MultimodalInferences may name (images, Secrets, claims, identities, placement, load "
+        "balancers); closed by default (docs/security.md).",
+    )
     monitoring: Monitoring = Field(default_factory=Monitoring, description="The operator's own monitoring.")
 
 

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from mmfleet import apidocs, crd, render
+from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import CLOUD_NAMES, PROFILE_NAMES, CloudName
 from mmfleet.render import SpecError
-from mmfleet.validation import parse
+from mmfleet.validation import describe, parse
 
 EXIT_INVALID = 2
 
@@ -111,14 +113,29 @@ def _collector_endpoint(value: str) -> str:
         raise argparse.ArgumentTypeError(f"{value!r}: {error}") from None
 
 
+def _policy(path: str) -> AdminPolicy:
+    """The admin policy in a YAML file: chart values holding it under ``policy``, or the policy alone."""
+    documents = _documents(path)
+    if len(documents) != 1:
+        raise SpecError([f"{path}: {len(documents)} YAML documents; expected one policy mapping"])
+    document = documents[0]
+    if isinstance(document, dict) and "policy" in document:
+        document = document["policy"]
+    try:
+        return AdminPolicy.model_validate(document)
+    except ValidationError as error:
+        raise SpecError([f"{path}: {line}" for line in describe(error, AdminPolicy)]) from None
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     problems: list[str] = []
+    policy = _policy(args.policy) if args.policy else None
     for index, document in enumerate(_documents(args.file)):
         if isinstance(document, dict) and document.get("kind") not in (None, "MultimodalInference"):
             continue
         try:
-            inference = parse(document)
+            inference = parse(document, policy)
         except SpecError as error:
             label = f"{args.file}#{index}" if index else args.file
             problems += [f"{label}: {line}" for line in error.problems]
@@ -278,6 +295,11 @@ def parser(with_lab: bool = True) -> argparse.ArgumentParser:
         type=_collector_endpoint,
         help="where pods with tracing on and no spec.tracing.endpoint send spans, as the operator's "
         "MMFLEET_COLLECTOR_ENDPOINT says (default: the collector installed with the operator)",
+    )
+    p_render.add_argument(
+        "--policy",
+        help="YAML file with the admin policy (the chart's policy value): refuse what it does not allow, as the "
+        "operator would (default: no policy check)",
     )
     p_render.set_defaults(func=cmd_render)
 

@@ -7,8 +7,9 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import CloudName, seconds
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 
@@ -78,6 +79,9 @@ class OperatorConfig(BaseSettings):
     leader_election_lease: str = ""
     # The Lease's namespace (the chart sets the operator's own); empty: the pod's own, else "default".
     leader_election_namespace: str = ""
+    # What fleets may name (images, Secrets, claims, identities, tolerations, node labels, load balancers): JSON in
+    # MMFLEET_POLICY, the chart's `policy` value. Closed by default (mmfleet.admin_policy).
+    policy: AdminPolicy = Field(default_factory=AdminPolicy)
 
     @field_validator("namespaces", mode="before")
     @classmethod
@@ -127,6 +131,10 @@ class OperatorConfig(BaseSettings):
             return cls(**overrides)
         except ValidationError as error:
             raise ValueError("; ".join(_problem(e) for e in error.errors())) from None
+        except SettingsError as error:  # a setting that must be JSON (MMFLEET_POLICY) is not
+            cause = error.__cause__ or error
+            example = '{"secrets": ["team-a/hf-token"]}'
+            raise ValueError(f"{error}: expected JSON, such as {example} ({cause})") from None
 
 
 def env_variables() -> dict[str, str]:
@@ -138,9 +146,12 @@ def env_variables() -> dict[str, str]:
 
 
 def _problem(error: Any) -> str:
-    """``MMFLEET_X: 'value': why``, whether the value came from the environment or a flag."""
+    """``MMFLEET_X: 'value': why``, whether the value came from the environment or a flag; a nested setting's path
+    follows its variable (``MMFLEET_POLICY.secrets[0]``)."""
     where = str(error["loc"][0])
     variable = env_variables().get(where, where)
+    for part in error["loc"][1:]:
+        variable += f"[{part}]" if isinstance(part, int) else f".{part}"
     cause = error.get("ctx", {}).get("error")
     message = str(cause) if isinstance(cause, ValueError) else error["msg"][:1].lower() + error["msg"][1:]
     return f"{variable}: {error['input']!r}: {message}"

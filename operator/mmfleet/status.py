@@ -227,6 +227,7 @@ class InvalidSpec:
 
     problems: list[str]
     generation: int | None
+    denied: bool = False  # valid, but refused by the admin's policy (mmfleet.admin_policy)
 
 
 def scheduling_failure(pod: dict[str, Any]) -> PodProblem | None:
@@ -540,10 +541,16 @@ def _invalid_status(
     problems, generation = spec.problems, spec.generation
     condition = Conditions.after(previous, now, generation)
     message = "; ".join(problems)
+    if spec.denied:
+        reasons = (ReadyReason.POLICY_DENIED, ProgressingReason.POLICY_DENIED, DegradedReason.POLICY_DENIED)
+        fix = "change the spec, or have the cluster admin allow it, to continue"
+    else:
+        reasons = (ReadyReason.INVALID_SPEC, ProgressingReason.INVALID_SPEC, DegradedReason.INVALID_SPEC)
+        fix = "fix the spec to continue"
     conditions = [
-        condition("Ready", False, ReadyReason.INVALID_SPEC, message),
-        condition("Progressing", False, ProgressingReason.INVALID_SPEC, "fix the spec to continue"),
-        condition("Degraded", True, DegradedReason.INVALID_SPEC, message),
+        condition("Ready", False, reasons[0], message),
+        condition("Progressing", False, reasons[1], fix),
+        condition("Degraded", True, reasons[2], message),
         *condition.kept(AUTOSCALER_CONDITIONS),
     ]
     kept = previous.model_dump(exclude={"conditions", "phase", "observed_generation"}) if previous else {}

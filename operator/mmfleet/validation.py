@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mmfleet import render
+from mmfleet import admin_policy, render
+from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import MultimodalInference
 from mmfleet.render import SpecError
 
@@ -26,9 +27,9 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+def _model_at(loc: tuple[int | str, ...], root: type[BaseModel]) -> type[BaseModel] | None:
     """The pydantic model that owns the last element of loc, to list the accepted fields."""
-    model: Any = MultimodalInference
+    model: Any = root
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -44,7 +45,8 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def describe(error: ValidationError) -> list[str]:
+def describe(error: ValidationError, root: type[BaseModel] = MultimodalInference) -> list[str]:
+    """One line per problem of ``error``, raised validating ``root``."""
     lines = []
     for item in error.errors(include_url=False):
         loc = tuple(item["loc"])
@@ -56,7 +58,7 @@ def describe(error: ValidationError) -> list[str]:
             continue
         where = _path(loc) or "(document)"
         if item["type"] == "extra_forbidden":
-            owner = _model_at(loc)
+            owner = _model_at(loc, root)
             accepted = ", ".join(f.alias or n for n, f in owner.model_fields.items()) if owner else ""
             lines.append(f"{where}: unknown field" + (f" (accepted: {accepted})" if accepted else ""))
         elif item["type"] == "missing":
@@ -66,8 +68,12 @@ def describe(error: ValidationError) -> list[str]:
     return lines
 
 
-def parse(document: Any) -> MultimodalInference:
-    """Validate a whole resource (as loaded from YAML or read from the API server)."""
+class PolicyDeniedError(SpecError):
+    """A spec that could be served, but names what the admin's policy does not allow."""
+
+
+def parse(document: Any, policy: AdminPolicy | None = None) -> MultimodalInference:
+    """Validate a whole resource (as loaded from YAML or read from the API server), and hold it to ``policy``."""
     if not isinstance(document, dict):
         raise SpecError([f"(document): expected a MultimodalInference mapping, got {type(document).__name__}"])
     try:
@@ -77,4 +83,7 @@ def parse(document: Any) -> MultimodalInference:
     found = render.problems(inference)
     if found:
         raise SpecError(found)
+    denied = admin_policy.refusals(inference, policy) if policy is not None else []
+    if denied:
+        raise PolicyDeniedError(denied)
     return inference

@@ -21,6 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mmfleet import crd, telemetry
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab import spike
@@ -74,6 +76,15 @@ def _examples_dir() -> Path:
     raise FileNotFoundError("examples/ not found next to the mmfleet source tree")
 
 
+def examples_policy(namespace: str = NAMESPACE) -> str:
+    """``examples/admin/policy.yaml``'s policy (what the examples may name), as ``MMFLEET_POLICY`` takes it, with its
+    per-namespace grants moved to ``namespace`` (a glob: the tests make a namespace per fleet)."""
+    policy: dict[str, Any] = yaml.safe_load((_examples_dir() / "admin" / "policy.yaml").read_text())["policy"]
+    for setting in ("secrets", "claims", "identities"):
+        policy[setting] = [f"{namespace}/{grant.partition('/')[2]}" for grant in policy.get(setting, [])]
+    return json.dumps(policy)
+
+
 def _start_collector(cluster: Cluster) -> otelcol.RunningCollector:
     """The collector (built once into the cache, as ``make binaries`` builds it), recorded with the cluster so
     that ``mmfleet cluster down`` stops it with the operator and the twin that keep sending to it."""
@@ -90,6 +101,7 @@ def _start_operator(cluster: Cluster, otlp_endpoint: str) -> int:
         "KUBECONFIG": str(cluster.kubeconfig),
         "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
         "MMFLEET_AUTOSCALE_INTERVAL": AUTOSCALE_INTERVAL,
+        "MMFLEET_POLICY": examples_policy(),
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint,
         "OTEL_SERVICE_NAME": telemetry.SERVICE_NAME,
     }

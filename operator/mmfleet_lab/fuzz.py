@@ -204,6 +204,14 @@ def _nested(depth: int) -> dict[str, Any]:
     return deep
 
 
+# The fuzz explores what the operator renders and serves, so its operator lets a fleet name anything; the policy's
+# refusals have tests of their own (tests/unit/operator/test_admin_policy.py, test_least_privilege).
+OPEN_POLICY = json.dumps({
+    "images": ["*"], "secrets": ["*/*"], "claims": ["*/*"], "identities": ["*/*"], "tolerationKeys": ["*"],
+    "nodeLabelKeys": ["*"], "loadBalancer": {"allowed": True},
+})  # fmt: skip
+
+
 def examples_dir() -> Path:
     """``examples/`` of the source tree this module runs from (the lab runs from a checkout)."""
     for parent in Path(__file__).resolve().parents:
@@ -626,7 +634,7 @@ def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed
         return "", f"observedGeneration {status.get('observedGeneration')} of generation {generation}"
     ready = _condition(fleet, "Ready")
     message = str(ready.get("message") or "")
-    if ready.get("reason") == "InvalidSpec":
+    if ready.get("reason") in ("InvalidSpec", "PolicyDenied"):
         if PROBLEM.match(message):
             return REFUSED, message
         return "refusals not naming a field", message
@@ -1013,7 +1021,12 @@ def _live_under_operator(
 
     log = cluster.state_dir / f"operator-fuzz-{seed}.log"
     health = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url,
+        "MMFLEET_POLICY": OPEN_POLICY,
+    }
     command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", health, "--metrics-address", ""]
     with log.open("ab") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from mmfleet import render
+from mmfleet.admin_policy import AdminPolicy, refusals
 from mmfleet.validation import parse
-from tests.helpers.repo import EXAMPLES, K8S_VERSION, load_example
+from tests.helpers.repo import EXAMPLES, K8S_VERSION, ROOT, load_example
 
 CLOUDS = ["eks", "aks", "ack", "generic"]
 
@@ -28,3 +30,22 @@ def test_example_renders_valid_kubernetes(path: Path, cloud: str) -> None:
         if child["apiVersion"].startswith("monitoring.coreos.com"):
             continue  # not in the core OpenAPI; its shape is covered by the unit tests
         kubernetes_validate.validate(child, K8S_VERSION, strict=True)
+
+
+def test_the_examples_admin_policy_serves_every_example_and_the_shipped_policy_refuses_what_they_name() -> None:
+    """examples/admin/policy.yaml is what an admin grants for the examples: with it every one is served; without it
+    (the chart's closed default) each that names a Secret, claim, identity or load balancer is refused."""
+    values = yaml.safe_load((ROOT / "examples" / "admin" / "policy.yaml").read_text())
+    granted = AdminPolicy.model_validate(values["policy"])
+    refused = {}
+    for path in EXAMPLES:
+        inference = parse(load_example(path))
+        assert refusals(inference, granted) == [], path.name
+        refused[path.name] = sorted({line.split(":", 1)[0] for line in refusals(inference, AdminPolicy())})
+    assert refused == {
+        "internvl-ack.yaml": ["spec.model.credentialsSecret"],
+        "llama-vision-trtllm-aks.yaml": ["spec.model.credentialsSecret", "spec.service.type"],
+        "minimal.yaml": [],
+        "qwen-vl-eks.yaml": ["spec.identity.awsRoleArn", "spec.model.credentialsSecret"],
+        "qwen-vl-shared-cache.yaml": ["spec.model.credentialsSecret", "spec.modelCache.claimName"],
+    }

@@ -10,6 +10,7 @@ import pytest
 
 from mmfleet_lab.cluster import Cluster, NodePool, down, up
 from mmfleet_lab.cluster.crds import install_mmfleet_crd
+from mmfleet_lab.demo import examples_policy
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.spike import CLUSTER, COLD_START, say
 
@@ -27,7 +28,11 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     install_mmfleet_crd(cluster.api_client(), "mmfleet-tests")
-    env = {"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "", "MMFLEET_AUTOSCALE_INTERVAL": "3s"}
+    env = {
+        "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
+        "MMFLEET_AUTOSCALE_INTERVAL": "3s",
+        "MMFLEET_POLICY": examples_policy("*"),  # examples/admin/policy.yaml, for the tests' namespaces
+    }
     process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env)
     process.start()
     yield process

@@ -25,6 +25,7 @@ from mmfleet_lab.cluster.crds import established, install_crd, read_crd
 from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
+from mmfleet_lab.demo import examples_policy
 from mmfleet_lab.twin.spans import kubelet_env
 from tests.helpers.fleet import Fleet
 from tests.helpers.operator_process import OperatorProcess, mmfleet_command, stop
@@ -38,6 +39,18 @@ PODMONITOR_CRD_NAME = "podmonitors.monitoring.coreos.com"
 RELEASE = "mmfleet"  # contains the chart's name, so every object is called "mmfleet"
 NAMESPACE = "mmfleet-helm"
 WATCHED = "helm-*"  # watchNamespaces as a kopf pattern: the fleets' namespaces below match it
+# The policy value: what the examples may name (examples/admin/policy.yaml) in the fleets' namespaces, and the API key
+# Secret of test_least_privilege's fleet; any other Secret is refused (PolicyDenied).
+API_KEY_SECRET = "vl-key"
+
+
+def _policy() -> str:
+    policy = json.loads(examples_policy(WATCHED))
+    policy["secrets"].append(f"{WATCHED}/{API_KEY_SECRET}")
+    return json.dumps(policy)
+
+
+POLICY = _policy()
 
 
 # minimal: the least spec; qwen-vl-eks: autoscaling, tracing, a workload identity (its own ServiceAccount);
@@ -158,6 +171,7 @@ def installed(
         "--set-json", f"watchNamespaces={json.dumps(release.watched)}",
         # The generic collector, installed beside the operator: TracingReady looks up its Service's EndpointSlices.
         "--set", "collector.cloud=generic",
+        "--set-json", f"policy={POLICY}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     yield release

@@ -16,6 +16,7 @@ import pytest
 
 from mmfleet_lab.cluster import Cluster, down, up
 from mmfleet_lab.cluster.cluster import clusters_dir
+from mmfleet_lab.demo import examples_policy
 from tests.helpers.chart import (  # noqa: F401 (fixtures: the chart installed, run, and the PodMonitor CRD served)
     chart_run,
     has_default_sa,
@@ -97,7 +98,9 @@ def crd(cluster: Cluster, api: Any) -> None:
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    # The admin's policy of examples/admin/policy.yaml, for the tests' namespaces (one per test).
+    env = {"MMFLEET_POLICY": examples_policy("*")}
+    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", env=env)
     process.start()
     yield process
     process.stop()

@@ -105,7 +105,7 @@ def test_the_running_operator_serves_or_refuses_each_accepted_spec_naming_the_fi
     process = OperatorProcess(
         cluster.kubeconfig,
         tmp_path / "operator.log",
-        env={"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url},
+        env={"MMFLEET_PROMETHEUS_URL": cluster.prometheus_url, "MMFLEET_POLICY": fuzz.OPEN_POLICY},
         health_address=health,
     )
     url = f"http://{health}/healthz"

@@ -31,7 +31,7 @@ from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.render import INFERENCE_LABEL
 from mmfleet_lab.cluster.kubectl import run_kubectl
 from tests.helpers import chart
-from tests.helpers.chart import NAMESPACE, ChartRun, Installed, refused_calls, token_kubeconfig
+from tests.helpers.chart import API_KEY_SECRET, NAMESPACE, ChartRun, Installed, refused_calls, token_kubeconfig
 from tests.helpers.fleet import Fleet
 from tests.helpers.repo import ROOT
 from tests.helpers.wait import wait_for
@@ -163,11 +163,13 @@ def secret_fleet(api: Any, chart_run: ChartRun, installed: Installed) -> dict[st
     core.create_namespaced_secret(
         namespace, {"metadata": {"name": "hf-token"}, "stringData": {"HF_TOKEN": values["HF_TOKEN"]}}
     )
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "vl-key"}, "stringData": {"key": values["api-key"]}})
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": API_KEY_SECRET}, "stringData": {"key": values["api-key"]}}
+    )
     body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
     body["metadata"]["name"] = "lp-secrets"
     body["spec"]["model"]["credentialsSecret"] = "hf-token"
-    body["spec"]["apiKeySecret"] = {"name": "vl-key", "key": "key"}
+    body["spec"]["apiKeySecret"] = {"name": API_KEY_SECRET, "key": "key"}
     body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 3, "slo": {"target": "2s"}}
     name = body["metadata"]["name"]
     fleet = Fleet(api, namespace)
@@ -335,3 +337,42 @@ def test_with_plain_names_it_can_touch_no_namespace_it_does_not_watch(
         assert Fleet(api, unwatched).status(fleet) == {}, "nothing reconciled the fleet it does not watch"
     finally:
         client.CoreV1Api(api).delete_namespace(unwatched)
+
+
+def test_what_the_chart_policy_does_not_allow_is_refused_naming_the_field_and_nothing_is_created(
+    api: Any, chart_run: ChartRun
+) -> None:
+    """Issue 23's escalation, against the operator as the chart configures it (its policy value travels as
+    MMFLEET_POLICY): another application's Secret, any image, every taint, a public load balancer, a cloud role
+    and a claim the policy does not name are refused, each naming its field, and the operator creates nothing."""
+    namespace = chart_run.fleets["minimal.yaml"][0]
+    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    body["metadata"] = {"name": "lp-escalate"}
+    body["spec"] |= {
+        "backend": {"image": "registry.example.com/miner:1"},
+        "apiKeySecret": {"name": "payments-db", "key": "password"},
+        "placement": {"tolerations": [{"operator": "Exists"}]},
+        "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["0.0.0.0/0"]},
+        "identity": {"awsRoleArn": "arn:aws:iam::123456789012:role/cluster-admin"},
+        "modelCache": {"volume": "shared", "claimName": "finance-archive"},
+    }
+    fleet = Fleet(api, namespace)
+    fleet.create(body)
+    try:
+        ready = fleet.wait_condition("lp-escalate", "Ready", status="False", reason="PolicyDenied")
+        fields = [line.split(":", 1)[0] for line in ready["message"].split("; ")]
+        assert fields == [
+            "spec.backend.image",
+            "spec.apiKeySecret.name",
+            "spec.modelCache.claimName",
+            "spec.identity.awsRoleArn",
+            "spec.placement.tolerations[0].key",
+            "spec.service.loadBalancerSourceRanges",
+        ], ready["message"]
+        assert fleet.deployment("lp-escalate") is None
+        services = client.CoreV1Api(api).list_namespaced_service(
+            namespace, label_selector=f"{INFERENCE_LABEL}=lp-escalate"
+        )
+        assert services.items == []
+    finally:
+        fleet.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "lp-escalate")

@@ -106,14 +106,14 @@ def test_a_missing_claim_is_named_in_degraded_until_it_is_created(
 ) -> None:
     """The pods alone would only sit Pending; the status names the field and what would work."""
     fleet = Fleet(api, namespace)
-    fleet.create(mmi("late", gpu={"type": "H100"}, modelCache={"volume": "shared", "claimName": "late-models"}))
+    fleet.create(mmi("late", gpu={"type": "H100"}, modelCache={"volume": "shared", "claimName": CLAIM}))
     condition = fleet.wait_condition("late", "Degraded", reason="ModelCacheClaimMissing")
     assert condition["status"] == "True"
-    assert "spec.modelCache.claimName: late-models" in condition["message"]
+    assert f"spec.modelCache.claimName: {CLAIM}" in condition["message"]
     assert fleet.status("late")["phase"] == "Degraded"
 
     core = client.CoreV1Api(api)
-    volume = make_shared_claim(core, namespace, "late-models")
+    volume = make_shared_claim(core, namespace, CLAIM)
     try:
         fleet.wait_ready("late")
         assert fleet.condition("late", "Degraded")["status"] == "False"

@@ -20,6 +20,7 @@ class ReadyReason(StrEnum):
     CREATING = "Creating"
     REPLICAS_NOT_READY = "ReplicasNotReady"
     INVALID_SPEC = "InvalidSpec"
+    POLICY_DENIED = "PolicyDenied"
     CHILD_NOT_OWNED = "ChildNotOwned"
     APPLY_REFUSED = "ApplyRefused"
 
@@ -30,6 +31,7 @@ class ProgressingReason(StrEnum):
     ROLLED_OUT = "RolledOut"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     INVALID_SPEC = "InvalidSpec"
+    POLICY_DENIED = "PolicyDenied"
     CHILD_NOT_OWNED = "ChildNotOwned"
     APPLY_REFUSED = "ApplyRefused"
     API_SERVER_RETRYING = "ApiServerRetrying"
@@ -52,6 +54,7 @@ class DegradedReason(StrEnum):
     MODEL_CACHE_CLAIM_NOT_SHARED = "ModelCacheClaimNotShared"
     MODEL_CACHE_CLAIM_LOST = "ModelCacheClaimLost"
     INVALID_SPEC = "InvalidSpec"
+    POLICY_DENIED = "PolicyDenied"
     CHILD_NOT_OWNED = "ChildNotOwned"
     APPLY_REFUSED = "ApplyRefused"
     QUOTA_EXCEEDED = "QuotaExceeded"

@@ -86,7 +86,7 @@ def autoscale(
             record = op.find(view.key, view.body["metadata"].get("uid"))
             if record is None:  # indexed before its watch event made a record: the next cycle takes it
                 continue
-            inference = parse_spec(record, view.body)
+            inference = parse_spec(op, record, view.body)
             # A fleet whose reconcile applied nothing (a child it does not own, a refused apply) is not scaled:
             # its Deployment may be someone else's.
             if inference.spec.autoscaled and view.deployment is not None and record.refused is None:

@@ -36,6 +36,7 @@ from mmfleet.handlers.records import (
 )
 from mmfleet.kube import NamespaceTerminatingError, RefusedError, RetryableError
 from mmfleet.render import SpecError
+from mmfleet.validation import PolicyDeniedError
 
 # A failed reconcile is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
 RETRY_FIRST_SECONDS = 5.0
@@ -130,11 +131,11 @@ def reconcile(op: Operator, seen: Snapshot, next_delay: NextDelay) -> Result:
 def _reconcile(op: Operator, record: FleetRecord, seen: Snapshot, next_delay: NextDelay) -> Result:
     meta = seen.body["metadata"]
     try:
-        inference = parse_spec(record, seen.body)
+        inference = parse_spec(op, record, seen.body)
     except SpecError as error:
         record.reconciled, record.refused, record.retrying = int(meta.get("generation") or 0), None, None
         previous = previous_status(seen.body)
-        invalid_spec = status.InvalidSpec(error.problems, meta.get("generation"))
+        invalid_spec = status.InvalidSpec(error.problems, meta.get("generation"), isinstance(error, PolicyDeniedError))
         invalid = status.compute_status(invalid_spec, status.Observed(), previous, utc_now())
         write_status(op, record, seen.body, invalid, previous)
         return Result("invalid_spec")

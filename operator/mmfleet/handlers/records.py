@@ -207,8 +207,8 @@ def operator_of(memo: Any) -> Operator:
     return cast(Operator, memo[MEMO_KEY])
 
 
-def parse_spec(record: FleetRecord, body: Body) -> MultimodalInference:
-    """``validation.parse``, once per generation; raises ``SpecError`` as it does.
+def parse_spec(op: Operator, record: FleetRecord, body: Body) -> MultimodalInference:
+    """``validation.parse`` under the admin's policy, once per generation; raises ``SpecError`` as it does.
 
     The spec, name, namespace and uid (all that rendering and the autoscaler read) only change with
     the generation. The status in the result is the one first parsed: read it with ``last_status``.
@@ -217,7 +217,7 @@ def parse_spec(record: FleetRecord, body: Body) -> MultimodalInference:
     cached = record.parsed
     if cached is not None and cached.generation == generation:
         return cached.inference
-    inference = parse(body)
+    inference = parse(body, op.config.policy)
     record.parsed = Parsed(generation, inference)
     return inference
 

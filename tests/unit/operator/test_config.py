@@ -21,6 +21,7 @@ VARIABLES = (
     "MMFLEET_CLUSTER_DOMAIN",
     "MMFLEET_LEADER_ELECTION_LEASE",
     "MMFLEET_LEADER_ELECTION_NAMESPACE",
+    "MMFLEET_POLICY",
 )
 
 
@@ -120,6 +121,9 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
         ("MMFLEET_CLUSTER_DOMAIN", "my_domain", "MMFLEET_CLUSTER_DOMAIN: 'my_domain': not a DNS domain"),
         ("MMFLEET_LEADER_ELECTION_LEASE", "Op_Lease", "MMFLEET_LEADER_ELECTION_LEASE: 'Op_Lease': not an object name"),
         ("MMFLEET_LEADER_ELECTION_NAMESPACE", "-ops", "MMFLEET_LEADER_ELECTION_NAMESPACE: '-ops': not an object name"),
+        ("MMFLEET_POLICY", '{"secrets": ["hf-token"]}', "MMFLEET_POLICY.secrets[0]: 'hf-token': 'hf-token' is not"),
+        ("MMFLEET_POLICY", '{"loadBalancer": {"allowed": "maybe"}}', "MMFLEET_POLICY.loadBalancer.allowed: 'maybe'"),
+        ("MMFLEET_POLICY", "secrets: [a/b]", 'error parsing value for field "policy"'),
     ],
 )
 def test_a_bad_value_names_the_variable_the_value_and_what_is_accepted(

@@ -146,10 +146,10 @@ def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> Non
         }
 
     op, record = operator(RecordingKube()), FleetRecord()
-    first = parse_spec(record, body(1, 2))
-    assert parse_spec(record, body(1, 2)) is first  # the autoscaler's every cycle, a status refresh
+    first = parse_spec(op, record, body(1, 2))
+    assert parse_spec(op, record, body(1, 2)) is first  # the autoscaler's every cycle, a status refresh
     assert render_children(op, record, first, "eks", False) is render_children(op, record, first, "eks", False)
-    changed = parse_spec(record, body(2, 3))
+    changed = parse_spec(op, record, body(2, 3))
     assert changed.spec.replicas == 3
     deployment = next(c for c in render_children(op, record, changed, "eks", False) if c["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 3
