@@ -16,6 +16,7 @@ namespace):
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import uuid
 from datetime import UTC, datetime
@@ -360,7 +361,7 @@ def test_what_the_chart_policy_does_not_allow_is_refused_naming_the_field_and_no
     fleet.create(body)
     try:
         ready = fleet.wait_condition("lp-escalate", "Ready", status="False", reason="PolicyDenied")
-        fields = [line.split(":", 1)[0] for line in ready["message"].split("; ")]
+        fields = re.findall(r"(?:^|; )(spec\.[\w.\[\]]+): ", ready["message"])
         assert fields == [
             "spec.backend.image",
             "spec.apiKeySecret.name",
