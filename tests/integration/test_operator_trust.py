@@ -59,6 +59,72 @@ def test_deleting_a_fleet_leaves_the_object_it_refused_to_adopt(fleet: Fleet) ->
     assert not service.metadata.owner_references
 
 
+def test_decoys_with_a_fleets_labels_are_not_its_children_before_or_after_an_operator_restart(
+    fleet: Fleet, operator: OperatorProcess
+) -> None:
+    """Issue 23, item 6: status was computed from the pods and Deployments carrying the fleet's label, so a decoy
+    pod made the fleet Degraded, and after a restart a decoy Deployment (listed first) was read as the fleet's: its
+    replicas were handed over to the fleet's Deployment, and status and the autoscaler read its counts."""
+    ns = fleet.namespace
+    fleet.create(mmi("real", autoscaling={"minReplicas": 2, "maxReplicas": 4, "slo": SLO}))  # no Prometheus: holds
+    fleet.wait_ready("real", replicas=2)
+    labels = {
+        "mmfleet.io/inference": "real",
+        "app.kubernetes.io/component": "inference-server",
+        "app.kubernetes.io/managed-by": "mmfleet",
+    }
+    container = {"name": "c", "image": "example.com/c:1"}
+    nowhere = {"nodeSelector": {"example.com/no-such-pool": "x"}, "containers": [container]}
+    fleet.core.create_namespaced_pod(ns, {"metadata": {"name": "decoy", "labels": labels}, "spec": nowhere})
+    decoy = {
+        "metadata": {"name": "decoy", "labels": labels},  # listed before "real" when the operator starts
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"decoy": "yes"}},
+            "template": {"metadata": {"labels": {**labels, "decoy": "yes"}}, "spec": nowhere},
+        },
+    }
+    fleet.apps.create_namespaced_deployment(ns, decoy)
+
+    def unschedulable() -> int:
+        pods = fleet.core.list_namespaced_pod(ns, label_selector="mmfleet.io/inference=real").items
+        return sum(
+            1 for p in pods if any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or [])
+        )
+
+    wait_for(lambda: unschedulable() == 4, 30, "the decoy pods to be unschedulable")
+
+    def holds_as_its_own(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            status = fleet.status("real")
+            counts = (status.get("phase"), status.get("replicas"), status.get("readyReplicas"))
+            assert counts == ("Ready", 2, 2) and status.get("desiredReplicas") == 2, status
+            assert fleet.condition("real", "Degraded")["status"] == "False", fleet.condition("real", "Degraded")
+            assert fleet.deployment("real").spec.replicas == 2
+            time.sleep(0.5)
+
+    holds_as_its_own(5)  # the decoy pods' events each refresh the fleet's status a second later
+
+    saved = operator.env
+    operator.stop()
+    operator.env = {**saved, "MMFLEET_AUTOSCALE_INTERVAL": "1s"}
+    reconciled = f"reconciled {ns}/real in"
+    before = operator.log.read_text(errors="replace").count(reconciled)
+    operator.start()
+    try:
+        wait_for(
+            lambda: operator.log.read_text(errors="replace").count(reconciled) > before,
+            60,
+            lambda: f"the fleet's first reconcile after the restart\n{operator.tail()}",
+        )
+        holds_as_its_own(6)  # status refreshes from the indexes, and autoscaling cycles every second
+    finally:
+        operator.stop()
+        operator.env = saved
+        operator.start()
+
+
 @pytest.fixture
 def refusing_policy(api: Any, namespace: str) -> Iterator[str]:
     """A ValidatingAdmissionPolicy that refuses (422 Invalid) Deployments labelled ``mmfleet.io/inference: refused``

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from mmfleet import metrics_export, status, telemetry
 from mmfleet.api import MultimodalInference, seconds
 from mmfleet.autoscaler import cycle, metrics
+from mmfleet.handlers.children import INDEXES, fleet_children
 from mmfleet.handlers.discovery import resolve_cloud
 from mmfleet.handlers.records import (
     Body,
@@ -54,21 +56,20 @@ class FleetView:
     pods: list[Body]
 
 
-def autoscaled_fleets(
-    fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
-) -> list[FleetView]:
+def autoscaled_fleets(indexes: Mapping[str, Any]) -> list[FleetView]:
     """A snapshot of the fleets with an autoscaling section, taken on the event loop, where kopf updates the indexes."""
     views = []
+    fleets: kopf.Index[Key, Body] = indexes["fleets"]
     for key, found in fleets.items():
         body = next(iter(found), None)
         if body is None or body["metadata"].get("deletionTimestamp") or not body.get("spec", {}).get("autoscaling"):
             continue
-        views.append(FleetView(key, body, next(iter(deployments.get(key, [])), None), list(pods.get(key, []))))
+        views.append(FleetView(key, body, *fleet_children(indexes, key, body["metadata"].get("uid"))))
     return views
 
 
-# A fleet's Deployment and pods as the indexes show them now (for the status, written under the fleet's lock).
-Children = Callable[[Key], tuple[Body | None, list[Body]]]
+# The Deployment and pods of a fleet (key, uid) as the indexes show them now (for the status, written under its lock).
+Children = Callable[[Key, str | None], tuple[Body | None, list[Body]]]
 
 
 def autoscale(
@@ -214,7 +215,7 @@ def _decide_fleet(
                 kube.scale(meta.namespace, meta.name, outcome.replicas)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
             previous = last_status(record, view.body)
-            deployment, pods = children(view.key)
+            deployment, pods = children(view.key, meta.uid)
             observed = status.Observed(
                 deployment=deployment or view.deployment,
                 pod_problems=status.pod_problems(pods),
@@ -271,21 +272,18 @@ def _describe(
     )
 
 
-async def autoscale_forever(
-    op: Operator, fleets: kopf.Index[Key, Body], deployments: kopf.Index[Key, Body], pods: kopf.Index[Key, Body]
-) -> None:
+async def autoscale_forever(op: Operator, indexes: Mapping[str, Any]) -> None:
     """Every ``autoscale_interval``: a snapshot of the indexes here, the cycle's blocking I/O in a thread."""
     config = op.config
     prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
     pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
 
-    def children(key: Key) -> tuple[Body | None, list[Body]]:
-        return next(iter(deployments.get(key, [])), None), list(pods.get(key, []))
+    children = functools.partial(fleet_children, indexes)
 
     try:
         while True:
             started = time.monotonic()
-            views = autoscaled_fleets(fleets, deployments, pods)
+            views = autoscaled_fleets(indexes)
             try:
                 await asyncio.to_thread(autoscale, op, views, prometheus, pool, children)
             except Exception:
@@ -303,11 +301,11 @@ async def autoscale_forever(
 async def start_autoscaler(memo: kopf.Memo, **kwargs: Any) -> None:
     """Start the loop once kopf's indexes exist (they fill as the watches start; the first cycle waits one interval)."""
     op = operator_of(memo)
-    indexes = (kwargs["fleets"], kwargs["fleet_deployments"], kwargs["fleet_pods"])
+    indexes = {name: kwargs[name] for name in INDEXES}
 
     async def run() -> None:
         await asyncio.sleep(op.config.autoscale_interval)
-        await autoscale_forever(op, *indexes)
+        await autoscale_forever(op, indexes)
 
     op.autoscaler_cycled = time.monotonic()
     op.autoscaler = asyncio.create_task(run(), name="mmfleet autoscaler")

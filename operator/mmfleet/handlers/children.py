@@ -3,6 +3,9 @@
 The indexes keep only what status and drift need: at 1,000 fleets, whole bodies (managedFields,
 kopf's annotations, pod specs) would be most of the operator's memory. They are async, so kopf
 calls them on its event loop: a sync one costs a hop to a worker thread on every watch event.
+
+They are keyed by the fleet's label, which anyone who may create a Deployment or a pod can put on one: what they
+hold is read through ``fleet_children``, which keeps only the fleet's own (by owner references and uids).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ CHILD_KINDS = (
     ("", "v1", "pods"),
 )
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
+# The label the Deployment controller puts on a ReplicaSet's pods; the ReplicaSet's name ends in it.
+POD_TEMPLATE_HASH = "pod-template-hash"
 
 
 def _replicas_set_by_others(obj: Mapping[str, Any]) -> bool:
@@ -72,18 +77,40 @@ def edited_by_hand(obj: Mapping[str, Any], applied: Fingerprint | None) -> bool:
     return current[1] != applied[1]
 
 
+def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The controller owner reference in an object's metadata (the API server allows at most one), if any."""
+    return next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+
+
 def foreign_owner(live: Mapping[str, Any] | None, uid: str | None) -> str | None:
     """Who controls a live object that has a child's name, when it is not the fleet of ``uid``; None when the name
     is free or the object is the fleet's own (its controller owner reference carries the fleet's uid)."""
     if live is None:
         return None
-    references = (live.get("metadata") or {}).get("ownerReferences") or []
-    if any(r.get("controller") and r.get("uid") == uid for r in references):
-        return None
-    controller = next((r for r in references if r.get("controller")), None)
+    controller = controller_of(live.get("metadata") or {})
     if controller is None:
         return "no controller (created by hand or by another tool)"
+    if uid and controller.get("uid") == uid:
+        return None
     return f"{controller.get('kind')} {controller.get('name')} (uid {controller.get('uid')})"
+
+
+def deployment_of_pod(meta: Mapping[str, Any]) -> str | None:
+    """The name of the Deployment whose ReplicaSet controls a pod, from the pod alone; None for any other pod.
+
+    The Deployment controller names each of its ReplicaSets ``<deployment>-<pod-template-hash>`` and labels their
+    pods with that hash, and a name is unique in its namespace. A pod made by hand, or by any other controller, does
+    not pass; one naming a ReplicaSet that does not exist (or has another uid) is deleted by the garbage collector.
+    A ReplicaSet made by hand under such a name, controlling pods of its own, would pass: telling it apart needs the
+    ReplicaSets themselves (a watch of its own, or a read per ReplicaSet), which the operator does not pay for.
+    """
+    controller = controller_of(meta)
+    template_hash = (meta.get("labels") or {}).get(POD_TEMPLATE_HASH)
+    if controller is None or controller.get("apiVersion") != "apps/v1" or controller.get("kind") != "ReplicaSet":
+        return None
+    suffix = f"-{template_hash}"
+    name = str(controller.get("name") or "")
+    return name.removesuffix(suffix) if template_hash and name.endswith(suffix) else None
 
 
 def scaler_owns_replicas(deployment: Body) -> bool:
@@ -107,6 +134,27 @@ def first(indexes: Mapping[str, Any], name: str, key: Key) -> Body | None:
     return found[0] if found else None
 
 
+def fleet_children(indexes: Mapping[str, Any], key: Key, uid: str | None) -> tuple[Body | None, list[Body]]:
+    """The Deployment and the pods of the fleet ``key`` whose uid is ``uid``, among those that carry its label.
+
+    The Deployment is the one named after the fleet (as rendered) whose controller is the fleet of this uid: not a
+    decoy with the fleet's labels, nor one a namesake fleet deleted before left. The pods are those its ReplicaSets
+    control (``deployment_of_pod``); with no Deployment of its own, the fleet has none.
+    """
+    name = key[1]
+    deployment = next(
+        (
+            d
+            for d in indexed(indexes, "fleet_deployments", key)
+            if uid and d["metadata"].get("name") == name and d["metadata"].get("controller") == uid
+        ),
+        None,
+    )
+    if deployment is None:
+        return None, []
+    return deployment, [p for p in indexed(indexes, "fleet_pods", key) if p["metadata"].get("deployment") == name]
+
+
 def _slim_meta(meta: kopf.Meta, *keys: str) -> Body:
     return {k: meta[k] for k in ("name", "namespace", "uid", "generation", "deletionTimestamp", *keys) if k in meta}
 
@@ -120,6 +168,7 @@ async def fleets(namespace: str | None, name: str, body: kopf.Body, memo: kopf.M
 async def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     meta = _slim_meta(body.meta)
     meta["scalerOwnsReplicas"] = scaler_owns_replicas(dict(body))
+    meta["controller"] = (controller_of(body.meta) or {}).get("uid")
     slim = {"metadata": meta, "spec": {"replicas": body.spec.get("replicas")}, "status": dict(body.status)}
     return {(namespace or "", labels[INFERENCE_LABEL]): slim}
 
@@ -127,7 +176,8 @@ async def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: ko
 async def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     pod_status = body.status
     slim = {
-        "metadata": _slim_meta(body.meta, "creationTimestamp"),  # the autoscaler measures cold starts from it
+        # The autoscaler measures cold starts from creationTimestamp.
+        "metadata": {**_slim_meta(body.meta, "creationTimestamp"), "deployment": deployment_of_pod(body.meta)},
         "status": {k: pod_status[k] for k in ("phase", "conditions", "containerStatuses") if k in pod_status},
     }
     return {(namespace or "", labels[INFERENCE_LABEL]): slim}

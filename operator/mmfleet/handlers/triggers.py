@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 
 from mmfleet import workqueue
-from mmfleet.handlers.children import INDEXES, edited_by_hand, first, indexed
+from mmfleet.handlers.children import INDEXES, edited_by_hand, first, fleet_children
 from mmfleet.handlers.reconcile import Snapshot, api_retry_delay, reconcile
 from mmfleet.handlers.records import Key, Operator, log, operator_of
 from mmfleet.render import INFERENCE_LABEL
@@ -111,7 +111,7 @@ async def _process(op: Operator, pool: ThreadPoolExecutor, key: Key) -> None:
     if body is None:  # deleted since it was queued (a reconcile racing the deletion may have made a record again)
         op.forget(key)
         return
-    seen = Snapshot(key, body, first(op.indexes, "fleet_deployments", key), indexed(op.indexes, "fleet_pods", key))
+    seen = Snapshot(key, body, *fleet_children(op.indexes, key, body["metadata"].get("uid")))
     next_delay = functools.partial(queue.backoff, key)
     task = functools.partial(op.in_kopf_context().run, reconcile, op, seen, next_delay)
     result = await asyncio.get_running_loop().run_in_executor(pool, task)

@@ -115,7 +115,7 @@ def test_every_status_write_keeps_the_retry_until_a_reconcile_goes_through() -> 
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"replicas": 1}}
     view = autoscale.FleetView(KEY, body, deployment, [])
     with ThreadPoolExecutor(1) as pool:  # no Prometheus: the cycle holds, and writes MetricsAvailable False
-        autoscale.autoscale(op, [view], None, pool, lambda _: (deployment, []))
+        autoscale.autoscale(op, [view], None, pool, lambda *_: (deployment, []))
     assert any(c["type"] == "MetricsAvailable" for c in kube.written[-1]["conditions"]), "the cycle wrote status"
     assert progressing(kube.written[-1]) == said
 
@@ -123,7 +123,7 @@ def test_every_status_write_keeps_the_retry_until_a_reconcile_goes_through() -> 
     assert not reconcile_once(op, body, attempt=1, deployment=deployment).retry
     assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
     with ThreadPoolExecutor(1) as pool:
-        autoscale.autoscale(op, [view], None, pool, lambda _: (deployment, []))
+        autoscale.autoscale(op, [view], None, pool, lambda *_: (deployment, []))
     assert progressing(kube.written[-1])[1] != "ApiServerRetrying"
 
 
@@ -255,8 +255,8 @@ def test_a_status_refresh_that_fails_is_tried_again_without_another_event(monkey
             await fleet_event(op, fleet_body())
             await until(lambda: op.records[KEY].reconciled == 2, what="the apply")
             kube.patch_status = flaky  # type: ignore[method-assign]
-            deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"replicas": 2}}
-            held["fleet_deployments"][KEY] = [deployment]
+            meta = {"name": "qwen", "generation": 1, "controller": "u-1"}  # the fleet's own, as the index keeps it
+            held["fleet_deployments"][KEY] = [{"metadata": meta, "spec": {"replicas": 2}, "status": {"replicas": 2}}]
             assert op.queue is not None
             op.queue.add_after(KEY, 0.01)  # a Deployment event
             await until(lambda: len(calls) == 2, what="the second try")

@@ -75,7 +75,7 @@ def test_a_service_account_of_the_fleets_name_made_by_someone_else_is_never_appl
     decided: list[Any] = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(autoscale, "_autoscale_fleet", lambda *args: decided.append(args) or (False, False))
-        autoscale.autoscale(op, [view], None, _Inline(), lambda key: (None, []))
+        autoscale.autoscale(op, [view], None, _Inline(), lambda *_: (None, []))
     assert decided == []
 
     # Once the ServiceAccount is gone, the retry applies everything and clears the condition.

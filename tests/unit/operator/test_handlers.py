@@ -82,17 +82,22 @@ def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -
 
 def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_children() -> None:
     def fleet(name: str, **extra: object) -> dict[str, object]:
-        return {"metadata": {"name": name, "namespace": "ml", **extra}, "spec": {"autoscaling": {"maxReplicas": 4}}}
+        meta = {"name": name, "namespace": "ml", "uid": f"u-{name}", **extra}
+        return {"metadata": meta, "spec": {"autoscaling": {"maxReplicas": 4}}}
+
+    def deployment(name: str, replicas: int) -> dict[str, object]:  # a fleet's own, as the index keeps it
+        return {"metadata": {"name": name, "controller": f"u-{name}"}, "spec": {"replicas": replicas}}
 
     fleets = {
         ("ml", "a"): [fleet("a")],
         ("ml", "leaving"): [fleet("leaving", deletionTimestamp="2026-11-29T00:00:00Z")],
         ("ml", "fixed"): [{"metadata": {"name": "fixed", "namespace": "ml"}, "spec": {"replicas": 2}}],
     }
-    deployments = {("ml", "a"): [{"spec": {"replicas": 3}}], ("ml", "fixed"): [{"spec": {"replicas": 2}}]}
-    pods = {("ml", "a"): [{"metadata": {"name": "a-1"}}, {"metadata": {"name": "a-2"}}]}
-    views = autoscale.autoscaled_fleets(fleets, deployments, pods)  # plain mappings stand in for kopf indexes
-    assert [(v.key, v.deployment, len(v.pods)) for v in views] == [(("ml", "a"), {"spec": {"replicas": 3}}, 2)]
+    deployments = {("ml", "a"): [deployment("a", 3)], ("ml", "fixed"): [deployment("fixed", 2)]}
+    pods = {("ml", "a"): [{"metadata": {"name": f"a-{i}", "deployment": "a"}} for i in (1, 2)]}
+    # Plain mappings stand in for kopf's indexes.
+    views = autoscale.autoscaled_fleets({"fleets": fleets, "fleet_deployments": deployments, "fleet_pods": pods})
+    assert [(v.key, v.deployment, len(v.pods)) for v in views] == [(("ml", "a"), deployment("a", 3), 2)]
 
 
 def test_liveness_turns_red_when_the_autoscaling_loop_stops_cycling() -> None:
@@ -255,7 +260,7 @@ def test_the_resync_reconciles_every_fleet_in_kopfs_context_and_survives_a_faili
 
     monkeypatch.setattr(triggers, "reconcile", reconcile_)
     held: dict[str, Any] = {
-        "fleets": {("ml", "bad"): [{}], ("ml", "good"): [{}]},
+        "fleets": {("ml", "bad"): [{"metadata": {}}], ("ml", "good"): [{"metadata": {}}]},
         "fleet_deployments": {},
         "fleet_pods": {},
     }

@@ -55,7 +55,7 @@ def _cycle(op: Operator, prometheus: metrics.Prometheus, views: Iterable[Any] | 
     if views is None:
         views = [autoscale.FleetView(KEY, body(autoscaling=True), deployment, [pod, pod])]
     with ThreadPoolExecutor(2) as pool:
-        autoscale.autoscale(op, list(views), prometheus, pool, lambda _: (deployment, [pod, pod]))
+        autoscale.autoscale(op, list(views), prometheus, pool, lambda *_: (deployment, [pod, pod]))
 
 
 def test_a_cycle_that_scales_moves_the_fleets_series_and_the_cycle_counters(op: Operator) -> None:

@@ -107,7 +107,7 @@ def _cycle(monkeypatch: pytest.MonkeyPatch, prometheus: metrics.Prometheus) -> t
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {}}
     view = autoscale.FleetView(key, body(autoscaling=True), deployment, [pod, pod])
     with ThreadPoolExecutor(2) as pool:
-        autoscale.autoscale(op, [view], prometheus, pool, lambda _: (deployment, [pod, pod]))
+        autoscale.autoscale(op, [view], prometheus, pool, lambda *_: (deployment, [pod, pod]))
     return op, kube
 
 
