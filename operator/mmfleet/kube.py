@@ -198,6 +198,27 @@ class Kube:
             )
         return _json(result)
 
+    def set_managed_fields(self, obj: Obj, managed_fields: list[Obj]) -> None:
+        """Rewrite which manager owns which fields of ``obj`` (a merge patch of ``managedFields``), changing no field.
+
+        At the resourceVersion ``obj`` was read at: a write since is a 409, retried, so an edit is never lost.
+        """
+        meta = obj["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"], "managedFields": managed_fields}}
+        self._count()
+        with self._errors(f"take over fields of {obj['kind']} {_where(meta.get('namespace'), meta['name'])}"):
+            response = self.dynamic.patch(
+                self._resource(obj["apiVersion"], obj["kind"]),
+                body=body,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                content_type="application/merge-patch+json",
+                field_manager=FIELD_MANAGER,
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        _json(response)
+
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
         """One object, or None."""
         self._count()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -91,6 +92,44 @@ def test_a_network_policy_deleted_or_opened_by_hand_is_restored(fleet: Fleet, ap
     wait_for(lambda: ingress() == rendered, 30, "the deleted NetworkPolicy to be recreated as rendered")
     net.patch_namespaced_network_policy("fenced", fleet.namespace, {"spec": {"ingress": [{}]}})  # from anywhere
     wait_for(lambda: ingress() == rendered, 30, "the NetworkPolicy opened to every source to be restored")
+
+
+def test_a_sidecar_host_network_or_env_var_added_by_hand_is_removed(cluster: Cluster, fleet: Fleet) -> None:
+    """Issue 23, item 5: server-side apply takes back only the fields the operator applies, so fields it never renders
+    stayed when added by hand. Each is removed now, in one rollout, and the Deployment then stays as rendered; a
+    ``kubectl rollout restart`` is left alone."""
+    fleet.create(mmi("tampered"))
+    fleet.wait_ready("tampered")
+    kubectl(cluster.kubeconfig, "-n", fleet.namespace, "rollout", "restart", "deployment/tampered")
+
+    def template() -> Any:
+        return fleet.deployment("tampered").to_dict()["spec"]["template"]
+
+    restarted = "kubectl.kubernetes.io/restartedAt"
+    wait_for(lambda: restarted in (template()["metadata"]["annotations"] or {}), 30, "the restart's annotation")
+    rendered = template()
+    service = fleet.core.read_namespaced_service("tampered", fleet.namespace).metadata.resource_version
+    edits = {
+        "a sidecar": {"containers": [{"name": "sidecar", "image": "example.com/evil:1"}]},
+        "hostNetwork": {"hostNetwork": True},
+        "a literal env var": {"containers": [{"name": "server", "env": [{"name": "EVIL", "value": "1"}]}]},
+    }
+    for what, edit in edits.items():
+        generation = fleet.deployment("tampered").metadata.generation
+        patch = json.dumps({"spec": {"template": {"spec": edit}}})
+        out = kubectl(cluster.kubeconfig, "-n", fleet.namespace, "patch", "deployment", "tampered", "--type",
+                      "strategic", "-p", patch, "--field-manager", "kubectl-edit")  # fmt: skip
+        assert "patched" in out and "no change" not in out, what
+        wait_for(lambda: template() == rendered, 30, f"{what} added by hand to be removed")
+        assert fleet.deployment("tampered").metadata.generation == generation + 2  # the edit's and the repair's
+    time.sleep(5)
+    assert fleet.deployment("tampered").metadata.generation == generation + 2  # settled: the repair is no loop
+    # Re-applied at each repair, the Service is never written: its clusterIP, the API server's, is no manager's field.
+    assert fleet.core.read_namespaced_service("tampered", fleet.namespace).metadata.resource_version == service
+    events = fleet.core.list_namespaced_event(fleet.namespace, field_selector="involvedObject.name=tampered").items
+    removed = " ".join(e.message for e in events if e.reason == "ForeignFieldsRemoved")
+    for field in ("containers[name=sidecar]", "hostNetwork", "env[name=EVIL]"):
+        assert field in removed
 
 
 def test_delete_removes_children_through_owner_references(fleet: Fleet) -> None:

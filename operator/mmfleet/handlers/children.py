@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -39,6 +39,18 @@ CHILD_KINDS = (
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 # The label the Deployment controller puts on a ReplicaSet's pods; the ReplicaSet's name ends in it.
 POD_TEMPLATE_HASH = "pod-template-hash"
+OWN_MANAGERS = (FIELD_MANAGER, AUTOSCALER_FIELD_MANAGER)
+# A field as a managedFields entry's fieldsV1 names it: ("f:spec", "f:template", ..., 'k:{"name":"server"}', ".").
+FieldPath = tuple[str, ...]
+# Fields of a child that another manager may set and keep. Replicas: ``kubectl scale`` is judged, and taken back, by
+# the operator's own apply or scale (_spec_digest). The timestamp of ``kubectl rollout restart``: Argo CD's and
+# KServe's users restart pods that way, and it changes nothing but when they start.
+LEFT_TO_OTHERS: tuple[FieldPath, ...] = (
+    ("f:spec", "f:replicas"),
+    ("f:spec", "f:template", "f:metadata", "f:annotations", "f:kubectl.kubernetes.io/restartedAt"),
+)
+# Field names an event lists at most; the rest are counted.
+NAMED_FIELDS = 10
 
 
 def _replicas_set_by_others(obj: Mapping[str, Any]) -> bool:
@@ -48,6 +60,114 @@ def _replicas_set_by_others(obj: Mapping[str, Any]) -> bool:
         and "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
         for entry in obj.get("metadata", {}).get("managedFields") or []
     )
+
+
+def _managed_fields(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = obj.get("metadata", {}).get("managedFields") or []
+    return entries
+
+
+def _paths(fields: Mapping[str, Any], prefix: FieldPath = ()) -> set[FieldPath]:
+    """The fields a fieldsV1 tree owns: its leaves (``{}``), where ``"."`` is the map or list item itself."""
+    found: set[FieldPath] = set()
+    for key, below in fields.items():
+        found |= _paths(below, (*prefix, key)) if below else {(*prefix, key)}
+    return found
+
+
+def _tree(paths: Iterable[FieldPath]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    for path in paths:
+        node = root
+        for key in path:
+            node = node.setdefault(key, {})
+    return root
+
+
+def _left_to_others(path: FieldPath) -> bool:
+    """Whether ``path`` is one of LEFT_TO_OTHERS, below one, or a map or item holding one (which, taken, would be
+    removed with it)."""
+    node = path[:-1] if path[-1] == "." else path
+    return any(path[: len(left)] == left or (path[-1] == "." and left[: len(node)] == node) for left in LEFT_TO_OTHERS)
+
+
+def foreign_fields(obj: Mapping[str, Any]) -> dict[str, set[FieldPath]]:
+    """The fields of a child, as applied, that a manager other than the operator's own still owns, by manager.
+
+    Server-side apply takes back only the fields the operator applies: a sidecar container, ``hostNetwork`` or an env
+    var added by ``kubectl edit`` is a field the operator never names, and stays. Metadata (labels and annotations
+    other tools add), status (its own subresource) and LEFT_TO_OTHERS are left alone; the API server's defaults and
+    allocations (a Service's clusterIP and nodePorts) are no manager's, so never count.
+    """
+    found: dict[str, set[FieldPath]] = {}
+    for entry in _managed_fields(obj):
+        if entry.get("manager") in OWN_MANAGERS or entry.get("subresource") == "status":
+            continue
+        paths = {
+            path
+            for path in _paths(entry.get("fieldsV1") or {})
+            if path[0] not in ("f:metadata", "f:status") and not _left_to_others(path)
+        }
+        if paths:
+            found.setdefault(str(entry.get("manager")), set()).update(paths)
+    return found
+
+
+def taken_over(obj: Mapping[str, Any], foreign: Mapping[str, set[FieldPath]]) -> list[dict[str, Any]]:
+    """The child's managedFields with ``foreign`` moved from their managers to the operator's apply, so that its next
+    apply, which leaves them out, removes them: a field goes when its last manager stops applying it.
+
+    The way kubectl moves fields from client-side to server-side apply (client-go's ``csaupgrade``). Other ways were
+    worse: an update (PUT) of the rendered object also drops what other managers legitimately keep (a rollout
+    restart's timestamp, replicas ``kubectl scale`` or the autoscaler set) and leaves an Update entry of the
+    operator's that co-owns every field, so a field a later spec drops would stay; applying the foreign fields first
+    only shares them (a manager keeps a field applied with the value it set), and they stay.
+    """
+    moved: set[FieldPath] = set().union(*foreign.values())
+    entries: list[dict[str, Any]] = []
+    ours: dict[str, Any] | None = None
+    for entry in _managed_fields(obj):
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply" and not entry.get("subresource"):
+            ours = entry
+        elif entry.get("manager") in foreign and entry.get("subresource") != "status":
+            kept = _paths(entry.get("fieldsV1") or {}) - moved
+            if kept:
+                entries.append({**entry, "fieldsV1": _tree(kept)})
+            continue
+        entries.append(entry)
+    base = ours or {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": obj.get("apiVersion")}
+    owned = {**base, "fieldsType": "FieldsV1", "fieldsV1": _tree(_paths(base.get("fieldsV1") or {}) | moved)}
+    return [owned if entry is ours else entry for entry in entries] if ours else [*entries, owned]
+
+
+def _field_name(path: FieldPath) -> str:
+    """``spec.template.spec.containers[name=server].env[name=X]`` for a fieldsV1 path."""
+    name = ""
+    for key in path:
+        kind, _, rest = key.partition(":")
+        if kind == "f":
+            name += f".{rest}" if name else rest
+        elif kind == "k":
+            name += "[" + ",".join(f"{k}={v}" for k, v in json.loads(rest).items()) + "]"
+        else:  # "v:" a member of a set, "i:" an index
+            name += f"[{rest}]"
+    return name
+
+
+def field_names(paths: Iterable[FieldPath]) -> list[str]:
+    """The fields ``paths`` name, outermost only: a sidecar, not each of its fields."""
+    nodes = {path[:-1] if path[-1] == "." else path for path in paths}
+    return sorted(_field_name(n) for n in nodes if not any(n[:i] in nodes for i in range(1, len(n))))
+
+
+def foreign_fields_message(kind: str, where: str, foreign: Mapping[str, set[FieldPath]]) -> str:
+    """An event's message: which fields of which child which manager had set; NAMED_FIELDS of them, the rest counted."""
+    parts = []
+    for manager, paths in sorted(foreign.items()):
+        names = field_names(paths)
+        more = f" and {len(names) - NAMED_FIELDS} more" if len(names) > NAMED_FIELDS else ""
+        parts.append(f"{', '.join(names[:NAMED_FIELDS])}{more} (set by {manager})")
+    return f"removed from {kind} {where}, which the operator renders without them: {'; '.join(parts)}"
 
 
 def _spec_digest(obj: Mapping[str, Any]) -> str:

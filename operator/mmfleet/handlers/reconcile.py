@@ -18,13 +18,21 @@ from opentelemetry.trace import Span
 from mmfleet import metrics_export, render, status, telemetry
 from mmfleet.api import DegradedReason, MultimodalInference
 from mmfleet.handlers import discovery
-from mmfleet.handlers.children import fingerprint, foreign_owner, scaler_owns_replicas
+from mmfleet.handlers.children import (
+    fingerprint,
+    foreign_fields,
+    foreign_fields_message,
+    foreign_owner,
+    scaler_owns_replicas,
+    taken_over,
+)
 from mmfleet.handlers.records import (
     FIRST_STATUS_WAIT,
     Body,
     FleetRecord,
     Key,
     Operator,
+    kopf_event,
     last_status,
     log,
     never_reported,
@@ -186,7 +194,7 @@ def _apply(
         _claim_names(op, record, inference, children)
         _hand_over_replicas(op, inference, live)
         for child in children:
-            applied = _apply_child(op, child)
+            applied = _apply_child(op, child, body)
             record.applied[applied["metadata"]["uid"]] = fingerprint(applied)
             record.owned.add((child["kind"], child["metadata"]["name"]))
             if child["kind"] == "Deployment":
@@ -308,16 +316,30 @@ def _refusal(error: RefusedError) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
 
 
-def _apply_child(op: Operator, child: Body) -> Body:
-    """One server-side apply, as a span of the reconcile that asked for it; a refusal names the child."""
+def _apply_child(op: Operator, child: Body, fleet: Body) -> Body:
+    """One server-side apply, as a span of the reconcile that asked for it; a refusal names the child.
+
+    Fields another manager added that the operator never renders (a sidecar, ``hostNetwork``, an env var) survive an
+    apply: they are moved to the operator's manager and applied away, and the fleet gets an event naming them. The
+    check reads the apply's answer, so it costs no request until there is something to remove.
+    """
     kind, meta = child["kind"], child["metadata"]
+    where = f"{meta.get('namespace')}/{meta['name']}"
     attributes = {telemetry.CHILD_KIND: kind, telemetry.CHILD_NAME: meta["name"]}
     with telemetry.tracer().start_as_current_span(telemetry.APPLY, attributes=attributes):
         try:
-            return op.get_kube().apply(child)
+            applied = op.get_kube().apply(child)
+            foreign = foreign_fields(applied)
+            if not foreign:
+                return applied
+            op.get_kube().set_managed_fields(applied, taken_over(applied, foreign))
+            applied = op.get_kube().apply(child)
         except RefusedError as error:
-            where = f"{kind} {meta.get('namespace')}/{meta['name']}"
-            raise RefusedError(error.status, f"applying {where}: {error.message}") from error
+            raise RefusedError(error.status, f"applying {kind} {where}: {error.message}") from error
+    message = foreign_fields_message(kind, where, foreign)
+    log.warning("%s/%s: %s", fleet["metadata"]["namespace"], fleet["metadata"]["name"], message)
+    kopf_event(fleet, "Warning", "ForeignFieldsRemoved", message)
+    return applied
 
 
 def _prune(op: Operator, inference: MultimodalInference, children: list[Body]) -> None:

@@ -80,6 +80,89 @@ def test_replicas_owned_by_the_scaler_through_the_scale_subresource_or_apply() -
     assert children.scaler_owns_replicas({"metadata": {"scalerOwnsReplicas": True}})  # as the index keeps it
 
 
+SERVER = {'k:{"name":"server"}': {".": {}, "f:name": {}, "f:image": {}}}
+OURS = {
+    "manager": "mmfleet",
+    "operation": "Apply",
+    "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": SERVER}}}},
+}
+ROLLOUT_RESTART = {
+    "manager": "kubectl-rollout",
+    "operation": "Update",
+    "fieldsV1": {
+        "f:spec": {
+            "f:template": {"f:metadata": {"f:annotations": {".": {}, "f:kubectl.kubernetes.io/restartedAt": {}}}}
+        }
+    },
+}
+STATUS = {"manager": "kube-controller-manager", "subresource": "status", "fieldsV1": {"f:status": {"f:replicas": {}}}}
+KUBECTL_SCALE = {"manager": "kubectl", "subresource": "scale", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+# kubectl edit: a sidecar, hostNetwork, an env var on the server container, and a label on the Deployment.
+EDIT = {
+    "manager": "kubectl-edit",
+    "operation": "Update",
+    "fieldsV1": {
+        "f:metadata": {"f:labels": {"f:team": {}}},
+        "f:spec": {
+            "f:template": {
+                "f:spec": {
+                    "f:hostNetwork": {},
+                    "f:containers": {
+                        'k:{"name":"sidecar"}': {".": {}, "f:name": {}, "f:image": {}},
+                        'k:{"name":"server"}': {"f:env": {'k:{"name":"EVIL"}': {".": {}, "f:name": {}, "f:value": {}}}},
+                    },
+                }
+            }
+        },
+    },
+}
+
+
+def managed(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"managedFields": list(entries)}}
+
+
+def test_fields_another_manager_set_in_a_childs_spec_are_foreign_but_what_others_may_keep_is_not() -> None:
+    """Issue 23, item 5: a sidecar, hostNetwork and an env var added by hand are the operator's to remove; the
+    autoscaler's and kubectl's replicas, a rollout restart, status and metadata are not; defaults belong to no one."""
+    steady = managed(OURS, SCALER_FIELDS, STATUS, ROLLOUT_RESTART, KUBECTL_SCALE)
+    assert children.foreign_fields(steady) == {}  # nothing to repair: no request beyond the apply
+    foreign = children.foreign_fields(managed(OURS, EDIT, ROLLOUT_RESTART))
+    assert list(foreign) == ["kubectl-edit"]
+    assert children.field_names(foreign["kubectl-edit"]) == [
+        "spec.template.spec.containers[name=server].env[name=EVIL]",
+        "spec.template.spec.containers[name=sidecar]",
+        "spec.template.spec.hostNetwork",
+    ]
+
+
+def test_foreign_fields_are_moved_to_the_operators_apply_and_nothing_else_changes_hands() -> None:
+    child = managed(OURS, EDIT, ROLLOUT_RESTART, STATUS)
+    entries = children.taken_over(child, children.foreign_fields(child))
+    ours, edit, restart, status = entries
+    assert (restart, status) == (ROLLOUT_RESTART, STATUS)
+    assert edit == {**EDIT, "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}}}}  # its label stays its own
+    pod_spec = ours["fieldsV1"]["f:spec"]["f:template"]["f:spec"]
+    assert set(pod_spec) == {"f:hostNetwork", "f:containers"}
+    evil = EDIT["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]['k:{"name":"server"}']["f:env"]
+    assert pod_spec["f:containers"]['k:{"name":"server"}'] == {**SERVER['k:{"name":"server"}'], "f:env": evil}
+    assert set(pod_spec["f:containers"]) == {'k:{"name":"server"}', 'k:{"name":"sidecar"}'}
+    assert children.foreign_fields({**child, "metadata": {"managedFields": entries}}) == {}
+    # No apply entry of the operator's (managedFields cleared by hand): one is made for it.
+    made = children.taken_over(managed(EDIT), children.foreign_fields(managed(EDIT)))
+    assert made[-1]["manager"] == "mmfleet" and made[-1]["operation"] == "Apply"
+
+
+def test_the_event_names_at_most_ten_fields_and_counts_the_rest() -> None:
+    env = {f'k:{{"name":"E{i:02}"}}': {".": {}, "f:name": {}} for i in range(25)}
+    many = {"manager": "helm", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {
+        'k:{"name":"server"}': {"f:env": env}}}}}}}  # fmt: skip
+    message = children.foreign_fields_message("Deployment", "ml/vl", children.foreign_fields(managed(OURS, many)))
+    assert message.startswith("removed from Deployment ml/vl")
+    assert "env[name=E09]" in message and "env[name=E10]" not in message
+    assert "and 15 more (set by helm)" in message
+
+
 def test_the_autoscaler_snapshot_takes_fleets_with_autoscaling_and_their_children() -> None:
     def fleet(name: str, **extra: object) -> dict[str, object]:
         meta = {"name": name, "namespace": "ml", "uid": f"u-{name}", **extra}
