@@ -452,6 +452,7 @@ class IdentitySpec(Model):
     )
     azure_client_id: str | None = Field(
         default=None,
+        max_length=36,
         pattern=r"^[0-9a-fA-F-]{36}$",
         description="AKS: client ID of the managed identity (Azure workload identity).",
     )
@@ -528,12 +529,12 @@ class NetworkPolicySpec(Model):
 
     ingress_from: list[NetworkPeer] = Field(
         default_factory=list,
-        max_length=16,
+        max_length=8,
         description="Clients allowed to the API. Empty: every pod in the fleet's namespace.",
     )
     metrics_from: list[NetworkPeer] = Field(
         default_factory=list,
-        max_length=16,
+        max_length=8,
         description=(
             "Scrapers allowed to /metrics, besides the namespace of the operator's Prometheus (its setting "
             "prometheusUrl, when that names an in-cluster Service), which is always allowed."
