@@ -105,8 +105,12 @@ def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile, collec
 
 def problems(inference: MultimodalInference) -> list[str]:
     """What only the operator can judge; the schema and the models caught the rest."""
+    return _clashes(inference) or _oversized(inference)
+
+
+def _clashes(inference: MultimodalInference) -> list[str]:
     backend = backends.get(inference.spec.backend.name)
-    return backends.clashes(backend, list(inference.spec.backend.extra_args)) or _oversized(inference)
+    return backends.clashes(backend, list(inference.spec.backend.extra_args))
 
 
 def _bytes(value: Any) -> int:
@@ -134,15 +138,22 @@ def _oversized(inference: MultimodalInference) -> list[str]:
     """
     cloud = inference.spec.cloud
     for name in PROFILE_NAMES if cloud == "auto" else (cloud,):
-        for child in _children(inference, clouds.get(name), monitoring_crds=True):
-            size = _bytes(child)
-            if size > CHILD_BYTES_MAX:
-                field, held = _largest_field(inference.spec.wire())
-                return [
-                    f"{field}: its {held:,} bytes make the {child['kind']} {child['metadata']['name']} {size:,} bytes "
-                    f"(on cloud {name}), over the {CHILD_BYTES_MAX:,} (256 KiB) a child of a MultimodalInference may "
-                    f"take; shorten {field}"
-                ]
+        found = _too_large(inference, name, _children(inference, clouds.get(name), monitoring_crds=True))
+        if found:
+            return found
+    return []
+
+
+def _too_large(inference: MultimodalInference, cloud: str, children: list[Manifest]) -> list[str]:
+    for child in children:
+        size = _bytes(child)
+        if size > CHILD_BYTES_MAX:
+            field, held = _largest_field(inference.spec.wire())
+            return [
+                f"{field}: its {held:,} bytes make the {child['kind']} {child['metadata']['name']} {size:,} bytes "
+                f"(on cloud {cloud}), over the {CHILD_BYTES_MAX:,} (256 KiB) a child of a MultimodalInference may "
+                f"take; shorten {field}"
+            ]
     return []
 
 
@@ -549,11 +560,15 @@ def render(
 ) -> list[Manifest]:
     """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint;
     ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics."""
-    found = problems(inference)
+    found = _clashes(inference)
     if found:
         raise SpecError(found)
     profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
-    return _children(inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace)
+    children = _children(inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace)
+    found = _too_large(inference, profile.name, children)
+    if found:
+        raise SpecError(found)
+    return children
 
 
 def _children(
