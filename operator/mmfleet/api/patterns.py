@@ -184,13 +184,13 @@ LabelValue = Annotated[
 # becomes an InvalidSpec condition naming it. A pattern rule on map keys costs more than the API server allows (it
 # estimates every key at the largest request: 1.3x the per-rule budget even for nodeSelector alone, measured on
 # kube-apiserver 1.34); a length rule costs the same for any key, so the API server bounds keys by their length.
-LABEL_MAP_MAX = 16
+_LABEL_MAP_MAX = 16
 LabelMap = Annotated[
     dict[str, LabelValue],
     # Field before the validator, so that pydantic's schema says maxProperties (after it, maxLength, which bounds
     # nothing on an object).
     Field(
-        max_length=LABEL_MAP_MAX,
+        max_length=_LABEL_MAP_MAX,
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(f"self.all(k, k.size() <= {LABEL_KEY_MAX})", f"a label key is at most {LABEL_KEY_MAX} characters")

@@ -527,6 +527,8 @@ class NetworkPeer(Model):
 class NetworkPolicySpec(Model):
     """Who may reach the serving port (the API and /metrics share it). The fleet's NetworkPolicy admits only these."""
 
+    # Each peer holds two label selectors: 8 peers a list keep the largest spec within one etcd request
+    # (tests/contract/test_crd_bounds.py).
     ingress_from: list[NetworkPeer] = Field(
         default_factory=list,
         max_length=8,
