@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfleet import backends, clouds
-from mmfleet.api import API_VERSION, KIND, Affinity, MultimodalInference, NetworkPeer
+from mmfleet.api import API_VERSION, KIND, PROFILE_NAMES, Affinity, MultimodalInference, NetworkPeer
 from mmfleet.backends import Backend, ServerContext
 from mmfleet.clouds import CloudProfile
 
@@ -40,6 +40,12 @@ DRAIN_SECONDS = 120
 DRAIN_SETTLE_SECONDS = 5
 # After preStop, a backend that drains on SIGTERM gets this long to finish what is left.
 SHUTDOWN_SECONDS = 30
+# The most bytes one rendered child (as JSON, as applied) may take. A pod is stored in etcd with its template, its
+# managedFields (about the template again) and its status, in one request of at most 1.5 MiB (etcd's
+# --max-request-bytes); its ReplicaSet and Deployment likewise. 256 KiB, Kubernetes' own limit on an object's
+# annotations, keeps each of them under half of that, and every pod of a fleet at most ~0.5 MiB of etcd; a real spec
+# renders a Deployment of a few KiB.
+CHILD_BYTES_MAX = 256 * 1024
 CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 32
 SHM_GI_PER_GPU = 2
@@ -99,8 +105,56 @@ def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile, collec
 
 def problems(inference: MultimodalInference) -> list[str]:
     """What only the operator can judge; the schema and the models caught the rest."""
+    return _clashes(inference) or _oversized(inference)
+
+
+def _clashes(inference: MultimodalInference) -> list[str]:
     backend = backends.get(inference.spec.backend.name)
     return backends.clashes(backend, list(inference.spec.backend.extra_args))
+
+
+def _bytes(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def _largest_field(spec: Manifest) -> tuple[str, int]:
+    """The spec's field that holds the most bytes: the largest one at each level, down while it holds at least half
+    of its parent's."""
+    path, node = "spec", spec
+    while isinstance(node, dict | list) and node:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        key, child = max(items, key=lambda item: _bytes(item[1]))
+        if _bytes(child) * 2 < _bytes(node):
+            break
+        path, node = (f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"), child
+    return path, _bytes(node)
+
+
+def _oversized(inference: MultimodalInference) -> list[str]:
+    """A child over ``CHILD_BYTES_MAX`` on the spec's cloud (with auto, on any), named with the spec's largest field.
+
+    Refused before anything is applied, as a spec problem: an apply the API server refuses for its size would be
+    retried for ever, and a smaller one would still fill etcd with a copy per pod.
+    """
+    cloud = inference.spec.cloud
+    for name in PROFILE_NAMES if cloud == "auto" else (cloud,):
+        found = _too_large(inference, name, _children(inference, clouds.get(name), monitoring_crds=True))
+        if found:
+            return found
+    return []
+
+
+def _too_large(inference: MultimodalInference, cloud: str, children: list[Manifest]) -> list[str]:
+    for child in children:
+        size = _bytes(child)
+        if size > CHILD_BYTES_MAX:
+            field, held = _largest_field(inference.spec.wire())
+            return [
+                f"{field}: its {held:,} bytes make the {child['kind']} {child['metadata']['name']} {size:,} bytes "
+                f"(on cloud {cloud}), over the {CHILD_BYTES_MAX:,} (256 KiB) a child of a MultimodalInference may "
+                f"take; shorten {field}"
+            ]
+    return []
 
 
 def _metadata(inference: MultimodalInference, name: str, **extra: Any) -> Manifest:
@@ -506,10 +560,24 @@ def render(
 ) -> list[Manifest]:
     """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint;
     ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics."""
-    found = problems(inference)
+    found = _clashes(inference)
     if found:
         raise SpecError(found)
     profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
+    children = _children(inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace)
+    found = _too_large(inference, profile.name, children)
+    if found:
+        raise SpecError(found)
+    return children
+
+
+def _children(
+    inference: MultimodalInference,
+    profile: CloudProfile,
+    monitoring_crds: bool = False,
+    collector_endpoint: str | None = None,
+    prometheus_namespace: str | None = None,
+) -> list[Manifest]:
     backend = backends.get(inference.spec.backend.name)
     files = backend.config_files(server_context(inference, profile, collector_endpoint))
     children = [build_service_account(inference, profile)]

@@ -2,7 +2,8 @@
 
 Specs come from two reproducible sources (seeded): property-based from the CRD's schema, which is generated from the
 pydantic models (hypothesis, derandomized: within bounds mostly, with a hostile value now and then: wrong types,
-out-of-bound, huge and negative numbers, unicode, long and flag-like strings, unknown fields), and mutations of
+out-of-bound, huge and negative numbers, unicode, long and flag-like strings, unknown fields; lists and maps now and
+then at their maxItems or maxProperties or one over, strings at their maxLength or one over), and mutations of
 ``examples/*.yaml`` (the same hostile values at random paths, long and non-DNS names, deep nesting); plus YAML-level
 attacks (alias bombs, deep nesting, huge integers).
 
@@ -100,15 +101,36 @@ def _schema() -> dict[str, Any]:
     return schema
 
 
+# The longest label key Kubernetes accepts: a 253-character DNS-subdomain prefix, '/', a 63-character name.
+LONGEST_LABEL_KEY = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]) + "/" + "k" * 63
+
+
 def _strings(node: dict[str, Any]) -> list[str]:
+    """The candidates that fit the field, among them one at its maxLength."""
     pattern = node.get("pattern")
     low, high = node.get("minLength", 0), node.get("maxLength", 10**9)
+    longest = ["a" * high, "--" + "a" * (high - 2), LONGEST_LABEL_KEY] if high < 10**9 else []
     fits = [
         s
-        for s in GOOD_STRINGS + HOSTILE_STRINGS
+        for s in GOOD_STRINGS + HOSTILE_STRINGS + longest
         if (pattern is None or re.search(pattern, s)) and low <= len(s) <= high
     ]
     return fits or GOOD_STRINGS
+
+
+def _size(bound: int) -> st.SearchStrategy[int]:
+    """How many items: mostly up to 3, one time in 16 the bound, one in 16 one more than the bound."""
+    return st.integers(0, 15).flatmap(
+        lambda roll: st.just(bound) if roll == 0 else st.just(bound + 1) if roll == 1 else st.integers(0, min(bound, 3))
+    )
+
+
+def _long(node: dict[str, Any], valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A string field's value: one time in 64 one character over its maxLength."""
+    high = node.get("maxLength")
+    if high is None:
+        return valid
+    return st.integers(0, 63).flatmap(lambda roll: st.just("a" * (high + 1)) if roll == 0 else valid)
 
 
 def _valid(node: dict[str, Any], depth: int) -> st.SearchStrategy[Any]:
@@ -127,11 +149,15 @@ def _valid(node: dict[str, Any], depth: int) -> st.SearchStrategy[Any]:
             low, high, allow_nan=False, allow_infinity=False, exclude_min=node.get("exclusiveMinimum", False)
         )
     if kind == "string":
-        return st.sampled_from(_strings(node))
+        return _long(node, st.sampled_from(_strings(node)))
     if kind == "boolean":
         return st.booleans()
     if kind == "array":
-        return st.lists(_value(node["items"], depth + 1), max_size=min(node.get("maxItems", 3), 3))
+        # A long list repeats one drawn item: hypothesis draws a few KiB per example, not a full list of full items.
+        item = _value(node["items"], depth + 1)
+        return _size(node.get("maxItems", 3)).flatmap(
+            lambda n: st.lists(item, max_size=n, min_size=n) if n <= 3 else item.map(lambda one: [one] * n)
+        )
     if kind == "object" and "properties" in node:
         properties = node["properties"]
         required = set(node.get("required", []))
@@ -140,8 +166,14 @@ def _valid(node: dict[str, Any], depth: int) -> st.SearchStrategy[Any]:
             optional={k: _value(v, depth + 1) for k, v in properties.items() if k not in required},
         )
     if kind == "object" and isinstance(node.get("additionalProperties"), dict):
-        keys = st.sampled_from(["a", "example.com/tier", "kubernetes.io/hostname", "team", "é", "-bad", "a" * 70])
-        return st.dictionaries(keys, _value(node["additionalProperties"], depth + 1), max_size=3)
+        names = ["a", "example.com/tier", "kubernetes.io/hostname", "team", "é", "-bad", "a" * 70, LONGEST_LABEL_KEY]
+        value = _value(node["additionalProperties"], depth + 1)
+        few = st.dictionaries(st.sampled_from(names), value, max_size=3)
+        # Many keys: distinct, some of the longest a key may be, one value for all.
+        many = st.tuples(_size(node.get("maxProperties", 3)), st.sampled_from(names), value).map(
+            lambda drawn: {f"{drawn[1][:-3]}{i:03d}": drawn[2] for i in range(drawn[0])}
+        )
+        return st.one_of(few, many)
     return st.sampled_from(HOSTILE_VALUES)
 
 

@@ -8,6 +8,7 @@ Specs whose children it would refuse must be refused already by the CRD, naming 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from mmfleet.validation import parse
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.kubectl import run_kubectl
 from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.large import largest_affinity
 from tests.helpers.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.integration
@@ -142,6 +144,25 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     # Found by the fuzzer (tests/integration/test_fuzz.py, seed 13): the key pattern admits '..', secretKeyRef does not.
     "dot-dot-secret-key": ({"apiKeySecret": {"name": "k", "key": ".."}}, "spec.apiKeySecret.key"),
+    # Issue 23, item 2: every string, list and map is bounded, and the API server says which bound.
+    "long-string": ({"backend": {"extraArgs": ["--x=" + "a" * 1021]}}, "spec.backend.extraArgs[0]"),
+    "long-list": ({"placement": {"tolerations": [{"operator": "Exists"}] * 33}}, "spec.placement.tolerations"),
+    "long-quantity": ({"resources": {"memory": "1" * 65}}, "spec.resources.memory"),
+    "many-labels": ({"placement": {"nodeSelector": {f"k{i}": "v" for i in range(17)}}}, "spec.placement.nodeSelector"),
+    "long-label-key": ({"placement": {"nodeSelector": {"k" * 318: "v"}}}, "spec.placement.nodeSelector"),
+    "many-terms": (
+        {
+            "placement": {
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname"}]
+                        * 5
+                    }
+                }
+            }
+        },
+        "spec.placement.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+    ),
 }
 
 
@@ -209,11 +230,15 @@ def fleet(api: Any, namespace: str, operator: OperatorProcess) -> Fleet:
 def test_what_the_crd_admits_but_the_operator_cannot_serve_becomes_a_condition_within_the_size_limit(
     fleet: Fleet,
 ) -> None:
-    """Label keys in maps are judged by the operator only (no CEL: the cost budget); 512 bad ones, ~200 KB of
-    problems, still give a status the API server stores, cut at 32 KiB, and nothing is rendered."""
-    keys = {f"{'k' * 250}/bad key {i}!": "v" for i in range(32)}
-    terms = [{"labelSelector": {"matchLabels": keys}, "topologyKey": "kubernetes.io/hostname"}] * 16
-    spec = {"placement": {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}}}
+    """Label keys' pattern in maps is judged by the operator only (no CEL: the cost budget); 512 bad ones, ~200 KB
+    of problems, still give a status the API server stores, cut at 32 KiB, and nothing is rendered."""
+    keys = {f"{'k' * 250}/bad key {i}!": "v" for i in range(16)}
+    term = {"labelSelector": {"matchLabels": keys}, "namespaceSelector": {"matchLabels": keys}, "topologyKey": "k"}
+    terms = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [term] * 4,
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": term}] * 4,
+    }
+    spec = {"placement": {"affinity": {"podAffinity": terms, "podAntiAffinity": terms}}}
     fleet.create(mmi("bad-keys", **spec))
     ready = fleet.wait_condition("bad-keys", "Ready", status="False", reason="InvalidSpec")
     assert len(ready["message"]) == CONDITION_MESSAGE_MAX and ready["message"].endswith(TRUNCATED)
@@ -224,3 +249,21 @@ def test_what_the_crd_admits_but_the_operator_cannot_serve_becomes_a_condition_w
     assert "is not a label key; accepted:" in ready["message"]
     assert fleet.status("bad-keys")["phase"] == "Failed"
     assert fleet.deployment("bad-keys") is None
+
+
+def test_a_spec_whose_deployment_would_be_too_large_to_store_is_refused_once_naming_the_field(
+    fleet: Fleet, operator: OperatorProcess
+) -> None:
+    """Issue 23, item 2: the API server accepts the largest affinity its schema allows (~450 KB); the Deployment it
+    would make is over 256 KiB, so the operator applies nothing and says which field and the limit, once: the
+    refusal is not retried (before: an apply refused for its size, retried for ever)."""
+    fleet.create(mmi("huge", placement={"affinity": largest_affinity()}))
+    ready = fleet.wait_condition("huge", "Ready", status="False", reason="InvalidSpec")
+    assert ready["message"].startswith("spec.placement.affinity: its ")
+    assert "over the 262,144 (256 KiB) a child of a MultimodalInference may take" in ready["message"]
+    assert fleet.deployment("huge") is None
+    logged = operator.log.read_text(errors="replace")
+    time.sleep(5)
+    again = operator.log.read_text(errors="replace")[len(logged) :]
+    assert "huge" not in again and "Traceback" not in again, again
+    assert fleet.condition("huge", "Ready")["lastTransitionTime"] == ready["lastTransitionTime"]

@@ -14,6 +14,8 @@ from pydantic.config import JsonDict
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# Longer than any quantity a pod can hold (2^63 bytes is 19 digits), short enough to bound the spec.
+QUANTITY_MAX_LENGTH = 64
 # The first segment after the scheme may not start with '-': for hf:// it becomes the server's model argument,
 # which a leading '-' would turn into a flag (and no bucket, container, claim or HF owner starts with one).
 MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^-/\s][^/\s]*(/\S*)?$"
@@ -98,12 +100,18 @@ def _quantity(value: str | int) -> str | int:
         if value < 0:
             raise ValueError(f"{value} is negative; a quantity such as 200Gi or 4 is expected")
         return value
+    if len(value) > QUANTITY_MAX_LENGTH:
+        raise ValueError(f"it is {len(value)} characters long; a quantity of at most {QUANTITY_MAX_LENGTH} is accepted")
     if not re.fullmatch(QUANTITY_PATTERN, value):
         raise ValueError(f"{value!r} is not a quantity such as 200Gi, 500m or 4")
     return value
 
 
-Quantity = Annotated[str | int, AfterValidator(_quantity), Field(json_schema_extra={"x-mmfleet-quantity": True})]
+Quantity = Annotated[
+    str | int,
+    AfterValidator(_quantity),
+    Field(json_schema_extra={"x-mmfleet-quantity": True, "maxLength": QUANTITY_MAX_LENGTH}),
+]
 # A quantity that is zero, whatever its unit. (No backslash: also a CEL literal.)
 ZERO_QUANTITY_PATTERN = "^0+([.]0+)?[a-zA-Z]*$"
 
@@ -172,10 +180,25 @@ LabelKey = Annotated[
 LabelValue = Annotated[
     str, AfterValidator(_label_value), Field(json_schema_extra={"pattern": LABEL_VALUE_PATTERN, "maxLength": 63})
 ]
-# Label maps (nodeSelector, matchLabels): values are checked by the schema, keys by the models, so a bad key becomes
-# an InvalidSpec condition naming it. A CEL rule on map keys costs more than the API server allows (it estimates every
-# key at the largest request: 1.3x the per-rule budget even for nodeSelector alone, measured on kube-apiserver 1.34).
-LabelMap = Annotated[dict[str, LabelValue], AfterValidator(_label_keys), Field(max_length=32)]
+# Label maps (nodeSelector, matchLabels): values are checked by the schema, keys' pattern by the models, so a bad key
+# becomes an InvalidSpec condition naming it. A pattern rule on map keys costs more than the API server allows (it
+# estimates every key at the largest request: 1.3x the per-rule budget even for nodeSelector alone, measured on
+# kube-apiserver 1.34); a length rule costs the same for any key, so the API server bounds keys by their length.
+_LABEL_MAP_MAX = 16
+LabelMap = Annotated[
+    dict[str, LabelValue],
+    # Field before the validator, so that pydantic's schema says maxProperties (after it, maxLength, which bounds
+    # nothing on an object).
+    Field(
+        max_length=_LABEL_MAP_MAX,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"self.all(k, k.size() <= {LABEL_KEY_MAX})", f"a label key is at most {LABEL_KEY_MAX} characters")
+            ]
+        },
+    ),
+    AfterValidator(_label_keys),
+]
 # Object names the API server checks as DNS-1123 subdomains (Secret, StorageClass, PersistentVolumeClaim, Node).
 DnsSubdomain = Annotated[
     str,

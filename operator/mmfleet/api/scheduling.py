@@ -15,9 +15,11 @@ from mmfleet.api.base import Model
 from mmfleet.api.patterns import DnsSubdomain, LabelKey, LabelMap, LabelValue, NamespaceName, cel
 
 # How many values a requirement may list, and how many requirements and terms: bounded, so the CRD's CEL rules
-# have a cost the API server accepts and no spec is deeper or wider than a person would write.
-_VALUES_MAX = 64
-_TERMS_MAX = 16
+# have a cost the API server accepts, no spec is deeper or wider than a person would write, and the largest spec the
+# schema accepts fits in one etcd request (tests/contract/test_crd_bounds.py adds it up). Lists of scalars hold up to
+# _VALUES_MAX; lists whose items hold lists (requirements, terms) up to _NESTED_MAX, since their sizes multiply.
+_VALUES_MAX = 16
+_NESTED_MAX = 4
 
 _VALUES_BY_OPERATOR = cel(
     "self.operator in ['In', 'NotIn'] ? (has(self.values) && self.values.size() > 0) : "
@@ -91,7 +93,7 @@ class NodeSelectorTerm(Model):
     )
 
     match_expressions: list[NodeSelectorRequirement] = Field(
-        default_factory=list, max_length=_TERMS_MAX, description="Node label requirements."
+        default_factory=list, max_length=_NESTED_MAX, description="Node label requirements."
     )
     match_fields: list[NodeFieldRequirement] = Field(
         default_factory=list, max_length=1, description="Node field requirements (metadata.name)."
@@ -108,7 +110,7 @@ class NodeSelector(Model):
     """Terms of which a node must match one."""
 
     node_selector_terms: list[NodeSelectorTerm] = Field(
-        min_length=1, max_length=_TERMS_MAX, description="At least one term; a node must match one of them."
+        min_length=1, max_length=_NESTED_MAX, description="At least one term; a node must match one of them."
     )
 
 
@@ -126,7 +128,7 @@ class NodeAffinity(Model):
         default=None, description="Nodes the pods must run on (ANDed with the GPU selection)."
     )
     preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = Field(
-        default_factory=list, max_length=_TERMS_MAX, description="Nodes the pods should run on."
+        default_factory=list, max_length=_NESTED_MAX, description="Nodes the pods should run on."
     )
 
 
@@ -152,7 +154,7 @@ class LabelSelector(Model):
 
     match_labels: LabelMap = Field(default_factory=dict, description="Labels that must be equal.")
     match_expressions: list[LabelSelectorRequirement] = Field(
-        default_factory=list, max_length=_TERMS_MAX, description="Label requirements, ANDed."
+        default_factory=list, max_length=_NESTED_MAX, description="Label requirements, ANDed."
     )
 
 
@@ -162,7 +164,7 @@ class PodAffinityTerm(Model):
     label_selector: LabelSelector | None = Field(default=None, description="The other pods.")
     namespace_selector: LabelSelector | None = Field(default=None, description="Namespaces of the other pods.")
     namespaces: list[NamespaceName] = Field(
-        default_factory=list, max_length=_TERMS_MAX, description="Namespaces of the other pods, by name."
+        default_factory=list, max_length=_VALUES_MAX, description="Namespaces of the other pods, by name."
     )
     topology_key: LabelKey = Field(description="Node label that defines 'near', e.g. kubernetes.io/hostname.")
 
@@ -178,10 +180,10 @@ class PodAffinity(Model):
     """Pod affinity or anti-affinity rules."""
 
     required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = Field(
-        default_factory=list, max_length=_TERMS_MAX, description="Terms that must hold."
+        default_factory=list, max_length=_NESTED_MAX, description="Terms that must hold."
     )
     preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] = Field(
-        default_factory=list, max_length=_TERMS_MAX, description="Terms that should hold."
+        default_factory=list, max_length=_NESTED_MAX, description="Terms that should hold."
     )
 
 

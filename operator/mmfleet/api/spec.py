@@ -452,6 +452,7 @@ class IdentitySpec(Model):
     )
     azure_client_id: str | None = Field(
         default=None,
+        max_length=36,
         pattern=r"^[0-9a-fA-F-]{36}$",
         description="AKS: client ID of the managed identity (Azure workload identity).",
     )
@@ -526,14 +527,16 @@ class NetworkPeer(Model):
 class NetworkPolicySpec(Model):
     """Who may reach the serving port (the API and /metrics share it). The fleet's NetworkPolicy admits only these."""
 
+    # Each peer holds two label selectors: 8 peers a list keep the largest spec within one etcd request
+    # (tests/contract/test_crd_bounds.py).
     ingress_from: list[NetworkPeer] = Field(
         default_factory=list,
-        max_length=16,
+        max_length=8,
         description="Clients allowed to the API. Empty: every pod in the fleet's namespace.",
     )
     metrics_from: list[NetworkPeer] = Field(
         default_factory=list,
-        max_length=16,
+        max_length=8,
         description=(
             "Scrapers allowed to /metrics, besides the namespace of the operator's Prometheus (its setting "
             "prometheusUrl, when that names an in-cluster Service), which is always allowed."

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import ConfigDict, Field
+from pydantic.config import JsonDict
 
 from mmfleet.api.base import Model
 from mmfleet.api.conditions import ConditionType
@@ -14,6 +15,9 @@ from mmfleet.api.conditions import ConditionType
 CONDITION_MESSAGE_MAX = 32768
 TRUNCATED = " ... (truncated)"
 SCALE_REASON_MAX = 4096
+# The operator writes these; bounded so that the CRD bounds every string and list. A timestamp is RFC 3339.
+_SHORT = 64
+_TIME: JsonDict = {"maxLength": _SHORT}
 
 
 class StatusModel(Model):
@@ -32,22 +36,28 @@ class Condition(StatusModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
     message: str = Field(default="", max_length=CONDITION_MESSAGE_MAX, description="What happened, for a person.")
-    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When status last changed.", json_schema_extra=_TIME
+    )
     observed_generation: int | None = Field(default=None, description="Generation the condition was computed for.")
 
 
 class SloStatus(StatusModel):
     """The latency objective as last measured."""
 
-    observed: str | None = Field(default=None, description="Measured percentile latency, e.g. 1.42s.")
-    target: str | None = Field(default=None, description="The target from spec.autoscaling.slo.")
+    observed: str | None = Field(
+        default=None, max_length=_SHORT, description="Measured percentile latency, e.g. 1.42s."
+    )
+    target: str | None = Field(default=None, max_length=_SHORT, description="The target from spec.autoscaling.slo.")
     attainment: float | None = Field(
         default=None,
         ge=0,
         le=1,
         description="Share of the autoscaling cycles of the last hour whose measured percentile met the target.",
     )
-    last_evaluated: datetime | None = Field(default=None, description="When the latency was last measured.")
+    last_evaluated: datetime | None = Field(
+        default=None, description="When the latency was last measured.", json_schema_extra=_TIME
+    )
 
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
@@ -61,13 +71,21 @@ class MultimodalInferenceStatus(StatusModel):
     replicas: int | None = Field(default=None, description="Replicas that exist (scale subresource).")
     ready_replicas: int | None = Field(default=None, description="Replicas ready to serve.")
     desired_replicas: int | None = Field(default=None, description="Replicas the operator wants.")
-    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
-    endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
-    cloud: str | None = Field(default=None, description="Cloud profile in use.")
-    backend: str | None = Field(default=None, description="Backend in use (spec.backend.name with its default).")
-    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    selector: str | None = Field(
+        default=None, max_length=1024, description="Label selector of the pods (scale subresource)."
+    )
+    endpoint: str | None = Field(
+        default=None, max_length=1024, description="In-cluster URL of the OpenAI-compatible API."
+    )
+    cloud: str | None = Field(default=None, max_length=_SHORT, description="Cloud profile in use.")
+    backend: str | None = Field(
+        default=None, max_length=_SHORT, description="Backend in use (spec.backend.name with its default)."
+    )
+    conditions: list[Condition] = Field(default_factory=list, max_length=16, description="Current conditions.")
     slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
-    last_scale_time: datetime | None = Field(default=None, description="When the autoscaler last changed the replicas.")
+    last_scale_time: datetime | None = Field(
+        default=None, description="When the autoscaler last changed the replicas.", json_schema_extra=_TIME
+    )
     last_scale_reason: str | None = Field(
         default=None,
         max_length=SCALE_REASON_MAX,
