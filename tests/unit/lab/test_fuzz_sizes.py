@@ -34,5 +34,9 @@ def test_schema_draws_reach_the_bounds_of_lists_maps_and_strings() -> None:
     strings = {len(s) for spec in specs for s in _strings(spec)}
     assert max(lengths) >= 32  # placement.tolerations' maxItems, or one over
     assert sum(n > 3 for n in lengths) >= 20
-    # at their maxLength: DNS subdomains and model names (253), the ACK role (256), label keys (317), the image (512)
-    assert {253, 256, 317, 512} <= strings
+    assert max(strings) >= 253
+    # Candidates at their maxLength: DNS subdomains and model names (253), the ACK role (256), label keys (317), the
+    # image (512). Which of them 200 draws hit depends on hypothesis' search, so the candidates are checked directly.
+    for high, pattern in ((253, None), (256, r"^\S+$"), (317, r"^[^/]+/[^/]+$"), (512, None)):
+        node = {"maxLength": high, **({"pattern": pattern} if pattern else {})}
+        assert high in {len(s) for s in fuzz._strings(node)}, high
