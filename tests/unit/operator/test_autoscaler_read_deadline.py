@@ -70,6 +70,14 @@ def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadl
     assert all(readings.signals[t.key] == SERVED for t in targets[2:]), "the other fleets are read"
     assert 1.0 <= took < 1.3, f"the read ends at its deadline, not at the slow query's answer (took {took:.2f})"
     assert readings.queries == 7 and [sent.ok for sent in readings.latencies].count(False) == 1
+    errors = metrics_export.REGISTRY.get_sample_value(
+        "mmfleet_prometheus_query_duration_seconds_count", {"result": "error"}
+    )
+    metrics_export.record_cycle(readings, took)
+    assert (
+        metrics_export.REGISTRY.get_sample_value("mmfleet_prometheus_query_duration_seconds_count", {"result": "error"})
+        == (errors or 0) + 1
+    ), "the operator's own metrics count the query that did not answer as an error"
 
 
 def test_a_flood_of_distinct_slos_never_outlasts_the_read_deadline() -> None:
