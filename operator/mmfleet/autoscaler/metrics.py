@@ -14,8 +14,8 @@ for one fleet (``Signals.missing``). Either way the autoscaler holds; neither is
 Nothing read is trusted blindly, and one fleet's bad answer stays that fleet's: a query Prometheus
 refuses, does not answer in time, or answers with what is not a number, marks only the fleets that
 needed it (``Signals.failed``); only an unreachable Prometheus, or one silent on the queries every fleet
-needs, is an outage for all. Whether the numbers are plausible is
-judged by ``cycle``, which knows how many pods are Ready.
+needs, is an outage for all. Whether the numbers are plausible is judged by ``cycle``, which knows how
+many pods are Ready.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class Signals:
     kv_cache_usage: float | None = None
     missing: tuple[str, ...] = ()
     reporting: int | None = None  # pods with series for this fleet; None when not asked (the twin)
-    failed: str | None = None  # why this fleet's answer cannot be used (a refused query, a malformed value)
+    failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
 
 
 class Sent(NamedTuple):
