@@ -124,6 +124,12 @@ class OperatorConfig(BaseSettings):
             raise ValueError(f"{value} is below the least accepted, 1")
         return value
 
+    @property
+    def prometheus_deadline(self) -> float:
+        """Seconds one cycle's read of Prometheus may take: half the interval, so a cycle whose queries hang
+        still ends before the next is due, and the liveness probe stays green."""
+        return self.autoscale_interval / 2
+
     @classmethod
     def load(cls, **overrides: Any) -> OperatorConfig:
         """The environment's settings under ``overrides`` (flags); ValueError names variable, value and rule."""

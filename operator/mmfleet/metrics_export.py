@@ -131,9 +131,8 @@ def error(where: str) -> None:
 
 def record_cycle(readings: Readings, duration: float) -> None:
     CYCLE_SECONDS.observe(duration)
-    for index, latency in enumerate(readings.latencies):
-        failed = readings.outage is not None and index == len(readings.latencies) - 1
-        QUERY_SECONDS.labels("error" if failed else "ok").observe(latency)
+    for sent in readings.latencies:
+        QUERY_SECONDS.labels("ok" if sent.ok else "error").observe(sent.seconds)
 
 
 def _first_seen(key: Key) -> None:

@@ -4,16 +4,18 @@ One PromQL query per signal per cycle, whatever the number of fleets: each query
 labels the PodMonitor relabelling stamps on every series (``namespace`` and ``mmfleet_io_inference``),
 and fleets on different backends share it through ``or``, each side tagged with its backend by
 ``label_replace`` so a fleet is never credited with another backend's series. The SLO latency needs
-one query per distinct (metric, percentile, window) among the fleets.
+one query per distinct (metric, percentile, window) among the fleets; the queries of a cycle go out side
+by side, a few at a time, within one deadline (``Prometheus.read`` says why not as one query).
 
 Two kinds of silence are kept apart, because the operator says different things about them:
 Prometheus giving no answer at all (``Readings.outage``) and Prometheus answering without a series
 for one fleet (``Signals.missing``). Either way the autoscaler holds; neither is read as zero.
 
 Nothing read is trusted blindly, and one fleet's bad answer stays that fleet's: a query Prometheus
-refuses, or an answer that is not a number, marks only the fleets that needed it (``Signals.failed``);
-only an unreachable or silent Prometheus is an outage for all. Whether the numbers are plausible is
-judged by ``cycle``, which knows how many pods are Ready.
+refuses, does not answer in time, or answers with what is not a number, marks only the fleets that
+needed it (``Signals.failed``); only an unreachable Prometheus, or one silent on the queries every fleet
+needs, is an outage for all. Whether the numbers are plausible is judged by ``cycle``, which knows how
+many pods are Ready.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, NamedTuple, get_args
 
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -40,7 +43,9 @@ BACKEND_LABEL = "mmfleet_backend"
 # Completions per second are averaged over this window, as in the benchmark's twin (twin.sim); it
 # should span at least four scrapes.
 RATE_WINDOW = "1m"
-QUERY_TIMEOUT = 5  # seconds per query
+READ_DEADLINE = 5.0  # seconds a whole read may take, unless told (the operator gives half its interval)
+# Queries in flight at once: a cycle of 40 distinct SLOs reads in six rounds, and 400 cannot flood Prometheus.
+QUERY_CONCURRENCY = 8
 SIGNALS: tuple[Signal, ...] = get_args(Signal)
 # The pods that report each fleet's series, compared with the Ready ones: a partial scrape under-counts the sums.
 REPORTING: Final = "reporting"
@@ -103,7 +108,14 @@ class Signals:
     kv_cache_usage: float | None = None
     missing: tuple[str, ...] = ()
     reporting: int | None = None  # pods with series for this fleet; None when not asked (the twin)
-    failed: str | None = None  # why this fleet's answer cannot be used (a refused query, a malformed value)
+    failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
+
+
+class Sent(NamedTuple):
+    """One query sent: the seconds until its answer (or until the read gave up on it), and whether it was usable."""
+
+    seconds: float
+    ok: bool
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,8 @@ class Readings:
 
     signals: dict[Key, Signals] = field(default_factory=dict)
     outage: str | None = None
-    queries: int = 0
-    latencies: tuple[float, ...] = ()  # seconds each query sent took, the failed one included
+    queries: int = 0  # queries sent; one still waiting for a free connection when the read ended is not
+    latencies: tuple[Sent, ...] = ()  # each query sent, the failed ones included
 
 
 # A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
@@ -237,50 +249,127 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
     )
 
 
+def describe(query: Query) -> str:
+    """A query as the fleets' owners know it: "P97.3 of ttft over 60s", "waiting", "pods reporting"."""
+    if isinstance(query, Slo):
+        return f"P{query.percentile:g} of {query.metric} over {query.window}"
+    return "pods reporting" if query == REPORTING else query
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What one query got: a vector, or why not (``problem``); a ``silent`` query's problem is written by ``read``."""
+
+    kind: Literal["answered", "refused", "silent", "unreachable"]
+    seconds: float
+    found: Found | None = None
+    problem: str | None = None
+
+
 class Prometheus:
     """The Prometheus the operator reads; synchronous, so callers run it off the event loop."""
 
-    def __init__(self, url: str, timeout: int = QUERY_TIMEOUT, rate_window: str = RATE_WINDOW) -> None:
+    def __init__(self, url: str, deadline: float = READ_DEADLINE, rate_window: str = RATE_WINDOW) -> None:
         self.url = url
+        self.deadline = deadline
         self.rate_window = rate_window
         # No retries within a cycle (the client's default sleeps through three): the next cycle is the retry.
-        self._client = PrometheusConnect(url=url, retry=Retry(total=0), timeout=timeout)
+        self._client = PrometheusConnect(url=url, retry=Retry(total=0))
+        self._pool = ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prometheus")
 
     def read(self, targets: Iterable[Target], at: float) -> Readings:
-        """Every fleet's signals as of ``at`` (epoch seconds): one query per signal and per SLO.
+        """Every fleet's signals as of ``at`` (epoch seconds), within ``deadline`` seconds whatever Prometheus does.
 
-        Stops at the first query that gets no answer (unreachable, timed out): when Prometheus is down or
-        stalled, the others would only wait for their own timeouts. A query Prometheus answers with an
-        error, or with something that is not an instant vector, fails only the fleets that need it.
+        The queries go out side by side, ``QUERY_CONCURRENCY`` at a time, the shared ones (signals, pods
+        reporting) first. They are not merged into fewer: one ``histogram_quantile`` computes one percentile,
+        and percentiles joined by ``or`` in one query are still evaluated one by one, while the slowest would
+        hold, and fail, every fleet in it. Apart, a query that Prometheus refuses, answers with what is not an
+        instant vector, or does not answer by the deadline fails only the fleets that need it. Prometheus
+        unreachable, or silent on a shared query every fleet needs, is an outage for all; the read then ends
+        at once, without waiting for the other queries' answers.
         """
         targets = list(targets)
-        answers: dict[Query, Found] = {}
-        errors: dict[Query, str] = {}
-        latencies: list[float] = []
-        for count, (what, query) in enumerate(build_queries(targets, self.rate_window).items(), start=1):
-            sent = time.perf_counter()
-            try:
-                answers[what] = parse_result(self._client.custom_query(query, params={"time": at}))
-            except requests.JSONDecodeError as error:  # a RequestException too, but an answer was given
-                errors[what] = f"{self.url} answered the query {query!r} with what is not JSON: {error}"
-            except requests.RequestException as error:
-                latencies.append(time.perf_counter() - sent)
-                outage = f"{self.url} unreachable: {_cause(error)}"
-                return Readings(outage=outage, queries=count, latencies=tuple(latencies))
-            except PrometheusApiClientException as error:
-                errors[what] = f"{self.url} refused the query {query!r}: {str(error)[:500]}"
-            except (MalformedAnswerError, KeyError, TypeError) as error:  # KeyError, TypeError: no data.result
-                errors[what] = f"{self.url} answered the query {query!r} with {type(error).__name__} {error}"[:800]
-            latencies.append(time.perf_counter() - sent)
-        signals = {t.key: signals_for(t, answers, errors) for t in targets}
-        return Readings(signals, queries=len(latencies), latencies=tuple(latencies))
+        queries = build_queries(targets, self.rate_window)
+        deadline = time.monotonic() + self.deadline
+        started: dict[Query, float] = {}
+        futures: dict[Future[_Answer | None], Query] = {
+            self._pool.submit(self._send, what, query, at, deadline, started): what for what, query in queries.items()
+        }
+        got: dict[Query, _Answer] = {}
+        try:
+            for future in as_completed(futures, timeout=max(0.0, deadline - time.monotonic())):
+                answer = future.result()
+                if answer is not None:
+                    got[futures[future]] = answer
+                    if answer.kind == "unreachable":
+                        break
+        except TimeoutError:  # the deadline: what has not answered is silent
+            pass
+        for future in futures:
+            future.cancel()
+        ended, sent = time.monotonic(), dict(started)
+        latencies = tuple(
+            Sent(got[what].seconds, got[what].kind == "answered") if what in got else Sent(ended - since, False)
+            for what, since in sent.items()
+        )
+        silent = {
+            what: self._silence(what, what in sent, len(queries))
+            for what in queries
+            if what not in got or got[what].kind == "silent"
+        }
+        unreachable = [a.problem for a in got.values() if a.kind == "unreachable" and a.problem]
+        outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo)]), None)
+        if outage is not None:
+            return Readings(outage=outage, queries=len(sent), latencies=latencies)
+        answers = {what: answer.found for what, answer in got.items() if answer.found is not None}
+        problems = {**{w: a.problem for w, a in got.items() if a.problem}, **silent}
+        signals = {t.key: signals_for(t, answers, problems) for t in targets}
+        return Readings(signals, queries=len(sent), latencies=latencies)
+
+    def _send(self, what: Query, query: str, at: float, deadline: float, started: dict[Query, float]) -> _Answer | None:
+        """One query, on a pool thread, given what is left of the read's deadline; None if none is left."""
+        sent = time.monotonic()
+        if sent >= deadline:
+            return None
+        started[what] = sent
+        try:
+            left: Any = deadline - sent  # requests takes seconds as a float, whatever the client's hint (int) says
+            found = parse_result(self._client.custom_query(query, params={"time": at}, timeout=left))
+        except requests.JSONDecodeError as error:  # a RequestException too, but an answer was given
+            problem = f"{self.url} answered the query {query!r} with what is not JSON: {error}"
+        except requests.RequestException as error:
+            # With no retries, urllib3 reports a read timeout as a ConnectionError: the innermost cause tells.
+            if isinstance(error, requests.Timeout) or isinstance(_innermost(error), TimeoutError):
+                return _Answer("silent", time.monotonic() - sent)
+            return _Answer("unreachable", time.monotonic() - sent, problem=f"{self.url} unreachable: {_cause(error)}")
+        except PrometheusApiClientException as error:
+            problem = f"{self.url} refused the query {query!r}: {str(error)[:500]}"
+        except (MalformedAnswerError, KeyError, TypeError) as error:  # KeyError, TypeError: no data.result
+            problem = f"{self.url} answered the query {query!r} with {type(error).__name__} {error}"[:800]
+        else:
+            return _Answer("answered", time.monotonic() - sent, found)
+        return _Answer("refused", time.monotonic() - sent, problem=problem)
+
+    def _silence(self, what: Query, sent: bool, count: int) -> str:
+        if sent:
+            return f"{self.url} did not answer the query for {describe(what)} within {self.deadline:g}s"
+        return (
+            f"{self.url}: the query for {describe(what)} was not sent within {self.deadline:g}s "
+            f"({count} queries this cycle, {QUERY_CONCURRENCY} at a time)"
+        )
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
+
+
+def _innermost(error: BaseException) -> BaseException:
+    while error.__context__ is not None:
+        error = error.__context__
+    return error
 
 
 def _cause(error: BaseException) -> str:
     """The innermost reason of a requests error ("[Errno 111] Connection refused"), without the query URL."""
-    while error.__context__ is not None:
-        error = error.__context__
-    return str(error) or type(error).__name__
+    innermost = _innermost(error)
+    return str(innermost) or type(innermost).__name__

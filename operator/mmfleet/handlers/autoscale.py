@@ -1,6 +1,7 @@
 """The autoscaling loop: one cycle for all fleets, every ``autoscale_interval``, and its liveness probe.
 
-Every cycle reads kopf's indexes, asks Prometheus one batched query per signal, and per fleet
+Every cycle reads kopf's indexes, asks Prometheus one batched query per signal and per distinct SLO
+(side by side, within half the interval, so a slow query cannot stall the loop), and per fleet
 decides (the pure ``autoscaler.cycle``), scales through the Deployment's scale subresource, writes
 status and posts an event (``kopf.event``) for every scale decision.
 """
@@ -275,7 +276,9 @@ def _describe(
 async def autoscale_forever(op: Operator, indexes: Mapping[str, Any]) -> None:
     """Every ``autoscale_interval``: a snapshot of the indexes here, the cycle's blocking I/O in a thread."""
     config = op.config
-    prometheus = metrics.Prometheus(config.prometheus_url) if config.prometheus_url else None
+    prometheus = (
+        metrics.Prometheus(config.prometheus_url, config.prometheus_deadline) if config.prometheus_url else None
+    )
     pool = ThreadPoolExecutor(config.workers, thread_name_prefix="autoscaler")
 
     children = functools.partial(fleet_children, indexes)

@@ -48,11 +48,14 @@ class Fault:
 
 
 class PrometheusFaultProxy:
-    """Forwards to ``upstream`` (a Prometheus URL), applying the faults set with ``inject``; counts requests."""
+    """Forwards to ``upstream`` (a Prometheus URL), applying the faults set with ``inject``; counts requests, and
+    the most in flight at once (``busiest``: what the client's concurrency put on Prometheus)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.requests = 0
+        self.busiest = 0
+        self._in_flight = 0
         self._faults: tuple[Fault, ...] = ()
         self._lock = threading.Lock()
         proxy = self
@@ -76,6 +79,11 @@ class PrometheusFaultProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests not yet answered (a slow fault's still sleeping)."""
+        return self._in_flight
+
     def inject(self, *faults: Fault) -> None:
         """Replace the faults in force (none: answers pass through unchanged)."""
         with self._lock:
@@ -98,7 +106,16 @@ class PrometheusFaultProxy:
     def _handle(self, handler: BaseHTTPRequestHandler, body: bytes | None) -> None:
         with self._lock:
             self.requests += 1
+            self._in_flight += 1
+            self.busiest = max(self.busiest, self._in_flight)
             faults = self._faults
+        try:
+            self._answer(handler, body, faults)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes | None, faults: tuple[Fault, ...]) -> None:
         query = _query_of(handler.path, body)
         fault = next((f for f in faults if f.match in query), None)
         if fault is not None and fault.mode == "drop":

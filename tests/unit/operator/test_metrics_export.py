@@ -82,7 +82,9 @@ def test_a_cycle_that_scales_moves_the_fleets_series_and_the_cycle_counters(op: 
 def test_an_outage_counts_a_failed_query_and_a_hold_and_no_slo_verdict(op: Operator) -> None:
     class Down(FakePrometheus):
         def read(self, targets: Iterable[metrics.Target], at: float) -> metrics.Readings:
-            return metrics.Readings(outage="http://prometheus:9090 unreachable", queries=1, latencies=(5.0,))
+            return metrics.Readings(
+                outage="http://prometheus:9090 unreachable", queries=1, latencies=(metrics.Sent(5.0, ok=False),)
+            )
 
     failed = value("mmfleet_prometheus_query_duration_seconds_count", result="error") or 0.0
     _cycle(op, Down(None))
