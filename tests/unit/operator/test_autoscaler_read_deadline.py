@@ -129,7 +129,8 @@ def test_the_loop_keeps_cycling_while_a_fleets_query_hangs(monkeypatch: pytest.M
     monkeypatch.setattr(autoscale, "kopf_event", lambda *args: None)  # kopf's posting needs its own context
     monkeypatch.setattr(records, "kopf_event", lambda *args: None)
     body = fleet_body(autoscaling=True)
-    held = indexes(body, {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {}})
+    own = {"name": KEY[1], "generation": 1, "controller": body["metadata"]["uid"]}  # the fleet's, as indexed
+    held = indexes(body, {"metadata": own, "spec": {"replicas": 2}, "status": {}})
     cycles: list[float] = []
     monkeypatch.setattr(metrics_export, "record_cycle", lambda _, took: cycles.append(took))
     with prometheus(
@@ -140,9 +141,7 @@ def test_the_loop_keeps_cycling_while_a_fleets_query_hangs(monkeypatch: pytest.M
         op.record(KEY, body["metadata"]["uid"])
 
         async def scenario() -> str:
-            op.autoscaler = asyncio.create_task(
-                autoscale.autoscale_forever(op, held["fleets"], held["fleet_deployments"], held["fleet_pods"])
-            )
+            op.autoscaler = asyncio.create_task(autoscale.autoscale_forever(op, held))
             await asyncio.sleep(3.5)
             said = await autoscale.check_autoscaler(memo(op))
             op.autoscaler.cancel()
