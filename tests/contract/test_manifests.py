@@ -399,7 +399,7 @@ def test_chart_metadata_and_values_parse() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" == IMAGE
     assert values["defaultCloud"] == "auto"
-    assert values["watchNamespaces"] == []
+    assert (values["watchNamespaces"], values["clusterWide"]) == ([], False)  # a choice the install must make
     assert values["prometheusUrl"] == config.OperatorConfig().prometheus_url
     assert values["logFormat"] in ("plain", "json")
     assert {"requests", "limits"} <= values["resources"].keys()
