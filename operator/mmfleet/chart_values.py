@@ -195,7 +195,14 @@ class ChartValues(Model):
         description="Cloud profile for fleets with spec.cloud auto (MMFLEET_DEFAULT_CLOUD); auto detects it.",
     )
     watch_namespaces: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=list, description="Namespaces to watch (names or kopf patterns); empty: all."
+        default_factory=list,
+        description="The namespaces the operator serves: names (a Role in each) or, with clusterWide, kopf "
+        "patterns such as ml-*; set this or clusterWide (docs/operator.md).",
+    )
+    cluster_wide: bool = Field(
+        default=False,
+        description="A ClusterRole writing in every namespace; the operator serves every namespace (or those "
+        "watchNamespaces matches) but kube-system, kube-public and kube-node-lease.",
     )
     prometheus_url: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",

@@ -72,6 +72,20 @@ class PolicyDeniedError(SpecError):
     """A spec that could be served, but names what the admin's policy does not allow."""
 
 
+# Never served, whatever the operator watches: cluster-wide, its rights to write Deployments, ServiceAccounts and
+# ConfigMaps reach these namespaces too, and no RBAC rule can take them out of a ClusterRole.
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+
+
+def refuse_system_namespace(namespace: str) -> None:
+    """Raise ``PolicyDeniedError`` for a fleet in one of ``SYSTEM_NAMESPACES``, before anything of it is read."""
+    if namespace in SYSTEM_NAMESPACES:
+        raise PolicyDeniedError([
+            f"metadata.namespace: {namespace!r} is not served: the operator never acts in "
+            f"{', '.join(SYSTEM_NAMESPACES)}; create the fleet in another namespace"
+        ])  # fmt: skip
+
+
 def parse(document: Any, policy: AdminPolicy | None = None) -> MultimodalInference:
     """Validate a whole resource (as loaded from YAML or read from the API server), and hold it to ``policy``."""
     if not isinstance(document, dict):

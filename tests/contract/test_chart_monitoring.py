@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from mmfleet.config import OperatorConfig
-from tests.helpers.repo import ROOT, helm_binary
+from tests.helpers.repo import ROOT, WATCH_ONE_NAMESPACE, helm_binary
 
 CHART = ROOT / "charts" / "mmfleet"
 ALL_ON = (
@@ -20,7 +20,8 @@ ALL_ON = (
 
 
 def render(*args: str) -> list[dict[str, Any]]:
-    command = [str(helm_binary()), "template", "t", str(CHART), "--namespace", "mmfleet-system", *args]
+    command = [str(helm_binary()), "template", "t", str(CHART), "--namespace", "mmfleet-system", *WATCH_ONE_NAMESPACE]
+    command += args
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]

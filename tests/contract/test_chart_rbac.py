@@ -1,4 +1,10 @@
-"""The chart's RBAC as helm renders it: cluster-wide by default; with plain watchNamespaces, writes only there."""
+"""The chart's RBAC as helm renders it: where the operator may write is the installer's explicit choice.
+
+With neither watchNamespaces nor clusterWide the install fails naming both (issue 23 item 8: the default install
+could write Deployments, ServiceAccounts and ConfigMaps in every namespace, kube-system included); plain names give a
+Role in each; clusterWide gives the ClusterRole every rule, and the operator it configures refuses fleets in the
+system namespaces.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from mmfleet.api import ReadyReason
+from mmfleet.handlers import records
+from mmfleet.validation import SYSTEM_NAMESPACES
+from tests.helpers.operator_state import environment_config, served_in
 from tests.helpers.repo import K8S_VERSION, ROOT, helm_binary
 
 CHART = ROOT / "charts/mmfleet"
@@ -18,10 +28,14 @@ CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "nodes"}
 Obj = dict[str, Any]
 
 
-def render(*watch: str) -> list[Obj]:
-    args = ["--set-json", f"watchNamespaces={json.dumps(list(watch))}"]
+def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
     command = [str(helm_binary()), "template", "t", str(CHART), "--namespace", "mmfleet-system", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def render(*watch: str, cluster_wide: bool = False) -> list[Obj]:
+    args = ["--set-json", f"watchNamespaces={json.dumps(list(watch))}"]
+    done = helm_template(*args, *(["--set", "clusterWide=true"] if cluster_wide else []))
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -40,12 +54,49 @@ def named(docs: list[Obj], kind: str, name: str = "t-mmfleet") -> list[Obj]:
     return [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
 
 
+def test_the_default_values_grant_no_write_anywhere_and_fail_naming_the_values_to_set() -> None:
+    done = helm_template()
+    assert done.returncode != 0
+    assert "choose where the operator may write: set watchNamespaces" in done.stderr
+    assert "or clusterWide=true" in done.stderr
+    assert "kind: ClusterRole" not in done.stdout
+
+
+@pytest.mark.parametrize("watch", [("ml-*",), ("ml", "!kube-system")], ids=["pattern", "negation"])
+def test_a_pattern_needs_cluster_wide_since_its_namespaces_are_unknown_at_install_time(watch: tuple[str, ...]) -> None:
+    done = helm_template("--set-json", f"watchNamespaces={json.dumps(list(watch))}")
+    assert done.returncode != 0
+    assert f"watchNamespaces: {json.dumps(list(watch), separators=(',', ':'))} holds a pattern" in done.stderr
+    assert "set clusterWide=true as well, or list the namespaces by name" in done.stderr
+
+
+@pytest.mark.parametrize("namespace", SYSTEM_NAMESPACES)
+def test_a_system_namespace_is_never_given_write_rights(namespace: str) -> None:
+    done = helm_template("--set-json", f"watchNamespaces={json.dumps(['ml', namespace])}")
+    assert done.returncode != 0
+    assert f'watchNamespaces: "{namespace}" is a system namespace' in done.stderr
+
+
 @pytest.mark.parametrize("watch", [(), ("ml-*",), ("ml", "!kube-system")], ids=["all", "pattern", "negation"])
-def test_cluster_wide_unless_every_watched_namespace_is_a_plain_name(watch: tuple[str, ...]) -> None:
-    """Namespaces a pattern will match are not known at install time: the ClusterRole holds every rule."""
-    docs = render(*watch)
+def test_cluster_wide_only_when_asked_and_then_the_cluster_role_holds_every_rule(watch: tuple[str, ...]) -> None:
+    docs = render(*watch, cluster_wide=True)
     assert same(named(docs, "ClusterRole")[0]["rules"], base_rules())
     assert named(docs, "Role") == []
+
+
+def test_cluster_wide_the_installed_operator_refuses_fleets_in_the_system_namespaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ClusterRole reaches kube-system too (RBAC cannot leave a namespace out): the operator, configured as the
+    chart's Deployment configures it, applies nothing there and says why in the fleet's Ready condition."""
+    [deployment] = named(render(cluster_wide=True), "Deployment")
+    config = environment_config(deployment["spec"]["template"]["spec"]["containers"][0]["env"], monkeypatch)
+    assert config.namespaces == ()  # kopf watches the whole cluster
+    monkeypatch.setattr(records, "kopf_event", lambda *_: None)
+    for namespace in SYSTEM_NAMESPACES:
+        refused = f"{ReadyReason.POLICY_DENIED}: metadata.namespace: {namespace!r} is not served"
+        assert served_in(config, namespace).startswith(refused)
+    assert served_in(config, "ml") == "applied"
 
 
 def test_plain_watched_namespaces_get_the_write_rights_in_a_role_each_and_nothing_cluster_wide() -> None:

@@ -39,7 +39,7 @@ from mmfleet.clouds.collector import (
 from mmfleet.config import OperatorConfig
 from mmfleet.status import collector_service
 from tests.helpers.manifests import BASE, CHART, OVERLAYS, is_collector, kustomize, strip_template
-from tests.helpers.repo import K8S_VERSION, ROOT, helm_binary
+from tests.helpers.repo import K8S_VERSION, ROOT, WATCH_ONE_NAMESPACE, helm_binary
 
 Obj = dict[str, Any]
 CLOUDS = ["generic", *OVERLAYS]
@@ -243,7 +243,7 @@ def test_chart_secret_keys_are_required_and_the_eks_region_too() -> None:
 
 
 def _helm(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [str(helm_binary()), "template", "t", str(CHART), *args]
+    command = [str(helm_binary()), "template", "t", str(CHART), *WATCH_ONE_NAMESPACE, *args]
     if "--namespace" not in args:
         command += ["--namespace", "mmfleet-system"]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)

@@ -21,9 +21,13 @@ import pytest
 import yaml
 
 from mmfleet import config, telemetry
+from mmfleet.api import ReadyReason
 from mmfleet.clouds import COLLECTOR_ENDPOINT
+from mmfleet.handlers import records
+from mmfleet.validation import SYSTEM_NAMESPACES
 from mmfleet_lab.twin.spans import kubelet_env
 from tests.helpers.manifests import BASE, CHART, OVERLAYS, Obj, is_collector, kustomize, strip_template
+from tests.helpers.operator_state import environment_config, served_in
 from tests.helpers.repo import K8S_VERSION, ROOT, VERSION
 
 ARGOCD = ROOT / "manifests/argocd"
@@ -223,6 +227,19 @@ def test_operator_container(base: list[Obj]) -> None:
     assert {"requests", "limits"} <= container["resources"].keys()
 
 
+def test_the_base_is_cluster_wide_and_its_operator_refuses_fleets_in_the_system_namespaces(
+    base: list[Obj], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base's ClusterRole writes in every namespace (RBAC cannot leave one out); the operator it runs applies
+    nothing in kube-system, kube-public or kube-node-lease (issue 23 item 8)."""
+    config = environment_config(operator_container(base)["env"], monkeypatch)
+    assert config.namespaces == ()
+    monkeypatch.setattr(records, "kopf_event", lambda *_: None)
+    for namespace in SYSTEM_NAMESPACES:
+        assert served_in(config, namespace).startswith(f"{ReadyReason.POLICY_DENIED}: metadata.namespace: ")
+    assert served_in(config, "team-a") == "applied"
+
+
 def test_every_env_var_is_one_the_operator_reads(base: list[Obj]) -> None:
     variables = env(operator_container(base))
     # Read by the OpenTelemetry SDK (its exporter, and Resource.create: test_operator_spans_name_their_pod).
@@ -399,7 +416,7 @@ def test_chart_metadata_and_values_parse() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}" == IMAGE
     assert values["defaultCloud"] == "auto"
-    assert values["watchNamespaces"] == []
+    assert (values["watchNamespaces"], values["clusterWide"]) == ([], False)  # a choice the install must make
     assert values["prometheusUrl"] == config.OperatorConfig().prometheus_url
     assert values["logFormat"] in ("plain", "json")
     assert {"requests", "limits"} <= values["resources"].keys()

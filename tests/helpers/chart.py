@@ -38,7 +38,7 @@ PODMONITOR_CRD = "monitoring.coreos.com_podmonitors"  # its file in the Promethe
 PODMONITOR_CRD_NAME = "podmonitors.monitoring.coreos.com"
 RELEASE = "mmfleet"  # contains the chart's name, so every object is called "mmfleet"
 NAMESPACE = "mmfleet-helm"
-WATCHED = "helm-*"  # watchNamespaces as a kopf pattern: the fleets' namespaces below match it
+WATCHED = "helm-*"  # watchNamespaces as a kopf pattern (with clusterWide): the fleets' namespaces below match it
 # The policy value: what the examples may name (examples/admin/policy.yaml) in the fleets' namespaces, and the API key
 # Secret of test_least_privilege's fleet; any other Secret is refused (PolicyDenied).
 API_KEY_SECRET = "vl-key"
@@ -140,8 +140,9 @@ def pod_monitor_crd(api: Any) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def watch_mode() -> str:
-    """How the install gives watchNamespaces: ``pattern`` (WATCHED; the ClusterRole holds every rule) or ``names``
-    (one plain name per fleet the run makes; a Role in each). Here the pattern; test_least_privilege runs both."""
+    """How the install gives watchNamespaces: ``pattern`` (WATCHED, with clusterWide: the ClusterRole holds every
+    rule) or ``names`` (one plain name per fleet the run makes; a Role in each). Here the pattern; test_least_privilege
+    runs both."""
     return "pattern"
 
 
@@ -169,6 +170,8 @@ def installed(
         "install", RELEASE, str(CHART), "--create-namespace",
         "--set", f"prometheusUrl={cluster.prometheus_url}",
         "--set-json", f"watchNamespaces={json.dumps(release.watched)}",
+        # A pattern's namespaces are unknown at install time: its write rights are cluster-wide, asked for explicitly.
+        "--set", f"clusterWide={str(watch_mode == 'pattern').lower()}",
         # The generic collector, installed beside the operator: TracingReady looks up its Service's EndpointSlices.
         "--set", "collector.cloud=generic",
         "--set-json", f"policy={POLICY}",

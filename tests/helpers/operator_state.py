@@ -136,6 +136,27 @@ def reconcile_once(
     return reconcile(op, seen, lambda retry_after: api_retry_delay(attempt, retry_after))
 
 
+def served_in(config: OperatorConfig, namespace: str) -> str:
+    """What one reconcile of a fresh fleet in ``namespace`` does under ``config``: "applied" when its children were
+    applied, else its Ready condition's reason and message (nothing applied)."""
+    kube = RecordingKube()
+    body = fleet_body(generation=1)
+    body["metadata"]["namespace"] = namespace
+    reconcile_once(Operator(config=config, kube=kube), body)
+    if kube.applied:
+        return "applied"
+    ready = next(c for c in kube.written[0]["conditions"] if c["type"] == "Ready")
+    return f"{ready['reason']}: {ready['message']}"
+
+
+def environment_config(env: Iterable[Body], monkeypatch: Any) -> OperatorConfig:
+    """The operator's settings as a container with ``env`` (a Deployment's list) would load them."""
+    for variable in env:
+        if variable["name"].startswith("MMFLEET_") and "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
+    return OperatorConfig.load()
+
+
 def indexes(body: Body | None, deployment: Body | None = None, pods: list[Body] | None = None) -> dict[str, Any]:
     """kopf's three indexes as they would hold one fleet (or none)."""
     return {

@@ -32,6 +32,11 @@ def load_example(path: Path) -> dict[str, Any]:
     return doc
 
 
+# The chart needs a choice of where the operator may write (watchNamespaces or clusterWide); renders about something
+# else install it namespaced, to one namespace.
+WATCH_ONE_NAMESPACE = ("--set-json", 'watchNamespaces=["ml"]')
+
+
 def helm_binary() -> Path:
     """The lab's helm (``make binaries`` builds it): missing, a test skips, and fails under CI=true (CI builds it)."""
     from mmfleet_lab.cluster.build import helm_path

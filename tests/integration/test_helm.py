@@ -40,7 +40,7 @@ from tests.helpers.chart import (
     rule_triples,
 )
 from tests.helpers.fleet import Fleet
-from tests.helpers.repo import ROOT
+from tests.helpers.repo import ROOT, WATCH_ONE_NAMESPACE
 
 pytestmark = pytest.mark.integration
 
@@ -62,11 +62,12 @@ def _docs(rendered: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("cloud", CLOUD_VALUES)
 def test_helm_lint_and_template_each_clouds_values(cloud: str, cluster: Cluster, tmp_path: Path) -> None:
-    lint = helm("lint", "--strict", str(CHART), *CLOUD_VALUES[cloud], home=tmp_path)
+    values = [*WATCH_ONE_NAMESPACE, *CLOUD_VALUES[cloud]]
+    lint = helm("lint", "--strict", str(CHART), *values, home=tmp_path)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     # --validate: the rendered objects are checked by the local API server, as an install would send them.
     rendered = helm(
-        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--validate", *CLOUD_VALUES[cloud],
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--validate", *values,
         kubeconfig=cluster.kubeconfig, home=tmp_path,
     )  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr

@@ -1,16 +1,28 @@
 {{/*
 The operator's RBAC rules (the same as manifests/base/rbac.yaml, where each one is explained; the contract test
-tests/contract/test_manifests.py fails when they differ), split by scope. With watchNamespaces all plain names
-(no kopf pattern such as `ml-*` or `!ns`), the namespaced rules go into a Role in each watched namespace and the
-ClusterRole keeps only what is cluster-scoped: writes never reach a namespace the operator does not watch.
-With watchNamespaces empty or a pattern, namespaces are not known in advance, so the ClusterRole holds them all.
+tests/contract/test_manifests.py fails when they differ), split by scope. Where the operator may write is the
+installer's explicit choice (docs/operator.md, "Where the operator acts"):
+- watchNamespaces all plain names: the namespaced rules go into a Role in each of them and the ClusterRole keeps
+  only cluster-scoped reads: writes never reach a namespace the operator does not watch;
+- clusterWide: true: the ClusterRole holds every rule (watchNamespaces, if given, may then hold kopf patterns such
+  as `ml-*`, which cannot be resolved at install time); the operator refuses fleets in the system namespaces;
+- neither, or a pattern without clusterWide: the install fails, naming the values to set.
+"mmfleet.namespacedOnly" is "true" in the first case, empty in the second.
 */}}
 {{- define "mmfleet.namespacedOnly" -}}
 {{- $plain := true -}}
 {{- range .Values.watchNamespaces -}}
+{{- if has . (list "kube-system" "kube-public" "kube-node-lease") -}}
+{{- fail (printf "watchNamespaces: %q is a system namespace (kube-system, kube-public, kube-node-lease), where the operator never serves a fleet; list the namespaces your fleets are in" .) -}}
+{{- end -}}
 {{- if regexMatch "[*?!\\[]" . -}}{{- $plain = false -}}{{- end -}}
 {{- end -}}
-{{- if and .Values.watchNamespaces $plain -}}true{{- end -}}
+{{- if .Values.clusterWide -}}
+{{- else if not .Values.watchNamespaces -}}
+{{- fail "choose where the operator may write: set watchNamespaces to the namespaces of your fleets (e.g. --set 'watchNamespaces={ml,team-b}': a Role in each, no write right elsewhere), or clusterWide=true (a ClusterRole that writes Deployments, Services, ServiceAccounts and ConfigMaps in every namespace; fleets in kube-system, kube-public and kube-node-lease are refused). docs/operator.md, \"Where the operator acts\"" -}}
+{{- else if not $plain -}}
+{{- fail (printf "watchNamespaces: %s holds a pattern: the namespaces it matches are not known at install time, so the write rights would be a ClusterRole over every namespace; set clusterWide=true as well, or list the namespaces by name (no *, ?, [ or !)" (toJson .Values.watchNamespaces)) -}}
+{{- else -}}true{{- end -}}
 {{- end -}}
 
 {{- define "mmfleet.clusterScopedRules" -}}

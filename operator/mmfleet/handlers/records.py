@@ -28,7 +28,7 @@ from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenc
 from mmfleet.autoscaler import cycle
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
-from mmfleet.validation import parse
+from mmfleet.validation import parse, refuse_system_namespace
 from mmfleet.workqueue import WorkQueue
 
 log = logging.getLogger("mmfleet")
@@ -208,7 +208,8 @@ def operator_of(memo: Any) -> Operator:
 
 
 def parse_spec(op: Operator, record: FleetRecord, body: Body) -> MultimodalInference:
-    """``validation.parse`` under the admin's policy, once per generation; raises ``SpecError`` as it does.
+    """``validation.parse`` under the admin's policy, once per generation; raises ``SpecError`` as it does, and
+    ``PolicyDeniedError`` for a fleet in a system namespace (the reconcile and the autoscaler both start here).
 
     The spec, name, namespace and uid (all that rendering and the autoscaler read) only change with
     the generation. The status in the result is the one first parsed: read it with ``last_status``.
@@ -217,6 +218,7 @@ def parse_spec(op: Operator, record: FleetRecord, body: Body) -> MultimodalInfer
     cached = record.parsed
     if cached is not None and cached.generation == generation:
         return cached.inference
+    refuse_system_namespace(str(body["metadata"].get("namespace") or ""))
     inference = parse(body, op.config.policy)
     record.parsed = Parsed(generation, inference)
     return inference
