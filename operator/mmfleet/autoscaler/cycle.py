@@ -10,7 +10,7 @@ hands it here; nothing in this module does I/O, so every rule below is unit-test
   quotes it; but for that cycle only: the series are there, so the warm-up goes on (only a gap in
   them longer than the rate window restarts it); a partial scrape (fewer pods reporting than are
   Ready) may grow the fleet, never shrink it, since its sums miss pods;
-- nor is one sample decisive: one far beyond what the fleet has shown (``unconfirmed``) is held
+- nor is one sample decisive: one far beyond what the fleet has shown (``beyond_shown``) is held
   until the next sample confirms it, and teaches the policy nothing;
 - a fleet that finished no request and has none in flight is idle, which meets any target: the
   policy sees a latency of 0, so an idle fleet can return to ``minReplicas`` once its window passes;
@@ -53,8 +53,8 @@ MAX_LATENCY = 86400.0  # s: histogram_quantile answers at most the highest finit
 MAX_RATE_PER_POD = 10_000.0  # finished requests/s
 MAX_IN_FLIGHT_PER_POD = 100_000.0  # waiting, and running, requests
 # A sample whose requests in flight or request rate per Ready pod is more than this many times the most the fleet has
-# shown is held until the next sample confirms it. On the benchmark's training cells no real step (x8 included) moved
-# in flight per Ready pod more than 6x within one 15 s cycle (docs/autoscaling.md, Design notes).
+# shown is held until the next sample confirms it. On the benchmark's training cells the largest such rise within one
+# 15 s cycle was 5.9x, at the onset of an x8 step (docs/autoscaling.md, Design notes).
 OUTLIER_RATIO = 10.0
 # What a fleet that has shown less is judged against, per Ready pod, so that its first traffic is not suspect: a full
 # running batch at vLLM's default max_num_seqs, and ten requests a second (the benchmark's replica serves 17 within
@@ -230,7 +230,7 @@ def implausible(signals: Signals, pods: Pods, inference: MultimodalInference) ->
     ]
 
 
-def unconfirmed(signals: Signals, pods: Pods, memory: Memory) -> list[str]:
+def beyond_shown(signals: Signals, pods: Pods, memory: Memory) -> list[str]:
     """The signals of a sample more than OUTLIER_RATIO times the most per Ready pod this fleet has shown, quoted.
 
     Per Ready pod, so a fleet that grows is not suspect; a fleet that has shown little is judged against floors a pod
@@ -278,7 +278,7 @@ def _unavailable(seen: Seen, inference: MultimodalInference, held: int, memory: 
                 MetricsAvailableReason.SAMPLES_REJECTED,
                 f"not trusted: {'; '.join(rejected)}; {once}",
             )
-        beyond = unconfirmed(seen.signals, seen.pods, memory)
+        beyond = beyond_shown(seen.signals, seen.pods, memory)
         confirms = memory.unconfirmed is not None and memory.unconfirmed == memory.series_read  # the last read was held
         if beyond and not confirms:
             return (
