@@ -82,6 +82,7 @@ class MetricsAvailableReason(StrEnum):
     SERIES_MISSING = "SeriesMissing"
     QUERY_FAILED = "QueryFailed"
     SAMPLES_REJECTED = "SamplesRejected"
+    SAMPLE_UNCONFIRMED = "SampleUnconfirmed"
     PARTIAL_SCRAPE = "PartialScrape"
 
 

@@ -237,11 +237,20 @@ def test_young_series_are_not_read_until_they_cover_a_rate_window() -> None:
         fleet(max_replicas=8), 1, busy(4.0), cycles=8, memory=memory, start=T0 + timedelta(seconds=60)
     )
     assert current > 1  # from a full window on, the policy decides
-    # an outage leaves a hole in the windows: the warm-up starts again when the series return
-    _, memory, _ = run(
-        fleet(max_replicas=8), current, None, cycles=1, outage="down", memory=memory, start=T0 + timedelta(seconds=180)
-    )
-    outcomes, _, _ = run(
-        fleet(max_replicas=8), current, busy(4.0), cycles=1, memory=memory, start=T0 + timedelta(seconds=195)
-    )
-    assert "rate window" in outcomes[0].reason
+
+
+def test_only_a_gap_in_the_series_longer_than_the_rate_window_restarts_the_warm_up() -> None:
+    _, warm, current = run(fleet(max_replicas=8), 1, busy(1.0, waiting=0.0), cycles=8)
+    # an outage of a cycle or three leaves the rate window covered: the policy goes on deciding
+    _, memory, _ = run(fleet(max_replicas=8), current, None, cycles=3, outage="down", memory=warm,
+                       start=T0 + timedelta(seconds=120))  # fmt: skip
+    outcomes, _, _ = run(fleet(max_replicas=8), current, busy(4.0), cycles=1, memory=memory,
+                         start=T0 + timedelta(seconds=165))  # fmt: skip
+    assert outcomes[0].cause != "warming_up", outcomes[0].reason
+    # one longer than the rate window leaves a hole in it: the warm-up starts again when the series return
+    _, memory, _ = run(fleet(max_replicas=8), current, None, cycles=4, outage="down", memory=warm,
+                       start=T0 + timedelta(seconds=120))  # fmt: skip
+    outcomes, _, _ = run(fleet(max_replicas=8), current, busy(4.0), cycles=1, memory=memory,
+                         start=T0 + timedelta(seconds=180))  # fmt: skip
+    assert outcomes[0].cause == "warming_up"
+    assert outcomes[0].reason == "series read for 0s, less than the 1m rate window: holding 1"
