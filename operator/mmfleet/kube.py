@@ -69,7 +69,16 @@ class RefusedError(Exception):
 
 
 class NamespaceTerminatingError(Exception):
-    """The namespace is being deleted: nothing can be created in it, and nothing needs to be."""
+    """The namespace is being deleted, or is gone: nothing can be created in it, and nothing needs to be."""
+
+
+def _namespace_gone(error: ApiException) -> bool:
+    """A 404 about the namespace itself (a write into one deleted meanwhile), not about the object written."""
+    try:
+        details = json.loads(error.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return error.status == 404 and details.get("kind") == "namespaces"
 
 
 def is_forbidden(error: BaseException) -> bool:
@@ -171,7 +180,7 @@ class Kube:
                 raise RetryableError(text, call=call, retry_after=retry_after(error)) from error
             if not refusals:
                 raise
-            if error.status == 403 and "NamespaceTerminating" in str(error.body or ""):
+            if (error.status == 403 and "NamespaceTerminating" in str(error.body or "")) or _namespace_gone(error):
                 raise NamespaceTerminatingError(str(error.reason)) from error
             if error.status is not None and 400 <= error.status < 500 and error.status != 404:
                 raise RefusedError(error.status, refusal_message(error)) from error

@@ -347,3 +347,27 @@ def test_cleanup_waits_for_the_reconciles_under_way() -> None:
         await asyncio.wait_for(stopping, 5)
 
     asyncio.run(scenario())
+
+
+def test_a_namespace_deleted_under_a_reconcile_ends_it_quietly_not_with_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its fleet went with it: the apply's 404 names the namespace, not the child (seen in CI as a logged traceback)."""
+    body = '{"kind":"Status","status":"Failure","message":"namespaces \\"ml\\" not found","reason":"NotFound",'
+    body += '"details":{"name":"ml","kind":"namespaces"},"code":404}'
+    gone = ApiException(status=404, reason="Not Found")
+    gone.body = body
+    kube = RecordingKube()
+
+    def apply(manifest: dict[str, Any], manager: str = "") -> dict[str, Any]:
+        with kube._errors(f"apply {manifest['kind']}"):
+            raise gone
+
+    monkeypatch.setattr(kube, "apply", apply)
+    result = reconcile_once(operator(kube), fleet_body(generation=1))
+    assert result.outcome == "ok" and not result.retry
+    assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info]
+    other = ApiException(status=404, reason="Not Found")
+    other.body = '{"kind":"Status","code":404,"details":{"name":"qwen","kind":"deployments"}}'
+    with pytest.raises(ApiException), kube._errors("apply Deployment"):
+        raise other
