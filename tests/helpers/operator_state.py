@@ -136,6 +136,16 @@ def reconcile_once(
     return reconcile(op, seen, lambda retry_after: api_retry_delay(attempt, retry_after))
 
 
+def refused_ready(body: Body) -> Body:
+    """The Ready condition a fleet gets from its first reconcile when it is refused, nothing applied."""
+    kube = RecordingKube()
+    assert reconcile_once(operator(kube), body).outcome == "invalid_spec"
+    assert kube.applied == []
+    [status] = kube.written
+    ready: Body = next(c for c in status["conditions"] if c["type"] == "Ready")
+    return ready
+
+
 def served_in(config: OperatorConfig, namespace: str) -> str:
     """What one reconcile of a fresh fleet in ``namespace`` does under ``config``: "applied" when its children were
     applied, else its Ready condition's reason and message (nothing applied)."""

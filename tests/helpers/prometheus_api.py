@@ -8,14 +8,14 @@ break answers. The PromQL itself is tested against Debian's Prometheus (tests/in
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from mmfleet.autoscaler.metrics import BACKEND_LABEL, Key
+from mmfleet_lab.cluster.prometheus_faults import LocalHttpServer
 
 
-class PrometheusApi:
+class PrometheusApi(LocalHttpServer):
     """Answers ``/api/v1/query`` with one sample per fleet, labelled as the autoscaler's queries label them."""
 
     def __init__(self, fleets: Iterable[Key], value: float = 1.0, backend: str = "vllm") -> None:
@@ -45,19 +45,4 @@ class PrometheusApi:
             def log_message(self, *_: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> PrometheusApi:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
+        self._serve(Handler)

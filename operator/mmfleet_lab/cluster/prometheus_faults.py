@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
 FaultMode = Literal["drop", "slow", "empty", "status", "not-json", "value"]
@@ -47,7 +47,29 @@ class Fault:
     delay: float = 10.0
 
 
-class PrometheusFaultProxy:
+class LocalHttpServer:
+    """An HTTP server on 127.0.0.1 (a free port, ``url``) in a thread of its own, closed on leaving a ``with``."""
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class PrometheusFaultProxy(LocalHttpServer):
     """Forwards to ``upstream`` (a Prometheus URL), applying the faults set with ``inject``; counts requests, and
     the most in flight at once (``busiest``: what the client's concurrency put on Prometheus)."""
 
@@ -73,11 +95,7 @@ class PrometheusFaultProxy:
             def log_message(self, *_: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._serve(Handler)
 
     @property
     def in_flight(self) -> int:
@@ -91,17 +109,6 @@ class PrometheusFaultProxy:
 
     def clear(self) -> None:
         self.inject()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> PrometheusFaultProxy:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
     def _handle(self, handler: BaseHTTPRequestHandler, body: bytes | None) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ from mmfleet.admin_policy import AdminPolicy, image_repository, refusals
 from mmfleet.api import MultimodalInference, ReadyReason
 from mmfleet.handlers import records
 from mmfleet.validation import PolicyDeniedError, parse
-from tests.helpers.operator_state import RecordingKube, fleet_body, operator, reconcile_once
+from tests.helpers.operator_state import RecordingKube, fleet_body, operator, reconcile_once, refused_ready
 
 NAMESPACE = "team-a"
 ALL_OF_IT: dict[str, Any] = {
@@ -164,14 +164,9 @@ def test_a_denied_fleet_gets_policy_denied_on_ready_and_a_warning_and_nothing_is
 ) -> None:
     posted: list[tuple[str, str]] = []
     monkeypatch.setattr(records, "kopf_event", lambda body, type_, reason, message: posted.append((type_, reason)))
-    kube = RecordingKube()
     body = fleet_body(generation=1)
     body["spec"]["model"]["credentialsSecret"] = "payments-db"
-    result = reconcile_once(operator(kube), body)
-    assert result.outcome == "invalid_spec"
-    assert kube.applied == []
-    [status] = kube.written
-    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    ready = refused_ready(body)
     assert (ready["status"], ready["reason"]) == ("False", ReadyReason.POLICY_DENIED)
     assert ready["message"].startswith("spec.model.credentialsSecret: 'payments-db' in namespace")
     assert ("Warning", "PolicyDenied") in posted

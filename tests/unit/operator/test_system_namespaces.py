@@ -12,7 +12,7 @@ import pytest
 from mmfleet.api import ReadyReason
 from mmfleet.handlers import records
 from mmfleet.validation import SYSTEM_NAMESPACES
-from tests.helpers.operator_state import RecordingKube, fleet_body, operator, reconcile_once
+from tests.helpers.operator_state import RecordingKube, fleet_body, operator, reconcile_once, refused_ready
 
 
 @pytest.mark.parametrize("namespace", SYSTEM_NAMESPACES)
@@ -20,14 +20,9 @@ def test_a_fleet_in_a_system_namespace_is_refused_naming_it_and_nothing_is_appli
     namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(records, "kopf_event", lambda *_: None)
-    kube = RecordingKube()
     body = fleet_body(generation=1)
     body["metadata"]["namespace"] = namespace
-    result = reconcile_once(operator(kube), body)
-    assert result.outcome == "invalid_spec"
-    assert kube.applied == []
-    [status] = kube.written
-    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    ready = refused_ready(body)
     assert (ready["status"], ready["reason"]) == ("False", ReadyReason.POLICY_DENIED)
     assert ready["message"].startswith(f"metadata.namespace: {namespace!r} is not served")
     assert "create the fleet in another namespace" in ready["message"]
