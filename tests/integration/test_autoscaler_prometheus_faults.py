@@ -12,6 +12,7 @@ the operator reads it and decided by ``autoscaler.cycle.decide`` from a settled 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -285,7 +286,9 @@ def test_a_partial_scrape_says_so_and_does_not_scale_down(clean: Lab) -> None:
     for outcome in outcomes["a"]:
         assert outcome.replicas >= PODS, outcome.reason
         assert metrics_available(outcome)[:2] == (False, "PartialScrape")
-        assert metrics_available(outcome)[2].startswith(f"2 of {PODS} Ready pods report series")
+        # a-2's series only (2 of 3); another pod's scrape that Prometheus marks stale meanwhile on a loaded machine
+        # makes it 1 of 3, which must hold the fleet all the same
+        assert re.match(rf"[12] of {PODS} Ready pods report series", metrics_available(outcome)[2])
     assert_trusted(outcomes["b"])
 
 
@@ -301,11 +304,17 @@ def test_stale_series_of_a_fleet_whose_pods_all_stopped_reporting_hold_it(clean:
 def test_a_counter_reset_when_pods_restart_is_no_drop_in_load(clean: Lab) -> None:
     for i in range(PODS):
         clean.pods.add(pod("a", i))  # new registries: every counter and histogram back at 0
-    time.sleep(3)  # a few scrapes after the reset, inside the 5 s rate window
-    readings = clean.read()
-    signals = readings.signals[(NAMESPACE, "a")]
-    assert signals.request_rate == pytest.approx(30.0, rel=0.35), "rate() reads through a reset"
+    read = []
+    for _ in range(4):  # scrapes after the reset, inside the 5 s rate window: how many depends on the machine's load
+        time.sleep(1)
+        read.append(clean.read().signals[(NAMESPACE, "a")])
+    rates = [signals.request_rate or 0.0 for signals in read]
+    # Read as a drop, the rate would fall towards 0; read through, it stays near the 30 req/s served (a window that
+    # holds the reset and one or two scrapes after it reads lower than one that holds more).
+    assert min(rates) > 0.4 * 30.0 and max(rates) == pytest.approx(30.0, rel=0.35), (
+        f"rate() reads through a reset: {rates}"
+    )
     outcomes = run_cycles(clean)
     assert_trusted(outcomes["a"])
     assert all(o.replicas >= PODS for o in outcomes["a"]), [o.reason for o in outcomes["a"]]
-    assert replace(signals, missing=()) == signals
+    assert all(replace(signals, missing=()) == signals for signals in read)
