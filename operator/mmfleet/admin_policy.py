@@ -88,7 +88,7 @@ class AdminPolicy(Model):
     claims: list[NamespacedGlob] = Field(
         default_factory=list,
         max_length=256,
-        description="PersistentVolumeClaims a fleet may mount as its model cache, as namespace/name globs.",
+        description="PersistentVolumeClaims a fleet may mount (model cache, pvc:// source), as namespace/name globs.",
     )
     identities: list[NamespacedGlob] = Field(
         default_factory=list,
@@ -134,6 +134,9 @@ def _named(inference: MultimodalInference) -> Iterator[tuple[str, str, str]]:
         yield "spec.apiKeySecret.name", spec.api_key_secret.name, "secrets"
     if spec.model_cache.claim_name:
         yield "spec.modelCache.claimName", spec.model_cache.claim_name, "claims"
+    scheme, _, rest = spec.model.resolved_source().partition("://")
+    if scheme == "pvc":  # the weights' claim, mounted read-only (render._model_placement)
+        yield "spec.model.source", rest.partition("/")[0], "claims"
     identity = spec.identity
     for field, value in (
         ("awsRoleArn", identity.aws_role_arn),

@@ -132,6 +132,14 @@ def test_a_load_balancer_admits_only_clients_within_the_policys_ranges(asked: li
         ]
 
 
+def test_a_claim_named_as_the_models_source_is_a_claim_the_policy_must_allow() -> None:
+    spec = {"model": {"name": "llava", "source": "pvc://finance-archive/llava"}}
+    [line] = refusals(inference(spec), AdminPolicy())
+    assert line.startswith("spec.model.source: 'finance-archive' in namespace team-a is not allowed")
+    assert "policy.claims" in line
+    assert refusals(inference(spec), AdminPolicy.model_validate({"claims": ["team-a/finance-*"]})) == []
+
+
 def test_a_toleration_of_every_taint_needs_the_star_and_a_named_key_does_not_allow_it() -> None:
     spec = {"model": {"name": "m"}, "placement": {"tolerations": [{"operator": "Exists"}, {"key": "nvidia.com/gpu"}]}}
     named = AdminPolicy.model_validate({"tolerationKeys": ["nvidia.com/*"]})
