@@ -74,11 +74,18 @@ class Lab:
         self.server.scrape(self.pods)
 
 
+# The read's deadline: the whole read of a cycle, its queries side by side. Two seconds, not one: on a loaded
+# machine (CI, with the session's cluster beside it) a read of healthy answers took over a second. SLOW: a fault's
+# delay, well past it.
+DEADLINE = 2.0
+SLOW = 4.0
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     state: Path = tmp_path_factory.mktemp("prometheus-faults")
     with prometheus_scraping(state) as (server, pods), PrometheusFaultProxy(server.url) as proxy:
-        client = Prometheus(proxy.url, deadline=1, rate_window=RATE_WINDOW)
+        client = Prometheus(proxy.url, deadline=DEADLINE, rate_window=RATE_WINDOW)
         found = Lab(server, pods, proxy, client)
         found.restore()
         wait_for(lambda: all(_usable(found.read(), name) for name in FLEETS), 60, "both fleets' series")
@@ -176,19 +183,21 @@ def test_prometheus_dropping_connections_is_an_outage_for_all_and_holds(clean: L
 
 
 def test_a_slow_prometheus_times_out_and_holds(clean: Lab) -> None:
-    clean.proxy.inject(Fault("slow", delay=3.0))
+    clean.proxy.inject(Fault("slow", delay=SLOW))
     started = time.monotonic()
     outcomes = run_cycles(clean)
     for name in FLEETS:
-        assert_held(outcomes[name], "PrometheusUnavailable", "did not answer the query for", "within 1s")
+        assert_held(outcomes[name], "PrometheusUnavailable", "did not answer the query for", f"within {DEADLINE:g}s")
     took = time.monotonic() - started
-    assert took < CYCLES * (1 + 0.5) + 1, f"each read ends at its 1 s deadline, not at the answers (took {took:.1f} s)"
+    assert took < CYCLES * (DEADLINE + 0.5) + 1, (
+        f"each read ends at its deadline, not at the answers (took {took:.1f} s)"
+    )
 
 
 def test_a_slow_slo_query_holds_only_its_fleet(clean: Lab) -> None:
-    clean.proxy.inject(Fault("slow", match=f"[{WINDOWS['a']}]", delay=3.0))
+    clean.proxy.inject(Fault("slow", match=f"[{WINDOWS['a']}]", delay=SLOW))
     outcomes = run_cycles(clean)
-    assert_held(outcomes["a"], "QueryFailed", "did not answer the query for P90 of e2e over 10s within 1s")
+    assert_held(outcomes["a"], "QueryFailed", f"did not answer the query for P90 of e2e over 10s within {DEADLINE:g}s")
     assert_trusted(outcomes["b"])
 
 
