@@ -63,7 +63,7 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("", ["configmaps"], ["get", "list", "watch", "create", "patch", "delete"])  # pruned
     | _triples("policy", ["poddisruptionbudgets"], ["get", "list", "watch", "create", "patch"])
     | _triples("networking.k8s.io", ["networkpolicies"], ["get", "list", "watch", "create", "patch"])
-    | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "create", "patch", "delete"])  # pruned
+    | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "list", "watch", "create", "patch", "delete"])
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
     | _triples("", ["persistentvolumeclaims"], ["get"])  # status.shared_cache_problem reads the shared claim
     | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)

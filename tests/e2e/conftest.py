@@ -10,6 +10,7 @@ import pytest
 
 from mmfleet_lab.cluster import Cluster, NodePool, down, up
 from mmfleet_lab.cluster.crds import install_mmfleet_crd
+from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.demo import examples_policy
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.spike import CLUSTER, COLD_START, say
@@ -33,7 +34,11 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "MMFLEET_AUTOSCALE_INTERVAL": "3s",
         "MMFLEET_POLICY": examples_policy("*"),  # examples/admin/policy.yaml, for the tests' namespaces
     }
-    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env)
+    # /metrics served, so a failing test can say what the autoscaler decided (mmfleet_autoscaler_decisions_total).
+    process = OperatorProcess(
+        cluster.kubeconfig, tmp_path_factory.mktemp("e2e") / "operator.log", env=env,
+        metrics_address=f"127.0.0.1:{free_port()}",
+    )  # fmt: skip
     process.start()
     yield process
     process.stop()

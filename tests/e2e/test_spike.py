@@ -8,7 +8,8 @@ replica model and exports vLLM's metrics; and the operator as users run it (``mm
 Timeline, in seconds after the twin starts: base load 0-100 (the operator reads a fleet's series
 once they cover the 1m rate window, then learns its capacity), x5 from 100 to 190, Prometheus
 stopped from 205 to 225 (and a minute of warm-up again after it), the scale-down after the spike
-(scaleDownDelay 45 s), done at 360.
+(scaleDownDelay 45 s), done at 420: on a loaded CI machine the fleet once held its peak to 360 (CI, 2026-12-03), so
+a failing run now says what the autoscaler decided meanwhile.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from mmfleet_lab.twin.serve import Spike
 from tests.helpers.repo import ROOT
 from tests.helpers.spike import BASE_RATE, CLUSTER, say
 
-# A module cluster started, then 360 s of traffic after the series' warm-up: past the default per-test timeout.
+# A module cluster started, then 420 s of traffic after the series' warm-up: past the default per-test timeout.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 NAMESPACE = "e2e"
 NAME = "qwen-vl"
 SPIKE = Spike(start=100.0, end=190.0, factor=5.0)
 OUTAGE = (205.0, 225.0)
-END = 360.0
+END = 420.0
 TARGET = 3.0
 RESOURCE = {
     "apiVersion": "mmfleet.io/v1alpha1",
@@ -106,5 +107,7 @@ def test_a_spike_is_met_then_released_and_silence_holds(cluster: Cluster, operat
     # Back, then after the spike (and its scale-down delay) the fleet shrinks again, never below min.
     after = [s for s in samples if s.t >= OUTAGE[1] + 20]
     assert after and after[-1].metrics_available == "True"
-    assert min(s.replicas for s in after) < peak
+    assert min(s.replicas for s in after) < peak, (
+        "\n".join(line(s, (SPIKE,)) for s in samples if s.t >= OUTAGE[0]) + "\n" + operator.decisions()
+    )
     assert min(s.replicas for s in samples) >= 1

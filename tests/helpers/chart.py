@@ -349,7 +349,7 @@ def rule_triples(rules: list[dict[str, Any]]) -> set[Triple]:
     }
 
 
-def _not_terminating(api: Any, name: str) -> bool:
+def not_terminating(api: Any, name: str) -> bool:
     found = read_crd(api, name)
     return found is None or found.metadata.deletion_timestamp is None
 
@@ -359,6 +359,4 @@ def settled_pod_monitor_crd(api: Any) -> None:
     """An earlier module's ``pod_monitor_crd`` deletes the CRD it made as it ends, and a CRD being deleted still reads
     as established: wait until it is gone, so that this module's ``pod_monitor_crd`` makes it again (autouse fixtures
     run before the others of their scope)."""
-    wait_for(
-        lambda: _not_terminating(api, PODMONITOR_CRD_NAME), 120, f"the {PODMONITOR_CRD_NAME} CRD's deletion to end"
-    )
+    wait_for(lambda: not_terminating(api, PODMONITOR_CRD_NAME), 120, f"the {PODMONITOR_CRD_NAME} CRD's deletion to end")

@@ -59,6 +59,15 @@ class FakePod:
             for name in (names.waiting, names.running, names.kv_cache_usage)
         }
         self._labels = labels
+        self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
+        self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
+        self._e2e.labels(**labels)
+
+    def _set_gauges(self) -> None:
+        names = backends.get(self.backend).metrics
+        for name, value in ((names.waiting, self.waiting), (names.running, self.running),
+                            (names.kv_cache_usage, self.kv_cache_usage)):  # fmt: skip
+            self._gauges[name].labels(**self._labels).set(value)
 
     def tick(self) -> None:
         self._due += self.rate * TICK
@@ -67,10 +76,7 @@ class FakePod:
         for _ in range(finished):
             self._e2e.labels(**self._labels).observe(self.latency)
         self._done.labels(**self._labels).inc(finished)
-        names = backends.get(self.backend).metrics
-        for name, value in ((names.waiting, self.waiting), (names.running, self.running),
-                            (names.kv_cache_usage, self.kv_cache_usage)):  # fmt: skip
-            self._gauges[name].labels(**self._labels).set(value)
+        self._set_gauges()
 
 
 class FakePods:
@@ -129,14 +135,15 @@ class FakePods:
 
 @dataclass
 class PrometheusServer:
-    """Prometheus on 127.0.0.1, scraping every second the targets written to ``targets``."""
+    """Prometheus on 127.0.0.1, scraping the targets written to ``targets`` every ``interval`` (its timeout too)."""
 
     state: Path
+    interval: str = "1s"
     url: str = ""
     proc: Proc | None = None
 
     def start(self) -> None:
-        prom.prepare(self.state, "1s")
+        prom.prepare(self.state, self.interval)
         port = prom.port_of(self.url) if self.url else process.free_port()  # a restart keeps its address
         self.url = f"http://127.0.0.1:{port}"
         self.proc = prom.launch(self.state, port)
@@ -152,10 +159,10 @@ class PrometheusServer:
 
 
 @contextmanager
-def prometheus_scraping(state: Path) -> Iterator[tuple[PrometheusServer, FakePods]]:
+def prometheus_scraping(state: Path, interval: str = "1s") -> Iterator[tuple[PrometheusServer, FakePods]]:
     """A running Prometheus and fake pods for it to scrape; both stopped on the way out."""
     pods = FakePods()
-    server = PrometheusServer(state)
+    server = PrometheusServer(state, interval)
     try:
         server.start()
         yield server, pods

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,15 @@ class OperatorProcess:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+
+    def decisions(self) -> str:
+        """The autoscaler's decisions so far, counted by cause, from its /metrics (served when ``metrics_address``
+        is): what a failing test says about why a fleet held."""
+        if not self.metrics_address:
+            return "(no /metrics served)"
+        try:
+            with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
+        except OSError as error:
+            return f"(/metrics unreadable: {error})"
+        return "\n".join(line for line in text.splitlines() if line.startswith("mmfleet_autoscaler_decisions_total"))

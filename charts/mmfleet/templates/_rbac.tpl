@@ -94,10 +94,11 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch]
-# PodMonitors are applied and pruned, never watched.
+# PodMonitors are applied, pruned and watched (kopf's event handler watch_podmonitors: one deleted or
+# edited by hand is restored at once), where the Prometheus Operator's CRD is served.
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Pods are only observed (kopf index fleet_pods) to explain why replicas are not ready.
 - apiGroups: [""]
   resources: [pods]

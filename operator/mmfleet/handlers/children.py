@@ -26,7 +26,9 @@ CHILD_LABELS: dict[str, Any] = {
     "app.kubernetes.io/managed-by": "mmfleet",
 }
 POD_LABELS: dict[str, Any] = {INFERENCE_LABEL: kopf.PRESENT}
-# (group, version, plural) of every kind a fleet's children or pods come in: each is watched.
+# (group, version, plural) of every kind a fleet's children or pods come in: each is watched. The PodMonitor only
+# where the Prometheus Operator's CRD is served: kopf watches CRDs, so one installed later is watched from then on.
+PODMONITORS = ("monitoring.coreos.com", "v1", "podmonitors")
 CHILD_KINDS = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
@@ -35,6 +37,7 @@ CHILD_KINDS = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("", "v1", "pods"),
+    PODMONITORS,
 )
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 # The label the Deployment controller puts on a ReplicaSet's pods; the ReplicaSet's name ends in it.

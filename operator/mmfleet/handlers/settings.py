@@ -9,6 +9,7 @@ from typing import Any, cast
 import kopf
 
 from mmfleet import telemetry
+from mmfleet.handlers.children import PODMONITORS
 from mmfleet.handlers.discovery import monitoring_crds
 from mmfleet.handlers.records import log, operator_of
 
@@ -29,6 +30,27 @@ class EmptyEssence(kopf.AnnotationsDiffBaseStorage):
         return cast(kopf.BodyEssence, {})
 
 
+class OptionalKindUnresolved(logging.Filter):
+    """Drops kopf's warning that the PodMonitor watch has no CRD to serve it: optional, it is said once at startup
+    (``configure_operator``), and kopf repeats its warning whenever any CRD of the cluster changes. A warning that
+    names another kind as well passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("Unresolved resources cannot be served"):
+            return True
+        group, _, plural = PODMONITORS
+        named = text.split(":", 1)[1].split("), ")
+        return not all(repr(group) in selector and repr(plural) in selector for selector in named)
+
+
+def quiet_optional_kinds() -> None:
+    """Installs ``OptionalKindUnresolved`` on kopf's resource observer, once."""
+    observer = logging.getLogger("kopf._core.reactor.observation")
+    if not any(isinstance(f, OptionalKindUnresolved) for f in observer.filters):
+        observer.addFilter(OptionalKindUnresolved())
+
+
 def configure_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     op = operator_of(memo)
     # No handler needs a finalizer or stores progress; kopf's annotations are named under mmfleet.io should one ever.
@@ -46,7 +68,8 @@ def configure_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: An
     settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     if op.tracer_provider is None:
         op.tracer_provider = telemetry.setup()
-    log.info("mmfleet operator started: monitoring CRDs %s", "found" if monitoring_crds(op) else "absent")
+    absent = "absent (PodMonitors are neither applied nor watched until they are served)"
+    log.info("mmfleet operator started: monitoring CRDs %s", "found" if monitoring_crds(op) else absent)
 
 
 def report_requests(memo: kopf.Memo, **_: Any) -> None:

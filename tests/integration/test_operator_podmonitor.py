@@ -1,0 +1,67 @@
+"""The PodMonitor child, where the Prometheus Operator's CRD is served: applied, watched like every other child, and
+one deleted or edited by hand restored at once (issue 23, item 5: every child kind is watched; it was applied and
+pruned only, so a hand edit stayed until the next resync, five minutes later)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet_lab.cluster.crds import install_crd
+from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
+from tests.helpers.chart import PODMONITOR_CRD, PODMONITOR_CRD_NAME, not_terminating
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_pod_monitor_crd")]
+
+MONITORING = ("monitoring.coreos.com", "v1")
+
+
+@pytest.fixture(scope="module")
+def operator_with_crd(api: Any, operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The CRD served and the session's operator restarted to see it (it asks whether the CRD is served every ten
+    minutes); at the end the CRD deleted, and the operator restarted once it is gone, so later modules see none."""
+    body = yaml.safe_load((prometheus_operator_crds() / f"{PODMONITOR_CRD}.yaml").read_text())
+    install_crd(api, body, "mmfleet-tests", timeout=30)
+    operator.stop()
+    operator.start()
+    try:
+        yield operator
+    finally:
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition(PODMONITOR_CRD_NAME)
+        wait_for(lambda: not_terminating(api, PODMONITOR_CRD_NAME), 120, f"the {PODMONITOR_CRD_NAME} CRD's deletion")
+        operator.stop()
+        operator.start()
+
+
+def test_a_pod_monitor_deleted_or_edited_by_hand_is_restored(operator_with_crd: OperatorProcess, fleet: Fleet,
+                                                              api: Any) -> None:  # fmt: skip
+    custom = client.CustomObjectsApi(api)
+
+    def endpoints() -> Any:
+        try:
+            found = custom.get_namespaced_custom_object(*MONITORING, fleet.namespace, "podmonitors", "watched")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found["spec"]["podMetricsEndpoints"]
+
+    fleet.create(mmi("watched"))
+    fleet.wait_ready("watched")
+    rendered = wait_for(endpoints, 30, "the fleet's PodMonitor")
+    assert rendered[0]["relabelings"], rendered  # the labels the autoscaler groups series by
+
+    custom.delete_namespaced_custom_object(*MONITORING, fleet.namespace, "podmonitors", "watched")
+    wait_for(lambda: endpoints() == rendered, 30, "the deleted PodMonitor to be recreated as rendered")
+    # A merge patch replaces the list: the pods scraped on another path, without the fleet's labels on the series.
+    elsewhere = {"spec": {"podMetricsEndpoints": [{"port": "http", "path": "/elsewhere"}]}}
+    custom.patch_namespaced_custom_object(*MONITORING, fleet.namespace, "podmonitors", "watched", elsewhere)
+    wait_for(lambda: endpoints() == rendered, 30, "the PodMonitor edited by hand to be restored")
