@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import CloudName, seconds
 from mmfleet.clouds import COLLECTOR_ENDPOINT
+from mmfleet.routing import DEFAULT_COLD_START
 
 LogFormat = Literal["plain", "json"]
 ENV_PREFIX = "MMFLEET_"
@@ -61,7 +62,7 @@ class OperatorConfig(BaseSettings):
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     autoscale_interval: float = 15.0  # s between autoscaling cycles
     # The cold start the autoscaler plans with until one of a fleet's pods has been seen turn Ready.
-    default_cold_start: float = Field(default=120.0, validation_alias=f"{ENV_PREFIX}COLD_START")
+    default_cold_start: float = Field(default=DEFAULT_COLD_START, validation_alias=f"{ENV_PREFIX}COLD_START")
     default_cloud: CloudName = "auto"
     log_format: LogFormat = "plain"
     workers: int = 16

@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mmfleet import backends, clouds
+from mmfleet import backends, clouds, routing
 from mmfleet.api import API_VERSION, KIND, PROFILE_NAMES, Affinity, MultimodalInference, NetworkPeer
 from mmfleet.backends import Backend, ServerContext
 from mmfleet.clouds import CloudProfile
+from mmfleet.routing import PickerSettings
 
 Manifest = dict[str, Any]
 
@@ -557,14 +558,16 @@ def render(
     monitoring_crds: bool = False,
     collector_endpoint: str | None = None,
     prometheus_namespace: str | None = None,
+    picker: PickerSettings | None = None,
 ) -> list[Manifest]:
     """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint;
-    ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics."""
-    found = _clashes(inference)
+    ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics; ``picker``: for
+    routing mode inferencePool."""
+    found = _clashes(inference) + _routing_problems(inference)
     if found:
         raise SpecError(found)
     profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
-    children = _children(inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace)
+    children = _children(inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace, picker)
     found = _too_large(inference, profile.name, children)
     if found:
         raise SpecError(found)
@@ -577,6 +580,7 @@ def _children(
     monitoring_crds: bool = False,
     collector_endpoint: str | None = None,
     prometheus_namespace: str | None = None,
+    picker: PickerSettings | None = None,
 ) -> list[Manifest]:
     backend = backends.get(inference.spec.backend.name)
     files = backend.config_files(server_context(inference, profile, collector_endpoint))
@@ -592,4 +596,42 @@ def _children(
     wants_monitor = inference.spec.monitoring.pod_monitor
     if wants_monitor or (wants_monitor is None and monitoring_crds):
         children.append(build_pod_monitor(inference))
+    if inference.spec.routing.mode == "inferencePool":
+        children += _front_door(inference, profile, collector_endpoint, picker or routing.DEFAULT_PICKER)
+    return children
+
+
+def _routing_problems(inference: MultimodalInference) -> list[str]:
+    name = inference.metadata.name
+    if inference.spec.routing.mode == "inferencePool" and len(name) > routing.NAME_MAX:
+        return [
+            f"routing.mode: inferencePool needs a name of at most {routing.NAME_MAX} characters (its endpoint "
+            f"picker's Service is {name}{routing.PICKER_SUFFIX}, at most 63); {name} has {len(name)}"
+        ]
+    return []
+
+
+def _front_door(
+    inference: MultimodalInference, profile: CloudProfile, collector: str | None, picker: PickerSettings
+) -> list[Manifest]:
+    """The InferencePool and its endpoint picker (mmfleet.routing), and the HTTPRoute when a Gateway is named."""
+    name = routing.picker_name(inference)
+    meta = {**_metadata(inference, name), "labels": routing.picker_labels(labels(inference))}
+    selector = routing.picker_selector(inference, INFERENCE_LABEL)
+    config = routing.build_picker_config_map(inference, meta, picker.cold_start)
+    port = backends.get(inference.spec.backend.name).port
+    children = [
+        routing.build_picker_service_account(meta),
+        config,
+        routing.build_picker_role_binding(inference, meta, picker.cluster_role),
+        routing.build_picker_deployment(
+            inference, meta, selector, config, tracing_endpoint(inference, profile, collector)
+        ),
+        routing.build_picker_service(meta, selector),
+        routing.build_inference_pool(
+            inference, _metadata(inference, inference.metadata.name), selector_labels(inference), port
+        ),
+    ]
+    if inference.spec.routing.gateway is not None:
+        children.append(routing.build_http_route(inference, _metadata(inference, inference.metadata.name)))
     return children

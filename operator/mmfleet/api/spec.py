@@ -22,6 +22,7 @@ from mmfleet.api.patterns import (
     Cidr,
     DnsSubdomain,
     LabelMap,
+    NamespaceName,
     Quantity,
     cel,
     duration_check,
@@ -563,6 +564,35 @@ class ResourcesSpec(Model):
     )
 
 
+class GatewayRef(Model):
+    """A Gateway (gateway.networking.k8s.io/v1) that already exists: the fleet's HTTPRoute attaches to it."""
+
+    name: DnsSubdomain = Field(description="The Gateway's name.")
+    namespace: NamespaceName | None = Field(
+        default=None, description="The Gateway's namespace. Default: the fleet's own."
+    )
+    section_name: DnsSubdomain | None = Field(
+        default=None, description="One listener of the Gateway (its name). Default: every listener that admits it."
+    )
+
+
+class RoutingSpec(Model):
+    """How requests reach a replica: a plain Service, or an InferencePool whose endpoint picker chooses the replica
+    for each request (prefix and image affinity, queue and KV-cache load)."""
+
+    mode: Literal["service", "inferencePool"] = Field(
+        default="service",
+        description=(
+            "service: the fleet's Service spreads requests over its pods. inferencePool: also an InferencePool "
+            "(inference.networking.k8s.io/v1) and its endpoint picker (the Gateway API Inference Extension's EPP), "
+            "configured from this resource, for a Gateway that implements the extension."
+        ),
+    )
+    gateway: GatewayRef | None = Field(
+        default=None, description="With inferencePool: the Gateway to route through (an HTTPRoute is made)."
+    )
+
+
 class MultimodalInferenceSpec(Model):
     """A fleet of inference servers for one multimodal model."""
 
@@ -610,6 +640,12 @@ class MultimodalInferenceSpec(Model):
                     ".service.type",
                 ),
                 cel(
+                    "!has(self.routing) || !has(self.routing.gateway) || "
+                    "(has(self.routing.mode) && self.routing.mode == 'inferencePool')",
+                    "routing.gateway: an HTTPRoute to the InferencePool needs routing.mode inferencePool",
+                    ".routing.gateway",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -640,6 +676,9 @@ class MultimodalInferenceSpec(Model):
     identity: IdentitySpec = Field(default_factory=IdentitySpec, description="Cloud workload identity.")
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="How clients reach the fleet.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus Operator objects.")
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, description="How requests reach a replica: a Service, or an InferencePool."
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="CPU and memory per replica.")
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec,
@@ -690,6 +729,11 @@ class MultimodalInferenceSpec(Model):
                 f"service.type: LoadBalancer on cloud {self.cloud} would be public and unauthenticated; set "
                 "spec.service.loadBalancerSourceRanges (the client CIDRs) or spec.apiKeySecret, or use cloud eks, "
                 "aks or ack (internal load balancers)"
+            )
+        if self.routing.gateway is not None and self.routing.mode != "inferencePool":
+            raise ValueError(
+                f"routing.gateway: set, but spec.routing.mode is {self.routing.mode}; an HTTPRoute to the "
+                "InferencePool needs routing.mode inferencePool (accepted: inferencePool, or no gateway)"
             )
         if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
             raise ValueError(
