@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import CloudName, seconds
 from mmfleet.clouds import COLLECTOR_ENDPOINT
-from mmfleet.routing import DEFAULT_COLD_START
+from mmfleet.routing import DEFAULT_COLD_START, DEFAULT_PICKER
 
 LogFormat = Literal["plain", "json"]
 ENV_PREFIX = "MMFLEET_"
@@ -64,6 +64,8 @@ class OperatorConfig(BaseSettings):
     # The cold start the autoscaler plans with until one of a fleet's pods has been seen turn Ready.
     default_cold_start: float = Field(default=DEFAULT_COLD_START, validation_alias=f"{ENV_PREFIX}COLD_START")
     default_cloud: CloudName = "auto"
+    # The ClusterRole the install ships for fleets' endpoint pickers (routing mode inferencePool), bound per fleet.
+    picker_cluster_role: str = DEFAULT_PICKER.cluster_role
     log_format: LogFormat = "plain"
     workers: int = 16
     # Where kopf serves /healthz for the liveness probe; empty turns it off.

@@ -16,7 +16,7 @@ from mmfleet import backends, clouds, routing
 from mmfleet.api import API_VERSION, KIND, PROFILE_NAMES, Affinity, MultimodalInference, NetworkPeer
 from mmfleet.backends import Backend, ServerContext
 from mmfleet.clouds import CloudProfile
-from mmfleet.routing import PickerSettings
+from mmfleet.routing import PickerSettings, RoutingCrds
 
 Manifest = dict[str, Any]
 
@@ -305,6 +305,7 @@ def optional_children(inference: MultimodalInference) -> list[tuple[str, str, st
     return [
         ("v1", "ConfigMap", config_map_name(inference)),
         ("monitoring.coreos.com/v1", "PodMonitor", inference.metadata.name),
+        *routing.front_door(inference),
     ]
 
 
@@ -559,15 +560,18 @@ def render(
     collector_endpoint: str | None = None,
     prometheus_namespace: str | None = None,
     picker: PickerSettings | None = None,
+    routing_crds: RoutingCrds = routing.ALL_SERVED,
 ) -> list[Manifest]:
     """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint;
     ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics; ``picker``: for
-    routing mode inferencePool."""
+    routing mode inferencePool; ``routing_crds``: which of its kinds are served (all, offline)."""
     found = _clashes(inference) + _routing_problems(inference)
     if found:
         raise SpecError(found)
     profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
-    children = _children(inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace, picker)
+    children = _children(
+        inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace, picker, routing_crds
+    )
     found = _too_large(inference, profile.name, children)
     if found:
         raise SpecError(found)
@@ -581,6 +585,7 @@ def _children(
     collector_endpoint: str | None = None,
     prometheus_namespace: str | None = None,
     picker: PickerSettings | None = None,
+    routing_crds: RoutingCrds = routing.ALL_SERVED,
 ) -> list[Manifest]:
     backend = backends.get(inference.spec.backend.name)
     files = backend.config_files(server_context(inference, profile, collector_endpoint))
@@ -596,8 +601,9 @@ def _children(
     wants_monitor = inference.spec.monitoring.pod_monitor
     if wants_monitor or (wants_monitor is None and monitoring_crds):
         children.append(build_pod_monitor(inference))
-    if inference.spec.routing.mode == "inferencePool":
-        children += _front_door(inference, profile, collector_endpoint, picker or routing.DEFAULT_PICKER)
+    if inference.spec.routing.mode == "inferencePool" and routing_crds.pool:
+        picker = picker or routing.DEFAULT_PICKER
+        children += _front_door(inference, profile, collector_endpoint, picker, routing_crds.route)
     return children
 
 
@@ -612,7 +618,11 @@ def _routing_problems(inference: MultimodalInference) -> list[str]:
 
 
 def _front_door(
-    inference: MultimodalInference, profile: CloudProfile, collector: str | None, picker: PickerSettings
+    inference: MultimodalInference,
+    profile: CloudProfile,
+    collector: str | None,
+    picker: PickerSettings,
+    route_served: bool,
 ) -> list[Manifest]:
     """The InferencePool and its endpoint picker (mmfleet.routing), and the HTTPRoute when a Gateway is named."""
     name = routing.picker_name(inference)
@@ -632,6 +642,6 @@ def _front_door(
             inference, _metadata(inference, inference.metadata.name), selector_labels(inference), port
         ),
     ]
-    if inference.spec.routing.gateway is not None:
+    if inference.spec.routing.gateway is not None and route_served:
         children.append(routing.build_http_route(inference, _metadata(inference, inference.metadata.name)))
     return children

@@ -63,6 +63,16 @@ class PickerSettings:
     cluster_role: str  # the ClusterRole the operator's install ships for pickers (read pods and pools)
 
 
+@dataclass(frozen=True)
+class RoutingCrds:
+    """Which kinds of the front door the cluster serves: nothing of it without the InferencePool (the picker watches
+    its pool and cannot start without the kind), no HTTPRoute without the Gateway API's."""
+
+    pool: bool = True
+    route: bool = True
+
+
+ALL_SERVED = RoutingCrds()
 # The operator's defaults (config.OperatorConfig takes them), also for ``mmfleet render`` without an operator.
 DEFAULT_COLD_START = 120.0
 DEFAULT_PICKER = PickerSettings(cold_start=DEFAULT_COLD_START, cluster_role="mmfleet-endpoint-picker")
@@ -70,6 +80,20 @@ DEFAULT_PICKER = PickerSettings(cold_start=DEFAULT_COLD_START, cluster_role="mmf
 
 def picker_name(inference: MultimodalInference) -> str:
     return inference.metadata.name + PICKER_SUFFIX
+
+
+def front_door(inference: MultimodalInference) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every object of the front door, as ``render`` makes them."""
+    picker = picker_name(inference)
+    return [
+        ("v1", "ServiceAccount", picker),
+        ("v1", "ConfigMap", picker),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", picker),
+        ("apps/v1", "Deployment", picker),
+        ("v1", "Service", picker),
+        (POOL_API_VERSION, "InferencePool", inference.metadata.name),
+        (HTTPROUTE_API_VERSION, "HTTPRoute", inference.metadata.name),
+    ]
 
 
 def queue_depth(inference: MultimodalInference) -> int:

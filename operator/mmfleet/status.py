@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from mmfleet import render
+from mmfleet import render, routing
 from mmfleet.api import (
     CONDITION_MESSAGE_MAX,
     SCALE_REASON_MAX,
@@ -26,11 +26,13 @@ from mmfleet.api import (
     Phase,
     ProgressingReason,
     ReadyReason,
+    RoutingReadyReason,
     SloStatus,
     TracingReadyReason,
     clamp_replicas,
     duration_text,
 )
+from mmfleet.routing import RoutingCrds
 
 # Waiting reasons of a container that will not get better by waiting.
 BROKEN_WAITING_REASONS = frozenset(
@@ -201,6 +203,58 @@ def tracing_row(seen: TracingSeen) -> ConditionRow:
 
 
 @dataclass(frozen=True)
+class RoutingSeen:
+    """Routing mode inferencePool as the operator found it: which of its kinds are served, and the picker's
+    Deployment (None: not made yet)."""
+
+    crds: RoutingCrds
+    picker: dict[str, Any] | None
+
+    @property
+    def picker_ready(self) -> bool:
+        return int(((self.picker or {}).get("status") or {}).get("readyReplicas") or 0) >= 1
+
+
+def routing_row(inference: MultimodalInference, seen: RoutingSeen) -> ConditionRow:
+    """RoutingReady: the pool and its picker serving, or what is missing for them to."""
+    name, picker = inference.metadata.name, routing.picker_name(inference)
+    gateway = inference.spec.routing.gateway
+    if not seen.crds.pool:
+        return (
+            "RoutingReady",
+            False,
+            RoutingReadyReason.INFERENCE_POOL_CRD_MISSING,
+            f"spec.routing.mode: inferencePool, but InferencePool ({routing.POOL_API_VERSION}) is not served: install "
+            f"the Gateway API Inference Extension's CRDs ({routing.PICKER_VERSION}); nothing of the pool is made, and "
+            f"Service {name} serves meanwhile",
+        )
+    if not seen.picker_ready:
+        return (
+            "RoutingReady",
+            False,
+            RoutingReadyReason.PICKER_NOT_READY,
+            f"endpoint picker {picker} has no ready replica yet (kubectl get pods -l "
+            f"app.kubernetes.io/component={routing.PICKER_COMPONENT}); a gateway sending to InferencePool {name} "
+            "refuses requests until it has (failureMode FailClose)",
+        )
+    if gateway is not None and not seen.crds.route:
+        return (
+            "RoutingReady",
+            False,
+            RoutingReadyReason.GATEWAY_API_MISSING,
+            f"spec.routing.gateway: {gateway.name}, but HTTPRoute ({routing.HTTPROUTE_API_VERSION}) is not served: "
+            f"install the Gateway API's CRDs; InferencePool {name} and its picker serve, with no route to them",
+        )
+    via = f", routed from Gateway {gateway.name}" if gateway is not None else ""
+    return (
+        "RoutingReady",
+        True,
+        RoutingReadyReason.PICKER_READY,
+        f"InferencePool {name} and its endpoint picker {picker} serve{via}",
+    )
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the operator saw of the children, and, from the autoscaling loop, what its cycle concluded.
 
@@ -219,6 +273,8 @@ class Observed:
     refused: tuple[str, str] | None = None
     # Why the last reconcile failed for now (409, 429, 5xx, no answer), naming the call: it is retried with backoff.
     retrying: str | None = None
+    # In routing mode inferencePool: what was seen of it; None keeps the previous RoutingReady.
+    routing: RoutingSeen | None = None
 
 
 @dataclass(frozen=True)
@@ -444,9 +500,10 @@ def compute_status(
     }
 
     tracing = _tracing_part(inference, observed.tracing, condition)
+    routed, base["routing"] = _routing_part(inference, observed.routing, condition, previous)
 
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
-        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing]}
+        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing, *routed]}
         return MultimodalInferenceStatus.model_validate({k: v for k, v in body.items() if v is not None})
 
     deployment = observed.deployment
@@ -532,6 +589,26 @@ def _tracing_part(inference: MultimodalInference, seen: TracingSeen | None, cond
     kept = condition.kept(("TracingReady",))
     message = "the collector has not been looked up yet"
     return kept or [condition("TracingReady", None, TracingReadyReason.NOT_CHECKED, message)]
+
+
+def _routing_part(
+    inference: MultimodalInference,
+    seen: RoutingSeen | None,
+    condition: Conditions,
+    previous: MultimodalInferenceStatus | None,
+) -> tuple[list[Condition], dict[str, Any] | None]:
+    """RoutingReady and status.routing in routing mode inferencePool, from what was seen, else as last written."""
+    if inference.spec.routing.mode != "inferencePool":
+        return [], None
+    if seen is None:
+        kept = condition.kept(("RoutingReady",))
+        before = (
+            previous.routing.model_dump(by_alias=True, exclude_none=True) if previous and previous.routing else None
+        )
+        return kept or [condition("RoutingReady", None, RoutingReadyReason.NOT_CHECKED, "not looked at yet")], before
+    row = routing_row(inference, seen)
+    part = {"pool": inference.metadata.name, "picker": routing.picker_name(inference), "pickerReady": seen.picker_ready}
+    return [condition(*row)], part if seen.crds.pool else None
 
 
 def _invalid_status(

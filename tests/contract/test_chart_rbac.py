@@ -41,8 +41,10 @@ def render(*watch: str, cluster_wide: bool = False) -> list[Obj]:
 
 
 def base_rules() -> list[Obj]:
+    """The base's rules as the chart's release ``t`` has them: its picker ClusterRole is named after the release."""
     rules: list[Obj] = next(d for d in yaml.safe_load_all(BASE_RBAC.read_text()) if d["kind"] == "ClusterRole")["rules"]
-    return rules
+    picker = {"resourceNames": ["t-mmfleet-endpoint-picker"]}
+    return [{**rule, **picker} if "resourceNames" in rule else rule for rule in rules]
 
 
 def same(rules: list[Obj], others: list[Obj]) -> bool:

@@ -57,14 +57,18 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("mmfleet.io", ["multimodalinferences/finalizers"], ["update"])
     # Children applied by kube.Kube.apply and watched by controller's indexes and watch_* handlers; read
     # once before the first apply (handlers.reconcile._claim_names: never adopt an object of that name).
-    | _triples("apps", ["deployments"], ["get", "list", "watch", "create", "patch"])
+    | _triples("apps", ["deployments"], ["get", "list", "watch", "create", "patch", "delete"])  # the picker pruned
     | _triples("apps", ["deployments/scale"], ["patch"])  # kube.Kube.scale: server-side apply on /scale
-    | _triples("", ["services", "serviceaccounts"], ["get", "list", "watch", "create", "patch"])
+    | _triples("", ["services", "serviceaccounts"], ["get", "list", "watch", "create", "patch", "delete"])
     | _triples("", ["configmaps"], ["get", "list", "watch", "create", "patch", "delete"])  # pruned
     | _triples("policy", ["poddisruptionbudgets"], ["get", "list", "watch", "create", "patch"])
     | _triples("networking.k8s.io", ["networkpolicies"], ["get", "list", "watch", "create", "patch"])
     | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "list", "watch", "create", "patch", "delete"])
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
+    | _triples("inference.networking.k8s.io", ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"])
+    | _triples("gateway.networking.k8s.io", ["httproutes"], ["get", "list", "watch", "create", "patch", "delete"])
+    | _triples("rbac.authorization.k8s.io", ["rolebindings"], ["get", "list", "watch", "create", "patch", "delete"])
+    | _triples("rbac.authorization.k8s.io", ["clusterroles"], ["bind"])  # the picker's ClusterRole only, by name
     | _triples("", ["persistentvolumeclaims"], ["get"])  # status.shared_cache_problem reads the shared claim
     | _triples("", ["nodes"], ["list"])  # kube.Kube.provider_ids (cloud detection)
     # TracingReady's CollectorNotReady: the collector Service's EndpointSlices (handlers.discovery._ready_endpoints).
@@ -74,9 +78,13 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
 ESCALATING = {"*", "escalate", "bind", "impersonate"}
 
 
+def is_picker_role(obj: Obj) -> bool:
+    return bool(obj["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "endpoint-picker")
+
+
 def one(objs: list[Obj], kind: str) -> Obj:
-    """The operator's one object of this kind (the collector's are left out)."""
-    found = [o for o in objs if o["kind"] == kind and not is_collector(o)]
+    """The operator's one object of this kind (the collector's and the endpoint pickers' ClusterRole are left out)."""
+    found = [o for o in objs if o["kind"] == kind and not is_collector(o) and not is_picker_role(o)]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
 
@@ -161,7 +169,10 @@ def test_cluster_role_is_nothing_like_cluster_admin(base: list[Obj]) -> None:
     for rule in one(base, "ClusterRole")["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], rule
-        assert not ESCALATING & set(rule["verbs"]), rule
+        if rule["verbs"] == ["bind"]:  # the picker's ClusterRole, by name: the one RoleBinding the operator makes
+            assert rule["resources"] == ["clusterroles"] and rule["resourceNames"] == ["mmfleet-endpoint-picker"], rule
+        else:
+            assert not ESCALATING & set(rule["verbs"]), rule
         assert "nonResourceURLs" not in rule, rule
         assert "secrets" not in rule["resources"], rule
 

@@ -71,9 +71,11 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
 # Children: applied (create+patch), watched (kopf indexes and watch_* event handlers); each is
 # read (get) once before its first apply, so that an object of that name the fleet does not
 # control is never adopted (handlers.reconcile._claim_names), and optional ones before pruning.
+# delete: a fleet's endpoint picker (routing mode inferencePool; mmfleet.routing) is pruned with its Service
+# and ServiceAccount when the fleet returns to routing mode service.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 # The autoscaler sets replicas with server-side apply on the scale subresource (kube.Kube.scale);
 # an apply there never creates anything, so patch is all it needs (checked on kube-apiserver 1.34).
 - apiGroups: [apps]
@@ -81,7 +83,7 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
   verbs: [patch]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 # ConfigMaps come and go with the backend, so controller._prune deletes a stale one.
 - apiGroups: [""]
   resources: [configmaps]
@@ -99,6 +101,23 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, list, watch, create, patch, delete]
+# Routing mode inferencePool (mmfleet.routing): the fleet's InferencePool, and an HTTPRoute when it names a
+# Gateway, applied, watched and pruned where their CRDs are served; the picker's RoleBinding, which binds its
+# ServiceAccount in the fleet's namespace to the picker's ClusterRole, and nothing else: `bind` is granted on that
+# one ClusterRole by name, so the operator cannot bind any other.
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [rolebindings]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  verbs: [bind]
+  resourceNames: [{{ include "mmfleet.fullname" . }}-endpoint-picker]
 # Pods are only observed (kopf index fleet_pods) to explain why replicas are not ready.
 - apiGroups: [""]
   resources: [pods]

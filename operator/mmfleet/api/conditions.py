@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Literal, get_args
 
 ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable", "TracingReady"
+    "Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable", "TracingReady", "RoutingReady"
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 
@@ -95,6 +95,14 @@ class TracingReadyReason(StrEnum):
     NOT_CHECKED = "NotChecked"
 
 
+class RoutingReadyReason(StrEnum):
+    PICKER_READY = "PickerReady"
+    PICKER_NOT_READY = "PickerNotReady"
+    INFERENCE_POOL_CRD_MISSING = "InferencePoolCRDMissing"
+    GATEWAY_API_MISSING = "GatewayAPIMissing"
+    NOT_CHECKED = "NotChecked"
+
+
 REASONS: dict[ConditionType, type[StrEnum]] = {
     "Ready": ReadyReason,
     "Progressing": ProgressingReason,
@@ -103,4 +111,5 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "SLOMet": SloMetReason,
     "MetricsAvailable": MetricsAvailableReason,
     "TracingReady": TracingReadyReason,
+    "RoutingReady": RoutingReadyReason,
 }

@@ -63,6 +63,14 @@ class SloStatus(StatusModel):
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
 
 
+class RoutingStatus(StatusModel):
+    """Routing mode inferencePool: the InferencePool and its endpoint picker."""
+
+    pool: str | None = Field(default=None, max_length=_SHORT, description="The InferencePool, named like the fleet.")
+    picker: str | None = Field(default=None, max_length=_SHORT, description="The endpoint picker's Deployment.")
+    picker_ready: bool | None = Field(default=None, description="Whether the endpoint picker serves.")
+
+
 class MultimodalInferenceStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -82,6 +90,7 @@ class MultimodalInferenceStatus(StatusModel):
         default=None, max_length=_SHORT, description="Backend in use (spec.backend.name with its default)."
     )
     conditions: list[Condition] = Field(default_factory=list, max_length=16, description="Current conditions.")
+    routing: RoutingStatus | None = Field(default=None, description="The InferencePool and its picker, if any.")
     slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
     last_scale_time: datetime | None = Field(
         default=None, description="When the autoscaler last changed the replicas.", json_schema_extra=_TIME

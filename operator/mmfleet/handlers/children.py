@@ -20,15 +20,21 @@ import kopf
 from mmfleet.handlers.records import Body, Fingerprint, Key, operator_of
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER
 from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL
+from mmfleet.routing import PICKER_SUFFIX
 
 CHILD_LABELS: dict[str, Any] = {
     INFERENCE_LABEL: kopf.PRESENT,
     "app.kubernetes.io/managed-by": "mmfleet",
 }
 POD_LABELS: dict[str, Any] = {INFERENCE_LABEL: kopf.PRESENT}
-# (group, version, plural) of every kind a fleet's children or pods come in: each is watched. The PodMonitor only
-# where the Prometheus Operator's CRD is served: kopf watches CRDs, so one installed later is watched from then on.
-PODMONITORS = ("monitoring.coreos.com", "v1", "podmonitors")
+# (group, version, plural) of every kind a fleet's children or pods come in: each is watched. The optional ones only
+# where their CRD is served (the Prometheus Operator's, the Gateway API Inference Extension's, the Gateway API's):
+# kopf watches CRDs, so one installed later is watched from then on.
+OPTIONAL_KINDS = (
+    ("monitoring.coreos.com", "v1", "podmonitors"),
+    ("inference.networking.k8s.io", "v1", "inferencepools"),
+    ("gateway.networking.k8s.io", "v1", "httproutes"),
+)
 CHILD_KINDS = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
@@ -37,7 +43,8 @@ CHILD_KINDS = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("", "v1", "pods"),
-    PODMONITORS,
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    *OPTIONAL_KINDS,
 )
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 # The label the Deployment controller puts on a ReplicaSet's pods; the ReplicaSet's name ends in it.
@@ -276,6 +283,15 @@ def fleet_children(indexes: Mapping[str, Any], key: Key, uid: str | None) -> tup
     if deployment is None:
         return None, []
     return deployment, [p for p in indexed(indexes, "fleet_pods", key) if p["metadata"].get("deployment") == name]
+
+
+def picker_deployment(indexes: Mapping[str, Any], key: Key, uid: str | None) -> Body | None:
+    """The fleet's endpoint picker's Deployment (routing mode inferencePool), controlled by the fleet of ``uid``."""
+    name = key[1] + PICKER_SUFFIX
+    found = indexed(indexes, "fleet_deployments", key)
+    return next(
+        (d for d in found if uid and d["metadata"].get("name") == name and d["metadata"].get("controller") == uid), None
+    )
 
 
 def _slim_meta(meta: kopf.Meta, *keys: str) -> Body:

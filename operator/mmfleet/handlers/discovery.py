@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from mmfleet import clouds, render, status
+from mmfleet import clouds, render, routing, status
 from mmfleet.api import MultimodalInference
 from mmfleet.handlers.records import CollectorLookup, FleetRecord, Operator, log
 from mmfleet.kube import error_text, is_forbidden
@@ -32,13 +32,31 @@ def resolve_cloud(op: Operator, inference: MultimodalInference) -> str:
         return op.detected_cloud
 
 
-def monitoring_crds(op: Operator) -> bool:
-    """Whether the Prometheus Operator's PodMonitor is served (installed or removed later is picked up too)."""
+def served(op: Operator, api_version: str, kind: str) -> bool:
+    """Whether a kind whose CRD may be missing is served; asked again after ``DISCOVERY_CACHE_SECONDS``, so one
+    installed or removed later is picked up."""
     with op.discovery_lock:
-        if time.monotonic() - op.monitoring_checked_at > DISCOVERY_CACHE_SECONDS:
-            op.monitoring_crds = op.get_kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
-            op.monitoring_checked_at = time.monotonic()
-        return op.monitoring_crds
+        known = op.served.get((api_version, kind))
+        if known is None or time.monotonic() - known[1] > DISCOVERY_CACHE_SECONDS:
+            known = (op.get_kube().has_api(api_version, kind), time.monotonic())
+            op.served[(api_version, kind)] = known
+        return known[0]
+
+
+def monitoring_crds(op: Operator) -> bool:
+    """Whether the Prometheus Operator's PodMonitor is served."""
+    return served(op, "monitoring.coreos.com/v1", "PodMonitor")
+
+
+def routing_crds(op: Operator, inference: MultimodalInference) -> routing.RoutingCrds:
+    """Whether the InferencePool and, for a fleet naming a Gateway, the HTTPRoute are served; asked only of fleets
+    in routing mode inferencePool (the others render neither)."""
+    spec = inference.spec.routing
+    if spec.mode != "inferencePool":
+        return routing.RoutingCrds()
+    pool = served(op, routing.POOL_API_VERSION, "InferencePool")
+    route = spec.gateway is None or served(op, routing.HTTPROUTE_API_VERSION, "HTTPRoute")
+    return routing.RoutingCrds(pool, route)
 
 
 def cache_problem(op: Operator, record: FleetRecord, inference: MultimodalInference) -> tuple[str, str] | None:

@@ -23,6 +23,7 @@ from mmfleet.handlers.children import (
     foreign_fields,
     foreign_fields_message,
     foreign_owner,
+    picker_deployment,
     scaler_owns_replicas,
     taken_over,
 )
@@ -55,6 +56,8 @@ RETRY_MAX_SECONDS = 300.0
 RETRY_AFTER_MIN_SECONDS = 1
 RETRY_AFTER_MAX_SECONDS = 60
 RETRY_AFTER_ATTEMPTS = 10
+# Kinds whose CRD may not be installed: asked of discovery before a read for pruning, which would fail without it.
+OPTIONAL_KINDS = ("PodMonitor", "InferencePool", "HTTPRoute")
 # The API server's own message is kept whole up to this length in a condition.
 MESSAGE_LIMIT = 2048
 
@@ -188,7 +191,8 @@ def _apply(
     record.drifted, record.attempted = False, generation
     try:
         cloud = discovery.resolve_cloud(op, inference)
-        children = render_children(op, record, inference, cloud, discovery.monitoring_crds(op))
+        monitoring, routing_crds = discovery.monitoring_crds(op), discovery.routing_crds(op, inference)
+        children = render_children(op, record, inference, cloud, monitoring, routing_crds)
         backend = inference.spec.backend.name
         span.set_attributes({telemetry.CLOUD: cloud, telemetry.BACKEND: backend, telemetry.CHILDREN: len(children)})
         _claim_names(op, record, inference, children)
@@ -197,7 +201,7 @@ def _apply(
             applied = _apply_child(op, child, body)
             record.applied[applied["metadata"]["uid"]] = fingerprint(applied)
             record.owned.add((child["kind"], child["metadata"]["name"]))
-            if child["kind"] == "Deployment":
+            if child["kind"] == "Deployment" and child["metadata"]["name"] == inference.metadata.name:
                 deployment = applied
         if deployment is not None and inference.spec.autoscaled:
             deployment = _clamp_replicas(op, inference, deployment)
@@ -283,10 +287,19 @@ def _observe(
         tracing=discovery.tracing_seen(op, record, inference, cloud) if cloud is not None else None,
         refused=record.refused,
         retrying=record.retrying,
+        routing=_routing_seen(op, inference),
     )
     previous = last_status(record, body)
     write_status(op, record, body, status.compute_status(inference, observed, previous, utc_now()), previous)
     return record.holding_status(time.monotonic())
+
+
+def _routing_seen(op: Operator, inference: MultimodalInference) -> status.RoutingSeen | None:
+    if inference.spec.routing.mode != "inferencePool":
+        return None
+    meta = inference.metadata
+    picker = picker_deployment(op.indexes, (meta.namespace, meta.name), meta.uid)
+    return status.RoutingSeen(discovery.routing_crds(op, inference), picker)
 
 
 def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body) -> Body:
@@ -346,9 +359,11 @@ def _prune(op: Operator, inference: MultimodalInference, children: list[Body]) -
     """Delete optional children the spec no longer asks for, but only ones this resource owns."""
     kube = op.get_kube()
     meta = inference.metadata
-    present = {(c["apiVersion"], c["kind"]) for c in children}
+    present = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children}
     for api_version, kind, name in render.optional_children(inference):
-        if (api_version, kind) in present or (kind == "PodMonitor" and not discovery.monitoring_crds(op)):
+        if (api_version, kind, name) in present:
+            continue
+        if kind in OPTIONAL_KINDS and not discovery.served(op, api_version, kind):
             continue
         found = kube.get(api_version, kind, meta.namespace, name)
         owners = (found or {}).get("metadata", {}).get("ownerReferences") or []

@@ -23,11 +23,12 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 
-from mmfleet import render, status, telemetry
+from mmfleet import render, routing, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
+from mmfleet.routing import PickerSettings, RoutingCrds
 from mmfleet.validation import parse, refuse_system_namespace
 from mmfleet.workqueue import WorkQueue
 
@@ -47,7 +48,7 @@ class Parsed:
 
     generation: int | None
     inference: MultimodalInference
-    rendered: dict[tuple[str, bool], list[Body]] = field(default_factory=dict)
+    rendered: dict[tuple[str, bool, RoutingCrds, PickerSettings], list[Body]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,8 @@ class Operator:
     queue: WorkQueue[Key] | None = None
     # kopf's indexes (fleets, fleet_deployments, fleet_pods), handed over by the startup handler.
     indexes: Mapping[str, Any] = field(default_factory=dict)
-    monitoring_crds: bool = False
-    monitoring_checked_at: float = -math.inf
+    # Whether each optional kind (PodMonitor, InferencePool, HTTPRoute) is served, and when that was asked.
+    served: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)
     detected_cloud: str = "generic"
     detected_at: float = -math.inf
     # One look at the nodes or at discovery when the cached answer expires, not one per worker thread.
@@ -225,20 +226,32 @@ def parse_spec(op: Operator, record: FleetRecord, body: Body) -> MultimodalInfer
 
 
 def render_children(
-    op: Operator, record: FleetRecord, inference: MultimodalInference, cloud: str, monitoring_crds: bool
+    op: Operator,
+    record: FleetRecord,
+    inference: MultimodalInference,
+    cloud: str,
+    monitoring_crds: bool,
+    routing_crds: RoutingCrds,
 ) -> list[Body]:
-    """``render.render``, once per generation, cloud and monitoring CRDs; callers must not change the result."""
+    """``render.render``, once per generation, cloud, served CRDs and picker settings; callers must not change the
+    result."""
     # The NetworkPolicy admits the operator's Prometheus to /metrics when its URL names an in-cluster Service.
     prometheus = status.collector_service(op.config.prometheus_url, "") if op.config.prometheus_url else None
+    measured = record.scaling.cold_start if record.scaling is not None else None
+    # The picker's request TTL follows the measured cold start in whole steps: the same step, the same children.
+    cold_start = op.config.default_cold_start if measured is None else measured
+    picker = PickerSettings(routing.request_ttl(cold_start) - routing.TTL_STEP_SECONDS, op.config.picker_cluster_role)
     settings: dict[str, Any] = {
         "monitoring_crds": monitoring_crds,
         "collector_endpoint": op.config.collector_endpoint,
         "prometheus_namespace": prometheus[0] if prometheus else None,
+        "picker": picker,
+        "routing_crds": routing_crds,
     }
     cached = record.parsed
     if cached is None or cached.inference is not inference:
         return render.render(inference, cloud, **settings)
-    key = (cloud, monitoring_crds)
+    key = (cloud, monitoring_crds, routing_crds, picker)
     if key not in cached.rendered:
         cached.rendered[key] = render.render(inference, cloud, **settings)
     return cached.rendered[key]

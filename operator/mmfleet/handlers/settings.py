@@ -9,7 +9,7 @@ from typing import Any, cast
 import kopf
 
 from mmfleet import telemetry
-from mmfleet.handlers.children import PODMONITORS
+from mmfleet.handlers.children import OPTIONAL_KINDS
 from mmfleet.handlers.discovery import monitoring_crds
 from mmfleet.handlers.records import log, operator_of
 
@@ -31,17 +31,21 @@ class EmptyEssence(kopf.AnnotationsDiffBaseStorage):
 
 
 class OptionalKindUnresolved(logging.Filter):
-    """Drops kopf's warning that the PodMonitor watch has no CRD to serve it: optional, it is said once at startup
-    (``configure_operator``), and kopf repeats its warning whenever any CRD of the cluster changes. A warning that
-    names another kind as well passes."""
+    """Drops kopf's warning that a watch of an optional child kind has no CRD to serve it (``OPTIONAL_KINDS``): the
+    operator renders none of that kind then, and kopf repeats its warning whenever any CRD of the cluster changes. A
+    warning that names another kind as well passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if not text.startswith("Unresolved resources cannot be served"):
             return True
-        group, _, plural = PODMONITORS
         named = text.split(":", 1)[1].split("), ")
-        return not all(repr(group) in selector and repr(plural) in selector for selector in named)
+        return not all(any(_names(selector, kind) for kind in OPTIONAL_KINDS) for selector in named)
+
+
+def _names(selector: str, kind: tuple[str, str, str]) -> bool:
+    group, _, plural = kind
+    return repr(group) in selector and repr(plural) in selector
 
 
 def quiet_optional_kinds() -> None:

@@ -17,6 +17,7 @@ from mmfleet.api import MultimodalInferenceStatus
 from mmfleet.handlers import autoscale, children, connection, memo, reconcile, register, triggers
 from mmfleet.handlers.records import FleetRecord, parse_spec, render_children, write_status
 from mmfleet.render import INFERENCE_LABEL
+from mmfleet.routing import ALL_SERVED
 from tests.helpers.operator_state import KEY, RecordingKube, fleet_body, indexes, operator, workers
 from tests.helpers.wait import until
 
@@ -236,10 +237,14 @@ def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> Non
     op, record = operator(RecordingKube()), FleetRecord()
     first = parse_spec(op, record, body(1, 2))
     assert parse_spec(op, record, body(1, 2)) is first  # the autoscaler's every cycle, a status refresh
-    assert render_children(op, record, first, "eks", False) is render_children(op, record, first, "eks", False)
+    assert render_children(op, record, first, "eks", False, ALL_SERVED) is render_children(
+        op, record, first, "eks", False, ALL_SERVED
+    )
     changed = parse_spec(op, record, body(2, 3))
     assert changed.spec.replicas == 3
-    deployment = next(c for c in render_children(op, record, changed, "eks", False) if c["kind"] == "Deployment")
+    deployment = next(
+        c for c in render_children(op, record, changed, "eks", False, ALL_SERVED) if c["kind"] == "Deployment"
+    )
     assert deployment["spec"]["replicas"] == 3
 
 

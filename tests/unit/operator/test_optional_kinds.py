@@ -1,5 +1,5 @@
-"""kopf's warning about the PodMonitor watch on a cluster without the Prometheus Operator: dropped, since the
-operator says so once itself and kopf would repeat it on every CRD change; a warning naming another kind stays."""
+"""kopf's warning about the watch of an optional kind (PodMonitor, InferencePool, HTTPRoute) on a cluster without its
+CRD: dropped, since kopf would repeat it on every CRD change; a warning naming another kind stays."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from kopf._cogs.structs.references import Selector
 from kopf._core.reactor.observation import _disable_mismatched_selectors
 
-from mmfleet.handlers.children import CHILD_KINDS, PODMONITORS
+from mmfleet.handlers.children import CHILD_KINDS, OPTIONAL_KINDS
 from mmfleet.handlers.settings import quiet_optional_kinds
 
 OBSERVER = "kopf._core.reactor.observation"
@@ -24,13 +24,13 @@ def warned(caplog: pytest.LogCaptureFixture, *kinds: tuple[str, str, str]) -> li
     return [r.getMessage() for r in caplog.records if r.name == OBSERVER]
 
 
-def test_the_pod_monitor_watch_unresolved_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
-    assert PODMONITORS in CHILD_KINDS
-    assert warned(caplog, PODMONITORS) == []
+def test_the_optional_kinds_unresolved_are_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    assert set(OPTIONAL_KINDS) <= set(CHILD_KINDS)
+    assert warned(caplog, *OPTIONAL_KINDS) == []
 
 
 def test_another_kind_unresolved_is_still_warned(caplog: pytest.LogCaptureFixture) -> None:
     deployments = ("apps", "v1", "deployments")
     assert len(warned(caplog, deployments)) == 1
-    (both,) = warned(caplog, PODMONITORS, deployments)
+    (both,) = warned(caplog, *OPTIONAL_KINDS, deployments)
     assert "deployments" in both
