@@ -88,6 +88,7 @@ def _printer_columns() -> list[JsonSchema]:
         {"name": "P90", "type": "string", "jsonPath": ".status.slo.observed"},
         {"name": "SLO", "type": "string", "jsonPath": ".status.slo.target"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "priority": 1},
+        {"name": "Picker", "type": "boolean", "jsonPath": ".status.routing.pickerReady", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

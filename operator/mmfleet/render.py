@@ -510,6 +510,8 @@ def build_network_policy(inference: MultimodalInference, prometheus_namespace: s
         scrapers.append({"namespaceSelector": {"matchLabels": namespace_label}})
     if scrapers:
         rules.append({"ports": port, "from": scrapers})
+    if inference.spec.routing.mode == "inferencePool":
+        rules.append({"ports": port, "from": _front_door_peers(inference)})
     if service.type == "LoadBalancer":
         rules.append({"ports": port})
     return {
@@ -522,6 +524,17 @@ def build_network_policy(inference: MultimodalInference, prometheus_namespace: s
             "ingress": rules,
         },
     }
+
+
+def _front_door_peers(inference: MultimodalInference) -> list[Manifest]:
+    """In routing mode inferencePool: the picker, which reads the servers' /metrics, and the named Gateway's
+    namespace, whose proxies send each request to the pod the picker chose (not through the Service)."""
+    peers: list[Manifest] = [{"podSelector": {"matchLabels": routing.picker_selector(inference, INFERENCE_LABEL)}}]
+    gateway = inference.spec.routing.gateway
+    if gateway is not None:
+        namespace = gateway.namespace or inference.metadata.namespace
+        peers.append({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}})
+    return peers
 
 
 def build_pod_monitor(inference: MultimodalInference) -> Manifest:

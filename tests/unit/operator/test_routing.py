@@ -138,3 +138,17 @@ def test_a_name_too_long_for_the_pickers_service_is_refused_naming_the_field() -
     doc["metadata"]["name"] = "q" * 61
     with pytest.raises(SpecError, match=r"routing.mode: inferencePool needs a name of at most 59 characters"):
         render.render(parse(doc), "generic")
+
+
+def test_the_servers_admit_the_picker_and_the_named_gateways_namespace() -> None:
+    doc = spec_doc(routing={**POOL, "gateway": {"name": "inference", "namespace": "gateways"}})
+    doc["spec"]["networkPolicy"] = {"ingressFrom": [{"podSelector": {"matchLabels": {"app": "client"}}}]}
+    children = rendered(doc)
+    rules = children["NetworkPolicy", "qwen"]["spec"]["ingress"]
+    peers = [peer for rule in rules for peer in rule["from"]]
+    picker = {"mmfleet.io/inference": "qwen", "app.kubernetes.io/component": "endpoint-picker"}
+    assert {"podSelector": {"matchLabels": picker}} in peers
+    assert picker.items() <= children["Deployment", "qwen-epp"]["spec"]["template"]["metadata"]["labels"].items()
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}} in peers
+    service_mode = rendered(spec_doc())["NetworkPolicy", "qwen"]["spec"]["ingress"]
+    assert not any("namespaceSelector" in p for rule in service_mode for p in rule.get("from", []))
