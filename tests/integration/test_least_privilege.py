@@ -75,7 +75,6 @@ FORBIDDEN = [
         for kind in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
     ],
     *[(verb, "rbac.authorization.k8s.io", "roles", "", FLEETS) for verb in ("escalate", "bind", "create")],
-    ("create", "rbac.authorization.k8s.io", "rolebindings", "", FLEETS),
     ("create", "", "serviceaccounts", "token", ""),
     ("create", "", "serviceaccounts", "token", FLEETS),
     ("create", "", "pods", "", ""),
@@ -109,15 +108,34 @@ def test_the_operators_service_account_may_not(
 
 
 def _allowed(
-    kubeconfig: Path, verb: str, group: str, resource: str, subresource: str = "", namespace: str = ""
+    kubeconfig: Path,
+    verb: str,
+    group: str,
+    resource: str,
+    subresource: str = "",
+    namespace: str = "",
+    name: str = "",
 ) -> bool:
     """The API server's authorizer's answer (SelfSubjectAccessReview) for whoever ``kubeconfig`` authenticates."""
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
-        attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
+        attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource, "name": name}
         review = client.AuthorizationV1Api(api).create_self_subject_access_review(
             {"spec": {"resourceAttributes": {**attributes, **({"namespace": namespace} if namespace else {})}}}
         )
     return bool(review.status.allowed)
+
+
+@pytest.mark.parametrize("role", ["cluster-admin", "admin", "edit", "mmfleet"])
+def test_the_operator_may_bind_the_pickers_cluster_role_and_no_other(
+    as_operator: Path, chart_run: ChartRun, role: str
+) -> None:
+    """Routing mode inferencePool: the operator makes each picker's RoleBinding, so it may create RoleBindings in
+    the fleets' namespaces; RBAC lets it bind only roles whose rights it holds, or the one it may ``bind`` by name."""
+    namespace = chart_run.fleets["minimal.yaml"][0]
+    rbac = ("rbac.authorization.k8s.io", "clusterroles", "")
+    assert _allowed(as_operator, "bind", *rbac, namespace, name="mmfleet-endpoint-picker")
+    assert not _allowed(as_operator, "bind", *rbac, namespace, name=role)
+    assert not _allowed(as_operator, "escalate", *rbac, namespace, name=role)
 
 
 def test_real_attempts_as_the_operator_are_refused(

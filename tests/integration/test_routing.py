@@ -1,0 +1,101 @@
+"""Routing mode inferencePool on the lab cluster, with the Gateway API Inference Extension's released CRDs: without
+them the fleet serves through its Service and says why there is no pool; with them it gets its InferencePool and
+endpoint picker, and loses them when it returns to mode service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mmfleet_lab.cluster.crds import install_crd
+from mmfleet_lab.cluster.inference_extension import INFERENCE_POOL_CRD, inference_extension_crds
+from tests.helpers.chart import not_terminating
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+POOL = {"mode": "inferencePool"}
+POOL_API = ("inference.networking.k8s.io", "v1")
+PICKER_KINDS = ("Deployment", "Service", "ServiceAccount", "ConfigMap", "RoleBinding")
+
+
+def test_without_the_inference_pool_crd_the_fleet_serves_through_its_service_and_says_so(fleet: Fleet) -> None:
+    fleet.create(mmi("nopool", routing=POOL))
+    fleet.wait_ready("nopool")
+    routing = fleet.wait_condition("nopool", "RoutingReady", status="False", reason="InferencePoolCRDMissing")
+    assert "install the Gateway API Inference Extension's CRDs (v1.5.0)" in routing["message"]
+    with pytest.raises(ApiException) as missing:
+        fleet.apps.read_namespaced_deployment("nopool-epp", fleet.namespace)
+    assert missing.value.status == 404
+
+
+@pytest.fixture
+def operator_with_pool_crd(api: Any, operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The InferencePool CRD served, and the session's operator restarted to see it (it asks whether a kind is served
+    every ten minutes); afterwards the CRD deleted and the operator restarted once it is gone."""
+    body = yaml.safe_load((inference_extension_crds() / f"{INFERENCE_POOL_CRD}.yaml").read_text())
+    install_crd(api, body, "mmfleet-tests", timeout=30)
+    operator.stop()
+    operator.start()
+    try:
+        yield operator
+    finally:
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition(body["metadata"]["name"])
+        wait_for(lambda: not_terminating(api, body["metadata"]["name"]), 120, "the InferencePool CRD's deletion")
+        operator.stop()
+        operator.start()
+
+
+def test_a_fleet_in_pool_mode_gets_its_pool_and_picker_and_loses_them_in_service_mode(
+    operator_with_pool_crd: OperatorProcess, fleet: Fleet, api: Any
+) -> None:
+    custom, rbac = client.CustomObjectsApi(api), client.RbacAuthorizationV1Api(api)
+    fleet.create(mmi("pooled", routing=POOL))
+    fleet.wait_ready("pooled")
+    # kwok makes the picker's pod Ready like any other: the condition follows its Deployment.
+    fleet.wait_condition("pooled", "RoutingReady", status="True", reason="PickerReady", timeout=90)
+    assert fleet.status("pooled")["routing"] == {"pool": "pooled", "picker": "pooled-epp", "pickerReady": True}
+    pool = custom.get_namespaced_custom_object(*POOL_API, fleet.namespace, "inferencepools", "pooled")
+    assert pool["spec"]["selector"]["matchLabels"]["mmfleet.io/inference"] == "pooled"
+    assert pool["spec"]["endpointPickerRef"]["name"] == "pooled-epp"
+    binding = rbac.read_namespaced_role_binding("pooled-epp", fleet.namespace)
+    assert binding.role_ref.name == "mmfleet-endpoint-picker"
+    picker = fleet.apps.read_namespaced_deployment("pooled-epp", fleet.namespace)
+    assert picker.spec.template.spec.containers[0].image.endswith("/epp:v1.5.0")
+    # The fleet's own Deployment is still the one its status reads.
+    assert (
+        fleet.status("pooled")["selector"] == "mmfleet.io/inference=pooled,app.kubernetes.io/component=inference-server"
+    )
+
+    fleet.patch("pooled", {"routing": {"mode": "service"}})
+
+    def gone() -> bool:
+        reads = [
+            lambda: fleet.apps.read_namespaced_deployment("pooled-epp", fleet.namespace),
+            lambda: fleet.core.read_namespaced_service("pooled-epp", fleet.namespace),
+            lambda: fleet.core.read_namespaced_service_account("pooled-epp", fleet.namespace),
+            lambda: fleet.core.read_namespaced_config_map("pooled-epp", fleet.namespace),
+            lambda: rbac.read_namespaced_role_binding("pooled-epp", fleet.namespace),
+            lambda: custom.get_namespaced_custom_object(*POOL_API, fleet.namespace, "inferencepools", "pooled"),
+        ]
+        for read in reads:
+            try:
+                read()
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                continue
+            return False
+        return True
+
+    wait_for(gone, 60, "the pool and its picker pruned after the return to mode service")
+    fleet.wait_ready("pooled")
+    assert "routing" not in fleet.status("pooled")
+    assert not [c for c in fleet.status("pooled")["conditions"] if c["type"] == "RoutingReady"]
