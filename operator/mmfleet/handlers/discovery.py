@@ -3,6 +3,7 @@ Prometheus Operator's CRDs are served, the collector Services that tracing fleet
 
 from __future__ import annotations
 
+import math
 import time
 
 from mmfleet import clouds, render, status
@@ -10,6 +11,7 @@ from mmfleet.api import MultimodalInference
 from mmfleet.handlers.records import CollectorLookup, FleetRecord, Operator, log
 from mmfleet.kube import error_text, is_forbidden
 
+MONITORING_KIND = ("monitoring.coreos.com/v1", "PodMonitor")
 # Nodes and installed CRDs change rarely; look again after this long.
 DISCOVERY_CACHE_SECONDS = 600
 # How long one look-up of a collector Service (and its ready endpoints) serves all fleets. A collector installed,
@@ -36,9 +38,16 @@ def monitoring_crds(op: Operator) -> bool:
     """Whether the Prometheus Operator's PodMonitor is served (installed or removed later is picked up too)."""
     with op.discovery_lock:
         if time.monotonic() - op.monitoring_checked_at > DISCOVERY_CACHE_SECONDS:
-            op.monitoring_crds = op.get_kube().has_api("monitoring.coreos.com/v1", "PodMonitor")
+            op.monitoring_crds = op.get_kube().has_api(*MONITORING_KIND)
             op.monitoring_checked_at = time.monotonic()
         return op.monitoring_crds
+
+
+def forget_served(op: Operator, api_version: str, kind: str) -> None:
+    """A kind found gone on a write: discovery is asked afresh at the next look."""
+    if (api_version, kind) == MONITORING_KIND:
+        with op.discovery_lock:
+            op.monitoring_checked_at = -math.inf
 
 
 def cache_problem(op: Operator, record: FleetRecord, inference: MultimodalInference) -> tuple[str, str] | None:
