@@ -68,6 +68,20 @@ class RefusedError(Exception):
         self.message = message
 
 
+class KindNotServedError(RetryableError):
+    """A write of a kind the API server no longer serves (its CRD removed since discovery said it was served): the
+    caller asks discovery afresh and tries again."""
+
+    def __init__(self, api_version: str, kind: str, call: str) -> None:
+        super().__init__(f"404: the API server serves no {kind} ({api_version}) any more", call=call)
+        self.api_version, self.kind = api_version, kind
+
+
+def _kind_gone(error: ApiException) -> bool:
+    """A 404 from no route at all (a plain-text ``404 page not found``, not a Status): the kind is not served."""
+    return error.status == 404 and not str(error.body or "").lstrip().startswith("{")
+
+
 class NamespaceTerminatingError(Exception):
     """The namespace is being deleted, or is gone: nothing can be created in it, and nothing needs to be."""
 
@@ -192,19 +206,26 @@ class Kube:
         """Server-side apply one object under our field manager, taking over fields we own."""
         meta = manifest["metadata"]
         self._count()
-        with self._errors(f"apply {manifest['kind']} {_where(meta.get('namespace'), meta['name'])}"):
-            result = self.dynamic.server_side_apply(
-                self._resource(manifest["apiVersion"], manifest["kind"]),
-                # A UTF-8 string: the client's own json.dumps escapes a character outside the Basic Multilingual Plane
-                # as a UTF-16 surrogate pair, which the API server's YAML decoder (an apply is YAML) refuses.
-                body=json.dumps(manifest, ensure_ascii=False),
-                name=meta["name"],
-                namespace=meta.get("namespace"),
-                field_manager=manager,
-                force_conflicts=True,
-                serialize=False,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
+        call = f"apply {manifest['kind']} {_where(meta.get('namespace'), meta['name'])}"
+        try:
+            with self._errors(call):
+                result = self.dynamic.server_side_apply(
+                    self._resource(manifest["apiVersion"], manifest["kind"]),
+                    # A UTF-8 string: the client's own json.dumps escapes a character outside the Basic Multilingual
+                    # Plane as a UTF-16 surrogate pair, which the API server's YAML decoder (an apply is YAML) refuses.
+                    body=json.dumps(manifest, ensure_ascii=False),
+                    name=meta["name"],
+                    namespace=meta.get("namespace"),
+                    field_manager=manager,
+                    force_conflicts=True,
+                    serialize=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+        except ApiException as error:
+            if _kind_gone(error):
+                self._resources.pop((manifest["apiVersion"], manifest["kind"]), None)
+                raise KindNotServedError(manifest["apiVersion"], manifest["kind"], call) from error
+            raise
         return _json(result)
 
     def set_managed_fields(self, obj: Obj, managed_fields: list[Obj]) -> None:

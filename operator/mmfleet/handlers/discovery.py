@@ -10,6 +10,7 @@ from mmfleet.api import MultimodalInference
 from mmfleet.handlers.records import CollectorLookup, FleetRecord, Operator, log
 from mmfleet.kube import error_text, is_forbidden
 
+MONITORING_KIND = ("monitoring.coreos.com/v1", "PodMonitor")
 # Nodes and installed CRDs change rarely; look again after this long.
 DISCOVERY_CACHE_SECONDS = 600
 # How long one look-up of a collector Service (and its ready endpoints) serves all fleets. A collector installed,
@@ -45,7 +46,7 @@ def served(op: Operator, api_version: str, kind: str) -> bool:
 
 def monitoring_crds(op: Operator) -> bool:
     """Whether the Prometheus Operator's PodMonitor is served."""
-    return served(op, "monitoring.coreos.com/v1", "PodMonitor")
+    return served(op, *MONITORING_KIND)
 
 
 def routing_crds(op: Operator, inference: MultimodalInference) -> routing.RoutingCrds:
@@ -57,6 +58,12 @@ def routing_crds(op: Operator, inference: MultimodalInference) -> routing.Routin
     pool = served(op, routing.POOL_API_VERSION, "InferencePool")
     route = spec.gateway is None or served(op, routing.HTTPROUTE_API_VERSION, "HTTPRoute")
     return routing.RoutingCrds(pool, route)
+
+
+def forget_served(op: Operator, api_version: str, kind: str) -> None:
+    """A kind found gone on a write: discovery is asked afresh at the next look."""
+    with op.discovery_lock:
+        op.served.pop((api_version, kind), None)
 
 
 def cache_problem(op: Operator, record: FleetRecord, inference: MultimodalInference) -> tuple[str, str] | None:

@@ -43,7 +43,7 @@ from mmfleet.handlers.records import (
     utc_now,
     write_status,
 )
-from mmfleet.kube import NamespaceTerminatingError, RefusedError, RetryableError
+from mmfleet.kube import KindNotServedError, NamespaceTerminatingError, RefusedError, RetryableError
 from mmfleet.render import SpecError
 from mmfleet.validation import PolicyDeniedError
 
@@ -215,6 +215,8 @@ def _apply(
         held = _observe(op, record, body, inference, deployment, seen.pods, cloud)
         return Result("ok", requeue_after=held)
     except RetryableError as error:
+        if isinstance(error, KindNotServedError):  # its CRD removed: the retry renders without it
+            discovery.forget_served(op, error.api_version, error.kind)
         # Said in Progressing until a reconcile goes through; every status write (the autoscaler's too) keeps it.
         record.retrying = retrying_message(error, next_delay(error.retry_after))
         seen_status = last_status(record, body)
