@@ -320,9 +320,12 @@ def write_status(
         **telemetry.fleet(meta["namespace"], meta["name"], new.observed_generation),
         telemetry.PHASE: new.phase or "",
     }
+    # A merge patch keeps what it does not name: a field the new status no longer has (status.routing, once the
+    # fleet is back in routing mode service) is named with null.
+    gone = set(previous.wire()) - set(wire) if previous is not None else set()
     with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
         try:
-            op.get_kube().patch_status(meta["namespace"], meta["name"], wire)
+            op.get_kube().patch_status(meta["namespace"], meta["name"], {**wire, **dict.fromkeys(gone)})
         except NotFoundError:
             record.written = None
             return False
