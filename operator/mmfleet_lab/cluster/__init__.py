@@ -8,7 +8,15 @@ OpenTelemetry Collector. A Prometheus server (``prometheus``) scrapes the pods t
 ``mmfleet twin serve`` simulates. Integration and end-to-end tests run against it.
 """
 
-from mmfleet_lab.cluster.build import Binaries, ensure_argocd, ensure_binaries, ensure_collector, ensure_helm
+from mmfleet_lab.cluster.build import (
+    Binaries,
+    ensure_argocd,
+    ensure_binaries,
+    ensure_collector,
+    ensure_epp,
+    ensure_helm,
+    ensure_inference_sim,
+)
 from mmfleet_lab.cluster.cluster import (
     Cluster,
     attach,
@@ -36,7 +44,9 @@ __all__ = [
     "ensure_argocd",
     "ensure_binaries",
     "ensure_collector",
+    "ensure_epp",
     "ensure_helm",
+    "ensure_inference_sim",
     "env",
     "get",
     "register_cli",

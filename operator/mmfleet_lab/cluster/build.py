@@ -15,6 +15,11 @@ small wrapper module under ``<cache>/src/<component>``:
   and compiles it (``ensure_collector``).
 - Helm: ``helm.sh/helm/v3``'s go.mod has no replace directives, so ``go build ./cmd/helm`` runs inside the
   module the proxy serves, with its own go.sum (``ensure_helm``).
+- The Gateway API Inference Extension's endpoint picker: ``sigs.k8s.io/gateway-api-inference-extension`` has no
+  replace directives either, so ``./cmd/epp`` is built inside its module (with ``GOWORK=off``: its zip's go.work
+  names a module the zip leaves out), stamped like its Dockerfile (``ensure_epp``).
+- The llm-d inference simulator (a stand-in for vLLM with vLLM's metrics): ``./cmd/llm-d-inference-sim`` is built
+  inside ``github.com/llm-d/llm-d-inference-sim``'s module the same way (``ensure_inference_sim``).
 
 A build goes into a temporary directory next to its target and is renamed into place, so a
 half-built directory never looks complete. A file lock serialises concurrent callers.
@@ -34,6 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -43,6 +49,8 @@ K8S_VERSION = "1.34.4"
 ETCD_VERSION = "3.6.16"
 KWOK_VERSION = "0.8.0"
 HELM_VERSION = "3.22.0"
+EPP_VERSION = "1.5.0"
+INFERENCE_SIM_VERSION = "0.10.2"
 
 Progress = Callable[[str], None]
 
@@ -465,6 +473,85 @@ def _build_helm(final: Path, go: str, progress: Progress) -> None:
         out = str(staging / "bin" / "helm")
         ldflags = _helm_ldflags(Path(info["GoMod"]).read_text())
         builder.run("build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/helm", note="go build helm")
+
+
+# --- the endpoint picker and the inference simulator ----------------------------------------------------
+
+_EPP_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
+_INFERENCE_SIM_MODULE = "github.com/llm-d/llm-d-inference-sim"
+
+
+def epp_path(root: Path | None = None) -> Path:
+    """Where the endpoint picker binary is (or will be); nothing is built."""
+    return (root or cache_root()) / f"epp-v{EPP_VERSION}" / "bin" / "epp"
+
+
+def inference_sim_path(root: Path | None = None) -> Path:
+    """Where the inference simulator binary is (or will be); nothing is built."""
+    return (root or cache_root()) / f"inference-sim-v{INFERENCE_SIM_VERSION}" / "bin" / "llm-d-inference-sim"
+
+
+def _epp_ldflags(info: dict[str, Any]) -> str:
+    """The stamps its Dockerfile sets, which it logs at startup and exports as ``inference_extension_info``: the
+    commit the proxy says the tag is at (the Dockerfile's default ``unknown`` when it does not say), and the tag."""
+    commit = info.get("Origin", {}).get("Hash") or "unknown"
+    stamps = [f"-X {_EPP_MODULE}/version.CommitSHA={commit}", f"-X {_EPP_MODULE}/version.BuildRef=v{EPP_VERSION}"]
+    return "-s -w " + " ".join(stamps)
+
+
+def ensure_epp(progress: Progress = silent) -> Path:
+    """The endpoint picker binary, built once from its Go module (about 2 minutes); instant when cached."""
+    root = cache_root()
+    binary = epp_path(root)
+    _ensure_built(
+        root,
+        lambda: os.access(binary, os.X_OK),
+        "the endpoint picker",
+        "epp",
+        lambda go: _build_epp(binary.parent.parent, go, progress),
+    )
+    return binary
+
+
+def _build_epp(final: Path, go: str, progress: Progress) -> None:
+    build = _Build(final, "epp", f"the endpoint picker v{EPP_VERSION}", "~2 min", go, progress)
+    target = f"{_EPP_MODULE}@v{EPP_VERSION}"
+    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+    with build.staging() as staging:
+        # Inside the (read-only) module, as for helm; its zip keeps a go.work naming ./conformance, which the zip
+        # leaves out, so go would refuse to load the workspace.
+        builder = _Runner(go, Path(info["Dir"]), build.log, progress)
+        builder.env["GOFLAGS"] = "-mod=readonly"
+        builder.env["GOWORK"] = "off"
+        out = str(staging / "bin" / "epp")
+        builder.run("build", "-trimpath", "-ldflags", _epp_ldflags(info), "-o", out, "./cmd/epp", note="go build epp")
+
+
+def ensure_inference_sim(progress: Progress = silent) -> Path:
+    """The llm-d inference simulator binary, built once from its Go module (about 3 minutes); instant when cached."""
+    root = cache_root()
+    binary = inference_sim_path(root)
+    _ensure_built(
+        root,
+        lambda: os.access(binary, os.X_OK),
+        "the inference simulator",
+        "inference-sim",
+        lambda go: _build_inference_sim(binary.parent.parent, go, progress),
+    )
+    return binary
+
+
+def _build_inference_sim(final: Path, go: str, progress: Progress) -> None:
+    what = f"the llm-d inference simulator v{INFERENCE_SIM_VERSION}"
+    build = _Build(final, "inference-sim", what, "~3 min", go, progress)
+    target = f"{_INFERENCE_SIM_MODULE}@v{INFERENCE_SIM_VERSION}"
+    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+    with build.staging() as staging:
+        builder = _Runner(go, Path(info["Dir"]), build.log, progress)
+        builder.env["GOFLAGS"] = "-mod=readonly"
+        out = str(staging / "bin" / "llm-d-inference-sim")
+        package = "./cmd/llm-d-inference-sim"
+        builder.run("build", "-trimpath", "-ldflags", "-s -w", "-o", out, package, note="go build llm-d-inference-sim")
 
 
 # --- Argo CD ---------------------------------------------------------------------------------------------
