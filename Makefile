@@ -44,6 +44,7 @@ binaries: install
 test-binaries: binaries
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_helm; ensure_helm(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_argocd; ensure_argocd(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_epp; ensure_epp(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests

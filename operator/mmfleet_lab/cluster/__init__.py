@@ -15,7 +15,6 @@ from mmfleet_lab.cluster.build import (
     ensure_collector,
     ensure_epp,
     ensure_helm,
-    ensure_inference_sim,
 )
 from mmfleet_lab.cluster.cluster import (
     Cluster,
@@ -46,7 +45,6 @@ __all__ = [
     "ensure_collector",
     "ensure_epp",
     "ensure_helm",
-    "ensure_inference_sim",
     "env",
     "get",
     "register_cli",

@@ -18,8 +18,6 @@ small wrapper module under ``<cache>/src/<component>``:
 - The Gateway API Inference Extension's endpoint picker: ``sigs.k8s.io/gateway-api-inference-extension`` has no
   replace directives either, so ``./cmd/epp`` is built inside its module (with ``GOWORK=off``: its zip's go.work
   names a module the zip leaves out), stamped like its Dockerfile (``ensure_epp``).
-- The llm-d inference simulator (a stand-in for vLLM with vLLM's metrics): ``./cmd/llm-d-inference-sim`` is built
-  inside ``github.com/llm-d/llm-d-inference-sim``'s module the same way (``ensure_inference_sim``).
 
 A build goes into a temporary directory next to its target and is renamed into place, so a
 half-built directory never looks complete. A file lock serialises concurrent callers.
@@ -44,13 +42,13 @@ from typing import Any
 import yaml
 
 from mmfleet.clouds.collector import COLLECTOR_VERSION
+from mmfleet.routing import PICKER_VERSION
 
 K8S_VERSION = "1.34.4"
 ETCD_VERSION = "3.6.16"
 KWOK_VERSION = "0.8.0"
 HELM_VERSION = "3.22.0"
-EPP_VERSION = "1.5.0"
-INFERENCE_SIM_VERSION = "0.10.2"
+EPP_VERSION = PICKER_VERSION.removeprefix("v")  # the operator's pin (mmfleet.routing)
 
 Progress = Callable[[str], None]
 
@@ -475,20 +473,14 @@ def _build_helm(final: Path, go: str, progress: Progress) -> None:
         builder.run("build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/helm", note="go build helm")
 
 
-# --- the endpoint picker and the inference simulator ----------------------------------------------------
+# --- the endpoint picker ----------------------------------------------------
 
 _EPP_MODULE = "sigs.k8s.io/gateway-api-inference-extension"
-_INFERENCE_SIM_MODULE = "github.com/llm-d/llm-d-inference-sim"
 
 
 def epp_path(root: Path | None = None) -> Path:
     """Where the endpoint picker binary is (or will be); nothing is built."""
     return (root or cache_root()) / f"epp-v{EPP_VERSION}" / "bin" / "epp"
-
-
-def inference_sim_path(root: Path | None = None) -> Path:
-    """Where the inference simulator binary is (or will be); nothing is built."""
-    return (root or cache_root()) / f"inference-sim-v{INFERENCE_SIM_VERSION}" / "bin" / "llm-d-inference-sim"
 
 
 def _epp_ldflags(info: dict[str, Any]) -> str:
@@ -525,33 +517,6 @@ def _build_epp(final: Path, go: str, progress: Progress) -> None:
         builder.env["GOWORK"] = "off"
         out = str(staging / "bin" / "epp")
         builder.run("build", "-trimpath", "-ldflags", _epp_ldflags(info), "-o", out, "./cmd/epp", note="go build epp")
-
-
-def ensure_inference_sim(progress: Progress = silent) -> Path:
-    """The llm-d inference simulator binary, built once from its Go module (about 3 minutes); instant when cached."""
-    root = cache_root()
-    binary = inference_sim_path(root)
-    _ensure_built(
-        root,
-        lambda: os.access(binary, os.X_OK),
-        "the inference simulator",
-        "inference-sim",
-        lambda go: _build_inference_sim(binary.parent.parent, go, progress),
-    )
-    return binary
-
-
-def _build_inference_sim(final: Path, go: str, progress: Progress) -> None:
-    what = f"the llm-d inference simulator v{INFERENCE_SIM_VERSION}"
-    build = _Build(final, "inference-sim", what, "~3 min", go, progress)
-    target = f"{_INFERENCE_SIM_MODULE}@v{INFERENCE_SIM_VERSION}"
-    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
-    with build.staging() as staging:
-        builder = _Runner(go, Path(info["Dir"]), build.log, progress)
-        builder.env["GOFLAGS"] = "-mod=readonly"
-        out = str(staging / "bin" / "llm-d-inference-sim")
-        package = "./cmd/llm-d-inference-sim"
-        builder.run("build", "-trimpath", "-ldflags", "-s -w", "-o", out, package, note="go build llm-d-inference-sim")
 
 
 # --- Argo CD ---------------------------------------------------------------------------------------------
