@@ -6,6 +6,8 @@
 --   no status, or status.observedGeneration behind metadata.generation  -> Progressing
 --   status.phase Failed (a spec the operator cannot serve)              -> Degraded
 --   Degraded condition True (pods that cannot start, rollout stalled)   -> Degraded
+--   RoutingReady False: its endpoint picker not ready yet               -> Progressing
+--   RoutingReady False otherwise (a CRD the routing mode needs missing) -> Degraded
 --   Ready condition True (every desired replica ready on the new spec)  -> Healthy
 --   anything else (creating, rolling out, scaling)                      -> Progressing
 --
@@ -28,12 +30,15 @@ end
 
 local ready = nil
 local degraded = nil
+local routing = nil
 if obj.status.conditions ~= nil then
   for _, condition in ipairs(obj.status.conditions) do
     if condition.type == "Ready" then
       ready = condition
     elseif condition.type == "Degraded" then
       degraded = condition
+    elseif condition.type == "RoutingReady" then
+      routing = condition
     end
   end
 end
@@ -54,6 +59,16 @@ end
 if degraded ~= nil and degraded.status == "True" then
   hs.status = "Degraded"
   hs.message = message(degraded, "Degraded")
+  return hs
+end
+
+if routing ~= nil and routing.status == "False" then
+  if routing.reason == "PickerNotReady" then
+    hs.status = "Progressing"
+  else
+    hs.status = "Degraded"
+  end
+  hs.message = message(routing, "Routing not ready")
   return hs
 end
 

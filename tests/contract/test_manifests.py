@@ -325,8 +325,18 @@ def _lua_literal(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def _condition(kind: str, status: str, message: str = "") -> Obj:
-    return {"type": kind, "status": status, "reason": "R", "message": message}
+def _condition(kind: str, status: str, message: str = "", reason: str = "R") -> Obj:
+    return {"type": kind, "status": status, "reason": reason, "message": message}
+
+
+def _routed(reason: str) -> Obj:
+    """A fleet whose servers are ready, with RoutingReady False for ``reason``."""
+    conditions = [_condition("Ready", "True"), _condition("Degraded", "False"),
+                  _condition("RoutingReady", "False", "picker qwen-epp ...", reason)]  # fmt: skip
+    return {
+        "metadata": {"generation": 1},
+        "status": {"observedGeneration": 1, "phase": "Ready", "conditions": conditions},
+    }
 
 
 HEALTH_CASES: list[tuple[str, Obj, str]] = [
@@ -387,6 +397,9 @@ HEALTH_CASES: list[tuple[str, Obj, str]] = [
         },
         "Progressing",
     ),
+    ("picker starting", _routed("PickerNotReady"), "Progressing"),
+    ("no InferencePool CRD", _routed("InferencePoolCRDMissing"), "Degraded"),
+    ("no Gateway API", _routed("GatewayAPIMissing"), "Degraded"),
 ]
 
 
