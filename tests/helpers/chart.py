@@ -22,6 +22,12 @@ from kubernetes.client.exceptions import ApiException
 from mmfleet.api import GROUP, PLURAL
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.crds import established, install_crd, read_crd
+from mmfleet_lab.cluster.inference_extension import (
+    HTTPROUTE_CRD,
+    INFERENCE_POOL_CRD,
+    gateway_api_crds,
+    inference_extension_crds,
+)
 from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
@@ -139,6 +145,23 @@ def pod_monitor_crd(api: Any) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
+def routing_crds(api: Any) -> Iterator[None]:
+    """The InferencePool and HTTPRoute CRDs served, as released, so the run reaches routing mode inferencePool's
+    calls; removed again after the module, once gone (the routing tests start without them)."""
+    bodies = [
+        yaml.safe_load((inference_extension_crds() / f"{INFERENCE_POOL_CRD}.yaml").read_text()),
+        yaml.safe_load((gateway_api_crds() / f"{HTTPROUTE_CRD}.yaml").read_text()),
+    ]
+    for body in bodies:
+        install_crd(api, body, "mmfleet-tests", timeout=30)
+    yield
+    names = [body["metadata"]["name"] for body in bodies]
+    for name in names:
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
+    wait_for(lambda: all(not_terminating(api, name) for name in names), 120, f"the deletion of {', '.join(names)}")
+
+
+@pytest.fixture(scope="module")
 def watch_mode() -> str:
     """How the install gives watchNamespaces: ``pattern`` (WATCHED, with clusterWide: the ClusterRole holds every
     rule) or ``names`` (one plain name per fleet the run makes; a Role in each). Here the pattern; test_least_privilege
@@ -152,6 +175,7 @@ def installed(
     api: Any,
     operator: OperatorProcess,
     pod_monitor_crd: None,
+    routing_crds: None,
     watch_mode: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Installed]:
@@ -235,8 +259,31 @@ def has_default_sa(api: Any, namespace: str) -> bool:
     return True
 
 
+def _route_and_return(api: Any, namespace: str) -> None:
+    """Routing mode inferencePool with a Gateway named (the pool, the picker and its RoleBinding, the HTTPRoute), then
+    back to mode service (all of it pruned)."""
+    fleet, custom = Fleet(api, namespace), client.CustomObjectsApi(api)
+
+    def route() -> Any:
+        try:
+            return custom.get_namespaced_custom_object(
+                "gateway.networking.k8s.io", "v1", namespace, "httproutes", "minimal"
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None
+
+    fleet.patch("minimal", {"routing": {"mode": "inferencePool", "gateway": {"name": "inference"}}})
+    fleet.wait_condition("minimal", "RoutingReady", status="True", reason="PickerReady", timeout=90)
+    assert route() is not None
+    fleet.patch("minimal", {"routing": {"mode": "service", "gateway": None}})
+    wait_for(lambda: route() is None, 60, "the HTTPRoute pruned once the fleet is back in mode service")
+
+
 def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
-    """What a user does next, so the run reaches the operator's other API calls: a PodMonitor turned off (pruned),
+    """What a user does next, so the run reaches the operator's other API calls: routing mode inferencePool and back
+    (its objects made, then pruned), a PodMonitor turned off (pruned),
     an autoscaled fleet's minimum raised (the scale subresource), a backend switched (the stale ConfigMap pruned),
     a shared model cache whose claim is missing (read, to say why), a fleet an upgrade finds with the finalizer an
     earlier version added (removed)."""
@@ -255,6 +302,8 @@ def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[
     wait_for(lambda: monitor(present=True), 60, "the PodMonitor the served CRD makes the operator create")
     Fleet(api, namespace).patch("minimal", {"monitoring": {"podMonitor": False}})
     wait_for(lambda: monitor(present=False), 60, "the PodMonitor pruned once the spec turns it off")
+
+    _route_and_return(api, fleets["minimal.yaml"][0])
 
     namespace, _ = fleets["qwen-vl-eks.yaml"]
     Fleet(api, namespace).patch("qwen-vl", {"autoscaling": {"minReplicas": 2}})

@@ -17,11 +17,12 @@ import pytest
 from mmfleet_lab.cluster import Cluster, down, up
 from mmfleet_lab.cluster.cluster import clusters_dir
 from mmfleet_lab.demo import examples_policy
-from tests.helpers.chart import (  # noqa: F401 (fixtures: the chart installed, run, and the PodMonitor CRD served)
+from tests.helpers.chart import (  # noqa: F401 (fixtures: the chart installed, run, and the CRDs it needs served)
     chart_run,
     has_default_sa,
     installed,
     pod_monitor_crd,
+    routing_crds,
     settled_pod_monitor_crd,
     watch_mode,
 )

@@ -56,6 +56,7 @@ def started(watch_mode: str) -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+PICKER_ROLE = f"{chart.RELEASE}-endpoint-picker"  # the chart's picker ClusterRole, for the release's full name
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
@@ -69,10 +70,12 @@ FORBIDDEN = [
     ("impersonate", "authentication.k8s.io", "uids", "", ""),
     *[("escalate", "rbac.authorization.k8s.io", kind, "", "") for kind in ("roles", "clusterroles")],
     *[("bind", "rbac.authorization.k8s.io", kind, "", "") for kind in ("roles", "clusterroles")],
+    # RoleBindings: the operator makes each endpoint picker's (routing mode inferencePool), in the fleets'
+    # namespaces, binding only what test_the_operator_may_bind_the_pickers_cluster_role_and_no_other allows.
     *[
         (verb, "rbac.authorization.k8s.io", kind, "", "")
         for verb in ("create", "update", "patch")
-        for kind in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+        for kind in ("roles", "clusterroles", "clusterrolebindings")
     ],
     *[(verb, "rbac.authorization.k8s.io", "roles", "", FLEETS) for verb in ("escalate", "bind", "create")],
     ("create", "", "serviceaccounts", "token", ""),
@@ -133,7 +136,7 @@ def test_the_operator_may_bind_the_pickers_cluster_role_and_no_other(
     the fleets' namespaces; RBAC lets it bind only roles whose rights it holds, or the one it may ``bind`` by name."""
     namespace = chart_run.fleets["minimal.yaml"][0]
     rbac = ("rbac.authorization.k8s.io", "clusterroles", "")
-    assert _allowed(as_operator, "bind", *rbac, namespace, name="mmfleet-endpoint-picker")
+    assert _allowed(as_operator, "bind", *rbac, namespace, name=PICKER_ROLE)
     assert not _allowed(as_operator, "bind", *rbac, namespace, name=role)
     assert not _allowed(as_operator, "escalate", *rbac, namespace, name=role)
 
@@ -315,7 +318,14 @@ def test_with_plain_names_it_can_touch_no_namespace_it_does_not_watch(
     unwatched = chart.namespaced(api, f"lp-unwatched-{uuid.uuid4().hex[:6]}")
     try:
         answers = {
-            (group, resource, verb, where): _allowed(as_operator, verb, group, *resource.split("/"), namespace=where)
+            (group, resource, verb, where): _allowed(
+                as_operator,
+                verb,
+                group,
+                *resource.split("/"),
+                namespace=where,
+                name=PICKER_ROLE if verb == "bind" else "",
+            )
             for group, resource, verb in rules
             for where in (watched, unwatched, "default")
         }

@@ -1,9 +1,9 @@
-"""The Gateway API Inference Extension's CustomResourceDefinitions (InferencePool, ...), as released, for tests that
-need the kinds served.
+"""The CustomResourceDefinitions routing mode inferencePool uses, as released, for tests that need the kinds served:
+the Gateway API Inference Extension's (InferencePool, ...) and the Gateway API's (HTTPRoute, ...).
 
-Like the Prometheus Operator's (``prometheus_operator``): the Go module proxy serves the project's module at the
-version the operator pins its endpoint picker to, and its ``config/crd/bases`` holds the released CRDs. Downloading
-the module into the Go module cache is all it takes; nothing is built.
+Like the Prometheus Operator's (``prometheus_operator``): the Go module proxy serves each project's module, the
+Inference Extension's at the version the operator pins its endpoint picker to, and the released CRDs are files in
+it. Downloading a module into the Go module cache is all it takes; nothing is built.
 """
 
 from __future__ import annotations
@@ -19,14 +19,25 @@ from mmfleet_lab.cluster.build import BuildError
 
 _MODULE = "sigs.k8s.io/gateway-api-inference-extension"
 INFERENCE_POOL_CRD = "inference.networking.k8s.io_inferencepools"  # its file under config/crd/bases
+_GATEWAY_API_MODULE = "sigs.k8s.io/gateway-api"
+GATEWAY_API_VERSION = "1.4.1"
+HTTPROUTE_CRD = "gateway.networking.k8s.io_httproutes"  # its file under config/crd/standard
 
 
 def inference_extension_crds() -> Path:
-    """The directory of the released CRD files; instant once the module is in the Go module cache."""
+    """The directory of the Inference Extension's released CRD files; instant once the module is cached."""
+    return _module_dir(f"{_MODULE}@{PICKER_VERSION}") / "config" / "crd" / "bases"
+
+
+def gateway_api_crds() -> Path:
+    """The directory of the Gateway API's standard-channel CRD files (HTTPRoute v1 is GA since v1.0)."""
+    return _module_dir(f"{_GATEWAY_API_MODULE}@v{GATEWAY_API_VERSION}") / "config" / "crd" / "standard"
+
+
+def _module_dir(target: str) -> Path:
     go = shutil.which("go")
     if go is None:
-        raise BuildError("the 'go' command is needed to download the Inference Extension's CRDs and is not on PATH")
-    target = f"{_MODULE}@{PICKER_VERSION}"
+        raise BuildError(f"the 'go' command is needed to download {target}'s CRDs and is not on PATH")
     done = subprocess.run(
         [go, "mod", "download", "-json", target],
         capture_output=True,
@@ -37,4 +48,4 @@ def inference_extension_crds() -> Path:
     )
     if done.returncode != 0:
         raise BuildError(f"'go mod download {target}' failed (exit {done.returncode}): {done.stdout}{done.stderr}")
-    return Path(json.loads(done.stdout)["Dir"]) / "config" / "crd" / "bases"
+    return Path(json.loads(done.stdout)["Dir"])
