@@ -10,6 +10,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -396,6 +397,32 @@ def rule_triples(rules: list[dict[str, Any]]) -> set[Triple]:
         for resource in rule.get("resources", [])
         for verb in rule.get("verbs", [])
     }
+
+
+@contextmanager
+def crd_served_to(api: Any, operator: OperatorProcess, crd_file: Path) -> Iterator[OperatorProcess]:
+    """The CRD served and ``operator`` restarted to see it (it asks whether a kind is served every ten minutes); at
+    the end the CRD deleted (if a test has not), and the operator restarted once it is gone, so later tests see none."""
+    name = yaml.safe_load(crd_file.read_text())["metadata"]["name"]
+    install_crd(api, yaml.safe_load(crd_file.read_text()), "mmfleet-tests", timeout=30)
+    operator.stop()
+    operator.start()
+    try:
+        yield operator
+    finally:
+        delete_crd(api, name)
+        wait_for(lambda: not_terminating(api, name), 120, f"the {name} CRD's deletion")
+        operator.stop()
+        operator.start()
+
+
+def delete_crd(api: Any, name: str) -> None:
+    """Delete a CRD; one already gone is no error."""
+    try:
+        client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise
 
 
 def not_terminating(api: Any, name: str) -> bool:

@@ -8,13 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from mmfleet_lab.cluster.crds import install_crd
 from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
-from tests.helpers.chart import PODMONITOR_CRD, PODMONITOR_CRD_NAME, not_terminating
+from tests.helpers.chart import PODMONITOR_CRD, PODMONITOR_CRD_NAME, crd_served_to, delete_crd, not_terminating
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.wait import wait_for
@@ -26,27 +24,8 @@ MONITORING = ("monitoring.coreos.com", "v1")
 
 @pytest.fixture(scope="module")
 def operator_with_crd(api: Any, operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    """The CRD served and the session's operator restarted to see it (it asks whether the CRD is served every ten
-    minutes); at the end the CRD deleted, and the operator restarted once it is gone, so later modules see none."""
-    body = yaml.safe_load((prometheus_operator_crds() / f"{PODMONITOR_CRD}.yaml").read_text())
-    install_crd(api, body, "mmfleet-tests", timeout=30)
-    operator.stop()
-    operator.start()
-    try:
-        yield operator
-    finally:
-        _delete_crd(api)
-        wait_for(lambda: not_terminating(api, PODMONITOR_CRD_NAME), 120, f"the {PODMONITOR_CRD_NAME} CRD's deletion")
-        operator.stop()
-        operator.start()
-
-
-def _delete_crd(api: Any) -> None:
-    try:
-        client.ApiextensionsV1Api(api).delete_custom_resource_definition(PODMONITOR_CRD_NAME)
-    except ApiException as error:
-        if error.status != 404:
-            raise
+    with crd_served_to(api, operator, prometheus_operator_crds() / f"{PODMONITOR_CRD}.yaml") as restarted:
+        yield restarted
 
 
 def test_a_pod_monitor_deleted_or_edited_by_hand_is_restored(operator_with_crd: OperatorProcess, fleet: Fleet,
@@ -90,7 +69,7 @@ def test_the_crd_removed_under_the_operator_is_found_gone_and_the_fleet_converge
         "the fleet's PodMonitor",
     )
     seen = len(operator_with_crd.log.read_text(errors="replace"))
-    _delete_crd(api)
+    delete_crd(api, PODMONITOR_CRD_NAME)
     wait_for(lambda: not_terminating(api, PODMONITOR_CRD_NAME), 120, f"the {PODMONITOR_CRD_NAME} CRD's deletion")
     fleet.patch("unmonitored", {"backend": {"maxNumSeqs": 64}})  # a new generation: every child applied again
     fleet.wait_ready("unmonitored")

@@ -8,13 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from mmfleet_lab.cluster.crds import install_crd
 from mmfleet_lab.cluster.inference_extension import INFERENCE_POOL_CRD, inference_extension_crds
-from tests.helpers.chart import not_terminating
+from tests.helpers.chart import crd_served_to
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.wait import wait_for
@@ -38,19 +36,8 @@ def test_without_the_inference_pool_crd_the_fleet_serves_through_its_service_and
 
 @pytest.fixture
 def operator_with_pool_crd(api: Any, operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    """The InferencePool CRD served, and the session's operator restarted to see it (it asks whether a kind is served
-    every ten minutes); afterwards the CRD deleted and the operator restarted once it is gone."""
-    body = yaml.safe_load((inference_extension_crds() / f"{INFERENCE_POOL_CRD}.yaml").read_text())
-    install_crd(api, body, "mmfleet-tests", timeout=30)
-    operator.stop()
-    operator.start()
-    try:
-        yield operator
-    finally:
-        client.ApiextensionsV1Api(api).delete_custom_resource_definition(body["metadata"]["name"])
-        wait_for(lambda: not_terminating(api, body["metadata"]["name"]), 120, "the InferencePool CRD's deletion")
-        operator.stop()
-        operator.start()
+    with crd_served_to(api, operator, inference_extension_crds() / f"{INFERENCE_POOL_CRD}.yaml") as restarted:
+        yield restarted
 
 
 def test_a_fleet_in_pool_mode_gets_its_pool_and_picker_and_loses_them_in_service_mode(

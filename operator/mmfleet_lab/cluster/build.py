@@ -182,6 +182,25 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def module_dir(target: str) -> Path:
+    """Where ``module@version`` is unpacked in the Go module cache, downloaded first if need be (nothing built): for
+    files a module ships, such as released CRDs."""
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError(f"the 'go' command is needed to download {target} and is not on PATH")
+    done = subprocess.run(
+        [go, "mod", "download", "-json", target],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"},
+    )
+    if done.returncode != 0:
+        raise BuildError(f"'go mod download {target}' failed (exit {done.returncode}): {done.stdout}{done.stderr}")
+    return Path(json.loads(done.stdout)["Dir"])
+
+
 def _ensure_built(root: Path, built: Callable[[], bool], what: str, lock: str, build: Callable[[str], None]) -> None:
     """``build(go)`` unless ``built()``, holding ``<root>/.<lock>.lock``; ``built()`` is asked again under the lock
     because another process may have built it while this one waited."""
@@ -448,29 +467,46 @@ def _helm_ldflags(go_mod: str) -> str:
 
 def ensure_helm(progress: Progress = silent) -> Path:
     """The helm binary, built once from its Go module (about 3 minutes); instant when cached."""
-    root = cache_root()
-    binary = helm_path(root)
-    _ensure_built(
-        root,
-        lambda: os.access(binary, os.X_OK),
-        "helm",
-        "helm",
-        lambda go: _build_helm(binary.parent.parent, go, progress),
+    return _ensure_in_module(
+        helm_path(cache_root()),
+        _InModule("helm", f"helm v{HELM_VERSION}", "~3 min", _HELM_MODULE, HELM_VERSION, "./cmd/helm"),
+        lambda info: _helm_ldflags(Path(info["GoMod"]).read_text()),
+        progress,
     )
+
+
+@dataclass(frozen=True)
+class _InModule:
+    """A command built inside the (read-only) module the proxy serves: its go.mod and go.sum as released."""
+
+    key: str
+    what: str
+    estimate: str
+    module: str
+    version: str
+    package: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _ensure_in_module(
+    binary: Path, spec: _InModule, ldflags: Callable[[dict[str, Any]], str], progress: Progress
+) -> Path:
+    """``binary`` (at ``<cache>/<key>-v<version>/bin/``), built once by ``go build`` of ``spec.package`` inside the
+    module, with ``ldflags`` from the module's ``go mod download -json`` answer."""
+
+    def build_it(go: str) -> None:
+        build = _Build(binary.parent.parent, spec.key, spec.what, spec.estimate, go, progress)
+        target = f"{spec.module}@v{spec.version}"
+        info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
+        with build.staging() as staging:
+            builder = _Runner(go, Path(info["Dir"]), build.log, progress)
+            builder.env.update({"GOFLAGS": "-mod=readonly", **dict(spec.env)})
+            out = str(staging / "bin" / binary.name)
+            flags = ldflags(info)
+            builder.run("build", "-trimpath", "-ldflags", flags, "-o", out, spec.package, note=f"go build {spec.key}")
+
+    _ensure_built(cache_root(), lambda: os.access(binary, os.X_OK), spec.what, spec.key, build_it)
     return binary
-
-
-def _build_helm(final: Path, go: str, progress: Progress) -> None:
-    build = _Build(final, "helm", f"helm v{HELM_VERSION}", "~3 min", go, progress)
-    target = f"{_HELM_MODULE}@v{HELM_VERSION}"
-    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
-    with build.staging() as staging:
-        # Inside the (read-only) module: its go.mod and go.sum as released, nothing rewritten.
-        builder = _Runner(go, Path(info["Dir"]), build.log, progress)
-        builder.env["GOFLAGS"] = "-mod=readonly"
-        out = str(staging / "bin" / "helm")
-        ldflags = _helm_ldflags(Path(info["GoMod"]).read_text())
-        builder.run("build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/helm", note="go build helm")
 
 
 # --- the endpoint picker ----------------------------------------------------
@@ -492,31 +528,11 @@ def _epp_ldflags(info: dict[str, Any]) -> str:
 
 
 def ensure_epp(progress: Progress = silent) -> Path:
-    """The endpoint picker binary, built once from its Go module (about 2 minutes); instant when cached."""
-    root = cache_root()
-    binary = epp_path(root)
-    _ensure_built(
-        root,
-        lambda: os.access(binary, os.X_OK),
-        "the endpoint picker",
-        "epp",
-        lambda go: _build_epp(binary.parent.parent, go, progress),
-    )
-    return binary
-
-
-def _build_epp(final: Path, go: str, progress: Progress) -> None:
-    build = _Build(final, "epp", f"the endpoint picker v{EPP_VERSION}", "~2 min", go, progress)
-    target = f"{_EPP_MODULE}@v{EPP_VERSION}"
-    info = json.loads(build.runner.run("mod", "download", "-json", target, note=f"go mod download {target}"))
-    with build.staging() as staging:
-        # Inside the (read-only) module, as for helm; its zip keeps a go.work naming ./conformance, which the zip
-        # leaves out, so go would refuse to load the workspace.
-        builder = _Runner(go, Path(info["Dir"]), build.log, progress)
-        builder.env["GOFLAGS"] = "-mod=readonly"
-        builder.env["GOWORK"] = "off"
-        out = str(staging / "bin" / "epp")
-        builder.run("build", "-trimpath", "-ldflags", _epp_ldflags(info), "-o", out, "./cmd/epp", note="go build epp")
+    """The endpoint picker binary, built once from its Go module (about 2 minutes); instant when cached. Its zip
+    keeps a go.work naming ./conformance, which the zip leaves out, so the workspace is off."""
+    spec = _InModule("epp", f"the endpoint picker v{EPP_VERSION}", "~2 min", _EPP_MODULE, EPP_VERSION, "./cmd/epp",
+                     env=(("GOWORK", "off"),))  # fmt: skip
+    return _ensure_in_module(epp_path(cache_root()), spec, _epp_ldflags, progress)
 
 
 # --- Argo CD ---------------------------------------------------------------------------------------------

@@ -8,14 +8,10 @@ it. Downloading a module into the Go module cache is all it takes; nothing is bu
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 from mmfleet.routing import PICKER_VERSION
-from mmfleet_lab.cluster.build import BuildError
+from mmfleet_lab.cluster.build import module_dir
 
 _MODULE = "sigs.k8s.io/gateway-api-inference-extension"
 INFERENCE_POOL_CRD = "inference.networking.k8s.io_inferencepools"  # its file under config/crd/bases
@@ -26,26 +22,9 @@ HTTPROUTE_CRD = "gateway.networking.k8s.io_httproutes"  # its file under config/
 
 def inference_extension_crds() -> Path:
     """The directory of the Inference Extension's released CRD files; instant once the module is cached."""
-    return _module_dir(f"{_MODULE}@{PICKER_VERSION}") / "config" / "crd" / "bases"
+    return module_dir(f"{_MODULE}@{PICKER_VERSION}") / "config" / "crd" / "bases"
 
 
 def gateway_api_crds() -> Path:
     """The directory of the Gateway API's standard-channel CRD files (HTTPRoute v1 is GA since v1.0)."""
-    return _module_dir(f"{_GATEWAY_API_MODULE}@v{GATEWAY_API_VERSION}") / "config" / "crd" / "standard"
-
-
-def _module_dir(target: str) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError(f"the 'go' command is needed to download {target}'s CRDs and is not on PATH")
-    done = subprocess.run(
-        [go, "mod", "download", "-json", target],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"},
-    )
-    if done.returncode != 0:
-        raise BuildError(f"'go mod download {target}' failed (exit {done.returncode}): {done.stdout}{done.stderr}")
-    return Path(json.loads(done.stdout)["Dir"])
+    return module_dir(f"{_GATEWAY_API_MODULE}@v{GATEWAY_API_VERSION}") / "config" / "crd" / "standard"
