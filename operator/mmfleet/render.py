@@ -106,7 +106,7 @@ def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile, collec
 
 def problems(inference: MultimodalInference) -> list[str]:
     """What only the operator can judge; the schema and the models caught the rest."""
-    return _clashes(inference) or _oversized(inference)
+    return _clashes(inference) or _routing_problems(inference) or _oversized(inference)
 
 
 def _clashes(inference: MultimodalInference) -> list[str]:

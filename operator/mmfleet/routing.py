@@ -59,7 +59,7 @@ NAME_MAX = 63 - len(PICKER_SUFFIX)
 class PickerSettings:
     """What the picker's objects take from the operator rather than the resource."""
 
-    cold_start: float  # seconds a new replica takes to serve: the fleet's measured one, else the operator's default
+    cold_start: float  # seconds a new replica is expected to take to serve (the operator's MMFLEET_COLD_START)
     cluster_role: str  # the ClusterRole the operator's install ships for pickers (read pods and pools)
 
 
@@ -163,8 +163,8 @@ def picker_config(inference: MultimodalInference, cold_start: float) -> Manifest
 
 def picker_args(inference: MultimodalInference) -> list[str]:
     """The picker's command line (pkg/epp/server/options.go). Its metrics are served without the default token
-    check, which would need a ClusterRole creating TokenReviews; the fleet's NetworkPolicy does not cover the picker,
-    so they are as open as the fleet's own /metrics."""
+    check, which would need a ClusterRole creating TokenReviews, and without pprof (on by default, on the metrics
+    port): no NetworkPolicy covers the picker's pods, so its metrics are open to the cluster's pods."""
     return [
         "--pool-name",
         inference.metadata.name,
@@ -181,6 +181,7 @@ def picker_args(inference: MultimodalInference) -> list[str]:
         "--metrics-port",
         str(METRICS_PORT),
         "--metrics-endpoint-auth=false",
+        "--enable-pprof=false",
         f"--tracing={'true' if inference.spec.tracing.enabled else 'false'}",
         "--zap-encoder",
         "json",

@@ -103,8 +103,8 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
   verbs: [get, list, watch, create, patch, delete]
 # Routing mode inferencePool (mmfleet.routing): the fleet's InferencePool, and an HTTPRoute when it names a
 # Gateway, applied, watched and pruned where their CRDs are served; the picker's RoleBinding, which binds its
-# ServiceAccount in the fleet's namespace to the picker's ClusterRole, and nothing else: `bind` is granted on that
-# one ClusterRole by name, so the operator cannot bind any other.
+# ServiceAccount in the fleet's namespace to the picker's ClusterRole: `bind` is granted on that one ClusterRole by
+# name (RBAC lets a binder bind only rights it holds itself, or what it may `bind`).
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, list, watch, create, patch, delete]

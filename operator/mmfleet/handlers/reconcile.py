@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Span
 
-from mmfleet import metrics_export, render, status, telemetry
+from mmfleet import metrics_export, render, routing, status, telemetry
 from mmfleet.api import DegradedReason, MultimodalInference
 from mmfleet.handlers import discovery
 from mmfleet.handlers.children import (
@@ -208,7 +208,7 @@ def _apply(
         # A spec changed since this process applied one: what it no longer asks for goes. After a restart, nothing
         # is known to have changed (the first reconcile of each fleet would cost a read per optional child).
         if record.reconciled is not None and record.reconciled != generation:
-            _prune(op, inference, children)
+            _prune(op, record, inference, children)
         record.reconciled, record.refused, record.retrying = generation, None, None
         if never_reported(last_status(record, body)):
             record.first_status_due = time.monotonic() + FIRST_STATUS_WAIT
@@ -357,13 +357,16 @@ def _apply_child(op: Operator, child: Body, fleet: Body) -> Body:
     return applied
 
 
-def _prune(op: Operator, inference: MultimodalInference, children: list[Body]) -> None:
+def _prune(op: Operator, record: FleetRecord, inference: MultimodalInference, children: list[Body]) -> None:
     """Delete optional children the spec no longer asks for, but only ones this resource owns."""
     kube = op.get_kube()
     meta = inference.metadata
     present = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children}
+    front_door = {(kind, name) for _, kind, name in routing.front_door(inference)}
     for api_version, kind, name in render.optional_children(inference):
         if (api_version, kind, name) in present:
+            continue
+        if (kind, name) in front_door and (kind, name) not in record.owned:  # no read for fleets that never had one
             continue
         if kind in OPTIONAL_KINDS and not discovery.served(op, api_version, kind):
             continue

@@ -23,7 +23,7 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 
-from mmfleet import render, routing, status, telemetry
+from mmfleet import render, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
 from mmfleet.config import OperatorConfig
@@ -237,10 +237,9 @@ def render_children(
     result."""
     # The NetworkPolicy admits the operator's Prometheus to /metrics when its URL names an in-cluster Service.
     prometheus = status.collector_service(op.config.prometheus_url, "") if op.config.prometheus_url else None
-    measured = record.scaling.cold_start if record.scaling is not None else None
-    # The picker's request TTL follows the measured cold start in whole steps: the same step, the same children.
-    cold_start = op.config.default_cold_start if measured is None else measured
-    picker = PickerSettings(routing.request_ttl(cold_start) - routing.TTL_STEP_SECONDS, op.config.picker_cluster_role)
+    # The picker's request TTL outlives the operator's expected cold start: a measured one, held in memory, would
+    # change the picker's configuration (and restart it) at each restart of the operator.
+    picker = PickerSettings(op.config.default_cold_start, op.config.picker_cluster_role)
     settings: dict[str, Any] = {
         "monitoring_crds": monitoring_crds,
         "collector_endpoint": op.config.collector_endpoint,
@@ -320,9 +319,9 @@ def write_status(
         **telemetry.fleet(meta["namespace"], meta["name"], new.observed_generation),
         telemetry.PHASE: new.phase or "",
     }
-    # A merge patch keeps what it does not name: a field the new status no longer has (status.routing, once the
-    # fleet is back in routing mode service) is named with null.
-    gone = set(previous.wire()) - set(wire) if previous is not None else set()
+    # A merge patch keeps what it does not name: status.routing, gone once the fleet is back in routing mode service,
+    # is named with null (only it: the replica counts a refused apply's status leaves out must stay).
+    gone = {"routing"} & (set(previous.wire()) - set(wire)) if previous is not None else set()
     with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
         try:
             op.get_kube().patch_status(meta["namespace"], meta["name"], {**wire, **dict.fromkeys(gone)})

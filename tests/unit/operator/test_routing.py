@@ -58,6 +58,7 @@ def test_the_picker_runs_the_pinned_image_restricted_on_its_own_account() -> Non
     args = container["args"]
     assert args[args.index("--pool-name") + 1] == "qwen" and args[args.index("--pool-namespace") + 1] == "ml"
     assert args[args.index("--config-file") + 1] == "/config/config.yaml"
+    assert "--enable-pprof=false" in args and "--metrics-endpoint-auth=false" in args  # no profile open to the pods
     assert container["securityContext"]["runAsNonRoot"] and container["securityContext"]["capabilities"] == {
         "drop": ["ALL"]
     }
@@ -134,10 +135,13 @@ def test_a_gateway_without_the_pool_mode_is_refused_naming_the_field() -> None:
 
 
 def test_a_name_too_long_for_the_pickers_service_is_refused_naming_the_field() -> None:
+    """Refused when the spec is parsed, as InvalidSpec, not when the reconcile renders it."""
     doc = spec_doc(routing=POOL)
     doc["metadata"]["name"] = "q" * 61
     with pytest.raises(SpecError, match=r"routing.mode: inferencePool needs a name of at most 59 characters"):
-        render.render(parse(doc), "generic")
+        parse(doc)
+    doc["metadata"]["name"] = "q" * 59
+    assert ("Service", "q" * 59 + "-epp") in rendered(doc)
 
 
 def test_the_servers_admit_the_picker_and_the_named_gateways_namespace() -> None:
