@@ -53,7 +53,7 @@ from mmfleet import render
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.cli import load_documents
 from mmfleet.clouds import COLLECTOR_ENDPOINT
-from mmfleet.render import INFERENCE_LABEL, SpecError
+from mmfleet.render import COMPONENT, INFERENCE_LABEL, SpecError
 from mmfleet.validation import parse
 from mmfleet_lab.cluster.crds import install_crd
 from mmfleet_lab.cluster.discovery import dynamic_client
@@ -62,6 +62,7 @@ from mmfleet_lab.cluster.kubectl import run_kubectl
 Progress = Callable[[str], None]
 
 HANG = 5.0  # seconds: parsing and rendering one spec takes milliseconds; an API call, tens of them
+SERVERS = f"{INFERENCE_LABEL},app.kubernetes.io/component={COMPONENT}"  # a fleet's model servers, not its picker
 BOUND = 60.0  # seconds from a fleet's creation to its status (served or refused), and from its deletion to gone
 BATCH = 40  # fleets live at once: what 2 cores serve within BOUND, each with its namespace, children and pods
 QUOTA_PODS = 2  # pods per fleet's namespace: enough to see the pods admitted, few enough for 1,000-replica specs
@@ -451,15 +452,20 @@ class Checker:
     def _dry_run_children(self, children: list[dict[str, Any]]) -> str:
         from kubernetes.client.exceptions import ApiException
 
-        deployment = next(c for c in children if c["kind"] == "Deployment")
-        template = deployment["spec"]["template"]
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": deployment["metadata"]["name"], "labels": template["metadata"].get("labels", {})},
-            "spec": template["spec"],
-        }
-        for child in [*children, pod]:
+        pods = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": child["metadata"]["name"],
+                    "labels": child["spec"]["template"]["metadata"]["labels"],
+                },
+                "spec": child["spec"]["template"]["spec"],
+            }
+            for child in children
+            if child["kind"] == "Deployment"  # the inference pods, and the endpoint picker's in routing inferencePool
+        ]
+        for child in [*children, *pods]:
             if child["kind"] == "ServiceAccount":  # created for real (a Pod names an existing one), without an owner
                 self._ensure(child)
                 continue
@@ -599,11 +605,12 @@ class _Cluster:
         )
 
     def deployments(self) -> dict[str, list[dict[str, Any]]]:
-        found = self.apps.list_deployment_for_all_namespaces(label_selector=INFERENCE_LABEL, _request_timeout=30)
+        """The inference Deployments (not the endpoint picker's)."""
+        found = self.apps.list_deployment_for_all_namespaces(label_selector=SERVERS, _request_timeout=30)
         return self._by_namespace(found.items)
 
     def pods(self) -> dict[str, list[dict[str, Any]]]:
-        found = self.core.list_pod_for_all_namespaces(label_selector=INFERENCE_LABEL, _request_timeout=30)
+        found = self.core.list_pod_for_all_namespaces(label_selector=SERVERS, _request_timeout=30)
         return self._by_namespace(found.items)
 
     def namespaces(self, run: str) -> list[str]:
@@ -639,7 +646,8 @@ def stale(fleet: dict[str, Any], deployment: dict[str, Any]) -> str:
         children = render.render(inference, cloud, monitoring_crds=True, collector_endpoint=COLLECTOR_ENDPOINT)
     except SpecError as error:  # served, yet refused by the operator's own parser: a finding, not a traceback
         return f"a spec mmfleet render refuses: {error}"
-    want = next(c for c in children if c["kind"] == "Deployment")["spec"]
+    want = next(c for c in children if c["kind"] == "Deployment" and c["metadata"]["name"] == fleet["metadata"]["name"])
+    want = want["spec"]
     have = deployment.get("spec") or {}
 
     def containers(spec: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
@@ -1036,13 +1044,24 @@ TITLE = "Generated specs through the API server and the running operator (`mmfle
 PODMONITOR_FILE = "monitoring.coreos.com_podmonitors.yaml"
 
 
-def _podmonitor_crd(api: Any) -> None:
-    """The Prometheus Operator's released PodMonitor CRD, so PodMonitors are rendered and validated too."""
+def _optional_crds(api: Any) -> None:
+    """The released CRDs of the optional child kinds (the Prometheus Operator's PodMonitor, the Inference Extension's
+    InferencePool, the Gateway API's HTTPRoute), so those children are rendered and validated too."""
 
+    from mmfleet_lab.cluster.inference_extension import (
+        HTTPROUTE_CRD,
+        INFERENCE_POOL_CRD,
+        gateway_api_crds,
+        inference_extension_crds,
+    )
     from mmfleet_lab.cluster.prometheus_operator import prometheus_operator_crds
 
-    body = yaml.safe_load((prometheus_operator_crds() / PODMONITOR_FILE).read_text())
-    install_crd(api, body, "mmfleet-fuzz", timeout=30)
+    for path in (
+        prometheus_operator_crds() / PODMONITOR_FILE,
+        inference_extension_crds() / f"{INFERENCE_POOL_CRD}.yaml",
+        gateway_api_crds() / f"{HTTPROUTE_CRD}.yaml",
+    ):
+        install_crd(api, yaml.safe_load(path.read_text()), "mmfleet-fuzz", timeout=30)
 
 
 def _live_under_operator(
@@ -1104,7 +1123,7 @@ def main(
     try:
         api = _install(cluster)
         client.CoreV1Api(api).patch_namespace(NAMESPACE, {"metadata": {"labels": RESTRICTED}})
-        _podmonitor_crd(api)
+        _optional_crds(api)
         for seed in seeds:
             tally, started = Tally(), time.monotonic()
             specs = generated(count, seed)

@@ -31,8 +31,9 @@ from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("settled_pod_monitor_crd")]
 
-# The Prometheus Operator's released PodMonitor CRD is served while this module runs (``pod_monitor_crd``), so that the
-# operator renders PodMonitors as it would with the CRD installed and the API server validates them too.
+# The released CRDs of the optional child kinds are served while this module runs (``pod_monitor_crd``: the Prometheus
+# Operator's PodMonitor; ``routing_crds``: InferencePool and HTTPRoute), so that the operator renders those children as
+# it would with the CRDs installed, and the API server validates them too.
 SEED = int(os.environ.get("MMFLEET_FUZZ_SEED", "13"))
 COUNT = int(os.environ.get("MMFLEET_FUZZ_COUNT", "1200"))  # half from the schema, half mutations of the examples
 LIVE = os.environ.get("MMFLEET_FUZZ_LIVE", "60")
@@ -51,7 +52,13 @@ def fuzz_namespace(api: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def dry_run(
-    cluster: Cluster, api: Any, crd: None, pod_monitor_crd: None, fuzz_namespace: str, tmp_path_factory: Any
+    cluster: Cluster,
+    api: Any,
+    crd: None,
+    pod_monitor_crd: None,
+    routing_crds: None,
+    fuzz_namespace: str,
+    tmp_path_factory: Any,
 ) -> tuple[fuzz.Tally, list[dict[str, Any]]]:
     tally, started = fuzz.Tally(), time.monotonic()
     accepted = fuzz.dry_run(api, fuzz_namespace, fuzz.generated(COUNT, SEED), tally)

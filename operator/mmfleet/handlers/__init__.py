@@ -19,6 +19,7 @@ from mmfleet.handlers.records import MEMO_KEY, Operator
 def register(registry: kopf.OperatorRegistry) -> None:
     """Every handler of the operator, in ``registry``; nothing registers itself on import."""
     settings.quiet_optional_kinds()
+    settings.survive_removed_kinds()
     on = kopf.on
     on.login(registry=registry)(connection.login)
     on.startup(registry=registry)(settings.configure_operator)
