@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any, get_args
 
+from mmfleet import routing
 from mmfleet.api import BackendName
 from mmfleet.autoscaler.metrics import RATE_WINDOW, Slo, latency_query, signal_query
 from mmfleet.metrics_export import (
@@ -53,6 +54,21 @@ def name(metric: Any, suffix: str = "") -> str:
 
 def fleet_series(metric: Any, suffix: str = "") -> str:
     return f"{name(metric, suffix)}{{{FLEET}}}"
+
+
+def picker(metric: str, suffix: str = "") -> str:
+    """A series of the fleets' endpoint pickers, which their PodMonitor labels as the servers' are."""
+    return f"{metric}{suffix}{{{FLEET}}}"
+
+
+def per_fleet_rate(series: str, window: str, *by: str) -> str:
+    labels = ", ".join(("namespace", "mmfleet_io_inference", *by))
+    return f"sum by ({labels}) (rate({picker(series)}[{window}]))"
+
+
+def quantile(q: float, histogram: str, window: str, *by: str) -> str:
+    """The ``q`` quantile per fleet (and ``by``) of a picker histogram over ``window``."""
+    return f"histogram_quantile({q:g}, {per_fleet_rate(histogram + '_bucket', window, *by, 'le')})"
 
 
 def target(expr: str, legend: str = LEGEND) -> dict[str, Any]:
@@ -166,6 +182,44 @@ def panels() -> list[dict[str, Any]]:
             "The cold start the autoscaler plans with: the median creation-to-Ready of the fleet's pods, "
             "or the default.",
             [target(fleet_series(COLD_START))],
+            unit="s",
+        ),
+        row("Routing"),
+        panel(
+            "Picker: pool saturation and held requests",
+            "Routing mode inferencePool: how saturated the endpoint picker finds the fleet (0 idle, 1 saturated: "
+            "the utilization detector's thresholds, from the SLO) and the requests its flow control holds.",
+            [
+                target(
+                    f"max by (namespace, mmfleet_io_inference) ({picker(routing.SATURATION_METRIC)})",
+                    f"saturation {LEGEND}",
+                ),
+                target(f"sum by (namespace, mmfleet_io_inference) ({picker(routing.HELD_METRIC)})", f"held {LEGEND}"),
+            ],
+        ),
+        panel(
+            "Picker: time held (P90)",
+            f"P90 of the time requests spent in the picker's flow control, by outcome (dispatched, or evicted at its "
+            f"TTL), over {window}.",
+            [target(quantile(0.9, routing.HELD_SECONDS_METRIC, window, "outcome"), f"{{{{outcome}}}} {LEGEND}")],
+            unit="s",
+        ),
+        panel(
+            "Picker: prefix-index hit ratio",
+            f"Mean share of a request's prefix the picker found on the replica it chose (its approximate index of "
+            f"the servers' prefix caches: repeated images and conversation turns), over {window}.",
+            [
+                target(
+                    f"{per_fleet_rate(routing.PREFIX_HIT_METRIC + '_sum', window)} / "
+                    f"{per_fleet_rate(routing.PREFIX_HIT_METRIC + '_count', window)}"
+                )
+            ],
+            unit="percentunit",
+        ),
+        panel(
+            "Picker: scheduling time (P90)",
+            f"P90 of the picker's time to choose a replica for a request, over {window}.",
+            [target(quantile(0.9, routing.SCHEDULING_SECONDS_METRIC, window))],
             unit="s",
         ),
         row("Operator"),

@@ -540,16 +540,22 @@ def _front_door_peers(inference: MultimodalInference) -> list[Manifest]:
 def build_pod_monitor(inference: MultimodalInference) -> Manifest:
     """Scrape every replica and stamp the series with the labels the autoscaler groups by."""
     backend = backends.get(inference.spec.backend.name)
+    meta = _metadata(inference, inference.metadata.name)
+    return _pod_monitor(meta, selector_labels(inference), "http", backend.metrics_path)
+
+
+def _pod_monitor(meta: Manifest, selector: dict[str, str], port: str, path: str) -> Manifest:
+    """A PodMonitor of the pods ``selector`` picks, their series labelled by fleet, namespace and pod."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _metadata(inference, inference.metadata.name),
+        "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": selector_labels(inference)},
+            "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [
                 {
-                    "port": "http",
-                    "path": backend.metrics_path,
+                    "port": port,
+                    "path": path,
                     "interval": "15s",
                     "relabelings": [
                         {
@@ -612,11 +618,12 @@ def _children(
         build_network_policy(inference, prometheus_namespace),
     ]
     wants_monitor = inference.spec.monitoring.pod_monitor
-    if wants_monitor or (wants_monitor is None and monitoring_crds):
+    monitored = bool(wants_monitor or (wants_monitor is None and monitoring_crds))
+    if monitored:
         children.append(build_pod_monitor(inference))
     if inference.spec.routing.mode == "inferencePool" and routing_crds.pool:
         picker = picker or routing.DEFAULT_PICKER
-        children += _front_door(inference, profile, collector_endpoint, picker, routing_crds.route)
+        children += _front_door(inference, profile, collector_endpoint, picker, routing_crds.route, monitored)
     return children
 
 
@@ -636,8 +643,11 @@ def _front_door(
     collector: str | None,
     picker: PickerSettings,
     route_served: bool,
+    monitored: bool,
 ) -> list[Manifest]:
-    """The InferencePool and its endpoint picker (mmfleet.routing), and the HTTPRoute when a Gateway is named."""
+    """The InferencePool and its endpoint picker (mmfleet.routing), the HTTPRoute when a Gateway is named, and the
+    picker's PodMonitor beside the fleet's (its queue, saturation and prefix-index series: the dashboard's Routing
+    row)."""
     name = routing.picker_name(inference)
     meta = {**_metadata(inference, name), "labels": routing.picker_labels(labels(inference))}
     selector = routing.picker_selector(inference, INFERENCE_LABEL)
@@ -657,4 +667,6 @@ def _front_door(
     ]
     if inference.spec.routing.gateway is not None and route_served:
         children.append(routing.build_http_route(inference, _metadata(inference, inference.metadata.name)))
+    if monitored:
+        children.append(_pod_monitor(meta, selector, routing.METRICS_PORT_NAME, "/metrics"))
     return children

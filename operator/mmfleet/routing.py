@@ -36,6 +36,13 @@ CONFIG_HASH_ANNOTATION = "mmfleet.io/picker-config"
 GRPC_PORT = 9002
 HEALTH_PORT = 9003
 METRICS_PORT = 9090
+METRICS_PORT_NAME = "metrics"  # the container port the picker's PodMonitor scrapes
+# The picker's own series (pkg/epp/metrics/metrics.go: subsystem and name, no namespace), for the dashboard.
+SATURATION_METRIC = "inference_extension_flow_control_pool_saturation"  # 0 empty .. 1 saturated, per pool
+HELD_METRIC = "inference_extension_flow_control_queue_size"  # requests held in flow control now
+HELD_SECONDS_METRIC = "inference_extension_flow_control_request_queue_duration_seconds"  # histogram, by outcome
+PREFIX_HIT_METRIC = "inference_extension_prefix_indexer_hit_ratio"  # histogram of matched / total prefix
+SCHEDULING_SECONDS_METRIC = "inference_extension_scheduler_e2e_duration_seconds"  # histogram
 # The health service the chart's probes ask for with one replica (epplib/templates/_deployment.yaml): without leader
 # election every name answers SERVING once the pool has synced (cmd/epp/runner/health.go).
 HEALTH_SERVICE = "inference-extension"
@@ -91,6 +98,7 @@ def front_door(inference: MultimodalInference) -> list[tuple[str, str, str]]:
         ("rbac.authorization.k8s.io/v1", "RoleBinding", picker),
         ("apps/v1", "Deployment", picker),
         ("v1", "Service", picker),
+        ("monitoring.coreos.com/v1", "PodMonitor", picker),
         (POOL_API_VERSION, "InferencePool", inference.metadata.name),
         (HTTPROUTE_API_VERSION, "HTTPRoute", inference.metadata.name),
     ]
@@ -292,7 +300,7 @@ def build_picker_deployment(
         "ports": [
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
         "livenessProbe": {**probe, "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**probe, "periodSeconds": 2},

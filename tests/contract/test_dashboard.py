@@ -52,5 +52,6 @@ def test_the_panels_the_issue_asks_for_are_there() -> None:
     titles = {title for title, _ in dashboard.expressions(json.loads(SHIPPED.read_text()))}
     assert {
         "Replicas", "SLO percentile against its target", "SLO attainment (last hour)", "Request rate", "Queue",
-        "KV-cache use", "Scale events", "Cold start",
+        "KV-cache use", "Scale events", "Cold start", "Picker: pool saturation and held requests",
+        "Picker: prefix-index hit ratio",
     } <= titles  # fmt: skip

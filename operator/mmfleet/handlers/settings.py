@@ -71,14 +71,14 @@ async def _watch_until_gone(**kwargs: Any) -> AsyncIterator[Any]:
     ``infinite_watch``'s loop, until its observer stops the watcher of a kind it no longer serves.
     """
     try:
-        async for event in _KOPF_CONTINUOUS_WATCH(**kwargs):
+        async for event in KOPF_CONTINUOUS_WATCH(**kwargs):
             yield event
     except errors.APINotFoundError:
         log.info("%s is no longer served; its watch waits for kopf to stop it", kwargs["resource"])
         await asyncio.sleep(GONE_KIND_RETRY_SECONDS)
 
 
-_KOPF_CONTINUOUS_WATCH = watching.continuous_watch
+KOPF_CONTINUOUS_WATCH = watching.continuous_watch
 
 
 def survive_removed_kinds() -> None:

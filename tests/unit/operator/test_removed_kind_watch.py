@@ -5,7 +5,7 @@ observer stops the watch, where kopf 1.45.2 alone raises out of every watcher an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import kopf
 import pytest
@@ -57,19 +57,21 @@ async def _watch_for(seconds: float, install: Callable[[], None]) -> tuple[list[
 
 
 @pytest.fixture
-def kopf_watch() -> object:
-    original = watching.continuous_watch
-    yield original
-    watching.continuous_watch = original
+def kopf_watch() -> Iterator[None]:
+    """kopf's own ``continuous_watch`` for the test (``handlers.register`` in another test installs ours for good)."""
+    installed = watching.continuous_watch
+    watching.continuous_watch = settings.KOPF_CONTINUOUS_WATCH
+    yield
+    watching.continuous_watch = installed
 
 
-def test_a_kind_gone_ends_kopfs_watch_quietly_and_it_asks_again(kopf_watch: object) -> None:
+def test_a_kind_gone_ends_kopfs_watch_quietly_and_it_asks_again(kopf_watch: None) -> None:
     seen, asked = asyncio.run(_watch_for(2.5, settings.survive_removed_kinds))  # no raise: kopf's loop runs on
     assert seen == []
     assert 2 <= asked <= 4  # once a second (GONE_KIND_RETRY_SECONDS), not kopf's 0.1 s reconnect loop
 
 
-def test_without_it_kopf_raises_out_of_the_watcher(kopf_watch: object) -> None:
+def test_without_it_kopf_raises_out_of_the_watcher(kopf_watch: None) -> None:
     """What the operator died of: the 404 escapes ``infinite_watch`` (this notices a kopf that fixed it)."""
     with pytest.raises(errors.APINotFoundError):
         asyncio.run(_watch_for(2.5, lambda: None))

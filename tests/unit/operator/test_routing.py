@@ -156,3 +156,23 @@ def test_the_servers_admit_the_picker_and_the_named_gateways_namespace() -> None
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}} in peers
     service_mode = rendered(spec_doc())["NetworkPolicy", "qwen"]["spec"]["ingress"]
     assert not any("namespaceSelector" in p for rule in service_mode for p in rule.get("from", []))
+
+
+def test_the_pickers_metrics_are_scraped_beside_the_fleets_where_podmonitors_are() -> None:
+    """The picker's series (its saturation, held requests, prefix-index hits: the dashboard's Routing row) are
+    scraped from the port its container names, labelled by fleet like the servers'; none without PodMonitors."""
+    children = rendered(spec_doc(routing=POOL), monitoring_crds=True)
+    monitor = children["PodMonitor", "qwen-epp"]["spec"]
+    picker_pod = children["Deployment", "qwen-epp"]["spec"]["template"]
+    servers = children["Deployment", "qwen"]["spec"]["template"]["metadata"]["labels"]
+    assert monitor["selector"]["matchLabels"].items() <= picker_pod["metadata"]["labels"].items()
+    assert not monitor["selector"]["matchLabels"].items() <= servers.items()  # no server scraped twice
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    ports = {p["name"]: p["containerPort"] for p in picker_pod["spec"]["containers"][0]["ports"]}
+    assert ports[endpoint["port"]] == routing.METRICS_PORT and endpoint["path"] == "/metrics"
+    fleet_relabel = children["PodMonitor", "qwen"]["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert endpoint["relabelings"] == fleet_relabel
+    assert ("PodMonitor", "qwen-epp") not in rendered(spec_doc(routing=POOL))
+    assert ("PodMonitor", "qwen-epp") not in rendered(spec_doc(), monitoring_crds=True)
+    pruned = {(kind, name) for _, kind, name in render.optional_children(parse(spec_doc()))}
+    assert ("PodMonitor", "qwen-epp") in pruned  # back to mode service, or monitoring turned off
