@@ -7,7 +7,8 @@
 --   status.phase Failed (a spec the operator cannot serve)              -> Degraded
 --   Degraded condition True (pods that cannot start, rollout stalled)   -> Degraded
 --   RoutingReady False: its endpoint picker not ready yet               -> Progressing
---   RoutingReady False otherwise (a CRD the routing mode needs missing) -> Degraded
+--   RoutingReady False otherwise (its picker's pods failing: CrashLoopBackOff, an image not pulled;
+--                  a CRD the routing mode needs missing)                -> Degraded
 --   Ready condition True (every desired replica ready on the new spec)  -> Healthy
 --   anything else (creating, rolling out, scaling)                      -> Progressing
 --

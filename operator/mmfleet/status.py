@@ -209,6 +209,7 @@ class RoutingSeen:
 
     crds: RoutingCrds
     picker: dict[str, Any] | None
+    problems: list[PodProblem] = field(default_factory=list)  # why the picker's pods do not start (``pod_problems``)
 
     @property
     def picker_ready(self) -> bool:
@@ -227,6 +228,16 @@ def routing_row(inference: MultimodalInference, seen: RoutingSeen) -> ConditionR
             f"spec.routing.mode: inferencePool, but InferencePool ({routing.POOL_API_VERSION}) is not served: install "
             f"the Gateway API Inference Extension's CRDs ({routing.PICKER_VERSION}); nothing of the pool is made, and "
             f"Service {name} serves meanwhile",
+        )
+    if not seen.picker_ready and seen.problems:
+        problem = seen.problems[0]
+        return (
+            "RoutingReady",
+            False,
+            RoutingReadyReason.PICKER_FAILING,
+            f"endpoint picker {picker} does not start: pod {problem.pod}: {problem.reason}"
+            f"{': ' + problem.message if problem.message else ''} (kubectl logs {problem.pod}); a gateway sending "
+            f"to InferencePool {name} refuses requests meanwhile (failureMode FailClose)",
         )
     if not seen.picker_ready:
         return (

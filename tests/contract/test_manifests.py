@@ -398,6 +398,7 @@ HEALTH_CASES: list[tuple[str, Obj, str]] = [
         "Progressing",
     ),
     ("picker starting", _routed("PickerNotReady"), "Progressing"),
+    ("picker crash-looping", _routed("PickerFailing"), "Degraded"),
     ("no InferencePool CRD", _routed("InferencePoolCRDMissing"), "Degraded"),
     ("no Gateway API", _routed("GatewayAPIMissing"), "Degraded"),
 ]

@@ -98,6 +98,7 @@ class TracingReadyReason(StrEnum):
 class RoutingReadyReason(StrEnum):
     PICKER_READY = "PickerReady"
     PICKER_NOT_READY = "PickerNotReady"
+    PICKER_FAILING = "PickerFailing"
     INFERENCE_POOL_CRD_MISSING = "InferencePoolCRDMissing"
     GATEWAY_API_MISSING = "GatewayAPIMissing"
     NOT_CHECKED = "NotChecked"

@@ -282,7 +282,12 @@ def fleet_children(indexes: Mapping[str, Any], key: Key, uid: str | None) -> tup
     )
     if deployment is None:
         return None, []
-    return deployment, [p for p in indexed(indexes, "fleet_pods", key) if p["metadata"].get("deployment") == name]
+    return deployment, deployment_pods(indexes, key, name)
+
+
+def deployment_pods(indexes: Mapping[str, Any], key: Key, deployment: str) -> list[Body]:
+    """The fleet's pods that Deployment ``deployment`` controls (its servers', or its endpoint picker's)."""
+    return [p for p in indexed(indexes, "fleet_pods", key) if p["metadata"].get("deployment") == deployment]
 
 
 def picker_deployment(indexes: Mapping[str, Any], key: Key, uid: str | None) -> Body | None:

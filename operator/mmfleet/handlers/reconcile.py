@@ -19,6 +19,7 @@ from mmfleet import metrics_export, render, routing, status, telemetry
 from mmfleet.api import DegradedReason, MultimodalInference
 from mmfleet.handlers import discovery
 from mmfleet.handlers.children import (
+    deployment_pods,
     fingerprint,
     foreign_fields,
     foreign_fields_message,
@@ -300,8 +301,10 @@ def _routing_seen(op: Operator, inference: MultimodalInference) -> status.Routin
     if inference.spec.routing.mode != "inferencePool":
         return None
     meta = inference.metadata
-    picker = picker_deployment(op.indexes, (meta.namespace, meta.name), meta.uid)
-    return status.RoutingSeen(discovery.routing_crds(op, inference), picker)
+    key = (meta.namespace, meta.name)
+    picker = picker_deployment(op.indexes, key, meta.uid)
+    pods = deployment_pods(op.indexes, key, routing.picker_name(inference)) if picker is not None else []
+    return status.RoutingSeen(discovery.routing_crds(op, inference), picker, status.pod_problems(pods))
 
 
 def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body) -> Body:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from mmfleet.routing import RoutingCrds
-from mmfleet.status import Observed, RoutingSeen, compute_status
+from mmfleet.status import Observed, PodProblem, RoutingSeen, compute_status
 from tests.helpers.status import NOW, conditions, deployment, inference
 
 POOL = {"mode": "inferencePool"}
@@ -25,6 +25,12 @@ def routed(spec: dict[str, Any], seen: RoutingSeen | None, previous: Any = None)
         (POOL, RoutingSeen(RoutingCrds(), PICKER_UP), ("True", "PickerReady"), "InferencePool qwen and its endpoint"),
         (POOL, RoutingSeen(RoutingCrds(), None), ("False", "PickerNotReady"), "qwen-epp has no ready replica"),
         (POOL, RoutingSeen(RoutingCrds(), PICKER_DOWN), ("False", "PickerNotReady"), "FailClose"),
+        (
+            POOL,
+            RoutingSeen(RoutingCrds(), PICKER_DOWN, [PodProblem("qwen-epp-5d8-x", "CrashLoopBackOff", "back-off 40s")]),
+            ("False", "PickerFailing"),
+            "pod qwen-epp-5d8-x: CrashLoopBackOff: back-off 40s (kubectl logs qwen-epp-5d8-x)",
+        ),
         (
             POOL,
             RoutingSeen(RoutingCrds(pool=False), None),
