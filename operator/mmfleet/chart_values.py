@@ -36,6 +36,7 @@ from mmfleet.config import (
     duration_seconds,
     otlp_endpoint,
 )
+from mmfleet.routing import PICKER_IMAGE
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -228,6 +229,12 @@ class ChartValues(Model):
     )
     tolerations: list[Toleration] = Field(default_factory=list, description="The operator pod's tolerations.")
     affinity: dict[str, Any] = Field(default_factory=dict, description="A Kubernetes Affinity, used as given.")
+    picker_image: str = Field(
+        default=PICKER_IMAGE,
+        min_length=1,
+        description="The endpoint picker's image for fleets in routing mode inferencePool (MMFLEET_PICKER_IMAGE): "
+        "the pinned upstream release, or your mirror of it.",
+    )
     cluster_domain: str = Field(
         default="cluster.local",
         pattern=f"(?i)^({DOMAIN_PATTERN})\\.?$",

@@ -66,6 +66,9 @@ class OperatorConfig(BaseSettings):
     default_cloud: CloudName = "auto"
     # The ClusterRole the install ships for fleets' endpoint pickers (routing mode inferencePool), bound per fleet.
     picker_cluster_role: str = DEFAULT_PICKER.cluster_role
+    # The endpoint picker's image: the pinned upstream release, or a mirror of it (an air-gapped registry). Another
+    # version must take the same flags and configuration.
+    picker_image: str = Field(default=DEFAULT_PICKER.image, min_length=1)
     log_format: LogFormat = "plain"
     workers: int = 16
     # Where kopf serves /healthz for the liveness probe; empty turns it off.

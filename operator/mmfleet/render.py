@@ -658,7 +658,7 @@ def _front_door(
         config,
         routing.build_picker_role_binding(inference, meta, picker.cluster_role),
         routing.build_picker_deployment(
-            inference, meta, selector, config, tracing_endpoint(inference, profile, collector)
+            inference, meta, selector, config, tracing_endpoint(inference, profile, collector), picker.image
         ),
         routing.build_picker_service(meta, selector),
         routing.build_inference_pool(

@@ -68,6 +68,7 @@ class PickerSettings:
 
     cold_start: float  # seconds a new replica is expected to take to serve (the operator's MMFLEET_COLD_START)
     cluster_role: str  # the ClusterRole the operator's install ships for pickers (read pods and pools)
+    image: str = PICKER_IMAGE  # the pinned release, or the install's mirror of it (MMFLEET_PICKER_IMAGE)
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,7 @@ def build_picker_deployment(
     selector: dict[str, str],
     config: Manifest,
     tracing_endpoint: str | None,
+    image: str = PICKER_IMAGE,
 ) -> Manifest:
     """One picker (no leader election, so no Lease rights), restricted like the servers; the configuration's
     hash on the template, so a new configuration restarts it (it reads the file once, at start)."""
@@ -294,7 +296,7 @@ def build_picker_deployment(
     probe = {"grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE}}
     container: Manifest = {
         "name": "epp",
-        "image": PICKER_IMAGE,
+        "image": image,
         "args": picker_args(inference),
         "env": env,
         "ports": [

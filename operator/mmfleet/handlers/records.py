@@ -239,7 +239,7 @@ def render_children(
     prometheus = status.collector_service(op.config.prometheus_url, "") if op.config.prometheus_url else None
     # The picker's request TTL outlives the operator's expected cold start: a measured one, held in memory, would
     # change the picker's configuration (and restart it) at each restart of the operator.
-    picker = PickerSettings(op.config.default_cold_start, op.config.picker_cluster_role)
+    picker = PickerSettings(op.config.default_cold_start, op.config.picker_cluster_role, op.config.picker_image)
     settings: dict[str, Any] = {
         "monitoring_crds": monitoring_crds,
         "collector_endpoint": op.config.collector_endpoint,

@@ -176,3 +176,16 @@ def test_the_pickers_metrics_are_scraped_beside_the_fleets_where_podmonitors_are
     assert ("PodMonitor", "qwen-epp") not in rendered(spec_doc(), monitoring_crds=True)
     pruned = {(kind, name) for _, kind, name in render.optional_children(parse(spec_doc()))}
     assert ("PodMonitor", "qwen-epp") in pruned  # back to mode service, or monitoring turned off
+
+
+def test_the_install_may_mirror_the_pickers_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An air-gapped cluster pulls the picker from its own registry: MMFLEET_PICKER_IMAGE (the chart's pickerImage)."""
+    from mmfleet.config import OperatorConfig
+
+    monkeypatch.setenv("MMFLEET_PICKER_IMAGE", "mirror.example/epp:v1.5.0")
+    config = OperatorConfig.load()
+    settings = PickerSettings(config.default_cold_start, config.picker_cluster_role, config.picker_image)
+    (container,) = rendered(spec_doc(routing=POOL), picker=settings)["Deployment", "qwen-epp"]["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert container["image"] == "mirror.example/epp:v1.5.0"
