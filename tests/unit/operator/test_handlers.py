@@ -18,6 +18,7 @@ from mmfleet.handlers import autoscale, children, connection, memo, reconcile, r
 from mmfleet.handlers.records import FleetRecord, parse_spec, render_children, write_status
 from mmfleet.render import INFERENCE_LABEL
 from mmfleet.routing import ALL_SERVED
+from tests.helpers.aiohttp_server import served
 from tests.helpers.operator_state import KEY, RecordingKube, fleet_body, indexes, operator, workers
 from tests.helpers.wait import until
 
@@ -385,15 +386,10 @@ def test_requests_are_bounded_and_served_beside_more_open_watch_streams_than_the
             running["now"] -= 1
             return web.json_response({"kind": "List", "path": request.path})
 
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", serve)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        url = f"http://127.0.0.1:{port}"
-        async with ClientSession(connector=TCPConnector(limit=0), middlewares=(connection.RequestBound(3),)) as session:
+        async with (
+            served(serve) as url,
+            ClientSession(connector=TCPConnector(limit=0), middlewares=(connection.RequestBound(3),)) as session,
+        ):
             watches = [await session.get(f"{url}/ns-{i}/pods", params={"watch": "true"}) for i in range(30)]
             assert [await w.content.readline() for w in watches] == [b'{"type": "ADDED"}\n'] * 30
 
@@ -406,7 +402,6 @@ def test_requests_are_bounded_and_served_beside_more_open_watch_streams_than_the
             ended.set()
             for watch in watches:
                 watch.close()
-        await runner.cleanup()
 
     asyncio.run(scenario())
     assert running["most"] == 3

@@ -5,6 +5,7 @@ observer stops the watch, where kopf 1.45.2 alone raises out of every watcher an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import kopf
@@ -14,6 +15,7 @@ from kopf._cogs.clients import auth, errors, watching
 from kopf._cogs.structs import credentials, references
 
 from mmfleet.handlers import settings
+from tests.helpers.aiohttp_server import served
 
 PODMONITORS = references.Resource("monitoring.coreos.com", "v1", "podmonitors", namespaced=True)
 
@@ -27,32 +29,22 @@ async def _watch_for(seconds: float, install: Callable[[], None]) -> tuple[list[
         asked.append(request.path)
         return web.Response(status=404, text="404 page not found")
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", gone)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    vault = credentials.Vault()
-    await vault.populate({"test": credentials.ConnectionInfo(server=f"http://127.0.0.1:{port}")})
-    auth.vault_var.set(vault)
-    install()
     seen: list[object] = []
+    async with served(gone) as url:
+        vault = credentials.Vault()
+        await vault.populate({"test": credentials.ConnectionInfo(server=url)})
+        auth.vault_var.set(vault)
+        install()
 
-    async def consume() -> None:
-        stream: AsyncIterator[object] = watching.infinite_watch(
-            settings=kopf.OperatorSettings(), resource=PODMONITORS, namespace=None
-        )
-        async for event in stream:
-            seen.append(event)
+        async def consume() -> None:
+            stream: AsyncIterator[object] = watching.infinite_watch(
+                settings=kopf.OperatorSettings(), resource=PODMONITORS, namespace=None
+            )
+            async for event in stream:
+                seen.append(event)
 
-    try:
-        await asyncio.wait_for(consume(), seconds)
-    except TimeoutError:
-        pass
-    finally:
-        await runner.cleanup()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(consume(), seconds)
     return seen, len(asked)
 
 
