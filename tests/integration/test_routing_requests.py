@@ -269,6 +269,29 @@ def _serves_all(routed: RoutedPool) -> bool:
     return seen >= {routed.endpoint(ip) for ip in routed.pods}
 
 
+# 127.0.0.1 and ::1 as /proc/net/tcp{,6} write them.
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
+
+
+def _host_ports_beyond_loopback() -> set[int]:
+    """Ports listened on, in this (the host's) network namespace, on an address other than loopback:
+    /proc/net/tcp{,6}, state 0A."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, _, state = line.split()[1:4]
+            address, port = local.rsplit(":", 1)
+            if state == "0A" and address not in LOOPBACK:
+                ports.add(int(port, 16))
+    return ports
+
+
+def test_the_picker_and_the_servers_listen_only_in_their_namespaces(routed: RoutedPool) -> None:
+    served = {int(routed.flag("--port")), 9002, 9003, 9090}  # the servers' port, the picker's (options.go defaults)
+    assert not served & _host_ports_beyond_loopback()
+    assert all(_listening(routed, ip) for ip in routed.sims)
+
+
 def test_the_same_image_goes_to_the_same_replica(routed: RoutedPool) -> None:
     rng = random.Random(24)
     sessions = [(question(rng), data_url(rng)) for _ in range(4)]
