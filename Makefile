@@ -36,7 +36,8 @@ demo-deps:
 	$(call apt_install,$(DEMO_PACKAGES))
 
 ## Built from their Go modules once into ~/.cache/mmfleet: the Kubernetes, etcd and kwok binaries and the OpenTelemetry
-## Collector (the demo's); helm and Argo CD too for the tests.
+## Collector (the demo's); helm, Argo CD, the endpoint picker, the inference simulator and the gateway stand-in too for
+## the tests.
 binaries: install
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_binaries; ensure_binaries(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_collector; ensure_collector(print)"
@@ -45,6 +46,8 @@ test-binaries: binaries
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_helm; ensure_helm(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_argocd; ensure_argocd(print)"
 	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_epp; ensure_epp(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_inference_sim; ensure_inference_sim(print)"
+	$(BIN)/python -c "from mmfleet_lab.cluster import ensure_gateway_standin; ensure_gateway_standin(print)"
 
 lint: install
 	$(BIN)/ruff check operator tests

@@ -14,7 +14,9 @@ from mmfleet_lab.cluster.build import (
     ensure_binaries,
     ensure_collector,
     ensure_epp,
+    ensure_gateway_standin,
     ensure_helm,
+    ensure_inference_sim,
 )
 from mmfleet_lab.cluster.cluster import (
     Cluster,
@@ -44,7 +46,9 @@ __all__ = [
     "ensure_binaries",
     "ensure_collector",
     "ensure_epp",
+    "ensure_gateway_standin",
     "ensure_helm",
+    "ensure_inference_sim",
     "env",
     "get",
     "register_cli",

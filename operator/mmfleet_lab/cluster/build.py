@@ -18,6 +18,9 @@ small wrapper module under ``<cache>/src/<component>``:
 - The Gateway API Inference Extension's endpoint picker: ``sigs.k8s.io/gateway-api-inference-extension`` has no
   replace directives either, so ``./cmd/epp`` is built inside its module (with ``GOWORK=off``: its zip's go.work
   names a module the zip leaves out), stamped like its Dockerfile (``ensure_epp``).
+- The llm-d inference simulator (vLLM's API and metrics without a model), likewise inside its module
+  (``ensure_inference_sim``); the lab's gateway stand-in, from its source under ``mmfleet_lab/gateway/standin`` with the
+  committed go.sum, into a directory named by the hash of that source (``ensure_gateway_standin``).
 
 A build goes into a temporary directory next to its target and is renamed into place, so a
 half-built directory never looks complete. A file lock serialises concurrent callers.
@@ -36,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,7 @@ ETCD_VERSION = "3.6.16"
 KWOK_VERSION = "0.8.0"
 HELM_VERSION = "3.22.0"
 EPP_VERSION = PICKER_VERSION.removeprefix("v")  # the operator's pin (mmfleet.routing)
+INFERENCE_SIM_VERSION = "0.10.2"
 
 Progress = Callable[[str], None]
 
@@ -676,3 +681,57 @@ def _build_argocd(final: Path, go: str, progress: Progress) -> None:
                 shutil.copyfile(module / "manifests" / "base" / "config" / name, staging / "config" / name)
     finally:
         shutil.rmtree(module, ignore_errors=True)
+
+
+# --- the inference simulator and the gateway stand-in ----------------------------------------------------
+
+_INFERENCE_SIM_MODULE = "github.com/llm-d/llm-d-inference-sim"
+
+
+def inference_sim_path(root: Path | None = None) -> Path:
+    """Where the inference simulator binary is (or will be); nothing is built."""
+    return (root or cache_root()) / f"inference-sim-v{INFERENCE_SIM_VERSION}" / "bin" / "llm-d-inference-sim"
+
+
+def ensure_inference_sim(progress: Progress = silent) -> Path:
+    """The llm-d inference simulator, built once from its Go module (about 3 minutes); instant when cached. Its
+    Makefile stamps nothing (``CGO_ENABLED=0 go build``, Makefile:75)."""
+    spec = _InModule("inference-sim", f"the llm-d inference simulator v{INFERENCE_SIM_VERSION}", "~3 min",
+                     _INFERENCE_SIM_MODULE, INFERENCE_SIM_VERSION, "./cmd/llm-d-inference-sim")  # fmt: skip
+    return _ensure_in_module(inference_sim_path(cache_root()), spec, lambda _: "-s -w", progress)
+
+
+GATEWAY_STANDIN = "gateway-standin"
+_STANDIN_FILES = ("go.mod", "go.sum", "main.go")
+
+
+def gateway_standin_source() -> Path:
+    """The stand-in's Go module, shipped in the lab's package."""
+    return Path(str(resources.files("mmfleet_lab") / "gateway" / "standin"))
+
+
+def gateway_standin_path(root: Path | None = None) -> Path:
+    """Where the stand-in built from the current source is (or will be): ``gateway-standin-<source hash>``, so an
+    edit builds anew; nothing is built."""
+    digest = hashlib.sha256()
+    for name in _STANDIN_FILES:
+        digest.update(name.encode() + b"\0" + (gateway_standin_source() / name).read_bytes() + b"\0")
+    return (root or cache_root()) / f"{GATEWAY_STANDIN}-{digest.hexdigest()[:12]}" / "bin" / GATEWAY_STANDIN
+
+
+def ensure_gateway_standin(progress: Progress = silent) -> Path:
+    """The gateway stand-in (Envoy's part in front of an InferencePool, for tests), built from its source with the
+    committed go.sum (``-mod=readonly``: a dependency it does not pin fails the build); seconds once its modules are
+    downloaded, instant when cached."""
+    binary = gateway_standin_path(cache_root())
+
+    def build_it(go: str) -> None:
+        build = _Build(binary.parent.parent, GATEWAY_STANDIN, "the gateway stand-in", "~1 min", go, progress)
+        with build.staging() as staging:
+            builder = _Runner(go, gateway_standin_source(), build.log, progress)
+            builder.env["GOFLAGS"] = "-mod=readonly"
+            out = str(staging / "bin" / GATEWAY_STANDIN)
+            builder.run("build", "-trimpath", "-ldflags", "-s -w", "-o", out, ".", note="go build gateway-standin")
+
+    _ensure_built(cache_root(), lambda: os.access(binary, os.X_OK), "the gateway stand-in", GATEWAY_STANDIN, build_it)
+    return binary

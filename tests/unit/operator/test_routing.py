@@ -106,6 +106,14 @@ def test_saturation_is_the_queue_the_slo_allows(autoscaling: dict[str, Any] | No
     assert detector["parameters"] == {"queueDepthThreshold": depth, "kvCacheUtilThreshold": 0.8}
 
 
+def test_the_profile_filters_out_stale_and_saturated_replicas_before_scoring() -> None:
+    """The utilization detector is the profile's filter too: a replica whose server died (its metrics stale) stops
+    being chosen before its pod turns not Ready (tests/integration/test_routing_requests.py)."""
+    profile = config(spec_doc(routing=POOL))["schedulingProfiles"][0]
+    assert profile["plugins"][0] == {"pluginRef": "utilization-detector"}
+    assert [p["pluginRef"] for p in profile["plugins"][1:]] == [name for name, _ in routing.SCORER_WEIGHTS]
+
+
 ENGINES = [("vllm", "vllm", "/metrics"), ("tensorrt-llm", "trtllm-serve", "/prometheus/metrics")]
 
 

@@ -1,0 +1,375 @@
+"""Routing mode inferencePool routes requests: the real endpoint picker (EPP v1.5.0) with the configuration the
+operator rendered, real model servers (the llm-d inference simulator, with vLLM's API and metric names) at the
+fleet's pod IPs, and the lab's gateway stand-in doing Envoy's part over ext_proc (``mmfleet_lab/gateway/standin``).
+
+The picker and the simulators bind every interface, so each runs in a network namespace of its own
+(``mmfleet_lab.cluster.netns``): the picker and the stand-in in a gateway namespace whose 127.0.0.1 leads to the API
+server's port, each simulator in a namespace holding its pod's IP. The test speaks HTTP to the stand-in's Unix socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import random
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from kubernetes import client
+
+from mmfleet.api import seconds
+from mmfleet_lab.cluster import Cluster, ensure_epp, ensure_gateway_standin, ensure_inference_sim
+from mmfleet_lab.cluster.netns import Network, isolated_network, socket_in
+from tests.helpers.chart import has_default_sa
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+FLEET = "routed"
+REPLICAS = 3
+# The operator's MMFLEET_COLD_START for this module: the picker's request TTL is the next 30 s step above it
+# (mmfleet.routing.request_ttl), so held requests are answered after 30 s rather than 150.
+COLD_START = "1"
+POOL_API = ("inference.networking.k8s.io", "v1")
+# The simulator's flags that make it a server of the fleet (llm-d-inference-sim v0.10.2 pkg/common/parser.go:115-231):
+# no tokenizer download (a simulated one, tokenizer.go:54-70), its KV cache with vLLM's 16-token blocks, so
+# ``vllm:cache_config_info`` tells the picker's prefix index the block size (metrics.go). POD_IP is needed with the KV
+# cache (its events name the pod).
+SIM_FLAGS = ("--force-dummy-tokenizer", "--enable-kvcache", "--block-size", "16", "--kv-cache-size", "4096")
+FAST = ("--time-to-first-token", "10ms", "--inter-token-latency", "1ms")
+# Seconds after its server's death by which a replica gets no more requests: the detector's staleness threshold
+# (200 ms) and a scrape (50 ms), with room for two busy cores.
+STALE_WITHIN = 0.5
+# --log-http: each request's headers in the simulator's log, where the trace context is looked for.
+SIM_FLAGS += ("--log-http",)
+
+
+@dataclass
+class Answer:
+    status: int
+    endpoint: str
+    body: str
+    seconds: float
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """HTTP over the stand-in's Unix socket."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("gateway.local", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(str(self.socket_path))
+        self.sock = sock
+
+
+@dataclass
+class RoutedPool:
+    """The fleet's pods served by simulators, its picker and the stand-in, in ``network``."""
+
+    network: Network
+    fleet: Fleet
+    serve: list[str]  # the rendered server's command
+    ttl: float  # the rendered flowControl.defaultRequestTTL, in seconds
+    logs: Path
+    gateway_socket: Path
+    pods: dict[str, str] = field(default_factory=dict)  # pod IP -> pod name
+    sims: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # pod IP -> its simulator
+    picker_log: Path = Path()
+
+    def flag(self, name: str) -> str:
+        return self.serve[self.serve.index(name) + 1]
+
+    @property
+    def model(self) -> str:
+        return self.flag("--served-model-name")
+
+    def start_sim(self, ip: str, *extra: str) -> None:
+        """A simulator as the fleet's server at ``ip`` (its model, served name, port, context length)."""
+        if ip in self.sims:
+            Network.stop(self.sims.pop(ip))
+        argv = [str(ensure_inference_sim()), "--model", self.serve[2], "--served-model-name", self.model]
+        argv += ["--port", self.flag("--port"), "--max-model-len", self.flag("--max-model-len")]
+        argv += ["--max-num-seqs", self.flag("--max-num-seqs"), *SIM_FLAGS, *extra]
+        env = {"POD_IP": ip, "POD_NAME": self.pods[ip], "POD_NAMESPACE": self.fleet.namespace}
+        self.sims[ip] = self.network.run(self.network.pods[ip], argv, self.logs / f"sim-{ip}.log", env)
+
+    def post(self, body: dict[str, Any], timeout: float = 30.0, headers: dict[str, str] | None = None) -> Answer:
+        connection = UnixConnection(self.gateway_socket, timeout)
+        started = time.monotonic()
+        try:
+            payload = json.dumps(body).encode()
+            sent = {"content-type": "application/json", **(headers or {})}
+            connection.request("POST", "/v1/chat/completions", payload, sent)
+            answer = connection.getresponse()
+            text = answer.read().decode(errors="replace")
+            endpoint = answer.getheader("x-mmfleet-endpoint") or ""
+            return Answer(answer.status, endpoint, text, time.monotonic() - started)
+        finally:
+            connection.close()
+
+    def picker_metrics(self) -> str:
+        """The picker's /metrics, read inside the gateway namespace (its port is there only)."""
+        connection = http.client.HTTPConnection("127.0.0.1", 9090, timeout=5)
+        sock = socket_in(self.network.gateway)
+        sock.settimeout(5)
+        sock.connect(("127.0.0.1", 9090))
+        connection.sock = sock
+        try:
+            connection.request("GET", "/metrics")
+            return connection.getresponse().read().decode()
+        finally:
+            connection.close()
+
+    def endpoint(self, ip: str) -> str:
+        return f"{ip}:{self.flag('--port')}"
+
+    def why(self) -> str:
+        return "\n".join(self.picker_log.read_text(errors="replace").splitlines()[-30:])
+
+
+def chat(model: str, text: str, image: str | None = None, max_tokens: int = 4) -> dict[str, Any]:
+    """An OpenAI chat request; with ``image``, a user turn of text then the image (a data: or http:// URL)."""
+    content: Any = text
+    if image is not None:
+        content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": image}}]
+    return {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}
+
+
+def data_url(rng: random.Random, size: int = 6000) -> str:
+    return "data:image/png;base64," + base64.b64encode(rng.randbytes(size)).decode()
+
+
+def question(rng: random.Random) -> str:
+    """A session's question, different from the first words: the picker hashes the messages in 64-byte blocks (16
+    tokens of 4 characters, ``approximateprefix/hashing.go:47-87``), and a first block shared by every request would
+    pull each new one to whichever replica saw it first."""
+    return f"Session {uuid.UUID(int=rng.getrandbits(128))}: what does this picture show, and what is unusual in it?"
+
+
+@pytest.fixture(scope="module")
+def pool_operator(routing_crds: None, operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The session's operator restarted to see the routing CRDs, with a short cold start (so a 30 s request TTL);
+    restarted as it was at the end."""
+    operator.env["MMFLEET_COLD_START"] = COLD_START
+    operator.stop()
+    operator.start()
+    try:
+        yield operator
+    finally:
+        del operator.env["MMFLEET_COLD_START"]
+        operator.stop()
+        operator.start()
+
+
+def _ready_pods(fleet: Fleet, selector: dict[str, str]) -> dict[str, str] | None:
+    labels = ",".join(f"{key}={value}" for key, value in selector.items())
+    pods = fleet.core.list_namespaced_pod(fleet.namespace, label_selector=labels).items
+    ready = {
+        pod.status.pod_ip: pod.metadata.name
+        for pod in pods
+        if pod.status.pod_ip
+        and pod.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    }
+    return ready if len(ready) == REPLICAS else None
+
+
+@pytest.fixture(scope="module")
+def routed(
+    cluster: Cluster, api: Any, pool_operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RoutedPool]:
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    namespace = f"it-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    wait_for(lambda: has_default_sa(api, namespace), 30, f"namespace {namespace}'s default ServiceAccount")
+    fleet = Fleet(api, namespace)
+    logs = tmp_path_factory.mktemp("routing")
+    try:
+        fleet.create(mmi(FLEET, replicas=REPLICAS, routing={"mode": "inferencePool"}))
+        fleet.wait_condition(FLEET, "RoutingReady", status="True", timeout=90)
+        pool = custom.get_namespaced_custom_object(*POOL_API, namespace, "inferencepools", FLEET)
+        config_map = core.read_namespaced_config_map(f"{FLEET}-epp", namespace)
+        picker = fleet.apps.read_namespaced_deployment(f"{FLEET}-epp", namespace).spec.template.spec.containers[0]
+        server = fleet.apps.read_namespaced_deployment(FLEET, namespace).spec.template.spec.containers[0]
+        pods = wait_for(lambda: _ready_pods(fleet, pool["spec"]["selector"]["matchLabels"]), 60, "the fleet's pods")
+        config_text = config_map.data["config.yaml"]
+        ttl = seconds(yaml.safe_load(config_text)["flowControl"]["defaultRequestTTL"])
+        config = logs / "config.yaml"
+        config.write_text(config_text)  # the rendered configuration, as it is
+        assert str(pool["spec"]["targetPorts"][0]["number"]) == server.command[server.command.index("--port") + 1]
+
+        with isolated_network() as network:
+            routed = RoutedPool(network, fleet, server.command, ttl, logs, logs / "gateway.sock", pods=pods)
+            network.forward_tcp(urlsplit(_api_server(cluster)).port or 443)
+            for ip in pods:
+                network.add_pod(ip)
+                routed.start_sim(ip, *FAST)
+            # The rendered container's arguments; only the configuration's path is this test's.
+            args: list[str] = picker.args
+            args[args.index("--config-file") + 1] = str(config)
+            env = {"KUBECONFIG": str(cluster.kubeconfig), "NAMESPACE": namespace, "POD_NAME": f"{FLEET}-epp-0-0"}
+            routed.picker_log = logs / "epp.log"
+            network.run(network.gateway, [str(ensure_epp()), *args], routed.picker_log, env)
+            standin = [str(ensure_gateway_standin()), "--listen", f"unix:{routed.gateway_socket}"]
+            network.run(network.gateway, [*standin, "--ext-proc", "127.0.0.1:9002"], logs / "gateway.log")
+            wait_for(routed.gateway_socket.exists, 30, "the stand-in's socket")
+            wait_for(
+                lambda: _serves_all(routed), 60, lambda: f"every replica serving through the picker\n{routed.why()}"
+            )
+            yield routed
+    finally:
+        core.delete_namespace(namespace)
+
+
+def _fill(routed: RoutedPool, request: dict[str, Any]) -> None:
+    """A request left waiting in a server or in the picker; its end (an answer, or the network's removal) unread."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        routed.post(request, routed.ttl + 90)
+
+
+def _listening(routed: RoutedPool, ip: str) -> bool:
+    probe = socket_in(routed.network.gateway)
+    probe.settimeout(1)
+    try:
+        probe.connect((ip, int(routed.flag("--port"))))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _api_server(cluster: Cluster) -> str:
+    server: str = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    return server
+
+
+def _serves_all(routed: RoutedPool) -> bool:
+    """Distinct requests reach every replica (the picker has them all, with metrics)."""
+    rng = random.Random()  # new questions at each try: a question asked before goes where it went
+    seen = {routed.post(chat(routed.model, question(rng))).endpoint for _ in range(12)}
+    return seen >= {routed.endpoint(ip) for ip in routed.pods}
+
+
+# 127.0.0.1 and ::1 as /proc/net/tcp{,6} write them.
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
+
+
+def _host_ports_beyond_loopback() -> set[int]:
+    """Ports listened on, in this (the host's) network namespace, on an address other than loopback:
+    /proc/net/tcp{,6}, state 0A."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, _, state = line.split()[1:4]
+            address, port = local.rsplit(":", 1)
+            if state == "0A" and address not in LOOPBACK:
+                ports.add(int(port, 16))
+    return ports
+
+
+def test_the_picker_and_the_servers_listen_only_in_their_namespaces(routed: RoutedPool) -> None:
+    served = {int(routed.flag("--port")), 9002, 9003, 9090}  # the servers' port, the picker's (options.go defaults)
+    assert not served & _host_ports_beyond_loopback()
+    assert all(_listening(routed, ip) for ip in routed.sims)
+
+
+def test_the_same_image_goes_to_the_same_replica(routed: RoutedPool) -> None:
+    rng = random.Random(24)
+    sessions = [(question(rng), data_url(rng)) for _ in range(4)]
+    sessions += [(question(rng), f"http://images.example/{uuid.UUID(int=rng.getrandbits(128))}.png") for _ in range(4)]
+    served: dict[int, list[str]] = {i: [] for i in range(len(sessions))}
+    for _ in range(3):  # each session's request three times, the sessions interleaved
+        for i, (text, image) in enumerate(sessions):
+            answer = routed.post(chat(routed.model, text, image))
+            assert answer.status == 200, answer.body
+            served[i].append(answer.endpoint)
+    assert all(len(set(endpoints)) == 1 for endpoints in served.values()), served
+    # Not one replica for everything: each session's first request went where the picker's tie-break sent it.
+    assert len({endpoints[0] for endpoints in served.values()}) > 1, served
+
+
+def test_distinct_text_requests_spread_over_replicas(routed: RoutedPool) -> None:
+    rng = random.Random(25)
+    endpoints = []
+    for _ in range(12):
+        answer = routed.post(chat(routed.model, question(rng) + " Answer in one sentence."))
+        assert answer.status == 200, answer.body
+        endpoints.append(answer.endpoint)
+    assert len(set(endpoints)) > 1, endpoints
+    assert set(endpoints) <= {routed.endpoint(ip) for ip in routed.pods}
+
+
+def test_a_trace_context_reaches_the_model_server(routed: RoutedPool) -> None:
+    traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+    answer = routed.post(chat(routed.model, question(random.Random(26))), headers={"traceparent": traceparent})
+    assert answer.status == 200, answer.body
+    ip = answer.endpoint.rsplit(":", 1)[0]
+    wait_for(lambda: traceparent in (routed.logs / f"sim-{ip}.log").read_text(errors="replace"), 5, "the sim's log")
+
+
+def test_a_replica_whose_server_dies_stops_receiving_requests(routed: RoutedPool) -> None:
+    """Its server killed, its pod still Ready (the kubelet's probe has not noticed yet): the picker stops choosing
+    it once its metrics go stale (the utilization detector, a filter of the rendered profile, drops endpoints whose
+    metrics are older than 200 ms: saturationdetector/utilization/detector.go:142-168, config.go), so within a few
+    of its 50 ms scrapes; requests from then on are served by the others."""
+    dead = sorted(routed.pods)[-1]
+    Network.stop(routed.sims.pop(dead))
+    killed = time.monotonic()
+    rng = random.Random(27)
+    answers = []
+    while time.monotonic() - killed < 3:
+        answers.append((time.monotonic() - killed, routed.post(chat(routed.model, question(rng)))))
+    late = [(round(t, 3), a.status) for t, a in answers if a.endpoint == routed.endpoint(dead)]
+    assert all(t < STALE_WITHIN for t, _ in late), late
+    served = [a for t, a in answers if t >= STALE_WITHIN]
+    assert len(served) > 10 and all(a.status == 200 for a in served), [(a.status, a.body[:200]) for a in served]
+    # Then what the kubelet does: the pod not Ready, so it leaves the pool (and the next test's saturation).
+    pod = routed.fleet.core.read_namespaced_pod_status(routed.pods[dead], routed.fleet.namespace)
+    conditions = [
+        {"type": c.type, "status": "False" if c.type in ("Ready", "ContainersReady") else c.status}
+        for c in pod.status.conditions
+    ]
+    routed.fleet.core.patch_namespaced_pod_status(
+        routed.pods[dead], routed.fleet.namespace, {"status": {"conditions": conditions}}
+    )
+
+
+def test_a_saturated_pool_holds_requests_then_answers_with_the_pickers_status(routed: RoutedPool) -> None:
+    """Every replica busy (one request at a time, a minute to its first token): requests queue in the servers until
+    each has the rendered queue depth waiting, the pool is saturated, and the picker's flow control holds the next
+    request for the rendered TTL, then answers 503 itself (requestcontrol/admission.go:212-233)."""
+    live = [ip for ip in routed.pods if ip in routed.sims]
+    for ip in live:
+        routed.start_sim(ip, "--max-num-seqs", "1", "--time-to-first-token", "60s")
+    wait_for(lambda: all(_listening(routed, ip) for ip in live), 30, "the slowed servers")
+    config = yaml.safe_load((routed.logs / "config.yaml").read_text())
+    depth = next(
+        p["parameters"]["queueDepthThreshold"] for p in config["plugins"] if p["type"] == "utilization-detector"
+    )
+    rng = random.Random(28)
+    for _ in range(len(live) * (depth + 2)):  # one running and more than the queue depth waiting on each
+        threading.Thread(target=_fill, args=(routed, chat(routed.model, question(rng))), daemon=True).start()
+        time.sleep(0.15)  # the picker sees each server's queue grow (it scrapes every 50 ms)
+    held = routed.post(chat(routed.model, question(rng)), timeout=routed.ttl + 30)
+    assert held.status == 503, (held, routed.why())
+    assert held.body.startswith("inference error: ServiceUnavailable - request timed out in queue"), held.body
+    assert routed.ttl - 1 <= held.seconds <= routed.ttl + 10, held.seconds
