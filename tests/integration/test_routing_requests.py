@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import json
 import random
+import re
 import socket
 import subprocess
 import threading
@@ -29,6 +30,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from mmfleet import dashboard
 from mmfleet.api import seconds
 from mmfleet_lab.cluster import Cluster, ensure_epp, ensure_gateway_standin, ensure_inference_sim
 from mmfleet_lab.cluster.netns import Network, isolated_network, socket_in
@@ -316,6 +318,17 @@ def test_distinct_text_requests_spread_over_replicas(routed: RoutedPool) -> None
         endpoints.append(answer.endpoint)
     assert len(set(endpoints)) > 1, endpoints
     assert set(endpoints) <= {routed.endpoint(ip) for ip in routed.pods}
+
+
+def test_the_dashboards_picker_series_are_the_real_pickers(routed: RoutedPool) -> None:
+    """Every picker series the shipped dashboard's Routing row reads is in the real picker's /metrics once it has
+    routed requests (a vector shows no series before its first label set)."""
+    exprs = " ".join(expr for _, expr in dashboard.expressions(dashboard.dashboard()))
+    wanted = set(re.findall(r"\b(inference_(?:extension|pool)_[a-z_]+)\{", exprs))
+    assert len(wanted) >= 5, wanted
+    exposed = routed.picker_metrics()
+    missing = {name for name in wanted if not re.search(rf"^{name}[{{ ]", exposed, re.MULTILINE)}
+    assert not missing, f"{missing} not in the picker's /metrics:\n{exposed[:3000]}"
 
 
 def test_a_trace_context_reaches_the_model_server(routed: RoutedPool) -> None:
