@@ -165,6 +165,7 @@ class ReplicaEngine:
             r.pdone = r.kv = hit
             self.kv_used += hit
             if w.block_tokens > 0:
+                self.outcomes.cached[r.i] = hit
                 r.vision_done = r.vision_done or hit >= w.image_end[r.i]
                 self.touch(self.cache, self.chain(r.i)[:m])
             self.running.append(r)
@@ -289,7 +290,7 @@ class FineEngine:
             return self.replicas[e].gauges()[2]
 
         cand = [e for e in eligible if len(self.replicas[e].waiting) < rt.queue_depth and kv(e) < rt.kv_saturated]
-        cand = cand or list(eligible)
+        cand = cand if rt.saturation_filter and cand else list(eligible)
         waits = [len(self.replicas[e].waiting) for e in cand]
         lo, hi = min(waits), max(waits)
         blocks = self.replicas[0].chain(i)

@@ -97,6 +97,7 @@ class _Const(NamedTuple):
     block_chars: int
     queue_depth: int
     kv_saturated: float
+    saturation_filter: bool
 
 
 # A running seat's integer fields, side by side so that a step touches one cache line per request.
@@ -132,6 +133,7 @@ class _State(NamedTuple):
     ttft: np.ndarray  # the Outcomes arrays, written in place
     e2e: np.ndarray
     itl: np.ndarray
+    cached: np.ndarray
     # per replica
     clock: np.ndarray
     kv_used: np.ndarray
@@ -239,7 +241,9 @@ def _hashed(chain_chars: np.ndarray, s0: int, m: int, window_chars: int, block_c
 def _pick(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np.ndarray, score: np.ndarray) -> int:
     """The endpoint picker's choice for request ``i`` (Gateway API Inference Extension v1.5.0; paths in its module).
 
-    - Filter, ``utilization-detector`` (flowcontrol/saturationdetector/utilization/detector.go:142-168): replicas
+    - Filter, ``utilization-detector`` (framework/plugins/flowcontrol/saturationdetector/utilization/detector.go:
+      139-168), only where the scheduling profile lists it (scheduling/scheduler_profile.go:138 runs the profile's
+      filters; neither the picker's default profile nor mmfleet's does, config/loader/defaults.go:46-103): replicas
       with ``queue_depth`` or more waiting requests, or KV use at ``kv_saturated`` or more, are dropped; if that
       drops all, all stay.
     - ``prefix-cache-scorer`` (scheduling/framework/plugins/scorer/prefix/plugin.go:108-111): blocks matched in the
@@ -256,7 +260,9 @@ def _pick(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np
     n_c = 0
     for q in range(eligible.size):
         e = eligible[q]
-        if s.n_wait[e] < c.queue_depth and min(float(s.kv_used[e]) / capf, 1.0) < c.kv_saturated:
+        if not c.saturation_filter or (
+            s.n_wait[e] < c.queue_depth and min(float(s.kv_used[e]) / capf, 1.0) < c.kv_saturated
+        ):
             cand[n_c] = e
             n_c += 1
     if n_c == 0:
@@ -471,6 +477,7 @@ def _run(
                     seat[r, k, _KV] = hit
                     kv_used[r] += hit
                     if bt > 0:
+                        s.cached[i] = hit
                         if hit >= image_end[i]:
                             vision_done[i] = True
                         for j in range(m):
@@ -760,6 +767,7 @@ class CompiledEngine:
             block_chars=router.block_chars,
             queue_depth=router.queue_depth,
             kv_saturated=router.kv_saturated,
+            saturation_filter=router.saturation_filter,
         )
         self._s = _State(
             prompt=np.zeros(n, dtype=np.int64),
@@ -776,6 +784,7 @@ class CompiledEngine:
             ttft=self.outcomes.ttft,
             e2e=self.outcomes.e2e,
             itl=self.outcomes.itl,
+            cached=self.outcomes.cached,
             decodes=np.zeros(seats, dtype=np.uintp),
             chunks=np.zeros(seats, dtype=np.uintp),
             chunk_tokens=np.zeros(seats, dtype=np.int64),

@@ -42,8 +42,9 @@ class Router:
     kv_weight: float = 0.0
     window_chars: int = 0  # the picker hashes at most this many characters of a request's messages
     block_chars: int = 64  # in blocks of this many (the trailing partial block is not hashed)
-    queue_depth: int = 0  # a replica with this many waiting requests is saturated and filtered out ...
+    queue_depth: int = 0  # a replica with this many waiting requests is saturated ...
     kv_saturated: float = 1.0  # ... or with this share of its KV cache in use
+    saturation_filter: bool = False  # saturated replicas are filtered out (the detector is in the profile)
     seed: int = 0  # the picker's tie-break
 
 
@@ -116,12 +117,14 @@ class Workload:
 
 
 class Outcomes:
-    """Per-request latencies; np.inf until a request gets there."""
+    """Per-request latencies; np.inf until a request gets there. ``cached``: prompt tokens a replica's prefix cache
+    held when it last admitted the request (vLLM's ``prefix_cache_hits``, per request)."""
 
     def __init__(self, n: int) -> None:
         self.ttft = np.full(n, np.inf)
         self.e2e = np.full(n, np.inf)
         self.itl = np.full(n, np.inf)
+        self.cached = np.zeros(n, dtype=np.int64)
 
     def finish(
         self, idx: np.ndarray | int, t_done: np.ndarray | float, arrival: np.ndarray | float, out: np.ndarray | float

@@ -42,7 +42,7 @@ def router(config: Manifest, seed: int = 0) -> Router:
     The prefix window: ``maxPrefixTokensToMatch`` (if > 0) or ``maxPrefixBlocksToMatch`` blocks of the block size,
     which ``autoTune`` (default on) takes from the servers, at 4 characters a token (approximateprefix/plugin.go:
     142-145). Saturation: the ``utilization-detector``'s thresholds (flowcontrol/saturationdetector/utilization/
-    config.go:29-96), the defaults when the configuration names none.
+    config.go:29-96), the defaults when the configuration names none; a filter only if the profile lists it.
     """
     plugins = {p.get("name", p["type"]): p for p in config.get("plugins", [])}
     weights = {SCORERS[plugins[ref["pluginRef"]]["type"]]: float(ref.get("weight", DEFAULT_WEIGHT))
@@ -56,12 +56,14 @@ def router(config: Manifest, seed: int = 0) -> Router:
     blocks = tokens // block if tokens > 0 else int(prefix.get("maxPrefixBlocksToMatch", DEFAULT_MAX_BLOCKS))
     detector_ref = config.get("saturationDetector", {}).get("pluginRef", "utilization-detector")
     detector = plugins.get(detector_ref, {}).get("parameters", {})
+    profile = {ref["pluginRef"] for ref in config["schedulingProfiles"][0]["plugins"]}
     return Router(
         kind="picker",
         window_chars=blocks * block * CHARS_PER_TOKEN,
         block_chars=block * CHARS_PER_TOKEN,
         queue_depth=int(detector.get("queueDepthThreshold", DEFAULT_QUEUE_DEPTH)),
         kv_saturated=float(detector.get("kvCacheUtilThreshold", KV_CACHE_SATURATED)),
+        saturation_filter=detector_ref in profile,
         seed=seed,
         **weights,
     )

@@ -144,6 +144,7 @@ class RunResult:
     unschedulable: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of Pending pods
     draining: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of draining pods
     starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
+    cached: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: prompt tokens found cached, per request
 
     def latency(self, metric: str) -> np.ndarray:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]

@@ -44,21 +44,33 @@ def repeat_ttft(image_tokens: int, cached_tokens: int, image_end: int) -> tuple[
     return float(fresh), float(again)
 
 
-def test_repeated_image_fits_the_real_server() -> None:
-    """/work/shared/calibration/real-vllm-h200-mm/README.md, batch 1, p50 of 10 (cells spread 20-50 ms): 448x448
-    fresh 74.0 ms, again 33.3 (blocks cached up to token 272, past the image: no encoder call); 1280x720 fresh
-    122.0, again 43.3 (cached to 1,200; the image ends at 1,211, so its encoder output is needed again: the twin
-    calls the encoder, the server may have taken it from its encoder cache, not told apart there).
+def text_only_ttft() -> float:
+    req = Requests(np.zeros(1), np.full(1, TEXT), np.full(1, 150), np.zeros(1))
+    eng = CompiledEngine(P, Workload.build(req, P))
+    eng.add_replica()
+    eng.run(0.0, 20.0, np.arange(1), np.array([0]))
+    return float(1000.0 * eng.outcomes.ttft[0])
 
-    Tolerances: a repeat of a fully cached 448x448 image within 7 ms of the measured 33.3 (the twin's CPU
-    preprocessing, 10 ms assumed per image, is not cached); the 1280x720 repeat within 16 ms above the
-    measured 43.3 (the encoder call, 19 ms in the twin) and below the twin's own fresh TTFT; the repeat saves at
-    least 35% of the fresh TTFT at 448x448 (the server: 55%)."""
+
+def test_repeated_image_fits_the_real_server() -> None:
+    """/work/shared/calibration/real-vllm-h200-mm/README.md, batch 1, p50 of 10 (cells spread 20-50 ms), each
+    as the increment over the text-only request (22.1 ms; the twin's is 29.5, its text-only error, not the
+    cache's): 448x448 fresh +51.9 ms, again +11.2 (blocks cached up to token 272, past the image: no encoder
+    call and 215 tokens to prefill, against 229 text-only, so what is left is the image's CPU work); 1280x720
+    fresh +99.8, again +21.2 (cached to 1,200; the image ends at 1,211, so the twin calls the encoder again,
+    where the server may have taken its output from its encoder cache: not told apart there).
+
+    The repeat's cost is the twin's CPU preprocessing per image (``IMAGE_PREPROCESS_S``, 10 ms assumed), which
+    the 448x448 repeat measures: +11.2 ms, within 2 ms. At 1280x720 the twin's repeat adds the encoder call
+    (19 ms): within 10 ms above the measured increment. Fresh images stay what the real-server README reports
+    (the twin charges 33 and 55 ms where the server took 52 and 100)."""
+    text = text_only_ttft()
     fresh, again = repeat_ttft(258, 272, 272)
-    assert abs(again - 33.3) <= 7.0, (fresh, again)
-    assert again <= 0.65 * fresh
+    assert abs((again - text) - 11.2) <= 2.0, (text, fresh, again)
+    assert again < 0.65 * fresh
     fresh, again = repeat_ttft(1198, 1200, 1211)
-    assert 43.3 <= again <= 43.3 + 16.0 and again < fresh, (fresh, again)
+    assert 0.0 <= (again - text) - 21.2 <= 10.0, (text, fresh, again)
+    assert again < fresh
 
 
 def test_without_prefixes_the_cache_changes_nothing() -> None:
@@ -86,7 +98,7 @@ ROUTERS = {
     "least-outstanding": Router(),
     "round-robin": Router(kind="round-robin"),
     "picker-defaults": router(PICKER_DEFAULTS, seed=3),
-    "picker-queue-1": replace(router(PICKER_DEFAULTS, seed=3), queue_depth=1),  # the filter acts
+    "picker-filter": replace(router(PICKER_DEFAULTS, seed=3), queue_depth=1, saturation_filter=True),
 }
 
 
@@ -100,6 +112,7 @@ def test_compiled_matches_reference_with_prefixes(name: str) -> None:
     fine, comp = lockstep(params, req, 3, 40.0, router=ROUTERS[name])
     assert_same_outcomes(fine, comp)
     assert_same_counters(fine.book.rows, comp.book.rows)
+    assert np.array_equal(fine.outcomes.cached, comp.outcomes.cached) and comp.outcomes.cached.any()
     assert Workload.build(req, params).n_blocks > 3 * fine.replicas[0].cache_blocks  # blocks must be evicted
     assert all(len(r.cache) == r.cache_blocks for r in fine.replicas)
 
@@ -153,6 +166,8 @@ def test_router_from_the_rendered_config() -> None:
     d = router(PICKER_DEFAULTS)
     assert (d.prefix_weight, d.queue_weight, d.kv_weight) == (3.0, 2.0, 2.0)
     assert d.window_chars == 256 * 64 and d.block_chars == 64 and d.queue_depth == 5 and d.kv_saturated == 0.8
+    assert not d.saturation_filter  # the detector is not in the default profile
     inference = fleet(SloSpec(metric="ttft", target="2s"), 1, 8, 3.0)
     m = router(picker_config(inference, 120.0))
     assert m.window_chars == inference.spec.backend.max_model_len * 4 and m.queue_depth == 6
+    assert not m.saturation_filter
