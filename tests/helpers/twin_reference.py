@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from mmfleet_lab.twin.compiled import FLOW_TICK_S
 from mmfleet_lab.twin.engine import LEAST_OUTSTANDING, Outcomes, Router, Workload
 from mmfleet_lab.twin.observe import LAYOUT, MetricBook
 from mmfleet_lab.twin.replica import ReplicaParams
@@ -247,6 +248,8 @@ class FineEngine:
         self.router = router
         self.turn = 0
         self.random = router.seed % 2147483648
+        self.held: deque[int] = deque()  # flow control: requests waiting in the picker
+        self.next_tick = 0.0
         self.book = MetricBook()
         self.outcomes = Outcomes(work.arrival.shape[0])
         self.replicas: list[ReplicaEngine] = []
@@ -265,13 +268,47 @@ class FineEngine:
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
         for i in idx:
             t = max(float(self.work.arrival[i]), t0)
+            self.flow(t, eligible)
             for r in self.replicas:
                 r.advance(t)
             if self.work.deadline[i] <= t:  # its client gave up at the gateway
                 continue
+            if self.router.flow_control and (self.held or self.saturated(eligible)):
+                if not self.held:
+                    self.next_tick = t + FLOW_TICK_S
+                self.held.append(int(i))
+                continue
             self.replicas[self.route(int(i), [int(e) for e in eligible])].submit(int(i))
+        self.flow(t1, eligible)
         for r in self.replicas:
             r.advance(t1)
+
+    def saturated(self, eligible: np.ndarray) -> bool:
+        """The picker's pool saturation (``compiled._saturated``)."""
+        rt = self.router
+        load = [
+            max(len(self.replicas[e].waiting) / rt.queue_depth, self.replicas[e].gauges()[2] / rt.kv_saturated)
+            for e in eligible
+        ]
+        return sum(load) / len(load) >= 1.0
+
+    def flow(self, until: float, eligible: np.ndarray) -> None:
+        """Flow control's looks at the pool before ``until`` while requests are held: those past their client's
+        deadline or the picker's TTL go, the rest are dispatched when the pool is not saturated."""
+        w = self.work
+        while self.held and len(eligible) and self.next_tick < until:
+            t = self.next_tick
+            for r in self.replicas:
+                r.advance(t)
+            while self.held and (
+                w.deadline[self.held[0]] <= t or w.arrival[self.held[0]] + self.router.request_ttl <= t
+            ):
+                self.held.popleft()
+            if not self.saturated(eligible):
+                while self.held:
+                    i = self.held.popleft()
+                    self.replicas[self.route(i, [int(e) for e in eligible])].submit(i)
+            self.next_tick = t + FLOW_TICK_S
 
     def route(self, i: int, eligible: list[int]) -> int:
         if self.router.kind == "round-robin":

@@ -25,7 +25,9 @@ bit-identical. ``tests/unit/lab/test_twin_compiled.py`` checks outcomes and book
 
 With shared prefixes (``Workload.block_tokens`` > 0) each replica keeps an LRU list of the blocks in its prefix cache
 and, for the endpoint picker, the picker's own approximate index of it (``_lru_touch``); both are per replica x block
-arrays, as many blocks as the workload has distinct ones.
+arrays, as many blocks as the workload has distinct ones. The endpoint picker's flow control holds requests in
+``held`` (in arrival order) and looks at the pool every ``FLOW_TICK_S`` while it holds any: those ticks are events
+between arrivals, like the arrivals themselves.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class _Const(NamedTuple):
     queue_depth: int
     kv_saturated: float
     saturation_filter: bool
+    flow_control: bool
+    request_ttl: float
 
 
 # A running seat's integer fields, side by side so that a step touches one cache line per request.
@@ -112,6 +116,11 @@ _ROUTERS = {"least-outstanding": _LEAST, "round-robin": _ROUND_ROBIN, "picker": 
 _CACHE, _INDEX = 0, 1
 _ABSENT = -2  # lru_prev of a block not in the list
 _HEAD, _TAIL, _COUNT = range(3)
+_HELD_HEAD, _HELD_TAIL = range(2)
+# Flow control dispatches on a 1 ms ticker (flowcontrol/controller/internal/processor.go:178-180) from the servers'
+# metrics, which the picker refreshes every 50 ms (--refresh-metrics-interval, pkg/epp/server/options.go:153):
+# the twin looks every 50 ms, and dispatches all it holds when the pool is not saturated.
+FLOW_TICK_S = 0.05
 
 
 class _State(NamedTuple):
@@ -159,6 +168,9 @@ class _State(NamedTuple):
     lru_next: np.ndarray
     lru_end: np.ndarray  # replicas x 2 x (_HEAD, _TAIL, _COUNT)
     turn: np.ndarray  # [round-robin position, the picker's tie-break random state]
+    held: np.ndarray  # flow control: requests held in the picker, in arrival order (from flow[_HELD_HEAD])
+    flow: np.ndarray  # [_HELD_HEAD, _HELD_TAIL]
+    next_tick: np.ndarray  # [when flow control next looks at the pool while requests are held]
 
 
 # ----------------------------------------------------------------------------- compiled code
@@ -323,7 +335,7 @@ def _run(
     prompt, gen, last_tok, first, vision_done = s.prompt, s.gen, s.last_tok, s.first, s.vision_done
     nxt, prv, ttft_of, e2e_of, itl_of = s.next, s.prev, s.ttft, s.e2e, s.itl
     where, anext, ahead, atail = s.where, s.anext, s.ahead, s.atail
-    served_by, started = s.served_by, s.started
+    started = s.started
     clock, kv_used, n_run, head, tail, n_wait = s.clock, s.kv_used, s.n_run, s.head, s.tail, s.n_wait
     counters, order, free = s.counters, s.order, s.free
     seat, seat_last = s.seat, s.seat_last
@@ -341,14 +353,18 @@ def _run(
         if n_run[r] + n_wait[r] > 0:
             active[n_active] = r
             n_active += 1
-    for a in range(idx.size + 1):
-        if a == idx.size:
-            until = t1
+    a = 0
+    while True:
+        # the next event: an arrival, a flow-control tick while requests are held, or t1
+        until = max(arrival[idx[a]], t0) if a < idx.size else t1
+        tick = eligible.size > 0 and s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL] and s.next_tick[0] < until
+        if tick:
+            until = s.next_tick[0]
+        final = not tick and a == idx.size
+        if final:
             n_active = n_rep
             for r in range(n_rep):
                 active[r] = r
-        else:
-            until = max(arrival[idx[a]], t0)
         q = 0
         while q < n_active:
             r = active[q]
@@ -617,60 +633,106 @@ def _run(
                 active[q] = active[n_active]
             else:
                 q += 1
-        if a == idx.size:
+        if final:
             break
-        # route (least outstanding: ties to the first), then submit: the queue is ordered by readiness, a new
-        # request after every one ready no later. A request whose client has already given up (held at the
-        # gateway past its deadline) is not sent.
+        if tick:  # flow control: drop what expired, dispatch all if the pool is not saturated
+            while s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL]:
+                h = s.held[s.flow[_HELD_HEAD]]
+                if deadline[h] > until and arrival[h] + c.request_ttl > until:
+                    break
+                s.flow[_HELD_HEAD] += 1
+            if not _saturated(s, c, eligible):
+                while s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL]:
+                    h = s.held[s.flow[_HELD_HEAD]]
+                    s.flow[_HELD_HEAD] += 1
+                    n_active = _submit(s, w, c, h, _route(s, w, c, h, eligible, cand, score), until, active, n_active)
+            s.next_tick[0] = until + FLOW_TICK_S
+            continue
+        # A request whose client has already given up (held at the gateway past its deadline) is not sent; with
+        # flow control one waits in the picker while others do or while the pool is saturated.
         i = idx[a]
+        a += 1
         if deadline[i] <= until:
             continue
-        if c.router == _PICKER:
-            best = _pick(s, w, c, i, eligible, cand, score)
-        elif c.router == _ROUND_ROBIN:
-            best = eligible[s.turn[0] % eligible.size]
-            s.turn[0] += 1
-        else:
-            best = eligible[0]
-            fewest = n_wait[best] + n_run[best]
-            for q in range(1, eligible.size):
-                e = eligible[q]
-                if n_wait[e] + n_run[e] < fewest:
-                    best, fewest = e, n_wait[e] + n_run[e]
-        if n_run[best] == 0 and n_wait[best] == 0:
-            clock[best] = max(clock[best], until)
-            active[n_active] = best
-            n_active += 1
-        prompt[i] = w_prompt[i]
-        gen[i] = 0
-        last_tok[i] = 0.0
-        first[i] = False
-        vision_done[i] = vis_ms[i] <= 0
-        where[i] = _WAITING
-        anext[i] = -1
-        if c.placement:
-            served_by[i] = best
-            started[i] = -1.0
-        if atail[best] >= 0:
-            anext[atail[best]] = i
-        else:
-            ahead[best] = i
-        atail[best] = i
-        node = tail[best]
-        while node >= 0 and avail[node] > avail[i]:
-            node = prv[node]
-        after = head[best] if node < 0 else nxt[node]
-        prv[i] = node
-        nxt[i] = after
-        if node < 0:
-            head[best] = i
-        else:
-            nxt[node] = i
-        if after < 0:
-            tail[best] = i
-        else:
-            prv[after] = i
-        n_wait[best] += 1
+        if c.flow_control and (s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL] or _saturated(s, c, eligible)):
+            if s.flow[_HELD_HEAD] == s.flow[_HELD_TAIL]:
+                s.next_tick[0] = until + FLOW_TICK_S
+            s.held[s.flow[_HELD_TAIL]] = i
+            s.flow[_HELD_TAIL] += 1
+            continue
+        n_active = _submit(s, w, c, i, _route(s, w, c, i, eligible, cand, score), until, active, n_active)
+
+
+@_jit
+def _saturated(s: _State, c: _Const, eligible: np.ndarray) -> bool:
+    """The ``utilization-detector``'s pool saturation (framework/plugins/flowcontrol/saturationdetector/utilization/
+    detector.go:115-137): the mean over the replicas of max(waiting / ``queue_depth``, KV use / ``kv_saturated``);
+    flow control holds requests while it is 1 or more (framework/interface/flowcontrol/plugins.go:134-136)."""
+    capf = float(max(c.kv_cap, 1))
+    total = 0.0
+    for q in range(eligible.size):
+        e = eligible[q]
+        total += max(s.n_wait[e] / c.queue_depth, min(float(s.kv_used[e]) / capf, 1.0) / c.kv_saturated)
+    return total / eligible.size >= 1.0
+
+
+@_jit
+def _route(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np.ndarray, score: np.ndarray) -> int:
+    """The replica request ``i`` goes to (least outstanding: ties to the first)."""
+    if c.router == _PICKER:
+        return _pick(s, w, c, i, eligible, cand, score)
+    if c.router == _ROUND_ROBIN:
+        s.turn[0] += 1
+        chosen: int = eligible[(s.turn[0] - 1) % eligible.size]
+        return chosen
+    best = eligible[0]
+    fewest = s.n_wait[best] + s.n_run[best]
+    for q in range(1, eligible.size):
+        e = eligible[q]
+        if s.n_wait[e] + s.n_run[e] < fewest:
+            best, fewest = e, s.n_wait[e] + s.n_run[e]
+    return int(best)
+
+
+@_jit
+def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, active: np.ndarray, n_active: int) -> int:
+    """Request ``i`` joins replica ``best``'s queue, ordered by readiness (after every one ready no later);
+    returns the new count of ``active`` replicas."""
+    if s.n_run[best] == 0 and s.n_wait[best] == 0:
+        s.clock[best] = max(s.clock[best], until)
+        active[n_active] = best
+        n_active += 1
+    s.prompt[i] = w.prompt[i]
+    s.gen[i] = 0
+    s.last_tok[i] = 0.0
+    s.first[i] = False
+    s.vision_done[i] = w.vis_ms[i] <= 0
+    s.where[i] = _WAITING
+    s.anext[i] = -1
+    if c.placement:
+        s.served_by[i] = best
+        s.started[i] = -1.0
+    if s.atail[best] >= 0:
+        s.anext[s.atail[best]] = i
+    else:
+        s.ahead[best] = i
+    s.atail[best] = i
+    node = s.tail[best]
+    while node >= 0 and w.avail[node] > w.avail[i]:
+        node = s.prev[node]
+    after = s.head[best] if node < 0 else s.next[node]
+    s.prev[i] = node
+    s.next[i] = after
+    if node < 0:
+        s.head[best] = i
+    else:
+        s.next[node] = i
+    if after < 0:
+        s.tail[best] = i
+    else:
+        s.prev[after] = i
+    s.n_wait[best] += 1
+    return n_active
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -768,6 +830,8 @@ class CompiledEngine:
             queue_depth=router.queue_depth,
             kv_saturated=router.kv_saturated,
             saturation_filter=router.saturation_filter,
+            flow_control=router.flow_control,
+            request_ttl=router.request_ttl,
         )
         self._s = _State(
             prompt=np.zeros(n, dtype=np.int64),
@@ -790,6 +854,9 @@ class CompiledEngine:
             chunk_tokens=np.zeros(seats, dtype=np.int64),
             done=np.zeros(seats, dtype=np.uintp),
             turn=np.array([0, router.seed % 2147483648], dtype=np.int64),
+            held=np.zeros(n if router.flow_control else 1, dtype=np.int64),
+            flow=np.zeros(2, dtype=np.int64),
+            next_tick=np.zeros(1),
             **_replica_arrays(8, seats, work.n_blocks),
         )
 

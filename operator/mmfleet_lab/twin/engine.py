@@ -7,6 +7,7 @@ oracle ``tests/unit/lab/test_twin_compiled.py`` checks it against.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
@@ -45,6 +46,8 @@ class Router:
     queue_depth: int = 0  # a replica with this many waiting requests is saturated ...
     kv_saturated: float = 1.0  # ... or with this share of its KV cache in use
     saturation_filter: bool = False  # saturated replicas are filtered out (the detector is in the profile)
+    flow_control: bool = False  # while the pool is saturated, requests wait in the picker ...
+    request_ttl: float = math.inf  # ... this long at most (then the picker answers 503)
     seed: int = 0  # the picker's tie-break
 
 

@@ -7,8 +7,10 @@ picker runs without one. Upstream: ``sigs.k8s.io/gateway-api-inference-extension
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from mmfleet.api import seconds
 from mmfleet.routing import DEFAULT_QUEUE_DEPTH, KV_CACHE_SATURATED, SCORER_WEIGHTS
 from mmfleet_lab.twin.engine import Router
 
@@ -42,7 +44,9 @@ def router(config: Manifest, seed: int = 0) -> Router:
     The prefix window: ``maxPrefixTokensToMatch`` (if > 0) or ``maxPrefixBlocksToMatch`` blocks of the block size,
     which ``autoTune`` (default on) takes from the servers, at 4 characters a token (approximateprefix/plugin.go:
     142-145). Saturation: the ``utilization-detector``'s thresholds (flowcontrol/saturationdetector/utilization/
-    config.go:29-96), the defaults when the configuration names none; a filter only if the profile lists it.
+    config.go:29-96), the defaults when the configuration names none; a filter only if the profile lists it. Flow
+    control (the ``flowControl`` feature gate, apix/config/v1alpha1/endpointpickerconfig_types.go:288-332) holds
+    requests while the pool is saturated, up to ``defaultRequestTTL`` (omitted: the client's deadline).
     """
     plugins = {p.get("name", p["type"]): p for p in config.get("plugins", [])}
     weights = {SCORERS[plugins[ref["pluginRef"]]["type"]]: float(ref.get("weight", DEFAULT_WEIGHT))
@@ -64,6 +68,8 @@ def router(config: Manifest, seed: int = 0) -> Router:
         queue_depth=int(detector.get("queueDepthThreshold", DEFAULT_QUEUE_DEPTH)),
         kv_saturated=float(detector.get("kvCacheUtilThreshold", KV_CACHE_SATURATED)),
         saturation_filter=detector_ref in profile,
+        flow_control="flowControl" in config.get("featureGates", []),
+        request_ttl=seconds(ttl) if (ttl := config.get("flowControl", {}).get("defaultRequestTTL")) else math.inf,
         seed=seed,
         **weights,
     )

@@ -4,6 +4,7 @@ does with a conversation's next turn."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -12,7 +13,7 @@ import pytest
 
 from mmfleet.api import SloSpec
 from mmfleet.routing import picker_config
-from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, traffic
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate, traffic
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Router, Workload
 from mmfleet_lab.twin.picker import PICKER_DEFAULTS, router
@@ -20,11 +21,14 @@ from mmfleet_lab.twin.replica import GIB
 from mmfleet_lab.twin.scenarios import traces_dir
 from mmfleet_lab.twin.shipped import fleet
 from mmfleet_lab.twin.types import PrefixChains
+from tests.helpers.twin import Script
+from tests.helpers.twin_reference import FineEngine
 from tests.unit.lab.test_twin_compiled import assert_same_counters, assert_same_outcomes, lockstep
 
 P = H200_QWEN25VL7B
 TEXT = 229  # the calibration run's prompt without its image, tokens
 MOONCAKE = "mooncake_fast25_conversation_trace_30min.jsonl"
+SLO = SloSpec(metric="ttft", target="2s")
 
 
 def repeat_ttft(image_tokens: int, cached_tokens: int, image_end: int) -> tuple[float, float]:
@@ -87,7 +91,7 @@ def test_without_prefixes_the_cache_changes_nothing() -> None:
 
 
 def conversation(seconds: float, seed: int = 1) -> Requests:
-    """The Mooncake conversation trace's first ``seconds`` with images on top, ``factor`` x as fast."""
+    """The Mooncake conversation trace's first ``seconds`` with images on its shared blocks."""
     d = traces_dir()
     req = traffic.load_mooncake(d / MOONCAKE).window(0.0, seconds)
     stats = traffic.load_token_stats(d / "servegen_client_token_stats_6h.csv")
@@ -99,6 +103,8 @@ ROUTERS = {
     "round-robin": Router(kind="round-robin"),
     "picker-defaults": router(PICKER_DEFAULTS, seed=3),
     "picker-filter": replace(router(PICKER_DEFAULTS, seed=3), queue_depth=1, saturation_filter=True),
+    # mmfleet's, saturated at 1 waiting request: flow control holds requests, some past a 10 s TTL
+    "picker-flow-control": replace(router(picker_config(fleet(SLO, 1, 8, 0.3), 120.0), seed=3), request_ttl=10.0),
 }
 
 
@@ -171,3 +177,23 @@ def test_router_from_the_rendered_config() -> None:
     m = router(picker_config(inference, 120.0))
     assert m.window_chars == inference.spec.backend.max_model_len * 4 and m.queue_depth == 6
     assert not m.saturation_filter
+
+
+def test_simulate_with_scaling_and_flow_control_matches_reference() -> None:
+    """Through the fleet with mmfleet's picker configuration: replicas added, drained, and none Ready for a while
+    (requests held at the gateway, others in the picker's flow control), both engines alike."""
+    req = conversation(60.0)
+    rt = router(picker_config(fleet(SLO, 1, 8, 0.3), 120.0), seed=1)
+    script = [(5.0, 6), (25.0, 2), (40.0, 0), (45.0, 3)]
+    runs = [
+        simulate(Scenario("t", req, 60.0), Script(list(script)), params=P, slo=SLO, cold_start=3.0,
+                 initial_replicas=2, min_replicas=0, timeout=30.0, engine=functools.partial(kind, router=rt))
+        for kind in (FineEngine, CompiledEngine)
+    ]  # fmt: skip
+    a, b = runs
+    assert np.isfinite(a.ttft).sum() > 100 and a.cached.sum() > 0
+    for metric in ("e2e", "ttft", "itl", "cached"):
+        x, y = getattr(a, metric), getattr(b, metric)
+        assert np.array_equal(np.isfinite(x), np.isfinite(y))
+        np.testing.assert_allclose(y[np.isfinite(x)], x[np.isfinite(x)], rtol=1e-9)
+    assert a.gpu_seconds == b.gpu_seconds
