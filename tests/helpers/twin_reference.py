@@ -3,7 +3,8 @@
 It is the oracle the twin's compiled engine (``mmfleet_lab.twin.compiled``) is tested against
 (``tests/unit/lab/test_twin_compiled.py``): the same algorithm written for reading rather than speed, so
 a change to the compiled code that alters any schedule shows up as a mismatch. Too slow for the
-benchmark (Python time per step and per request), so it lives with the tests.
+benchmark (Python time per step and per request), so it lives with the tests. Routing, prefix caches and the
+endpoint picker's flow control are written the same way: ``FineEngine.route``, ``pick`` and ``flow``.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ class Engine(Protocol):
 
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
         """Route requests ``idx`` (arriving in [t0, t1), or held earlier, in arrival order) among
-        ``eligible`` replicas by least outstanding requests, and advance every replica to ``t1``.
+        ``eligible`` replicas as the engine's ``Router`` picks (least outstanding requests by default), and
+        advance every replica to ``t1``.
 
         A request whose deadline has passed when it would be routed never reaches a replica; one
         whose deadline passes on a replica is abandoned at the next step boundary: it leaves the
