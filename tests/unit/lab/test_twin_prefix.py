@@ -197,3 +197,18 @@ def test_simulate_with_scaling_and_flow_control_matches_reference() -> None:
         assert np.array_equal(np.isfinite(x), np.isfinite(y))
         np.testing.assert_allclose(y[np.isfinite(x)], x[np.isfinite(x)], rtol=1e-9)
     assert a.gpu_seconds == b.gpu_seconds
+
+
+def test_flow_control_holds_requests_past_their_ttl() -> None:
+    """mmfleet's configuration saturates the pool at one waiting request per replica: in overload, requests wait
+    in the picker and those held past the TTL are refused, where without flow control every one reaches a replica."""
+    req = conversation(60.0).take(np.arange(150))
+    req = Requests(req.arrival / 3.0, req.input_tokens, req.output_tokens, req.images, req.image_tokens, req.prefix)
+    rt = replace(router(picker_config(fleet(SLO, 1, 8, 0.3), 120.0)), request_ttl=5.0)
+    started = {}
+    for flow in (True, False):
+        eng = CompiledEngine(P, Workload.build(req, P), placement=True, router=replace(rt, flow_control=flow))
+        eng.add_replica()
+        eng.run(0.0, 400.0, np.arange(len(req)), np.array([0]))
+        started[flow] = eng.placement(np.arange(len(req)))[0] >= 0
+    assert started[False].all() and 0 < started[True].sum() < len(req)
