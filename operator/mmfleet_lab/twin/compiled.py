@@ -251,21 +251,27 @@ def _hashed(chain_chars: np.ndarray, s0: int, m: int, window_chars: int, block_c
 
 @_jit
 def _pick(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np.ndarray, score: np.ndarray) -> int:
-    """The endpoint picker's choice for request ``i`` (Gateway API Inference Extension v1.5.0; paths in its module).
+    """The endpoint picker's choice for request ``i`` (Gateway API Inference Extension v1.5.0; paths under its
+    pkg/epp/, in ``framework/plugins/`` unless a path says otherwise).
 
-    - Filter, ``utilization-detector`` (framework/plugins/flowcontrol/saturationdetector/utilization/detector.go:
-      139-168), only where the scheduling profile lists it (scheduling/scheduler_profile.go:138 runs the profile's
-      filters; neither the picker's default profile nor mmfleet's does, config/loader/defaults.go:46-103): replicas
-      with ``queue_depth`` or more waiting requests, or KV use at ``kv_saturated`` or more, are dropped; if that
-      drops all, all stay.
-    - ``prefix-cache-scorer`` (scheduling/framework/plugins/scorer/prefix/plugin.go:108-111): blocks matched in the
-      picker's index of the replica / blocks hashed. The index (requestcontrol/dataproducer/approximateprefix/
-      hashing.go:47-87) hashes the messages' JSON in ``block_chars`` blocks up to ``window_chars``; the twin knows
-      sharing only at the trace's block grain, so a replica matches the leading trace blocks its index holds,
-      counted in the picker's blocks. The picked replica's index records the hashed blocks (LRU, its KV blocks).
-    - ``queue-scorer`` (queuedepth/queue.go:78-107): (max - waiting) / (max - min) over the candidates, 1 if equal.
-    - ``kv-cache-utilization-scorer`` (kvcache_utilization.go:76-82): 1 - KV use.
-    - ``max-score-picker``: the highest weighted sum, ties broken at random (a seeded LCG, so the reference agrees).
+    - Filter, ``utilization-detector`` (flowcontrol/saturationdetector/utilization/detector.go:139-168), only where
+      the scheduling profile lists it (scheduling/scheduler_profile.go:138 runs the profile's filters; neither the
+      picker's default profile nor mmfleet's does, pkg/epp/config/loader/defaults.go:46-103): replicas with
+      ``queue_depth`` or more waiting requests, or KV use at ``kv_saturated`` or more, are dropped; if that drops
+      all, all stay.
+    - ``prefix-cache-scorer`` (scheduling/scorer/prefix/plugin.go:108-111): blocks matched in the picker's index of
+      the replica / blocks hashed. The index hashes the messages' JSON in ``block_chars`` blocks up to
+      ``window_chars`` (requestcontrol/dataproducer/approximateprefix/hashing.go:47-87); the twin knows sharing only
+      at the trace's block grain, so a replica matches the leading trace blocks its index holds, counted in the
+      picker's blocks. The picked replica's index records the hashed blocks (approximateprefix/plugin.go:167-180),
+      LRU, as many as the replica's KV blocks (autoTune).
+    - ``queue-scorer`` (scheduling/scorer/queuedepth/queue.go:78-107): (max - waiting) / (max - min) over the
+      candidates, 1 if all equal.
+    - ``kv-cache-utilization-scorer`` (scheduling/scorer/kvcacheutilization/kvcache_utilization.go:76-82): 1 - KV
+      use.
+    - The weighted sum (scheduling/scheduler_profile.go:167), and ``max-score-picker``
+      (scheduling/picker/max_score_picker.go:85-95): the highest, ties broken at random (a seeded LCG here, so the
+      reference draws the same).
     The picker reads the servers' metrics every 50 ms; the twin gives it the exact counts.
     """
     capf = float(max(c.kv_cap, 1))
@@ -667,7 +673,8 @@ def _run(
 def _saturated(s: _State, c: _Const, eligible: np.ndarray) -> bool:
     """The ``utilization-detector``'s pool saturation (framework/plugins/flowcontrol/saturationdetector/utilization/
     detector.go:115-137): the mean over the replicas of max(waiting / ``queue_depth``, KV use / ``kv_saturated``);
-    flow control holds requests while it is 1 or more (framework/interface/flowcontrol/plugins.go:134-136)."""
+    flow control holds requests while it reaches the static usage limit, 1.0 (framework/plugins/flowcontrol/
+    usagelimits/usagelimitpolicy.go:53-56; flowcontrol/controller/internal/processor.go:329-345)."""
     capf = float(max(c.kv_cap, 1))
     total = 0.0
     for q in range(eligible.size):
