@@ -209,6 +209,17 @@ def cmd_bench_cache(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def cmd_bench_routing(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import routing
+
+    if args.workers < 1:
+        print(f"--workers: {args.workers}; at least 1", file=sys.stderr)
+        return EXIT_INVALID
+    return routing.main(Path(args.docs), _progress, args.seed or list(routing.SEEDS), args.workers)
+
+
 QUICK_CELL = "spike-x4@azure-code"
 REACHABLE_CELLS = ("azure-code", "servegen-language", "servegen-reason", QUICK_CELL)
 # The shipped autoscaler given spec.autoscaling.capacityPerReplica: the training profile every baseline was
@@ -399,6 +410,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_cache.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
     p_cache.add_argument("--tuned", default=str(_tuned()), help="the baselines' frozen settings (mmfleet bench tune)")
     p_cache.set_defaults(func=cmd_bench_cache)
+    p_route = bench.add_parser(
+        "routing", help="round-robin, the endpoint picker's defaults and mmfleet's configuration, on shared prefixes"
+    )
+    p_route.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
+    p_route.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    p_route.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_route.set_defaults(func=cmd_bench_routing)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
     p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")

@@ -3,17 +3,19 @@
 It is the oracle the twin's compiled engine (``mmfleet_lab.twin.compiled``) is tested against
 (``tests/unit/lab/test_twin_compiled.py``): the same algorithm written for reading rather than speed, so
 a change to the compiled code that alters any schedule shows up as a mismatch. Too slow for the
-benchmark (Python time per step and per request), so it lives with the tests.
+benchmark (Python time per step and per request), so it lives with the tests. Routing, prefix caches and the
+endpoint picker's flow control are written the same way: ``FineEngine.route``, ``pick`` and ``flow``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 import numpy as np
 
-from mmfleet_lab.twin.engine import Outcomes, Workload
+from mmfleet_lab.twin.compiled import FLOW_TICK_S
+from mmfleet_lab.twin.engine import LEAST_OUTSTANDING, Outcomes, Router, Workload
 from mmfleet_lab.twin.observe import LAYOUT, MetricBook
 from mmfleet_lab.twin.replica import ReplicaParams
 
@@ -44,6 +46,10 @@ class ReplicaEngine:
     get a KV slot, the newest running request is preempted and later recomputed (vLLM's default).
     Before each step, requests whose client has given up (past their deadline) leave the queue or
     their seat.
+
+    With shared prefixes, ``cache`` holds the blocks of the replica's prefix cache, least recently used first:
+    an admitted request starts with its leading cached blocks computed (all but its last token at most) and
+    without its encoder call if they cover its images; a finished prefill adds its full blocks.
     """
 
     def __init__(self, rid: int, params: ReplicaParams, work: Workload, book: MetricBook, outcomes: Outcomes) -> None:
@@ -58,6 +64,27 @@ class ReplicaEngine:
         self.assigned: deque[_Req] = deque()  # sent here, in arrival order (so in deadline order)
         self.kv_cap = params.kv_capacity_tokens
         self.kv_used = 0
+        self.cache_blocks = self.kv_cap // max(work.block_tokens, 1)
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.index: OrderedDict[int, None] = OrderedDict()  # the endpoint picker's approximation of ``cache``
+
+    def chain(self, i: int) -> list[int]:
+        w = self.w
+        return [int(b) for b in w.chain[w.chain_start[i] : w.chain_start[i + 1]]]
+
+    @staticmethod
+    def matched(lru: OrderedDict[int, None], blocks: list[int]) -> int:
+        m = 0
+        while m < len(blocks) and blocks[m] in lru:
+            m += 1
+        return m
+
+    def touch(self, lru: OrderedDict[int, None], blocks: list[int]) -> None:
+        for b in blocks:
+            lru[b] = None
+            lru.move_to_end(b)
+            while len(lru) > self.cache_blocks:
+                lru.popitem(last=False)
 
     @property
     def outstanding(self) -> int:
@@ -126,13 +153,23 @@ class ReplicaEngine:
             r = self.waiting[0]
             if w.avail[r.i] > self.clock:
                 break
-            tc = min(r.prompt, budget)
-            if self.kv_used + tc > self.kv_cap:
+            hit, m = 0, 0
+            if w.block_tokens > 0:
+                m = self.matched(self.cache, self.chain(r.i))
+                hit = min(m * w.block_tokens, r.prompt - 1)
+            tc = min(r.prompt - hit, budget)
+            if self.kv_used + hit + tc > self.kv_cap:
                 if not self.running:  # can never fit: drop it (it stays at np.inf)
                     self.waiting.popleft().gone = True
                     continue
                 break
             self.waiting.popleft()
+            r.pdone = r.kv = hit
+            self.kv_used += hit
+            if w.block_tokens > 0:
+                self.outcomes.cached[r.i] = hit
+                r.vision_done = r.vision_done or hit >= w.image_end[r.i]
+                self.touch(self.cache, self.chain(r.i)[:m])
             self.running.append(r)
             chunks.append((r, tc))
             budget -= tc
@@ -160,6 +197,8 @@ class ReplicaEngine:
             r.pdone += tc
             r.kv += tc
             self.kv_used += tc
+            if w.block_tokens > 0 and r.pdone >= r.prompt:
+                self.touch(self.cache, self.chain(r.i)[: int(w.prompt[r.i]) // w.block_tokens])
             if r.pdone >= r.prompt and not r.first:
                 r.first = True
                 r.gen = 1
@@ -202,11 +241,16 @@ class ReplicaEngine:
 
 
 class FineEngine:
-    """Replicas advanced step by step; each arrival is routed with the exact outstanding counts."""
+    """Replicas advanced step by step; each arrival is routed with the exact counts (``Router``)."""
 
-    def __init__(self, params: ReplicaParams, work: Workload) -> None:
+    def __init__(self, params: ReplicaParams, work: Workload, router: Router = LEAST_OUTSTANDING) -> None:
         self.params = params
         self.work = work
+        self.router = router
+        self.turn = 0
+        self.random = router.seed % 2147483648
+        self.held: deque[int] = deque()  # flow control: requests waiting in the picker
+        self.next_tick = 0.0
         self.book = MetricBook()
         self.outcomes = Outcomes(work.arrival.shape[0])
         self.replicas: list[ReplicaEngine] = []
@@ -225,12 +269,89 @@ class FineEngine:
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
         for i in idx:
             t = max(float(self.work.arrival[i]), t0)
+            self.flow(t, eligible)
             for r in self.replicas:
                 r.advance(t)
             if self.work.deadline[i] <= t:  # its client gave up at the gateway
                 continue
-            counts = [self.replicas[e].outstanding for e in eligible]
-            target = self.replicas[int(eligible[int(np.argmin(counts))])]
-            target.submit(int(i))
+            if self.router.flow_control and (self.held or self.saturated(eligible)):
+                if not self.held:
+                    self.next_tick = t + FLOW_TICK_S
+                self.held.append(int(i))
+                continue
+            self.replicas[self.route(int(i), [int(e) for e in eligible])].submit(int(i))
+        self.flow(t1, eligible)
         for r in self.replicas:
             r.advance(t1)
+
+    def saturated(self, eligible: np.ndarray) -> bool:
+        """The picker's pool saturation (``compiled._saturated``)."""
+        rt = self.router
+        load = [
+            max(len(self.replicas[e].waiting) / rt.queue_depth, self.replicas[e].gauges()[2] / rt.kv_saturated)
+            for e in eligible
+        ]
+        return sum(load) / len(load) >= 1.0
+
+    def flow(self, until: float, eligible: np.ndarray) -> None:
+        """Flow control's looks at the pool before ``until`` while requests are held: those past their client's
+        deadline or the picker's TTL go, the rest are dispatched when the pool is not saturated."""
+        w = self.work
+        while self.held and len(eligible) and self.next_tick < until:
+            t = self.next_tick
+            for r in self.replicas:
+                r.advance(t)
+            while self.held and (
+                w.deadline[self.held[0]] <= t or w.arrival[self.held[0]] + self.router.request_ttl <= t
+            ):
+                self.held.popleft()
+            if not self.saturated(eligible):
+                while self.held:
+                    i = self.held.popleft()
+                    self.replicas[self.route(i, [int(e) for e in eligible])].submit(i)
+            self.next_tick = t + FLOW_TICK_S
+
+    def route(self, i: int, eligible: list[int]) -> int:
+        if self.router.kind == "round-robin":
+            self.turn += 1
+            return eligible[(self.turn - 1) % len(eligible)]
+        if self.router.kind == "picker":
+            return self.pick(i, eligible)
+        counts = [self.replicas[e].outstanding for e in eligible]
+        return eligible[int(np.argmin(counts))]
+
+    def pick(self, i: int, eligible: list[int]) -> int:
+        """The endpoint picker: filter saturated replicas, score, take the best (see ``compiled._pick``)."""
+        rt, w = self.router, self.work
+
+        def kv(e: int) -> float:
+            return self.replicas[e].gauges()[2]
+
+        cand = [e for e in eligible if len(self.replicas[e].waiting) < rt.queue_depth and kv(e) < rt.kv_saturated]
+        cand = cand if rt.saturation_filter and cand else list(eligible)
+        waits = [len(self.replicas[e].waiting) for e in cand]
+        lo, hi = min(waits), max(waits)
+        blocks = self.replicas[0].chain(i)
+        chars = [int(c) for c in w.chain_chars[w.chain_start[i] : w.chain_start[i + 1]]]
+        seen, m_win = 0, 0
+        while m_win < len(blocks) and seen < rt.window_chars:
+            seen += chars[m_win]
+            m_win += 1
+
+        def hashed(m: int) -> int:
+            return min(sum(chars[:m]), rt.window_chars) // rt.block_chars
+
+        total = hashed(m_win)
+        scores = []
+        for e, q in zip(cand, waits, strict=True):
+            prefix = 0.0
+            if total > 0:
+                prefix = hashed(ReplicaEngine.matched(self.replicas[e].index, blocks[:m_win])) / total
+            queue = 1.0 if hi == lo else (hi - q) / (hi - lo)
+            scores.append(rt.prefix_weight * prefix + rt.queue_weight * queue + rt.kv_weight * (1.0 - kv(e)))
+        ties = [e for e, v in zip(cand, scores, strict=True) if v == max(scores)]
+        self.random = (self.random * 1103515245 + 12345) % 2147483648
+        chosen = ties[self.random % len(ties)]
+        target = self.replicas[chosen]
+        target.touch(target.index, blocks[:m_win])
+        return chosen

@@ -22,6 +22,12 @@ The metric counters are bucketed inside the compiled code and folded into ``book
 read (a scrape, a new replica), exactly when the reference engine's book folds its queued observations:
 so even the histograms' float ``_sum`` columns are added in the same grouping and come out
 bit-identical. ``tests/unit/lab/test_twin_compiled.py`` checks outcomes and books against the reference.
+
+With shared prefixes (``Workload.block_tokens`` > 0) each replica keeps an LRU list of the blocks in its prefix cache
+and, for the endpoint picker, the picker's own approximate index of it (``_lru_touch``); both are per replica x block
+arrays, as many blocks as the workload has distinct ones. The endpoint picker's flow control holds requests in
+``held`` (in arrival order) and looks at the pool every ``FLOW_TICK_S`` while it holds any: those ticks are events
+between arrivals, like the arrivals themselves.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import numba
 import numpy as np
 
-from mmfleet_lab.twin.engine import Outcomes, Workload
+from mmfleet_lab.twin.engine import LEAST_OUTSTANDING, Outcomes, Router, Workload
 from mmfleet_lab.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
 from mmfleet_lab.twin.replica import ReplicaParams
 
@@ -54,6 +60,10 @@ class _Work(NamedTuple):
     vis_ms: np.ndarray
     deadline: np.ndarray
     dense_ms: np.ndarray  # ReplicaParams.dense_ms_at(n) for n < dense_tokens[-1] (np.interp, bit for bit)
+    chain_start: np.ndarray  # Workload's shared prefixes
+    chain: np.ndarray
+    chain_chars: np.ndarray
+    image_end: np.ndarray
 
 
 class _Const(NamedTuple):
@@ -79,6 +89,19 @@ class _Const(NamedTuple):
     prompt_col: int
     generation_col: int
     placement: bool  # keep each request's replica and first admission (served_by, started)
+    block_tokens: int  # 0: no prefix caching
+    cache_blocks: int  # blocks a replica's cache (and the picker's index of it) holds: its KV capacity in blocks
+    router: int  # _LEAST, _ROUND_ROBIN or _PICKER
+    prefix_weight: float
+    queue_weight: float
+    kv_weight: float
+    window_chars: int
+    block_chars: int
+    queue_depth: int
+    kv_saturated: float
+    saturation_filter: bool
+    flow_control: bool
+    request_ttl: float
 
 
 # A running seat's integer fields, side by side so that a step touches one cache line per request.
@@ -87,6 +110,17 @@ _SEAT_FIELDS = 6
 # Where a request is, besides its seat number when running.
 _WAITING = -1
 _GONE = -2  # finished, dropped or abandoned (or never sent)
+_LEAST, _ROUND_ROBIN, _PICKER = range(3)
+_ROUTERS = {"least-outstanding": _LEAST, "round-robin": _ROUND_ROBIN, "picker": _PICKER}
+# The two LRU lists of a replica (lru_*[replica, list, block]): its prefix cache, the picker's index of it.
+_CACHE, _INDEX = 0, 1
+_ABSENT = -2  # lru_prev of a block not in the list
+_HEAD, _TAIL, _COUNT = range(3)
+_HELD_HEAD, _HELD_TAIL = range(2)
+# Flow control dispatches on a 1 ms ticker (flowcontrol/controller/internal/processor.go:178-180) from the servers'
+# metrics, which the picker refreshes every 50 ms (--refresh-metrics-interval, pkg/epp/server/options.go:153):
+# the twin looks every 50 ms, and dispatches all it holds when the pool is not saturated.
+FLOW_TICK_S = 0.05
 
 
 class _State(NamedTuple):
@@ -108,6 +142,7 @@ class _State(NamedTuple):
     ttft: np.ndarray  # the Outcomes arrays, written in place
     e2e: np.ndarray
     itl: np.ndarray
+    cached: np.ndarray
     # per replica
     clock: np.ndarray
     kv_used: np.ndarray
@@ -128,6 +163,14 @@ class _State(NamedTuple):
     chunks: np.ndarray
     chunk_tokens: np.ndarray
     done: np.ndarray
+    # shared prefixes: replicas x (_CACHE, _INDEX) x blocks (doubly linked LRU lists), and each list's ends
+    lru_prev: np.ndarray
+    lru_next: np.ndarray
+    lru_end: np.ndarray  # replicas x 2 x (_HEAD, _TAIL, _COUNT)
+    turn: np.ndarray  # [round-robin position, the picker's tie-break random state]
+    held: np.ndarray  # flow control: requests held in the picker, in arrival order (from flow[_HELD_HEAD])
+    flow: np.ndarray  # [_HELD_HEAD, _HELD_TAIL]
+    next_tick: np.ndarray  # [when flow control next looks at the pool while requests are held]
 
 
 # ----------------------------------------------------------------------------- compiled code
@@ -141,22 +184,164 @@ def _bucket(bounds: tuple[float, ...], v: float) -> int:
 
 
 @_jit
+def _lru_touch(prev: np.ndarray, nxt: np.ndarray, end: np.ndarray, r: int, lst: int, b: int, cap: int) -> None:
+    """Block ``b`` becomes the most recent of list ``lst`` of replica ``r`` (added if absent); the least recent
+    go while the list holds more than ``cap``. Called per admission and per finished prefill, not per decode."""
+    if prev[r, lst, b] != _ABSENT:
+        p = prev[r, lst, b]
+        n = nxt[r, lst, b]
+        if p >= 0:
+            nxt[r, lst, p] = n
+        else:
+            end[r, lst, _HEAD] = n
+        if n >= 0:
+            prev[r, lst, n] = p
+        else:
+            end[r, lst, _TAIL] = p
+        end[r, lst, _COUNT] -= 1
+    t = end[r, lst, _TAIL]
+    prev[r, lst, b] = t
+    nxt[r, lst, b] = -1
+    if t >= 0:
+        nxt[r, lst, t] = b
+    else:
+        end[r, lst, _HEAD] = b
+    end[r, lst, _TAIL] = b
+    end[r, lst, _COUNT] += 1
+    while end[r, lst, _COUNT] > cap:
+        h = end[r, lst, _HEAD]
+        n = nxt[r, lst, h]
+        end[r, lst, _HEAD] = n
+        if n >= 0:
+            prev[r, lst, n] = -1
+        else:
+            end[r, lst, _TAIL] = -1
+        prev[r, lst, h] = _ABSENT
+        end[r, lst, _COUNT] -= 1
+
+
+@_jit
+def _matched(prev: np.ndarray, r: int, lst: int, chain: np.ndarray, s0: int, s1: int) -> int:
+    """The leading blocks of ``chain[s0:s1]`` in list ``lst`` of replica ``r``."""
+    m = 0
+    while s0 + m < s1 and prev[r, lst, chain[s0 + m]] != _ABSENT:
+        m += 1
+    return m
+
+
+@_jit
+def _window(chain_chars: np.ndarray, s0: int, s1: int, window_chars: int) -> int:
+    """How many leading blocks of a chain the picker hashes: those starting inside its window."""
+    m = 0
+    seen = 0
+    while s0 + m < s1 and seen < window_chars:
+        seen += chain_chars[s0 + m]
+        m += 1
+    return m
+
+
+@_jit
+def _hashed(chain_chars: np.ndarray, s0: int, m: int, window_chars: int, block_chars: int) -> int:
+    """The picker's blocks in the first ``m`` blocks of a chain, cut at its window (a partial block is not hashed)."""
+    seen = 0
+    for j in range(m):
+        seen += chain_chars[s0 + j]
+    return min(seen, window_chars) // block_chars
+
+
+@_jit
+def _pick(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np.ndarray, score: np.ndarray) -> int:
+    """The endpoint picker's choice for request ``i`` (Gateway API Inference Extension v1.5.0; paths under its
+    pkg/epp/, in ``framework/plugins/`` unless a path says otherwise).
+
+    - Filter, ``utilization-detector`` (flowcontrol/saturationdetector/utilization/detector.go:139-168), only where
+      the scheduling profile lists it (scheduling/scheduler_profile.go:138 runs the profile's filters; neither the
+      picker's default profile nor mmfleet's does, pkg/epp/config/loader/defaults.go:46-103): replicas with
+      ``queue_depth`` or more waiting requests, or KV use at ``kv_saturated`` or more, are dropped; if that drops
+      all, all stay.
+    - ``prefix-cache-scorer`` (scheduling/scorer/prefix/plugin.go:108-111): blocks matched in the picker's index of
+      the replica / blocks hashed. The index hashes the messages' JSON in ``block_chars`` blocks up to
+      ``window_chars`` (requestcontrol/dataproducer/approximateprefix/hashing.go:47-87); the twin knows sharing only
+      at the trace's block grain, so a replica matches the leading trace blocks its index holds, counted in the
+      picker's blocks. The picked replica's index records the hashed blocks (approximateprefix/plugin.go:167-180),
+      LRU, as many as the replica's KV blocks (autoTune).
+    - ``queue-scorer`` (scheduling/scorer/queuedepth/queue.go:78-107): (max - waiting) / (max - min) over the
+      candidates, 1 if all equal.
+    - ``kv-cache-utilization-scorer`` (scheduling/scorer/kvcacheutilization/kvcache_utilization.go:76-82): 1 - KV
+      use.
+    - The weighted sum (scheduling/scheduler_profile.go:167), and ``max-score-picker``
+      (scheduling/picker/max_score_picker.go:85-95): the highest, ties broken at random (a seeded LCG here, so the
+      reference draws the same).
+    The picker reads the servers' metrics every 50 ms; the twin gives it the exact counts.
+    """
+    capf = float(max(c.kv_cap, 1))
+    n_c = 0
+    for q in range(eligible.size):
+        e = eligible[q]
+        if not c.saturation_filter or (
+            s.n_wait[e] < c.queue_depth and min(float(s.kv_used[e]) / capf, 1.0) < c.kv_saturated
+        ):
+            cand[n_c] = e
+            n_c += 1
+    if n_c == 0:
+        for q in range(eligible.size):
+            cand[q] = eligible[q]
+        n_c = eligible.size
+    lo = s.n_wait[cand[0]]
+    hi = lo
+    for q in range(1, n_c):
+        lo = min(lo, s.n_wait[cand[q]])
+        hi = max(hi, s.n_wait[cand[q]])
+    s0, s1 = w.chain_start[i], w.chain_start[i + 1]
+    m_win = _window(w.chain_chars, s0, s1, c.window_chars)
+    total = _hashed(w.chain_chars, s0, m_win, c.window_chars, c.block_chars)
+    best = -np.inf
+    for q in range(n_c):
+        e = cand[q]
+        prefix = 0.0
+        if total > 0:
+            m = _matched(s.lru_prev, e, _INDEX, w.chain, s0, s0 + m_win)
+            prefix = _hashed(w.chain_chars, s0, m, c.window_chars, c.block_chars) / total
+        queue = 1.0 if hi == lo else (hi - s.n_wait[e]) / (hi - lo)
+        kv = 1.0 - min(float(s.kv_used[e]) / capf, 1.0)
+        score[q] = c.prefix_weight * prefix + c.queue_weight * queue + c.kv_weight * kv
+        best = max(best, score[q])
+    ties = 0
+    for q in range(n_c):
+        if score[q] == best:
+            cand[ties] = cand[q]
+            ties += 1
+    s.turn[1] = (s.turn[1] * 1103515245 + 12345) % 2147483648
+    chosen: int = cand[s.turn[1] % ties]
+    for j in range(m_win):
+        _lru_touch(s.lru_prev, s.lru_next, s.lru_end, chosen, _INDEX, w.chain[s0 + j], c.cache_blocks)
+    return chosen
+
+
+@_jit
 def _run(
     s: _State, w: _Work, c: _Const, n_rep: int, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray
 ) -> None:
     """The reference's ``FineEngine.run``: before each arrival every replica is advanced to it
-    (``ReplicaEngine.advance``, ``step_once``, ``_preempt``), then it goes to the eligible replica
-    with the fewest outstanding requests (``submit``); at the end every replica is advanced to ``t1``.
+    (``ReplicaEngine.advance``, ``step_once``, ``_preempt``), then it goes to the eligible replica the router
+    picks (``submit``); at the end every replica is advanced to ``t1``. With shared prefixes, a request admitted
+    to a replica starts with the leading blocks its cache holds computed (all but its last token at most), and
+    without its encoder call when they cover its images; a finished prefill puts its full blocks in the cache.
 
     One function on purpose: numba reference-counts each array handed to a helper, with atomic
     operations that cost more than a decode's bookkeeping; helpers here take scalars and tuples only.
     """
     arrival, avail, w_prompt, out, vis_ms, dense_ms = w.arrival, w.avail, w.prompt, w.out, w.vis_ms, w.dense_ms
     deadline = w.deadline
+    chain_start, chain, image_end = w.chain_start, w.chain, w.image_end
+    lru_prev, lru_next, lru_end = s.lru_prev, s.lru_next, s.lru_end
+    bt = c.block_tokens
+    cand = np.empty(eligible.size, dtype=np.int64)
+    score = np.empty(eligible.size)
     prompt, gen, last_tok, first, vision_done = s.prompt, s.gen, s.last_tok, s.first, s.vision_done
     nxt, prv, ttft_of, e2e_of, itl_of = s.next, s.prev, s.ttft, s.e2e, s.itl
     where, anext, ahead, atail = s.where, s.anext, s.ahead, s.atail
-    served_by, started = s.served_by, s.started
+    started = s.started
     clock, kv_used, n_run, head, tail, n_wait = s.clock, s.kv_used, s.n_run, s.head, s.tail, s.n_wait
     counters, order, free = s.counters, s.order, s.free
     seat, seat_last = s.seat, s.seat_last
@@ -174,14 +359,18 @@ def _run(
         if n_run[r] + n_wait[r] > 0:
             active[n_active] = r
             n_active += 1
-    for a in range(idx.size + 1):
-        if a == idx.size:
-            until = t1
+    a = 0
+    while True:
+        # the next event: an arrival, a flow-control tick while requests are held, or t1
+        until = max(arrival[idx[a]], t0) if a < idx.size else t1
+        tick = eligible.size > 0 and s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL] and s.next_tick[0] < until
+        if tick:
+            until = s.next_tick[0]
+        final = not tick and a == idx.size
+        if final:
             n_active = n_rep
             for r in range(n_rep):
                 active[r] = r
-        else:
-            until = max(arrival[idx[a]], t0)
         q = 0
         while q < n_active:
             r = active[q]
@@ -278,8 +467,13 @@ def _run(
                     i = head[r]
                     if avail[i] > clock[r]:
                         break
-                    tc = min(prompt[i], budget)
-                    fits = kv_used[r] + tc <= cap
+                    hit = 0
+                    m = 0
+                    if bt > 0:
+                        m = _matched(lru_prev, r, _CACHE, chain, chain_start[i], chain_start[i + 1])
+                        hit = min(m * bt, prompt[i] - 1)
+                    tc = min(prompt[i] - hit, budget)
+                    fits = kv_used[r] + hit + tc <= cap
                     if not fits and n_run[r] > 0:
                         break
                     h = nxt[i]
@@ -300,9 +494,18 @@ def _run(
                     n_run[r] += 1
                     seat[r, k, _REQ] = i
                     seat[r, k, _PROMPT] = prompt[i]
-                    seat[r, k, _PDONE] = 0
+                    seat[r, k, _PDONE] = hit
                     seat[r, k, _GEN] = gen[i]
-                    seat[r, k, _KV] = 0
+                    seat[r, k, _KV] = hit
+                    kv_used[r] += hit
+                    if bt > 0:
+                        s.cached[i] = hit
+                        if hit >= image_end[i]:
+                            vision_done[i] = True
+                        for j in range(m):
+                            _lru_touch(
+                                lru_prev, lru_next, lru_end, r, _CACHE, chain[chain_start[i] + j], c.cache_blocks
+                            )
                     seat[r, k, _OUT] = out[i]
                     seat_last[r, k] = last_tok[i]
                     chunks[n_chunk] = k
@@ -381,6 +584,12 @@ def _run(
                     seat[r, k, _PDONE] += tc
                     seat[r, k, _KV] += tc
                     kv_used[r] += tc
+                    if bt > 0 and seat[r, k, _PDONE] >= seat[r, k, _PROMPT]:
+                        full = min(chain_start[i + 1] - chain_start[i], w_prompt[i] // bt)
+                        for x in range(full):
+                            _lru_touch(
+                                lru_prev, lru_next, lru_end, r, _CACHE, chain[chain_start[i] + x], c.cache_blocks
+                            )
                     if seat[r, k, _PDONE] >= seat[r, k, _PROMPT] and not first[i]:
                         first[i] = True
                         seat[r, k, _GEN] = 1
@@ -430,59 +639,115 @@ def _run(
                 active[q] = active[n_active]
             else:
                 q += 1
-        if a == idx.size:
+        if final:
             break
-        # route to the least outstanding eligible replica (ties: the first), then submit: the queue is
-        # ordered by readiness, a new request after every one ready no later. A request whose client
-        # has already given up (held at the gateway past its deadline) is not sent.
+        if tick:  # flow control: drop what expired, dispatch all if the pool is not saturated
+            while s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL]:
+                h = s.held[s.flow[_HELD_HEAD]]
+                if deadline[h] > until and arrival[h] + c.request_ttl > until:
+                    break
+                s.flow[_HELD_HEAD] += 1
+            if not _saturated(s, c, eligible):
+                while s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL]:
+                    h = s.held[s.flow[_HELD_HEAD]]
+                    s.flow[_HELD_HEAD] += 1
+                    n_active = _submit(s, w, c, h, _route(s, w, c, h, eligible, cand, score), until, active, n_active)
+            s.next_tick[0] = until + FLOW_TICK_S
+            continue
+        # A request whose client has already given up (held at the gateway past its deadline) is not sent; with
+        # flow control one waits in the picker while others do or while the pool is saturated.
         i = idx[a]
+        a += 1
         if deadline[i] <= until:
             continue
-        best = eligible[0]
-        fewest = n_wait[best] + n_run[best]
-        for q in range(1, eligible.size):
-            e = eligible[q]
-            if n_wait[e] + n_run[e] < fewest:
-                best, fewest = e, n_wait[e] + n_run[e]
-        if n_run[best] == 0 and n_wait[best] == 0:
-            clock[best] = max(clock[best], until)
-            active[n_active] = best
-            n_active += 1
-        prompt[i] = w_prompt[i]
-        gen[i] = 0
-        last_tok[i] = 0.0
-        first[i] = False
-        vision_done[i] = vis_ms[i] <= 0
-        where[i] = _WAITING
-        anext[i] = -1
-        if c.placement:
-            served_by[i] = best
-            started[i] = -1.0
-        if atail[best] >= 0:
-            anext[atail[best]] = i
-        else:
-            ahead[best] = i
-        atail[best] = i
-        node = tail[best]
-        while node >= 0 and avail[node] > avail[i]:
-            node = prv[node]
-        after = head[best] if node < 0 else nxt[node]
-        prv[i] = node
-        nxt[i] = after
-        if node < 0:
-            head[best] = i
-        else:
-            nxt[node] = i
-        if after < 0:
-            tail[best] = i
-        else:
-            prv[after] = i
-        n_wait[best] += 1
+        if c.flow_control and (s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL] or _saturated(s, c, eligible)):
+            if s.flow[_HELD_HEAD] == s.flow[_HELD_TAIL]:
+                s.next_tick[0] = until + FLOW_TICK_S
+            s.held[s.flow[_HELD_TAIL]] = i
+            s.flow[_HELD_TAIL] += 1
+            continue
+        n_active = _submit(s, w, c, i, _route(s, w, c, i, eligible, cand, score), until, active, n_active)
+
+
+@_jit
+def _saturated(s: _State, c: _Const, eligible: np.ndarray) -> bool:
+    """The ``utilization-detector``'s pool saturation (framework/plugins/flowcontrol/saturationdetector/utilization/
+    detector.go:115-137): the mean over the replicas of max(waiting / ``queue_depth``, KV use / ``kv_saturated``);
+    flow control holds requests while it reaches the static usage limit, 1.0 (framework/plugins/flowcontrol/
+    usagelimits/usagelimitpolicy.go:53-56; flowcontrol/controller/internal/processor.go:329-345)."""
+    capf = float(max(c.kv_cap, 1))
+    total = 0.0
+    for q in range(eligible.size):
+        e = eligible[q]
+        total += max(s.n_wait[e] / c.queue_depth, min(float(s.kv_used[e]) / capf, 1.0) / c.kv_saturated)
+    return total / eligible.size >= 1.0
+
+
+@_jit
+def _route(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np.ndarray, score: np.ndarray) -> int:
+    """The replica request ``i`` goes to (least outstanding: ties to the first)."""
+    if c.router == _PICKER:
+        return _pick(s, w, c, i, eligible, cand, score)
+    if c.router == _ROUND_ROBIN:
+        s.turn[0] += 1
+        chosen: int = eligible[(s.turn[0] - 1) % eligible.size]
+        return chosen
+    best = eligible[0]
+    fewest = s.n_wait[best] + s.n_run[best]
+    for q in range(1, eligible.size):
+        e = eligible[q]
+        if s.n_wait[e] + s.n_run[e] < fewest:
+            best, fewest = e, s.n_wait[e] + s.n_run[e]
+    return int(best)
+
+
+@_jit
+def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, active: np.ndarray, n_active: int) -> int:
+    """Request ``i`` joins replica ``best``'s queue, ordered by readiness (after every one ready no later);
+    returns the new count of ``active`` replicas."""
+    if s.n_run[best] == 0 and s.n_wait[best] == 0:
+        s.clock[best] = max(s.clock[best], until)
+        active[n_active] = best
+        n_active += 1
+    s.prompt[i] = w.prompt[i]
+    s.gen[i] = 0
+    s.last_tok[i] = 0.0
+    s.first[i] = False
+    s.vision_done[i] = w.vis_ms[i] <= 0
+    s.where[i] = _WAITING
+    s.anext[i] = -1
+    if c.placement:
+        s.served_by[i] = best
+        s.started[i] = -1.0
+    if s.atail[best] >= 0:
+        s.anext[s.atail[best]] = i
+    else:
+        s.ahead[best] = i
+    s.atail[best] = i
+    node = s.tail[best]
+    while node >= 0 and w.avail[node] > w.avail[i]:
+        node = s.prev[node]
+    after = s.head[best] if node < 0 else s.next[node]
+    s.prev[i] = node
+    s.next[i] = after
+    if node < 0:
+        s.head[best] = i
+    else:
+        s.next[node] = i
+    if after < 0:
+        s.tail[best] = i
+    else:
+        s.prev[after] = i
+    s.n_wait[best] += 1
+    return n_active
 
 
 # ----------------------------------------------------------------------------- the engine
-def _replica_arrays(n: int, seats: int) -> dict[str, np.ndarray]:
+def _replica_arrays(n: int, seats: int, blocks: int) -> dict[str, np.ndarray]:
     return {
+        "lru_prev": np.full((n, 2, blocks), _ABSENT, dtype=np.int32),
+        "lru_next": np.full((n, 2, blocks), -1, dtype=np.int32),
+        "lru_end": np.tile(np.array([-1, -1, 0], dtype=np.int64), (n, 2, 1)),
         "clock": np.zeros(n),
         "kv_used": np.zeros(n, dtype=np.int64),
         "n_run": np.zeros(n, dtype=np.int64),
@@ -514,8 +779,11 @@ class _Book(MetricBook):
 class CompiledEngine:
     """The reference engine's results at compiled speed (see the module docstring)."""
 
-    def __init__(self, params: ReplicaParams, work: Workload, placement: bool = False) -> None:
-        """``placement``: keep each request's replica and first admission, for ``placement()``."""
+    def __init__(
+        self, params: ReplicaParams, work: Workload, placement: bool = False, router: Router = LEAST_OUTSTANDING
+    ) -> None:
+        """``placement``: keep each request's replica and first admission, for ``placement()``; ``router``: how
+        each request picks its replica."""
         self.params = params
         self.book: MetricBook = _Book(self._sync)
         n = work.arrival.shape[0]
@@ -523,6 +791,7 @@ class CompiledEngine:
         self.n_rep = 0
         self._accrued = False  # counters accrued since the last sync (a scrape reads the book once per pod)
         seats = params.max_num_seqs
+        self._n_blocks = work.n_blocks
         self._w = _Work(
             arrival=np.ascontiguousarray(work.arrival, dtype=float),
             avail=np.ascontiguousarray(work.avail, dtype=float),
@@ -531,6 +800,10 @@ class CompiledEngine:
             vis_ms=np.ascontiguousarray(work.vis_ms, dtype=float),
             deadline=np.ascontiguousarray(work.deadline, dtype=float),
             dense_ms=params.dense_ms_vec(np.arange(int(params.dense_tokens[-1]), dtype=float)),
+            chain_start=work.chain_start,
+            chain=work.chain,
+            chain_chars=work.chain_chars,
+            image_end=work.image_end,
         )
         self._c = _Const(
             dense_last_tokens=float(params.dense_tokens[-1]),
@@ -553,6 +826,19 @@ class CompiledEngine:
             prompt_col=LAYOUT.prompt,
             generation_col=LAYOUT.generation,
             placement=placement,
+            block_tokens=work.block_tokens,
+            cache_blocks=params.kv_capacity_tokens // max(work.block_tokens, 1),
+            router=_ROUTERS[router.kind],
+            prefix_weight=router.prefix_weight,
+            queue_weight=router.queue_weight,
+            kv_weight=router.kv_weight,
+            window_chars=router.window_chars,
+            block_chars=router.block_chars,
+            queue_depth=router.queue_depth,
+            kv_saturated=router.kv_saturated,
+            saturation_filter=router.saturation_filter,
+            flow_control=router.flow_control,
+            request_ttl=router.request_ttl,
         )
         self._s = _State(
             prompt=np.zeros(n, dtype=np.int64),
@@ -569,18 +855,23 @@ class CompiledEngine:
             ttft=self.outcomes.ttft,
             e2e=self.outcomes.e2e,
             itl=self.outcomes.itl,
+            cached=self.outcomes.cached,
             decodes=np.zeros(seats, dtype=np.uintp),
             chunks=np.zeros(seats, dtype=np.uintp),
             chunk_tokens=np.zeros(seats, dtype=np.int64),
             done=np.zeros(seats, dtype=np.uintp),
-            **_replica_arrays(8, seats),
+            turn=np.array([0, router.seed % 2147483648], dtype=np.int64),
+            held=np.zeros(n if router.flow_control else 1, dtype=np.int64),
+            flow=np.zeros(2, dtype=np.int64),
+            next_tick=np.zeros(1),
+            **_replica_arrays(8, seats, work.n_blocks),
         )
 
     def add_replica(self) -> int:
         rid = self.book.add_replica()
         cap = self._s.clock.shape[0]
         if self.n_rep == cap:  # double the per-replica arrays
-            more = _replica_arrays(cap, self.params.max_num_seqs)
+            more = _replica_arrays(cap, self.params.max_num_seqs, self._n_blocks)
             self._s = self._s._replace(**{k: np.concatenate((getattr(self._s, k), v)) for k, v in more.items()})
         self.n_rep += 1
         return rid

@@ -7,8 +7,9 @@ oracle ``tests/unit/lab/test_twin_compiled.py`` checks it against.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 import numpy as np
 
@@ -25,6 +26,34 @@ from mmfleet_lab.twin.types import Requests
 CLIENT_TIMEOUT_S: Final = 600.0
 
 
+@dataclass(frozen=True)
+class Router:
+    """How each arriving request picks its replica among the eligible ones.
+
+    - ``least-outstanding``: the fewest running + waiting requests (ties: the first); the twin's default.
+    - ``round-robin``: the eligible replicas in turn, blind to load and caches (a Kubernetes Service; kube-proxy's
+      iptables mode picks at random per connection, the same spread on average).
+    - ``picker``: the Gateway API Inference Extension's endpoint picker (``twin.picker`` builds it from an
+      ``EndpointPickerConfig``; the scoring is in ``compiled._pick``). Its fields mean nothing to the others.
+    """
+
+    kind: Literal["least-outstanding", "round-robin", "picker"] = "least-outstanding"
+    prefix_weight: float = 0.0
+    queue_weight: float = 0.0
+    kv_weight: float = 0.0
+    window_chars: int = 0  # the picker hashes at most this many characters of a request's messages
+    block_chars: int = 64  # in blocks of this many (the trailing partial block is not hashed)
+    queue_depth: int = 0  # a replica with this many waiting requests is saturated ...
+    kv_saturated: float = 1.0  # ... or with this share of its KV cache in use
+    saturation_filter: bool = False  # saturated replicas are filtered out (the detector is in the profile)
+    flow_control: bool = False  # while the pool is saturated, requests wait in the picker ...
+    request_ttl: float = math.inf  # ... this long at most (then the picker answers 503)
+    seed: int = 0  # the picker's tie-break
+
+
+LEAST_OUTSTANDING: Final = Router()
+
+
 @dataclass(frozen=True, eq=False)
 class Workload:
     """Per-request engine inputs derived once from ``Requests`` and a replica profile."""
@@ -35,6 +64,14 @@ class Workload:
     out: np.ndarray  # output tokens, >= 1
     vis_ms: np.ndarray  # encoder time of the request's images
     deadline: np.ndarray  # arrival + timeout: the client abandons the request if it has not finished by then
+    # Shared prefixes (``types.PrefixChains``), block ids renumbered 0..n_blocks-1; block_tokens 0: none, and
+    # no replica caches anything (the engines then run exactly as without the feature).
+    block_tokens: int
+    chain_start: np.ndarray  # n + 1: request k's blocks are chain[chain_start[k]:chain_start[k + 1]]
+    chain: np.ndarray
+    chain_chars: np.ndarray  # each block's characters in the messages' JSON (what the endpoint picker hashes)
+    image_end: np.ndarray  # prompt tokens a replica must hold cached to skip the request's encoder call
+    n_blocks: int
 
     @staticmethod
     def build(req: Requests, params: ReplicaParams, timeout: float = CLIENT_TIMEOUT_S) -> Workload:
@@ -57,6 +94,15 @@ class Workload:
                 t = np.maximum(t, a + b * n)
             vis[has] = t
         arrival = np.asarray(req.arrival, dtype=float)
+        chains = req.prefix
+        if chains is None:
+            ids, inverse = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            start, chars, image_end = np.zeros(len(req) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), prompt
+        else:
+            ids, inverse = np.unique(chains.ids, return_inverse=True)
+            start, chars = chains.offsets.astype(np.int64), chains.chars.astype(np.int64)
+            # A request with images but no position for them needs its encoder unless all of it is cached.
+            image_end = np.where((images > 0) & (chains.image_end <= 0), prompt, chains.image_end)
         return Workload(
             arrival=arrival,
             avail=arrival + params.request_overhead_s + images * params.image_preprocess_s,
@@ -64,16 +110,24 @@ class Workload:
             out=np.maximum(np.rint(np.asarray(req.output_tokens, dtype=float)), 1.0),
             vis_ms=vis,
             deadline=arrival + timeout,
+            block_tokens=0 if chains is None else int(chains.block_tokens),
+            chain_start=start,
+            chain=inverse.astype(np.int64),
+            chain_chars=chars,
+            image_end=np.asarray(image_end, dtype=np.int64),
+            n_blocks=int(ids.size),
         )
 
 
 class Outcomes:
-    """Per-request latencies; np.inf until a request gets there."""
+    """Per-request latencies; np.inf until a request gets there. ``cached``: prompt tokens a replica's prefix cache
+    held when it last admitted the request (vLLM's ``prefix_cache_hits``, per request)."""
 
     def __init__(self, n: int) -> None:
         self.ttft = np.full(n, np.inf)
         self.e2e = np.full(n, np.inf)
         self.itl = np.full(n, np.inf)
+        self.cached = np.zeros(n, dtype=np.int64)
 
     def finish(
         self, idx: np.ndarray | int, t_done: np.ndarray | float, arrival: np.ndarray | float, out: np.ndarray | float
@@ -103,7 +157,8 @@ class Engine(Protocol):
 
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
         """Route requests ``idx`` (arriving in [t0, t1), or held earlier, in arrival order) among
-        ``eligible`` replicas by least outstanding requests, and advance every replica to ``t1``.
+        ``eligible`` replicas as the engine's ``Router`` picks (least outstanding requests by default), and
+        advance every replica to ``t1``.
 
         A request whose deadline has passed when it would be routed never reaches a replica; one
         whose deadline passes on a replica is abandoned at the next step boundary: it leaves the

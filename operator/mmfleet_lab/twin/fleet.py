@@ -9,8 +9,9 @@
   once. A deleted Ready pod *drains*: the router stops sending to it, it finishes everything already
   sent to it (running and queued), then frees its GPUs, as vLLM does on SIGTERM with
   ``--shutdown-timeout`` (mmfleet renders it; see ``mmfleet.backends.vllm``).
-- The router sends each request to the Ready, non-draining pod with the fewest outstanding requests
-  (the engine does it). With no Ready pod a request is held at the gateway until one is Ready.
+- The router sends each request to a Ready, non-draining pod: by default the one with the fewest outstanding
+  requests (the engine does it, as its ``Router`` says). With no Ready pod a request is held at the gateway until
+  one is Ready.
 - GPU time counts from the moment a pod holds its GPUs, Ready or not, until it releases them.
 """
 

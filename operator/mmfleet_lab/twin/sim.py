@@ -204,6 +204,7 @@ def simulate(
         unschedulable=tl["unschedulable"],
         draining=tl["draining"],
         starting_gpu_seconds=start_s,
+        cached=out.cached.copy(),
     )
 
 

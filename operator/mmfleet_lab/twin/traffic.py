@@ -2,6 +2,7 @@
 
 Sources (with attribution in ``traces/README.md`` beside this module, and in ``tests/data/README.md``):
 - Azure LLM inference trace 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``; CC-BY 4.0).
+- Mooncake's FAST'25 conversation trace (``timestamp, input_length, output_length, hash_ids``; Apache-2.0).
 - ServeGen (Apache-2.0): the per-10-minute aggregate rate of ``multimodal_mm-image`` and the
   per-client token statistics (mean, p50, p90, p99 of text tokens, tokens per image, images per
   request, output tokens per 6-hour window).
@@ -10,7 +11,9 @@ Choices that are ours (ASSUMED, documented in ``docs/twin.md``):
 - A token distribution known only by mean/p50/p90/p99 is sampled from a piecewise-linear quantile
   function through (0.5, p50), (0.9, p90), (0.99, p99), flat to 1.0, with the value at 0 chosen so
   the mean matches (clipped to [1, p50]).
-- Text traces get images with probability ``IMAGE_PROBABILITY``; counts and sizes from ServeGen.
+- Text traces get images with probability ``IMAGE_PROBABILITY``; counts and sizes from ServeGen. On a trace with
+  shared prefixes, a request's images go at the start of the part no earlier request shared (its new message),
+  so a later turn that shares those blocks carries the same images (``add_shared_images``).
 - Rate scaling draws independent arrivals (a non-homogeneous Poisson process, as from many
   independent users) at ``factor`` x the trace's rate averaged over ``RATE_SMOOTH_S`` s, with each
   request's tokens and images resampled from the trace. Stacking time-shifted copies of the trace
@@ -22,6 +25,7 @@ Choices that are ours (ASSUMED, documented in ``docs/twin.md``):
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,10 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfleet_lab.twin.types import Requests
+from mmfleet_lab.twin.types import PrefixChains, Requests
 
 IMAGE_PROBABILITY = 0.3  # ASSUMED share of requests that carry images when a text trace is replayed
 MAX_IMAGE_TOKENS = 16384  # Qwen2.5-VL's default max_pixels (12,845,056 px) / (28 x 28)
+# Characters of an image's base64 data URL per image token: the calibration run's JPEGs at quality 90, 51 KB for 256
+# tokens (448x448) and 230 KB for 1,196 (1280x720), x 4/3 (/work/shared/calibration/real-vllm-h200-mm/README.md).
+URL_CHARS_PER_IMAGE_TOKEN = 260
+TEXT_CHARS_PER_TOKEN = 4  # what the endpoint picker assumes (twin.picker.CHARS_PER_TOKEN)
 RATE_SMOOTH_S = 60.0  # ASSUMED: scaled traffic follows the trace's rate averaged over this window
 SPIKE_STEP_S = 0.1  # resolution of the spike's rate curve
 
@@ -93,6 +101,107 @@ def load_csv(
 def load_azure(path: Path | str) -> Requests:
     """The Azure LLM inference trace 2023 (conv or code)."""
     return load_csv(path, time_col="TIMESTAMP", input_col="ContextTokens", output_col="GeneratedTokens")
+
+
+def load_mooncake(path: Path | str, block_tokens: int = 512) -> Requests:
+    """Mooncake's FAST'25 trace format (kvcache-ai/Mooncake, FAST25-release/README.md): one JSON object a line with
+    ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``, one per ``block_tokens`` of the
+    input (the last block partial); equal ids are shared prefix blocks. Text only: no images."""
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    t = np.asarray([r["timestamp"] for r in rows], dtype=float) / 1000.0
+    order = np.argsort(t, kind="stable")
+    rows = [rows[k] for k in order]
+    lengths = np.asarray([len(r["hash_ids"]) for r in rows], dtype=np.int64)
+    ids = np.asarray([b for r in rows for b in r["hash_ids"]], dtype=np.int64)
+    inputs = np.asarray([r["input_length"] for r in rows], dtype=float)
+    text_chars = TEXT_CHARS_PER_TOKEN * np.asarray(
+        [min(block_tokens, int(r["input_length"]) - j * block_tokens) for r in rows for j in range(len(r["hash_ids"]))]
+    )
+    return Requests(
+        arrival=t[order] - t[order[0]],
+        input_tokens=inputs,
+        output_tokens=np.asarray([r["output_length"] for r in rows], dtype=float),
+        images=np.zeros(len(rows)),
+        prefix=PrefixChains(
+            block_tokens=block_tokens,
+            offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+            ids=ids,
+            chars=text_chars.astype(np.int64),
+            image_end=np.zeros(len(rows), dtype=np.int64),
+        ),
+    )
+
+
+def add_shared_images(
+    req: Requests, stats: TokenStats, rng: np.random.Generator, probability: float = IMAGE_PROBABILITY
+) -> Requests:
+    """Images on a trace with shared prefixes, kept consistent with its sharing.
+
+    In arrival order, a request's new part (its blocks after the longest run an earlier request already had, and
+    never the first block, the system prompt every conversation of the trace starts with) is its new message:
+    with ``probability`` it starts with images (count and tokens per image drawn from ServeGen ``stats``, as many
+    as fit in it with a text token left). They belong to the block they start in, so every later
+    request that shares that block carries them too: a repeated image. Image tokens replace text tokens (the
+    trace's prompt lengths stay); each image's block gains its data URL's characters (``URL_CHARS_PER_IMAGE_TOKEN``)
+    and loses the text it replaces. A request's ``image_tokens`` is the mean over its images.
+    """
+    chains = req.prefix
+    if chains is None:
+        raise ValueError("add_shared_images needs a trace with shared prefixes")
+    bt = chains.block_tokens
+    _, _, count, per = stats.sample(len(req), rng)
+    has = rng.uniform(size=len(req)) < probability
+    message: dict[int, tuple[int, float]] = {}  # first block of a message with images: (images, their tokens)
+    block_chars: dict[int, int] = {}  # each block's characters, fixed where it first appears
+    chars = chains.chars.copy()
+    images = np.zeros(len(req))
+    image_tokens = np.zeros(len(req))
+    image_end = np.zeros(len(req), dtype=np.int64)
+    seen: set[int] = set()
+    for k in range(len(req)):
+        s0, s1 = int(chains.offsets[k]), int(chains.offsets[k + 1])
+        blocks = [int(b) for b in chains.ids[s0:s1]]
+        m = 0
+        while m < len(blocks) and blocks[m] in seen:
+            m += 1
+        for j in range(m, len(blocks)):
+            block_chars.setdefault(blocks[j], int(chains.chars[s0 + j]))
+        m = max(m, 1)  # never in the first block: the system prompt every conversation starts with
+        room = int(req.input_tokens[k]) - m * bt - 1
+        n_img = max(int(count[k]), 1) if has[k] else 0
+        size = float(per[k]) if per[k] > 0 else float(np.median(per[per > 0]))
+        n_img = min(n_img, max(room, 0) // max(int(size), 1))
+        if m < len(blocks) and n_img > 0:
+            message[blocks[m]] = (n_img, n_img * size)
+            block_chars[blocks[m]] += int(URL_CHARS_PER_IMAGE_TOKEN * n_img * size)
+            covered = int(n_img * size)
+            for j in range(m, len(blocks)):  # the text the images replace
+                if covered <= 0:
+                    break
+                text = int(chains.chars[s0 + j]) // TEXT_CHARS_PER_TOKEN
+                block_chars[blocks[j]] -= TEXT_CHARS_PER_TOKEN * min(covered, text)
+                covered -= bt
+        seen.update(blocks[m:])
+        total = 0.0
+        for j, b in enumerate(blocks):
+            chars[s0 + j] = block_chars.get(b, chars[s0 + j])
+            if b in message:
+                n, tokens = message[b]
+                images[k] += n
+                total += tokens
+                image_end[k] = max(image_end[k], j * bt + math.ceil(tokens))
+        image_tokens[k] = total / images[k] if images[k] else 0.0
+    return Requests(
+        arrival=req.arrival,
+        input_tokens=np.maximum(req.input_tokens - images * np.rint(image_tokens), 1.0),
+        output_tokens=req.output_tokens,
+        images=images,
+        image_tokens=image_tokens,
+        prefix=PrefixChains(bt, chains.offsets, chains.ids, chars, image_end),
+    )
 
 
 def load_count_series(

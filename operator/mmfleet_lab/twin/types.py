@@ -10,6 +10,37 @@ from mmfleet_lab.twin.replica import DEFAULT_IMAGE_TOKENS
 
 
 @dataclass(frozen=True, eq=False)
+class PrefixChains:
+    """What each request shares with others, for the replicas' prefix caches and the endpoint picker's index.
+
+    Request ``k``'s prompt is the chain of blocks ``ids[offsets[k]:offsets[k + 1]]``, ``block_tokens`` tokens each
+    (the last may be partial): equal ids at the same place of two chains are the same tokens after the same prefix,
+    as vLLM's block hashes (which include an image's hash) and Mooncake's ``hash_ids`` say. ``chars`` is each
+    block's length in the request's messages as JSON (text about 4 characters a token, an image its data URL), what
+    the picker hashes; ``image_end`` the prompt position after a request's last image token (0: no image): a
+    replica holding that much of the prompt in its cache needs no encoder call.
+    """
+
+    block_tokens: int
+    offsets: np.ndarray  # n + 1
+    ids: np.ndarray
+    chars: np.ndarray  # per block, like ids
+    image_end: np.ndarray  # per request
+
+    def take(self, idx: np.ndarray) -> PrefixChains:
+        idx = np.asarray(idx, dtype=np.int64)
+        lengths = self.offsets[idx + 1] - self.offsets[idx]
+        flat = np.concatenate([np.arange(self.offsets[k], self.offsets[k + 1]) for k in idx]) if idx.size else idx
+        return PrefixChains(
+            block_tokens=self.block_tokens,
+            offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+            ids=self.ids[flat],
+            chars=self.chars[flat],
+            image_end=self.image_end[idx],
+        )
+
+
+@dataclass(frozen=True, eq=False)
 class Requests:
     """A workload, one entry per request, sorted by arrival (seconds from the start).
 
@@ -22,6 +53,7 @@ class Requests:
     output_tokens: np.ndarray
     images: np.ndarray
     image_tokens: np.ndarray | None = None  # per image, per request (added field)
+    prefix: PrefixChains | None = None  # shared prefixes (None: nothing is shared, no replica caches anything)
 
     def __post_init__(self) -> None:
         n = self.arrival.shape[0]
@@ -30,6 +62,8 @@ class Requests:
                 raise ValueError(f"Requests.{name} has {getattr(self, name).shape[0]} entries, arrival has {n}")
         if self.image_tokens is not None and self.image_tokens.shape[0] != n:
             raise ValueError("Requests.image_tokens length differs from arrival")
+        if self.prefix is not None and self.prefix.offsets.shape[0] != n + 1:
+            raise ValueError("Requests.prefix has chains for a different number of requests")
         if n > 1 and np.any(np.diff(self.arrival) < 0):
             raise ValueError("Requests.arrival must be sorted")
 
@@ -58,6 +92,7 @@ class Requests:
             output_tokens=self.output_tokens[idx],
             images=self.images[idx],
             image_tokens=None if self.image_tokens is None else self.image_tokens[idx],
+            prefix=None if self.prefix is None else self.prefix.take(np.asarray(idx)),
         )
 
     def window(self, t0: float, t1: float) -> Requests:
@@ -68,7 +103,7 @@ class Requests:
 
     @staticmethod
     def concat(parts: list[Requests]) -> Requests:
-        """Merge and sort by arrival (stable)."""
+        """Merge and sort by arrival (stable); shared prefixes are not carried (their ids are each trace's own)."""
         arr = np.concatenate([p.arrival for p in parts])
         order = np.argsort(arr, kind="stable")
         it = np.concatenate([p.tokens_per_image for p in parts])
@@ -109,6 +144,7 @@ class RunResult:
     unschedulable: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of Pending pods
     draining: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of draining pods
     starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
+    cached: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: prompt tokens found cached, per request
 
     def latency(self, metric: str) -> np.ndarray:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]

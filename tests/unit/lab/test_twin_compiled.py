@@ -17,7 +17,7 @@ import pytest
 
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate, traffic
 from mmfleet_lab.twin.compiled import CompiledEngine
-from mmfleet_lab.twin.engine import Engine, Workload
+from mmfleet_lab.twin.engine import LEAST_OUTSTANDING, Engine, Router, Workload
 from mmfleet_lab.twin.observe import HISTOGRAMS
 from mmfleet_lab.twin.replica import GIB, ReplicaParams
 from tests.helpers.repo import DATA
@@ -54,11 +54,16 @@ def assert_same_counters(a: np.ndarray, b: np.ndarray) -> None:
 
 
 def lockstep(
-    params: ReplicaParams, req: Requests, replicas: int, seconds: float, timeout: float = math.inf
+    params: ReplicaParams,
+    req: Requests,
+    replicas: int,
+    seconds: float,
+    timeout: float = math.inf,
+    router: Router = LEAST_OUTSTANDING,
 ) -> tuple[FineEngine, CompiledEngine]:
     """Both engines through the same arrivals; every 15 s the scraped counters and gauges must agree."""
     work = Workload.build(req, params, timeout)
-    fine, comp = FineEngine(params, work), CompiledEngine(params, work)
+    fine, comp = FineEngine(params, work, router), CompiledEngine(params, work, router=router)
     for eng in (fine, comp):
         for _ in range(replicas):
             eng.add_replica()
