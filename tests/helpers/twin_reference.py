@@ -327,8 +327,8 @@ class FineEngine:
         def kv(e: int) -> float:
             return self.replicas[e].gauges()[2]
 
-        cand = [e for e in eligible if len(self.replicas[e].waiting) < rt.queue_depth and kv(e) < rt.kv_saturated]
-        cand = cand if rt.saturation_filter and cand else list(eligible)
+        cand = [e for e in eligible if len(self.replicas[e].waiting) < rt.filter_queue_depth and kv(e) < rt.filter_kv]
+        cand = cand if rt.filter_queue_depth and cand else list(eligible)
         waits = [len(self.replicas[e].waiting) for e in cand]
         lo, hi = min(waits), max(waits)
         blocks = self.replicas[0].chain(i)

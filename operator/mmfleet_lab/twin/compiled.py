@@ -99,7 +99,8 @@ class _Const(NamedTuple):
     block_chars: int
     queue_depth: int
     kv_saturated: float
-    saturation_filter: bool
+    filter_queue_depth: int
+    filter_kv: float
     flow_control: bool
     request_ttl: float
 
@@ -255,10 +256,10 @@ def _pick(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np
     pkg/epp/, in ``framework/plugins/`` unless a path says otherwise).
 
     - Filter, ``utilization-detector`` (flowcontrol/saturationdetector/utilization/detector.go:139-168), only where
-      the scheduling profile lists it (scheduling/scheduler_profile.go:138 runs the profile's filters; neither the
-      picker's default profile nor mmfleet's does, pkg/epp/config/loader/defaults.go:46-103): replicas with
-      ``queue_depth`` or more waiting requests, or KV use at ``kv_saturated`` or more, are dropped; if that drops
-      all, all stay.
+      the scheduling profile lists one (scheduling/scheduler_profile.go:138 runs the profile's filters; the picker's
+      default profile does not, pkg/epp/config/loader/defaults.go:46-103; mmfleet's lists one for stale metrics only):
+      replicas with ``filter_queue_depth`` or more waiting requests, or KV use at ``filter_kv`` or more, are dropped;
+      if that drops all, all stay.
     - ``prefix-cache-scorer`` (scheduling/scorer/prefix/plugin.go:108-111): blocks matched in the picker's index of
       the replica / blocks hashed. The index hashes the messages' JSON in ``block_chars`` blocks up to
       ``window_chars`` (requestcontrol/dataproducer/approximateprefix/hashing.go:47-87); the twin knows sharing only
@@ -278,8 +279,8 @@ def _pick(s: _State, w: _Work, c: _Const, i: int, eligible: np.ndarray, cand: np
     n_c = 0
     for q in range(eligible.size):
         e = eligible[q]
-        if not c.saturation_filter or (
-            s.n_wait[e] < c.queue_depth and min(float(s.kv_used[e]) / capf, 1.0) < c.kv_saturated
+        if c.filter_queue_depth == 0 or (
+            s.n_wait[e] < c.filter_queue_depth and min(float(s.kv_used[e]) / capf, 1.0) < c.filter_kv
         ):
             cand[n_c] = e
             n_c += 1
@@ -836,7 +837,8 @@ class CompiledEngine:
             block_chars=router.block_chars,
             queue_depth=router.queue_depth,
             kv_saturated=router.kv_saturated,
-            saturation_filter=router.saturation_filter,
+            filter_queue_depth=router.filter_queue_depth,
+            filter_kv=router.filter_kv,
             flow_control=router.flow_control,
             request_ttl=router.request_ttl,
         )

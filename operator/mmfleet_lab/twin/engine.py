@@ -45,7 +45,10 @@ class Router:
     block_chars: int = 64  # in blocks of this many (the trailing partial block is not hashed)
     queue_depth: int = 0  # a replica with this many waiting requests is saturated ...
     kv_saturated: float = 1.0  # ... or with this share of its KV cache in use
-    saturation_filter: bool = False  # saturated replicas are filtered out (the detector is in the profile)
+    # The profile's filter (a utilization-detector listed in it) drops replicas with this many waiting requests (0:
+    # no filter) or this share of their KV cache in use, unless that drops them all.
+    filter_queue_depth: int = 0
+    filter_kv: float = 1.0
     flow_control: bool = False  # while the pool is saturated, requests wait in the picker ...
     request_ttl: float = math.inf  # ... this long at most (then the picker answers 503)
     seed: int = 0  # the picker's tie-break

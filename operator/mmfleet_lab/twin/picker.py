@@ -44,7 +44,8 @@ def router(config: Manifest, seed: int = 0) -> Router:
     The prefix window: ``maxPrefixTokensToMatch`` (if > 0) or ``maxPrefixBlocksToMatch`` blocks of the block size,
     which ``autoTune`` (default on) takes from the servers, at 4 characters a token (approximateprefix/plugin.go:
     142-145). Saturation: the ``utilization-detector``'s thresholds (flowcontrol/saturationdetector/utilization/
-    config.go:29-96), the defaults when the configuration names none; a filter only if the profile lists it. Flow
+    config.go:29-96), the defaults when the configuration names none; a filter only if the profile lists a detector,
+    with that one's thresholds. Flow
     control (the ``flowControl`` feature gate, apix/config/v1alpha1/endpointpickerconfig_types.go:288-332) holds
     requests while the pool is saturated, up to ``defaultRequestTTL`` (omitted: the client's deadline).
     """
@@ -60,14 +61,16 @@ def router(config: Manifest, seed: int = 0) -> Router:
     blocks = tokens // block if tokens > 0 else int(prefix.get("maxPrefixBlocksToMatch", DEFAULT_MAX_BLOCKS))
     detector_ref = config.get("saturationDetector", {}).get("pluginRef", "utilization-detector")
     detector = plugins.get(detector_ref, {}).get("parameters", {})
-    profile = {ref["pluginRef"] for ref in config["schedulingProfiles"][0]["plugins"]}
+    profile = [plugins[ref["pluginRef"]] for ref in config["schedulingProfiles"][0]["plugins"]]
+    screen = next((p.get("parameters", {}) for p in profile if p["type"] == "utilization-detector"), None)
     return Router(
         kind="picker",
         window_chars=blocks * block * CHARS_PER_TOKEN,
         block_chars=block * CHARS_PER_TOKEN,
         queue_depth=int(detector.get("queueDepthThreshold", DEFAULT_QUEUE_DEPTH)),
         kv_saturated=float(detector.get("kvCacheUtilThreshold", KV_CACHE_SATURATED)),
-        saturation_filter=detector_ref in profile,
+        filter_queue_depth=0 if screen is None else int(screen.get("queueDepthThreshold", DEFAULT_QUEUE_DEPTH)),
+        filter_kv=1.0 if screen is None else float(screen.get("kvCacheUtilThreshold", KV_CACHE_SATURATED)),
         flow_control="flowControl" in config.get("featureGates", []),
         request_ttl=seconds(ttl) if (ttl := config.get("flowControl", {}).get("defaultRequestTTL")) else math.inf,
         seed=seed,

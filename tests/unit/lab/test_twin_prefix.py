@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from mmfleet import routing
 from mmfleet.api import SloSpec
 from mmfleet.routing import picker_config
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate, traffic
@@ -102,7 +103,7 @@ ROUTERS = {
     "least-outstanding": Router(),
     "round-robin": Router(kind="round-robin"),
     "picker-defaults": router(PICKER_DEFAULTS, seed=3),
-    "picker-filter": replace(router(PICKER_DEFAULTS, seed=3), queue_depth=1, saturation_filter=True),
+    "picker-filter": replace(router(PICKER_DEFAULTS, seed=3), filter_queue_depth=1, filter_kv=0.8),
     # mmfleet's, saturated at 1 waiting request: flow control holds requests, some past a 10 s TTL
     "picker-flow-control": replace(router(picker_config(fleet(SLO, 1, 8, 0.3), 120.0), seed=3), request_ttl=10.0),
 }
@@ -172,11 +173,12 @@ def test_router_from_the_rendered_config() -> None:
     d = router(PICKER_DEFAULTS)
     assert (d.prefix_weight, d.queue_weight, d.kv_weight) == (3.0, 2.0, 2.0)
     assert d.window_chars == 256 * 64 and d.block_chars == 64 and d.queue_depth == 5 and d.kv_saturated == 0.8
-    assert not d.saturation_filter  # the detector is not in the default profile
+    assert d.filter_queue_depth == 0  # the detector is not in the default profile
     inference = fleet(SloSpec(metric="ttft", target="2s"), 1, 8, 3.0)
     m = router(picker_config(inference, 120.0))
     assert m.window_chars == inference.spec.backend.max_model_len * 4 and m.queue_depth == 6
-    assert not m.saturation_filter
+    # Ours filters replicas with stale metrics (a dead server's) only, never by their queue or KV use.
+    assert m.filter_queue_depth == routing.UNREACHED_QUEUE and m.filter_kv == 1.0
 
 
 def test_simulate_with_scaling_and_flow_control_matches_reference() -> None:

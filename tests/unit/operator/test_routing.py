@@ -106,12 +106,20 @@ def test_saturation_is_the_queue_the_slo_allows(autoscaling: dict[str, Any] | No
     assert detector["parameters"] == {"queueDepthThreshold": depth, "kvCacheUtilThreshold": 0.8}
 
 
-def test_the_profile_filters_out_stale_and_saturated_replicas_before_scoring() -> None:
-    """The utilization detector is the profile's filter too: a replica whose server died (its metrics stale) stops
-    being chosen before its pod turns not Ready (tests/integration/test_routing_requests.py)."""
-    profile = config(spec_doc(routing=POOL))["schedulingProfiles"][0]
-    assert profile["plugins"][0] == {"pluginRef": "utilization-detector"}
-    assert [p["pluginRef"] for p in profile["plugins"][1:]] == [name for name, _ in routing.SCORER_WEIGHTS]
+def test_the_profile_filters_out_replicas_with_stale_metrics_only() -> None:
+    """A detector instance of its own is the profile's filter: a replica whose server died (its metrics stale) stops
+    being chosen before its pod turns not Ready (tests/integration/test_routing_requests.py), but a replica is never
+    dropped for its queue, which would break a repeated image's affinity as soon as one request waits there; the
+    saturation detector (flow control) keeps the queue the SLO allows."""
+    picker = config(spec_doc(routing=POOL, autoscaling={"slo": {"target": "2s"}, "capacityPerReplica": 0.5}))
+    plugins = {p.get("name", p["type"]): p for p in picker["plugins"]}
+    profile = picker["schedulingProfiles"][0]["plugins"]
+    (first, *scorers) = [plugins[ref["pluginRef"]] for ref in profile]
+    assert first["type"] == "utilization-detector" and first["name"] != picker["saturationDetector"]["pluginRef"]
+    assert first["parameters"]["queueDepthThreshold"] >= 1 << 30 and first["parameters"]["kvCacheUtilThreshold"] == 1
+    assert [p["type"] for p in scorers] == [name for name, _ in routing.SCORER_WEIGHTS]
+    saturation = plugins[picker["saturationDetector"]["pluginRef"]]["parameters"]
+    assert saturation["queueDepthThreshold"] == 1
 
 
 ENGINES = [("vllm", "vllm", "/metrics"), ("tensorrt-llm", "trtllm-serve", "/prometheus/metrics")]
