@@ -31,6 +31,9 @@ endef
 
 system-deps:
 	$(call apt_install,$(SYSTEM_PACKAGES))
+	@# iproute2's command is ip: the routing tests run the picker and the simulators in network namespaces.
+	@command -v ip >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null; \
+	  else echo "missing Debian package: iproute2 (run: sudo apt-get install iproute2)"; exit 1; fi; }
 
 demo-deps:
 	$(call apt_install,$(DEMO_PACKAGES))
