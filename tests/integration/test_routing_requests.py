@@ -33,6 +33,7 @@ from kubernetes import client
 from mmfleet import dashboard
 from mmfleet.api import seconds
 from mmfleet_lab.cluster import Cluster, ensure_epp, ensure_gateway_standin, ensure_inference_sim
+from mmfleet_lab.cluster.collector import RunningCollector, run_collector
 from mmfleet_lab.cluster.netns import Network, isolated_network, socket_in
 from tests.helpers.chart import has_default_sa
 from tests.helpers.fleet import Fleet, mmi
@@ -47,6 +48,8 @@ REPLICAS = 3
 # (mmfleet.routing.request_ttl), so held requests are answered after 30 s rather than 150.
 COLD_START = "1"
 POOL_API = ("inference.networking.k8s.io", "v1")
+# The fleet traces every request; its spans go to a collector the test runs (only the endpoint is the test's).
+TRACING = {"enabled": True, "sampleRatio": 1.0, "endpoint": "http://collector.observability:4317"}
 # The simulator's flags that make it a server of the fleet (llm-d-inference-sim v0.10.2 pkg/common/parser.go:115-231):
 # no tokenizer download (a simulated one, tokenizer.go:54-70), its KV cache with vLLM's 16-token blocks, so
 # ``vllm:cache_config_info`` tells the picker's prefix index the block size (metrics.go). POD_IP is needed with the KV
@@ -58,6 +61,7 @@ FAST = ("--time-to-first-token", "10ms", "--inter-token-latency", "1ms")
 STALE_WITHIN = 0.5
 # --log-http: each request's headers in the simulator's log, where the trace context is looked for.
 SIM_FLAGS += ("--log-http",)
+TRACEPARENT = re.compile(r"Traceparent: 00-([0-9a-f]{32})-([0-9a-f]{16})-0[01]")
 
 
 @dataclass
@@ -95,6 +99,7 @@ class RoutedPool:
     pods: dict[str, str] = field(default_factory=dict)  # pod IP -> pod name
     sims: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # pod IP -> its simulator
     picker_log: Path = Path()
+    collector: RunningCollector | None = None
 
     def flag(self, name: str) -> str:
         return self.serve[self.serve.index(name) + 1]
@@ -205,7 +210,7 @@ def routed(
     fleet = Fleet(api, namespace)
     logs = tmp_path_factory.mktemp("routing")
     try:
-        fleet.create(mmi(FLEET, replicas=REPLICAS, routing={"mode": "inferencePool"}))
+        fleet.create(mmi(FLEET, replicas=REPLICAS, routing={"mode": "inferencePool"}, tracing=TRACING))
         fleet.wait_condition(FLEET, "RoutingReady", status="True", timeout=90)
         pool = custom.get_namespaced_custom_object(*POOL_API, namespace, "inferencepools", FLEET)
         config_map = core.read_namespaced_config_map(f"{FLEET}-epp", namespace)
@@ -218,16 +223,21 @@ def routed(
         config.write_text(config_text)  # the rendered configuration, as it is
         assert str(pool["spec"]["targetPorts"][0]["number"]) == server.command[server.command.index("--port") + 1]
 
-        with isolated_network() as network:
+        with isolated_network() as network, run_collector(logs / "collector") as collector:
             routed = RoutedPool(network, fleet, server.command, ttl, logs, logs / "gateway.sock", pods=pods)
+            routed.collector = collector
             network.forward_tcp(urlsplit(_api_server(cluster)).port or 443)
+            network.forward_tcp(urlsplit(collector.endpoint).port or 4317)
             for ip in pods:
                 network.add_pod(ip)
                 routed.start_sim(ip, *FAST)
             # The rendered container's arguments; only the configuration's path is this test's.
             args: list[str] = picker.args
             args[args.index("--config-file") + 1] = str(config)
-            env = {"KUBECONFIG": str(cluster.kubeconfig), "NAMESPACE": namespace, "POD_NAME": f"{FLEET}-epp-0-0"}
+            env = {e.name: e.value for e in picker.env if e.value is not None}  # the rendered tracing settings
+            assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == TRACING["endpoint"]
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint  # forwarded into the gateway namespace
+            env.update(KUBECONFIG=str(cluster.kubeconfig), NAMESPACE=namespace, POD_NAME=f"{FLEET}-epp-0-0")
             routed.picker_log = logs / "epp.log"
             network.run(network.gateway, [str(ensure_epp()), *args], routed.picker_log, env)
             standin = [str(ensure_gateway_standin()), "--listen", f"unix:{routed.gateway_socket}"]
@@ -331,12 +341,32 @@ def test_the_dashboards_picker_series_are_the_real_pickers(routed: RoutedPool) -
     assert not missing, f"{missing} not in the picker's /metrics:\n{exposed[:3000]}"
 
 
-def test_a_trace_context_reaches_the_model_server(routed: RoutedPool) -> None:
-    traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
-    answer = routed.post(chat(routed.model, question(random.Random(26))), headers={"traceparent": traceparent})
+def test_the_pickers_spans_reach_the_collector_and_the_server_continues_the_clients_trace(
+    routed: RoutedPool,
+) -> None:
+    """With the fleet's tracing on, the picker (started with the rendered tracing settings) exports its spans to the
+    collector under the rendered service name, and the model server gets a ``traceparent`` in the client's trace.
+    The picker's own spans do not join that trace: EPP v1.5.0 starts them from the ext_proc stream's context
+    (``pkg/epp/handlers/server.go:149``; its gRPC server propagates no trace context), so each request's
+    ``gateway.request`` is a root (docs/routing.md says so; this notices a picker that changes it)."""
+    assert routed.collector is not None
+    collector = routed.collector
+    client_trace = uuid.uuid4().hex
+    sent = f"00-{client_trace}-{uuid.uuid4().hex[:16]}-01"
+    answer = routed.post(chat(routed.model, question(random.Random(26))), headers={"traceparent": sent})
     assert answer.status == 200, answer.body
-    ip = answer.endpoint.rsplit(":", 1)[0]
-    wait_for(lambda: traceparent in (routed.logs / f"sim-{ip}.log").read_text(errors="replace"), 5, "the sim's log")
+    log = routed.logs / f"sim-{answer.endpoint.rsplit(':', 1)[0]}.log"
+    seen = wait_for(lambda: TRACEPARENT.findall(log.read_text(errors="replace")), 5, "a traceparent at the server")
+    assert client_trace in {trace for trace, _ in seen}
+
+    def picker_spans() -> list[dict[str, Any]]:
+        return [x for x in collector.spans() if x["resource"].get("service.name") == f"{FLEET}-epp"]
+
+    spans = wait_for(picker_spans, 30, lambda: f"the picker's spans at the collector\n{routed.why()}")
+    assert {"gateway.request", "gateway.request_orchestration"} <= {x["name"] for x in spans}
+    roots = [x for x in spans if x["name"] == "gateway.request"]
+    assert all(not x.get("parentSpanId") for x in roots)
+    assert client_trace not in {x["traceId"] for x in spans}
 
 
 def test_a_replica_whose_server_dies_stops_receiving_requests(routed: RoutedPool) -> None:
