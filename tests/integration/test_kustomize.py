@@ -139,7 +139,7 @@ def test_examples_apply_once_the_base_serves_the_crd(
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     )
-    assert len(names) == 5
+    assert len(names) == 6
     for name in names:
         assert f"multimodalinference.{GROUP}/{name} " in out, out
 
