@@ -86,3 +86,30 @@ def test_a_fleet_in_pool_mode_gets_its_pool_and_picker_and_loses_them_in_service
     fleet.wait_ready("pooled")
     assert "routing" not in fleet.status("pooled")
     assert not [c for c in fleet.status("pooled")["conditions"] if c["type"] == "RoutingReady"]
+
+
+def test_a_renamed_picker_cluster_role_rebinds_the_picker(
+    operator_with_pool_crd: OperatorProcess, fleet: Fleet, api: Any
+) -> None:
+    """The install's picker ClusterRole renamed (kustomize to Helm, another release name): the API server refuses any
+    change to a RoleBinding's roleRef, so the operator replaces the binding rather than being refused for ever."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    fleet.create(mmi("rebound", routing=POOL))
+    fleet.wait_condition("rebound", "RoutingReady", status="True", reason="PickerReady", timeout=90)
+    assert rbac.read_namespaced_role_binding("rebound-epp", fleet.namespace).role_ref.name == "mmfleet-endpoint-picker"
+    operator_with_pool_crd.stop()
+    operator_with_pool_crd.env["MMFLEET_PICKER_CLUSTER_ROLE"] = "ops-endpoint-picker"
+    try:
+        operator_with_pool_crd.start()
+        fleet.patch("rebound", {"backend": {"maxNumSeqs": 64}})  # a new generation: every child applied again
+        wait_for(
+            lambda: (
+                rbac.read_namespaced_role_binding("rebound-epp", fleet.namespace).role_ref.name == "ops-endpoint-picker"
+            ),
+            60,
+            lambda: f"the picker's RoleBinding bound to the renamed ClusterRole\n{operator_with_pool_crd.tail()}",
+        )
+        fleet.wait_ready("rebound")
+        assert "ApplyRefused" not in str(fleet.status("rebound")["conditions"])
+    finally:  # operator_with_pool_crd restarts it as the test ends
+        del operator_with_pool_crd.env["MMFLEET_PICKER_CLUSTER_ROLE"]

@@ -334,6 +334,21 @@ def _refusal(error: RefusedError) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"
 
 
+def _apply_replacing_role_ref(op: Operator, child: Body) -> Body:
+    """``apply``; a RoleBinding whose ``roleRef`` changed (the install's picker ClusterRole renamed:
+    ``MMFLEET_PICKER_CLUSTER_ROLE``, another release name) is deleted and made again, since the API server refuses
+    any change to a ``roleRef`` (422). Only the fleet's own reaches here (``_claim_names``)."""
+    kube = op.get_kube()
+    try:
+        return kube.apply(child)
+    except RefusedError as error:
+        if child["kind"] != "RoleBinding" or error.status != 422 or "roleRef" not in error.message:
+            raise
+        meta = child["metadata"]
+        kube.delete(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+        return kube.apply(child)
+
+
 def _apply_child(op: Operator, child: Body, fleet: Body) -> Body:
     """One server-side apply, as a span of the reconcile that asked for it; a refusal names the child.
 
@@ -346,7 +361,7 @@ def _apply_child(op: Operator, child: Body, fleet: Body) -> Body:
     attributes = {telemetry.CHILD_KIND: kind, telemetry.CHILD_NAME: meta["name"]}
     with telemetry.tracer().start_as_current_span(telemetry.APPLY, attributes=attributes):
         try:
-            applied = op.get_kube().apply(child)
+            applied = _apply_replacing_role_ref(op, child)
             foreign = foreign_fields(applied)
             if not foreign:
                 return applied
