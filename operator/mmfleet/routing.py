@@ -127,17 +127,18 @@ def request_ttl(cold_start: float) -> int:
 
 def picker_config(inference: MultimodalInference, cold_start: float) -> Manifest:
     """The EndpointPickerConfig: the picker's default scorers (its defaults add the max-score picker and the single
-    profile handler), with the prefix index reaching the longest prompt the
-    servers take, saturation at the queue the SLO allows, and flow control holding requests up to ``request_ttl``.
+    profile handler), with the prefix index reaching the longest text prompt the servers take (the picker counts 4
+    characters of the messages' JSON a token; an inline image, its base64), saturation at the queue the SLO allows,
+    and flow control holding requests up to ``request_ttl``.
 
-    A second instance of the detector is the profile's filter (``utilization/detector.go`` ``Filter``), with queue
-    and KV limits no replica reaches: it drops a replica whose metrics are stale (older than 200 ms), unless that
-    drops them all. Without it a replica whose server died while its pod is still Ready kept its last metrics and got
-    more requests than the others (measured: 203 of 455 in 4 s, all failed) until the kubelet marked it. The
-    saturation detector itself as the filter would also drop every replica with ``queue_depth`` waiting requests,
-    which is 1 for a fleet serving under one request per SLO target: a repeated image's replica dropped as soon as
-    one request waits there (``mmfleet bench routing``: prompt tokens found cached 32% to 23%, P90 TTFT 0.79x to
-    0.82x round-robin's autoscaled, worse than the picker's defaults in every seed).
+    A second instance of the detector is the profile's filter (``utilization/detector.go`` ``Filter``), with a queue
+    limit no replica reaches and a KV limit of 1.0: it drops a replica whose metrics are stale (older than 200 ms) or
+    whose KV cache is full, unless that drops them all. Without it a replica whose server died while its pod is still
+    Ready kept its last metrics and got more requests than the others (measured: 203 of 455 in 4 s, all failed) until
+    the kubelet marked it. The saturation detector itself as the filter would also drop every replica with
+    ``queue_depth`` waiting requests, which is 1 for a fleet serving under one request per SLO target: a repeated
+    image's replica dropped as soon as one request waits there (``mmfleet bench routing``: prompt tokens found cached
+    32% to 23%, P90 TTFT 0.79x to 0.82x round-robin's autoscaled, worse than the picker's defaults in every seed).
 
     Prefix index (requestcontrol/dataproducer/approximateprefix): ``autoTune`` takes the block size and each
     server's capacity in blocks from the servers' own cache metrics (vLLM's ``vllm:cache_config_info``, trtllm-serve's

@@ -256,7 +256,7 @@ def routing_row(inference: MultimodalInference, seen: RoutingSeen) -> ConditionR
             f"spec.routing.gateway: {gateway.name}, but HTTPRoute ({routing.HTTPROUTE_API_VERSION}) is not served: "
             f"install the Gateway API's CRDs; InferencePool {name} and its picker serve, with no route to them",
         )
-    via = f", routed from Gateway {gateway.name}" if gateway is not None else ""
+    via = f", with an HTTPRoute from Gateway {gateway.name}" if gateway is not None else ""
     return (
         "RoutingReady",
         True,

@@ -30,11 +30,12 @@ POD_LABELS: dict[str, Any] = {INFERENCE_LABEL: kopf.PRESENT}
 # (group, version, plural) of every kind a fleet's children or pods come in: each is watched. The optional ones only
 # where their CRD is served (the Prometheus Operator's, the Gateway API Inference Extension's, the Gateway API's):
 # kopf watches CRDs, so one installed later is watched from then on.
-OPTIONAL_KINDS = (
-    ("monitoring.coreos.com", "v1", "podmonitors"),
-    ("inference.networking.k8s.io", "v1", "inferencepools"),
-    ("gateway.networking.k8s.io", "v1", "httproutes"),
-)
+OPTIONAL_BY_KIND = {
+    "PodMonitor": ("monitoring.coreos.com", "v1", "podmonitors"),
+    "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
+    "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
+}
+OPTIONAL_KINDS = tuple(OPTIONAL_BY_KIND.values())
 CHILD_KINDS = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),

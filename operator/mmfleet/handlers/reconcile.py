@@ -19,6 +19,7 @@ from mmfleet import metrics_export, render, routing, status, telemetry
 from mmfleet.api import DegradedReason, MultimodalInference
 from mmfleet.handlers import discovery
 from mmfleet.handlers.children import (
+    OPTIONAL_BY_KIND,
     deployment_pods,
     fingerprint,
     foreign_fields,
@@ -57,8 +58,6 @@ RETRY_MAX_SECONDS = 300.0
 RETRY_AFTER_MIN_SECONDS = 1
 RETRY_AFTER_MAX_SECONDS = 60
 RETRY_AFTER_ATTEMPTS = 10
-# Kinds whose CRD may not be installed: asked of discovery before a read for pruning, which would fail without it.
-OPTIONAL_KINDS = ("PodMonitor", "InferencePool", "HTTPRoute")
 # The API server's own message is kept whole up to this length in a condition.
 MESSAGE_LIMIT = 2048
 
@@ -386,7 +385,8 @@ def _prune(op: Operator, record: FleetRecord, inference: MultimodalInference, ch
             continue
         if (kind, name) in front_door and (kind, name) not in record.owned:  # no read for fleets that never had one
             continue
-        if kind in OPTIONAL_KINDS and not discovery.served(op, api_version, kind):
+        # A kind whose CRD may not be installed: discovery is asked first, as a read would fail without it.
+        if kind in OPTIONAL_BY_KIND and not discovery.served(op, api_version, kind):
             continue
         found = kube.get(api_version, kind, meta.namespace, name)
         owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
