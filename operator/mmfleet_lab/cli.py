@@ -217,6 +217,12 @@ def cmd_bench_routing(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print(f"--workers: {args.workers}; at least 1", file=sys.stderr)
         return EXIT_INVALID
+    if args.spike:
+        from mmfleet_lab.bench import picker_signal
+
+        return picker_signal.main(
+            Path(args.docs), routing.sizing(), _progress, args.seed or list(routing.SEEDS), args.workers
+        )
     return routing.main(Path(args.docs), _progress, args.seed or list(routing.SEEDS), args.workers)
 
 
@@ -416,6 +422,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_route.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
     p_route.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     p_route.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_route.add_argument(
+        "--spike",
+        action="store_true",
+        help="instead: a burst the picker holds, the autoscaler as shipped vs one that also counts the held requests",
+    )
     p_route.set_defaults(func=cmd_bench_routing)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")

@@ -89,6 +89,7 @@ class _Const(NamedTuple):
     prompt_col: int
     generation_col: int
     placement: bool  # keep each request's replica and first admission (served_by, started)
+    server_clock: bool  # the servers' latency histograms count from when a request reached its server (``sent``)
     block_tokens: int  # 0: no prefix caching
     cache_blocks: int  # blocks a replica's cache (and the picker's index of it) holds: its KV capacity in blocks
     router: int  # _LEAST, _ROUND_ROBIN or _PICKER
@@ -117,7 +118,7 @@ _ROUTERS = {"least-outstanding": _LEAST, "round-robin": _ROUND_ROBIN, "picker": 
 _CACHE, _INDEX = 0, 1
 _ABSENT = -2  # lru_prev of a block not in the list
 _HEAD, _TAIL, _COUNT = range(3)
-_HELD_HEAD, _HELD_TAIL = range(2)
+_HELD_HEAD, _HELD_TAIL, _REJECTED = range(3)  # _REJECTED: held requests the picker answered 503 (TTL expired)
 # Flow control dispatches on a 1 ms ticker (flowcontrol/controller/internal/processor.go:178-180) from the servers'
 # metrics, which the picker refreshes every 50 ms (--refresh-metrics-interval, pkg/epp/server/options.go:153):
 # the twin looks every 50 ms, and dispatches all it holds when the pool is not saturated.
@@ -140,6 +141,7 @@ class _State(NamedTuple):
     # Only with _Const.placement (else one unused element each, so a benchmark's millions of requests cost nothing):
     served_by: np.ndarray  # the replica a request was routed to (-1: none), for its trace (twin.serve)
     started: np.ndarray  # when a replica first admitted it (-1: not yet): its queue ends, its encoder starts
+    sent: np.ndarray  # only with _Const.server_clock: when the request was sent to its replica
     ttft: np.ndarray  # the Outcomes arrays, written in place
     e2e: np.ndarray
     itl: np.ndarray
@@ -170,7 +172,7 @@ class _State(NamedTuple):
     lru_end: np.ndarray  # replicas x 2 x (_HEAD, _TAIL, _COUNT)
     turn: np.ndarray  # [round-robin position, the picker's tie-break random state]
     held: np.ndarray  # flow control: requests held in the picker, in arrival order (from flow[_HELD_HEAD])
-    flow: np.ndarray  # [_HELD_HEAD, _HELD_TAIL]
+    flow: np.ndarray  # [_HELD_HEAD, _HELD_TAIL, _REJECTED]
     next_tick: np.ndarray  # [when flow control next looks at the pool while requests are held]
 
 
@@ -600,6 +602,8 @@ def _run(
                         new_tokens += 1
                         ttft = now - arrival[i]
                         ttft_of[i] = ttft
+                        if c.server_clock:
+                            ttft = now - s.sent[i]
                         counters[r, c.ttft_col + _bucket(c.ttft_bounds, ttft)] += 1.0
                         counters[r, c.ttft_col + n_ttft + 1] += ttft
                         counters[r, c.ttft_col + n_ttft + 2] += 1.0
@@ -619,6 +623,8 @@ def _run(
                     e2e_of[i] = e2e
                     o = float(out[i])
                     itl_of[i] = (e2e - ttft_of[i]) / max(o - 1.0, 1.0) if o > 1.0 else 0.0
+                    if c.server_clock:
+                        e2e = now - s.sent[i]
                     counters[r, c.e2e_col + _bucket(c.e2e_bounds, e2e)] += 1.0
                     counters[r, c.e2e_col + n_e2e + 1] += e2e
                     counters[r, c.e2e_col + n_e2e + 2] += 1.0
@@ -647,6 +653,8 @@ def _run(
                 h = s.held[s.flow[_HELD_HEAD]]
                 if deadline[h] > until and arrival[h] + c.request_ttl > until:
                     break
+                if deadline[h] > until:
+                    s.flow[_REJECTED] += 1
                 s.flow[_HELD_HEAD] += 1
             if not _saturated(s, c, eligible):
                 while s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL]:
@@ -720,6 +728,8 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
     if c.placement:
         s.served_by[i] = best
         s.started[i] = -1.0
+    if c.server_clock:
+        s.sent[i] = until
     if s.atail[best] >= 0:
         s.anext[s.atail[best]] = i
     else:
@@ -781,10 +791,17 @@ class CompiledEngine:
     """The reference engine's results at compiled speed (see the module docstring)."""
 
     def __init__(
-        self, params: ReplicaParams, work: Workload, placement: bool = False, router: Router = LEAST_OUTSTANDING
+        self,
+        params: ReplicaParams,
+        work: Workload,
+        placement: bool = False,
+        router: Router = LEAST_OUTSTANDING,
+        server_clock: bool = False,
     ) -> None:
         """``placement``: keep each request's replica and first admission, for ``placement()``; ``router``: how
-        each request picks its replica."""
+        each request picks its replica; ``server_clock``: the servers' TTFT and E2E histograms count from when the
+        request reached its replica, as vLLM's do, rather than from the client's send (a hold in the picker or at the
+        gateway is then in the clients' latency only)."""
         self.params = params
         self.book: MetricBook = _Book(self._sync)
         n = work.arrival.shape[0]
@@ -827,6 +844,7 @@ class CompiledEngine:
             prompt_col=LAYOUT.prompt,
             generation_col=LAYOUT.generation,
             placement=placement,
+            server_clock=server_clock,
             block_tokens=work.block_tokens,
             cache_blocks=params.kv_capacity_tokens // max(work.block_tokens, 1),
             router=_ROUTERS[router.kind],
@@ -854,6 +872,7 @@ class CompiledEngine:
             anext=np.full(n, -1, dtype=np.int64),
             served_by=np.full(n if placement else 1, -1, dtype=np.int64),
             started=np.full(n if placement else 1, -1.0),
+            sent=np.zeros(n if server_clock else 1),
             ttft=self.outcomes.ttft,
             e2e=self.outcomes.e2e,
             itl=self.outcomes.itl,
@@ -864,7 +883,7 @@ class CompiledEngine:
             done=np.zeros(seats, dtype=np.uintp),
             turn=np.array([0, router.seed % 2147483648], dtype=np.int64),
             held=np.zeros(n if router.flow_control else 1, dtype=np.int64),
-            flow=np.zeros(2, dtype=np.int64),
+            flow=np.zeros(3, dtype=np.int64),
             next_tick=np.zeros(1),
             **_replica_arrays(8, seats, work.n_blocks),
         )
@@ -887,6 +906,17 @@ class CompiledEngine:
     def outstanding(self) -> np.ndarray:
         s = self._s
         return np.asarray(s.n_run[: self.n_rep] + s.n_wait[: self.n_rep], dtype=np.int64)
+
+    def held(self) -> int:
+        """Requests flow control holds in the picker now (the picker's ``inference_extension_flow_control_queue_size``;
+        an expired one counts until the next 50 ms look drops it)."""
+        f = self._s.flow
+        return int(f[_HELD_TAIL] - f[_HELD_HEAD])
+
+    def rejected(self) -> int:
+        """Held requests the picker answered 503 so far: their ``defaultRequestTTL`` ran out while the client
+        still waited."""
+        return int(self._s.flow[_REJECTED])
 
     def gauges(self, rid: int) -> tuple[float, float, float]:
         s = self._s

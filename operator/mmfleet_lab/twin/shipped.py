@@ -47,12 +47,13 @@ def fleet(
     )
 
 
-def signals(view: MetricView) -> Signals:
-    """The operator's ``Signals`` from the twin's answer to the same queries (``metrics.signals_for``)."""
+def signals(view: MetricView, picker_held: float = 0.0) -> Signals:
+    """The operator's ``Signals`` from the twin's answer to the same queries (``metrics.signals_for``); with
+    ``picker_held``, the requests the picker's flow control holds count as waiting (a lab variant, see ``Shipped``)."""
     return Signals(
         latency=view.latency,
         request_rate=view.request_rate,
-        waiting=view.waiting,
+        waiting=None if view.waiting is None else view.waiting + picker_held,
         running=view.running,
         kv_cache_usage=view.kv_cache_usage,
         missing=view.missing,
@@ -66,6 +67,9 @@ class Shipped:
 
     name: str = "mmfleet"
     capacity_per_replica: float | None = None
+    # A lab variant, not what ships: the requests the picker's flow control holds (its gauge
+    # ``inference_extension_flow_control_queue_size`` as last scraped) are added to the servers' waiting requests.
+    picker_held: bool = False
     interval: float = _DEFAULTS.autoscale_interval
     default_cold_start: float = _DEFAULTS.default_cold_start
 

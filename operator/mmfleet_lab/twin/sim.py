@@ -75,6 +75,7 @@ def simulate(
         eng, cold_start=cold_start, initial=initial, gpus_per_replica=gpus_per_replica, gpus_available=gpus_available
     )
     prom = Prometheus()
+    picker_held = 0.0  # the picker's flow-control queue as Prometheus last scraped it
     phase = float(np.random.default_rng(seed).uniform(0.0, scrape_interval)) if seed else 0.0
     inference = (
         fleet(slo, min_replicas, max_replicas, policy.capacity_per_replica) if isinstance(policy, Shipped) else None
@@ -98,7 +99,7 @@ def simulate(
 
     def decide(t: float) -> tuple[int, str]:
         """Ask the policy, with what it would see at ``t``; keeps its memory in ``state``."""
-        nonlocal state
+        nonlocal state, picker_held
         up = not down(t)
         view = query(
             prom, t, slo_metric=slo.metric, slo_percentile=slo.percentile, slo_window=window,
@@ -110,7 +111,7 @@ def simulate(
             seen = cycle.Seen(
                 pods.desired,
                 cycle.Pods(ready, starting, unschedulable, cold_start=pods.measured_cold_start()),
-                signals(view) if up else None,
+                signals(view, picker_held if policy.picker_held else 0.0) if up else None,
                 None if up else OUTAGE,
             )
             outcome = policy.decide(inference, seen, t, state)
@@ -152,6 +153,7 @@ def simulate(
     while True:
         if next_scrape <= t + 1e-9:
             if not down(t):
+                picker_held = float(eng.held()) if isinstance(eng, CompiledEngine) else 0.0
                 prom.scrape(
                     t,
                     [
@@ -205,6 +207,7 @@ def simulate(
         draining=tl["draining"],
         starting_gpu_seconds=start_s,
         cached=out.cached.copy(),
+        rejected=eng.rejected() if isinstance(eng, CompiledEngine) else 0,
     )
 
 

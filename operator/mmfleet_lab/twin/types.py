@@ -145,6 +145,7 @@ class RunResult:
     draining: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of draining pods
     starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
     cached: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: prompt tokens found cached, per request
+    rejected: int = 0  # added: requests the picker's flow control answered 503 (held past defaultRequestTTL)
 
     def latency(self, metric: str) -> np.ndarray:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
