@@ -55,3 +55,20 @@ def test_the_panels_the_issue_asks_for_are_there() -> None:
         "KV-cache use", "Scale events", "Cold start", "Picker: pool saturation and held requests",
         "Picker: prefix-index hit ratio",
     } <= titles  # fmt: skip
+
+
+def test_the_panels_about_the_picker_are_the_routing_rows_and_named_so() -> None:
+    """tests/e2e/test_observability.py lets panels titled "Picker: " be empty (its fleet has no picker): those must be
+    exactly the Routing row's, each reading picker series only."""
+    shipped = json.loads(SHIPPED.read_text())
+    row, in_routing = "", set()
+    for item in shipped["panels"]:
+        if item["type"] == "row":
+            row = item["title"]
+        elif row == "Routing":
+            in_routing.add(item["title"])
+    named = {title for title, _ in dashboard.expressions(shipped) if title.startswith("Picker: ")}
+    assert in_routing == named and len(named) >= 4
+    for title, expr in dashboard.expressions(shipped):
+        if title in named:
+            assert re.search(r"\binference_extension_", expr) and "vllm" not in expr, (title, expr)
