@@ -38,7 +38,7 @@ from mmfleet_lab.twin.types import PrefixChains, Requests
 IMAGE_PROBABILITY = 0.3  # ASSUMED share of requests that carry images when a text trace is replayed
 MAX_IMAGE_TOKENS = 16384  # Qwen2.5-VL's default max_pixels (12,845,056 px) / (28 x 28)
 # Characters of an image's base64 data URL per image token: the calibration run's JPEGs at quality 90, 51 KB for 256
-# tokens (448x448) and 230 KB for 1,196 (1280x720), x 4/3 (/work/shared/calibration/real-vllm-h200-mm/README.md).
+# tokens (448x448) and 230 KB for 1,196 (1280x720), x 4/3 (tests/data/README.md, "with images").
 URL_CHARS_PER_IMAGE_TOKEN = 260
 TEXT_CHARS_PER_TOKEN = 4  # what the endpoint picker assumes (twin.picker.CHARS_PER_TOKEN)
 RATE_SMOOTH_S = 60.0  # ASSUMED: scaled traffic follows the trace's rate averaged over this window

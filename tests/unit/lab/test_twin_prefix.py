@@ -58,7 +58,7 @@ def text_only_ttft() -> float:
 
 
 def test_repeated_image_fits_the_real_server() -> None:
-    """/work/shared/calibration/real-vllm-h200-mm/README.md, batch 1, p50 of 10 (cells spread 20-50 ms), each
+    """tests/data/README.md ("A real vLLM 0.33.0 server with images"), batch 1, p50 of 10 (cells spread 20-50 ms), each
     as the increment over the text-only request (22.1 ms; the twin's is 29.5, its text-only error, not the
     cache's): 448x448 fresh +51.9 ms, again +11.2 (blocks cached up to token 272, past the image: no encoder
     call and 215 tokens to prefill, against 229 text-only, so what is left is the image's CPU work); 1280x720
