@@ -5,11 +5,13 @@ only create MultimodalInferences could run any image, mount any Secret or claim 
 role, tolerate every taint and open a load balancer to the world (docs/security.md). The policy is part of the
 operator's settings (the chart's ``policy`` value, ``MMFLEET_POLICY``), owned by whoever installs the operator, not
 by authors. Every default is closed except the images mmfleet itself pins: a fleet that names a Secret, a claim, an
-identity, a toleration, a node label or a load balancer is refused until the admin allows it.
+identity, a toleration, a node label, another namespace's Gateway or a load balancer is refused until the admin
+allows it.
 
 Names are matched with shell-style globs (``fnmatch``: ``*`` matches any run of characters, ``/`` included).
 Secrets, claims and identities are allowed per namespace, as ``<namespace glob>/<name glob>``: a Secret is a
-namespace's own, and so is the trust a cloud role gives one namespace's ServiceAccounts.
+namespace's own, and so is the trust a cloud role gives one namespace's ServiceAccounts. Gateway namespaces are
+namespace globs alone: what is granted is that namespace's proxies reaching a fleet's servers, whichever fleet asks.
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ class AdminPolicy(Model):
         default_factory=list,
         max_length=256,
         description="Node label keys a fleet's nodeSelector and node affinity may name (metadata.name: by node name).",
+    )
+    gateway_namespaces: list[Glob] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Namespace globs whose Gateways a fleet may route through from another namespace "
+            "(spec.routing.gateway.namespace), letting their pods reach its servers; its own is always allowed."
+        ),
     )
     load_balancer: LoadBalancerPolicy = Field(
         default_factory=LoadBalancerPolicy, description="Whether and from where a fleet may have a load balancer."
@@ -202,6 +212,11 @@ def refusals(inference: MultimodalInference, policy: AdminPolicy) -> list[str]:
     for field, key in _node_label_keys(inference):
         if not _matches(key, policy.node_label_keys):
             found.append(_refusal(field, key, "nodeLabelKeys", policy.node_label_keys))
+    # Another namespace's Gateway opens the fleet's NetworkPolicy to that namespace's pods (render._front_door_peers).
+    other = spec.routing.gateway.namespace if spec.routing.gateway is not None else None
+    if other is not None and other != namespace and not _matches(other, policy.gateway_namespaces):
+        field, shown = "spec.routing.gateway.namespace", f" (not the fleet's own, {namespace})"
+        found.append(_refusal(field, other, "gatewayNamespaces", policy.gateway_namespaces, shown))
     balancer = policy.load_balancer
     if spec.service.type == "LoadBalancer":
         if not balancer.allowed:

@@ -35,7 +35,8 @@ def test_example_renders_valid_kubernetes(path: Path, cloud: str) -> None:
 
 def test_the_examples_admin_policy_serves_every_example_and_the_shipped_policy_refuses_what_they_name() -> None:
     """examples/admin/policy.yaml is what an admin grants for the examples: with it every one is served; without it
-    (the chart's closed default) each that names a Secret, claim, identity or load balancer is refused."""
+    (the chart's closed default) each that names a Secret, claim, identity, another namespace's Gateway or load balancer
+    is refused."""
     values = yaml.safe_load((ROOT / "examples" / "admin" / "policy.yaml").read_text())
     granted = AdminPolicy.model_validate(values["policy"])
     refused = {}
@@ -48,6 +49,6 @@ def test_the_examples_admin_policy_serves_every_example_and_the_shipped_policy_r
         "llama-vision-trtllm-aks.yaml": ["spec.model.credentialsSecret", "spec.service.type"],
         "minimal.yaml": [],
         "qwen-vl-eks.yaml": ["spec.identity.awsRoleArn", "spec.model.credentialsSecret"],
-        "qwen-vl-routed.yaml": [],
+        "qwen-vl-routed.yaml": ["spec.routing.gateway.namespace"],
         "qwen-vl-shared-cache.yaml": ["spec.model.credentialsSecret", "spec.modelCache.claimName"],
     }

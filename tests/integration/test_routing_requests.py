@@ -13,8 +13,10 @@ import base64
 import contextlib
 import http.client
 import json
+import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -40,7 +42,16 @@ from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.wait import wait_for
 
-pytestmark = pytest.mark.integration
+# Network namespaces need root (and iproute2's ip: make system-deps). A developer who is not root skips this module
+# before the cluster starts; under CI (which runs as root) nothing skips: _require_netns fails instead, loudly.
+AS_ROOT = os.geteuid() == 0
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not AS_ROOT and not os.environ.get("CI"),
+        reason="needs root for network namespaces (ip netns, setns), as CI runs it; with CI set it fails instead",
+    ),
+]
 
 FLEET = "routed"
 REPLICAS = 3
@@ -186,6 +197,15 @@ def pool_operator(routing_crds: None, operator: OperatorProcess) -> Iterator[Ope
         operator.start()
 
 
+def _require_netns() -> None:
+    """Fail, naming what is missing, before the fleet is made: never a skip, so CI cannot pass without them."""
+    missing = [] if AS_ROOT else ["root"]
+    if shutil.which("ip") is None:
+        missing.append("iproute2's ip (make system-deps)")
+    if missing:
+        pytest.fail(f"network namespaces need {' and '.join(missing)} (mmfleet_lab.cluster.netns)")
+
+
 def _ready_pods(fleet: Fleet, selector: dict[str, str]) -> dict[str, str] | None:
     labels = ",".join(f"{key}={value}" for key, value in selector.items())
     pods = fleet.core.list_namespaced_pod(fleet.namespace, label_selector=labels).items
@@ -203,6 +223,7 @@ def _ready_pods(fleet: Fleet, selector: dict[str, str]) -> dict[str, str] | None
 def routed(
     cluster: Cluster, api: Any, pool_operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RoutedPool]:
+    _require_netns()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     namespace = f"it-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": namespace}})

@@ -147,6 +147,34 @@ def test_a_toleration_of_every_taint_needs_the_star_and_a_named_key_does_not_all
     assert refusals(inference(spec), AdminPolicy.model_validate({"tolerationKeys": ["*"]})) == []
 
 
+def routed(namespace: str | None) -> dict[str, Any]:
+    gateway = {"name": "inference"} if namespace is None else {"name": "inference", "namespace": namespace}
+    return {"model": {"name": "m"}, "routing": {"mode": "inferencePool", "gateway": gateway}}
+
+
+def test_a_gateway_in_another_namespace_is_refused_naming_field_value_and_setting() -> None:
+    """Its namespace's pods would reach the fleet's servers through the fleet's NetworkPolicy."""
+    assert refusals(inference(routed("kube-system")), AdminPolicy()) == [
+        "spec.routing.gateway.namespace: 'kube-system' (not the fleet's own, team-a) is not allowed by the operator's "
+        "policy: policy.gatewayNamespaces is [] (nothing); ask the cluster admin to add it"
+    ]
+    other = AdminPolicy.model_validate({"gatewayNamespaces": ["gateways"]})
+    [line] = refusals(inference(routed("kube-system")), other)
+    assert "policy.gatewayNamespaces is [gateways]" in line
+
+
+@pytest.mark.parametrize("namespace", [None, NAMESPACE])
+def test_a_gateway_in_the_fleets_own_namespace_is_always_allowed(namespace: str | None) -> None:
+    assert refusals(inference(routed(namespace)), AdminPolicy()) == []
+
+
+def test_a_gateway_in_another_namespace_is_allowed_when_a_glob_matches_it() -> None:
+    policy = AdminPolicy.model_validate({"gatewayNamespaces": ["gateways", "edge-*"]})
+    assert refusals(inference(routed("gateways")), policy) == []
+    assert refusals(inference(routed("edge-eu")), policy) == []
+    assert fields(refusals(inference(routed("payments")), policy)) == ["spec.routing.gateway.namespace"]
+
+
 @pytest.mark.parametrize(
     ("image", "repository"),
     [
