@@ -65,34 +65,38 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     return fuzz.main(args.seed or [13], args.count, args.live, Path(args.docs), _progress, args.batch, report)
 
 
+def _trace(args: argparse.Namespace) -> TraceFile | str | None:
+    """The user's ``--trace`` read once (so a bad file is reported before the benchmark starts, not met in a
+    worker), None without one, or why it cannot be used."""
+    from mmfleet_lab.twin.scenarios import TraceFile
+
+    if not args.trace:
+        return None
+    if not args.time_column:
+        return f"--time-column: required with --trace {args.trace} (the name of its timestamp column)"
+    trace = TraceFile(
+        path=args.trace,
+        time_column=args.time_column,
+        input_column=args.input_column,
+        output_column=args.output_column,
+        images_column=args.images_column,
+        count_column=args.count_column,
+        time_scale=args.time_scale,
+    )
+    problem = _unreadable("--trace", args.trace, lambda: _load_trace(trace))
+    return problem if problem else trace
+
+
 def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from mmfleet_lab.bench import autoscale
-    from mmfleet_lab.twin.scenarios import TraceFile
-
-    trace = None
-    if args.trace:
-        if not args.time_column:
-            print(f"--time-column: required with --trace {args.trace} (the name of its timestamp column)")
-            return 2
-        trace = TraceFile(
-            path=args.trace,
-            time_column=args.time_column,
-            input_column=args.input_column,
-            output_column=args.output_column,
-            images_column=args.images_column,
-            count_column=args.count_column,
-            time_scale=args.time_scale,
-        )
-    from mmfleet_lab.bench import traces, tune
+    from mmfleet_lab.bench import autoscale, traces, tune
     from mmfleet_lab.twin import Shipped
 
-    if trace is not None:
-        problem = _unreadable("--trace", args.trace, lambda: _load_trace(trace))
-        if problem:
-            print(problem, file=sys.stderr)
-            return EXIT_INVALID
+    trace = _trace(args)
+    if isinstance(trace, str):
+        print(trace, file=sys.stderr)
+        return EXIT_INVALID
     frozen = _frozen(args.tuned)
     if isinstance(frozen, str):
         print(frozen, file=sys.stderr)
@@ -125,7 +129,6 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
 
 
 def _load_trace(trace: TraceFile) -> None:
-    """Read the user's trace once before the benchmark starts, so a bad file is reported, not met in a worker."""
     import numpy as np
 
     from mmfleet_lab.twin.scenarios import base_requests, traces_dir
@@ -165,7 +168,11 @@ def cmd_bench_reachable(args: argparse.Namespace) -> int:
     from mmfleet_lab.bench import reachable
     from mmfleet_lab.twin.scenarios import NAMES
 
-    scenarios = args.scenario or list(REACHABLE_CELLS)
+    trace = _trace(args)
+    if isinstance(trace, str):
+        print(trace, file=sys.stderr)
+        return EXIT_INVALID
+    scenarios = args.scenario or (["trace"] if trace is not None else list(REACHABLE_CELLS))
     unknown = [s for s in scenarios if s not in NAMES]
     if unknown:
         print(f"--scenario: {', '.join(unknown)} is not a scenario; accepted: {', '.join(NAMES)}", file=sys.stderr)
@@ -179,7 +186,7 @@ def cmd_bench_reachable(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print(f"--workers: {args.workers}; at least 1", file=sys.stderr)
         return EXIT_INVALID
-    return reachable.main(scenarios, colds, args.seed or [0, 1, 2], Path(args.docs), _progress, args.workers)
+    return reachable.main(scenarios, colds, args.seed or [0, 1, 2], Path(args.docs), _progress, args.workers, trace)
 
 
 def cmd_bench_cache(args: argparse.Namespace) -> int:
@@ -340,6 +347,17 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _trace_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe a user's own trace (``_trace`` reads them)."""
+    parser.add_argument("--trace", help="your own CSV: one row per request, or a request count per window")
+    parser.add_argument("--time-column", help="its timestamp column (seconds, or date-times)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply the times by this to get seconds")
+    parser.add_argument("--input-column", help="prompt tokens column (default: the ServeGen mix)")
+    parser.add_argument("--output-column", help="output tokens column (default: the ServeGen mix)")
+    parser.add_argument("--images-column", help="images per request column (default: ServeGen's share)")
+    parser.add_argument("--count-column", help="requests per window: the file is a count series, not requests")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the lab's sub-commands to the ``mmfleet`` parser."""
     p_demo = sub.add_parser("demo", help="local control plane, operator, examples: watch them become Ready")
@@ -376,13 +394,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bas.add_argument("--cold-start", type=float, action="append", help="cold start L in s (repeatable)")
     p_bas.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
     p_bas.add_argument("--plots", default="docs/img", help="where the PNG plots are written")
-    p_bas.add_argument("--trace", help="your own CSV: one row per request, or a request count per window")
-    p_bas.add_argument("--time-column", help="its timestamp column (seconds, or date-times)")
-    p_bas.add_argument("--time-scale", type=float, default=1.0, help="multiply the times by this to get seconds")
-    p_bas.add_argument("--input-column", help="prompt tokens column (default: the ServeGen mix)")
-    p_bas.add_argument("--output-column", help="output tokens column (default: the ServeGen mix)")
-    p_bas.add_argument("--images-column", help="images per request column (default: ServeGen's share)")
-    p_bas.add_argument("--count-column", help="requests per window: the file is a count series, not requests")
+    _trace_flags(p_bas)
     p_bas.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
     p_bas.add_argument("--quick", action="store_true", help=f"one cell: {QUICK_CELL} at 90 s")
     p_bas.add_argument("--no-oracle", action="store_true", help="skip the oracles (10-70 s a cell and seed)")
@@ -399,6 +411,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_reach.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-2)")
     p_reach.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
     p_reach.add_argument("--workers", type=int, default=2, help="processes (default 2; a spike cell's takes ~8 GB)")
+    _trace_flags(p_reach)
     p_reach.set_defaults(func=cmd_bench_reachable)
     p_cache = bench.add_parser(
         "cache", help="the shipped autoscaler and the best tuned baseline at per-replica and shared-cache cold starts"

@@ -37,7 +37,8 @@ from mmfleet_lab.twin.policy import LabObservation
 from mmfleet_lab.twin.replay import Replay
 
 IntArray = npt.NDArray[np.int64]
-REPAIR_ROUNDS = 3  # replays of the plan with failing windows raised, before giving up
+ORACLES = ("oracle", "oracle-L0")  # at the cell's cold start, and with replicas Ready when ordered
+REPAIR_ROUNDS = 6  # rounds of raising the failing windows, each replayed, before giving up
 
 
 class OracleError(RuntimeError):
@@ -349,7 +350,7 @@ def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple
     counts = ready.copy()
     repairs = 0
     where = f"{cell.label}, cold start {cold_start:g} s"
-    for _ in range(REPAIR_ROUNDS + 1):
+    for round_ in range(REPAIR_ROUNDS + 1):
         try:
             result = replay(cell, counts, cold_start, name)
         except ValueError as err:  # a raise that would need a replica before it can be ordered
@@ -357,23 +358,36 @@ def verified(cell: Cell, ready: IntArray, cold_start: float, name: str) -> tuple
         failing = failing_windows(cell, result)
         if not failing:
             return counts, result, repairs
-        if any(not 0 <= w < counts.size or counts[w] >= cell.max_replicas for w in failing):
+        if round_ == REPAIR_ROUNDS or any(not 0 <= w < counts.size or counts[w] >= cell.max_replicas for w in failing):
             break
-        counts[failing] += 1
+        counts[failing] += 1  # replayed on the next round: a raise is only kept once a replay has checked it
         repairs += len(failing)
     raise OracleError(f"{where}: the oracle's plan still misses windows {failing} after {repairs} raises")
 
 
-def true_oracle(cell: Cell, cold_start: float) -> tuple[Oracle, Oracle]:
+def true_oracle(cell: Cell, cold_start: float) -> tuple[Oracle | OracleError, Oracle | OracleError]:
     """The oracle at ``cold_start`` and at zero cold start, both from one search (the cap on early
-    windows, the only place the search depends on the cold start, can only bind for the larger one)."""
+    windows, the only place the search depends on the cold start, can only bind for the larger one).
+    ``OracleError`` if the search finds no count for a window; a plan whose replay still misses after its
+    raises comes back as its ``OracleError``, so the other one stands."""
     began = time.monotonic()
     ready, evaluations = ready_counts(cell, cold_start)
     searched = time.monotonic() - began
-    oracles = []
-    for cold, name in ((cold_start, "oracle"), (0.0, "oracle-L0")):
+    oracles: list[Oracle | OracleError] = []
+    for cold, name in zip((cold_start, 0.0), ORACLES, strict=True):
         began = time.monotonic()
-        counts, result, repairs = verified(cell, ready, cold, name)
+        try:
+            counts, result, repairs = verified(cell, ready, cold, name)
+        except OracleError as error:
+            oracles.append(error)
+            continue
         wall = time.monotonic() - began + searched
         oracles.append(Oracle(name, counts, result, evaluations, repairs, wall))
     return oracles[0], oracles[1]
+
+
+def found(outcome: Oracle | OracleError) -> Oracle:
+    """The oracle, or its error raised: for a caller with no use for a failed one."""
+    if isinstance(outcome, OracleError):
+        raise outcome
+    return outcome

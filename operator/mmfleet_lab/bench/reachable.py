@@ -22,6 +22,11 @@ very windows it forecasts, which flatters it (at most one coefficient per ``ROWS
 it from reproducing them). Also a search, not a proof: the fit minimises squared error before one headroom is
 applied, so a linear forecaster fitted for coverage could pay less. An hour of trace holds no daily cycle to
 forecast from, so none is tried.
+
+``forecast-online`` is the forecast a policy can run: the same autoregression refitted before each window on the
+needs known by then only (those ``lead`` or more windows back), and until there are ``ROWS_PER_COEFFICIENT``
+known rows per coefficient, the last need known (``reactive-exact``'s base). Its headroom and order are still
+searched on the cell, as the reactive family's are; only its coefficients are causal.
 """
 
 from __future__ import annotations
@@ -39,12 +44,12 @@ import numpy as np
 import numpy.typing as npt
 
 from mmfleet_lab.bench import autoscale
-from mmfleet_lab.bench.oracle import Cell, IntArray, failing_windows, true_oracle
+from mmfleet_lab.bench.oracle import Cell, IntArray, OracleError, failing_windows, found, true_oracle
 from mmfleet_lab.bench.oracle import replay as replay_counts
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B
-from mmfleet_lab.twin.scenarios import REFERENCE_SLO
+from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile
 
 LOOKBACKS = (0, 1, 2, 4, 8, 16, 32)  # up to half the hour: the peak a fleet that rarely scales down holds
 ORDERS = (1, 2, 4, 8)  # inputs of the forecast: from the last need known up to the last 8 windows
@@ -100,6 +105,24 @@ def forecast_need(need: IntArray, lead: int, order: int) -> FloatArray | None:
     return forecast
 
 
+def online_forecast(need: IntArray, lead: int, order: int) -> FloatArray:
+    """For each window, ``forecast_need``'s autoregression fitted on the rows known when the window's replicas
+    must be ordered (windows up to ``lead`` before it); the last known need while there are too few of them."""
+    if order < 1:
+        raise ValueError(f"order: {order} inputs; at least 1")
+    values = need.astype(np.float64)
+    inputs = forecast_inputs(need, lead, order)
+    forecast = trailing_need(need, lead, 0).astype(np.float64)
+    for w in range(lead, need.size):
+        known = w - 2 * lead + 1  # rows of windows lead .. w - lead, whose need is known at w - lead
+        if known < ROWS_PER_COEFFICIENT * inputs.shape[1]:
+            continue
+        coefficients, *_ = np.linalg.lstsq(inputs[:known], values[lead : lead + known], rcond=None)
+        forecast[w] = float(inputs[w - lead] @ coefficients)
+    np.maximum(forecast, 1.0, out=forecast)
+    return forecast
+
+
 def headroom_counts(
     base: IntArray | FloatArray, need: IntArray, lead: int, headroom: float, cap: int | None = None
 ) -> IntArray:
@@ -145,7 +168,7 @@ def cheapest(
     def tried(h: float) -> Member:
         result = replay_counts(cell, headroom_counts(base, need, lead, h, cap), cold_start, policy)
         misses = len(failing_windows(cell, result))
-        row = autoscale.evaluate(cell.label, cold_start, policy, cell.scenario, result, cell.slo, 0.0, initial)
+        row = autoscale.evaluate(cell.label, cold_start, policy, cell.scenario, result, cell.slo, 0.0)
         del result
         gc.collect()  # a run's engine and metric book refer to each other: free each replay (GBs on spikes)
         return Member(label, h, replace(row, note=f"{label}, h={h:.2f}"), misses)
@@ -187,32 +210,49 @@ def forecasters(cell: Cell, need: IntArray, cold_start: float, initial: int, cap
     ]
 
 
-def _best(found: Sequence[Member], what: str) -> autoscale.Row:
-    meeting = [m for m in found if not m.misses]
+def online(cell: Cell, need: IntArray, cold_start: float, initial: int, cap: int | None = None) -> list[Member]:
+    """The online forecast's cheapest member per order."""
+    lead = lead_windows(cold_start, cell.window)
+    return [
+        cheapest(cell, need, online_forecast(need, lead, p), cold_start, initial, "forecast-online", f"p={p}", cap)
+        for p in ORDERS
+    ]
+
+
+def _best(tried: Sequence[Member], name: str, cold_start: float, seed: int, policy: str) -> autoscale.Row:
+    """The cheapest member that met every window, or a failed row naming what was tried."""
+    meeting = [m for m in tried if not m.misses]
     if not meeting:
-        raise RuntimeError(f"{what}: no member met every window")
+        why = "no member met every window: " + ", ".join(
+            f"{m.label} h={m.headroom:.2f} missed {m.misses}" for m in tried
+        )
+        return autoscale.failed_row(name, cold_start, policy, seed, why)
     return min(meeting, key=lambda m: m.row.gpu_hours).row
 
 
-def _cell_seed(name: str, cold_start: float, seed: int) -> list[autoscale.Row]:
-    """The oracle, the reactive family's two rows and the forecast's on one cell and seed (the policies' rows are in
-    the autoscaling tables: this bound is the trace's, whatever policy runs on it)."""
+def _cell_seed(name: str, cold_start: float, seed: int, trace: TraceFile | None = None) -> list[autoscale.Row]:
+    """The oracle, the reactive family's two rows and the forecasts' on one cell and seed (the policies' rows are in
+    the autoscaling tables: this bound is the trace's, whatever policy runs on it). An oracle that fails its own
+    check is a failed row, and with no needs known the bounds are not run; a family none of whose members meets
+    every window is a failed row, and the others stand."""
     params, slo = H200_QWEN25VL7B, REFERENCE_SLO
-    _, demand, common = autoscale.cell(name, cold_start, params, slo, None, seed)
-    scn = autoscale.scenario_of(name, params, slo, None, seed)
+    _, demand, common = autoscale.cell(name, cold_start, params, slo, trace, seed)
+    scn = autoscale.scenario_of(name, params, slo, trace, seed)
     initial = common["initial_replicas"]
     limit = max(common["max_replicas"], math.ceil(autoscale.ORACLE_PER_PEAK * demand.max()))
     cell = Cell(scn, params, slo, initial, limit, autoscale.WARMUP, autoscale.WINDOW, name)
     began = time.monotonic()
-    oracle, _ = true_oracle(cell, cold_start)
-    rows = [autoscale.evaluate(name, cold_start, "oracle", scn, oracle.result, slo, time.monotonic() - began, initial)]
+    try:
+        oracle = found(true_oracle(cell, cold_start)[0])
+    except OracleError as error:
+        return [autoscale.failed_row(name, cold_start, "oracle", seed, str(error))]
+    rows = [autoscale.evaluate(name, cold_start, "oracle", scn, oracle.result, slo, time.monotonic() - began)]
     lead = lead_windows(cold_start, cell.window)
     exact = replay_counts(cell, reactive_counts(oracle.ready, lead, 0, 1.0), cold_start, "reactive-exact")
-    rows.append(autoscale.evaluate(name, cold_start, "reactive-exact", scn, exact, slo, 0.0, initial))
-    what = f"{name}, cold start {cold_start:g} s, seed {seed}"
+    rows.append(autoscale.evaluate(name, cold_start, "reactive-exact", scn, exact, slo, 0.0))
     cap = common["max_replicas"]
-    rows.append(_best(members(cell, oracle.ready, cold_start, initial, cap), f"{what}, reactive family"))
-    rows.append(_best(forecasters(cell, oracle.ready, cold_start, initial, cap), f"{what}, forecasting family"))
+    for policy, family in (("reactive-bound", members), ("forecast-bound", forecasters), ("forecast-online", online)):
+        rows.append(_best(family(cell, oracle.ready, cold_start, initial, cap), name, cold_start, seed, policy))
     hours = rows[0].gpu_hours
     return [replace(r, seed=seed, oracle_ratio=r.gpu_hours / hours) for r in rows]
 
@@ -223,7 +263,9 @@ HEADERS = ("policy", "seeds", "windows met %", "violation-min", "GPU-h", "× ora
 def cell_table(rows: Sequence[autoscale.Row]) -> str:
     lines = []
     for policy, group in autoscale.by_policy(rows).items():
-        notes = "; ".join(r.note for r in group if r.note)
+        notes = "; ".join(
+            f"seed {r.seed} failed: {r.failed}" if r.failed else r.note for r in group if r.note or r.failed
+        )
         lines.append([
             policy[2], len(group), autoscale.spread(group, "attainment", autoscale.pct),
             autoscale.spread(group, "violation_minutes", lambda v: autoscale.num(v, 0)),
@@ -235,9 +277,9 @@ def cell_table(rows: Sequence[autoscale.Row]) -> str:
 
 def main(
     scenarios: Sequence[str], cold_starts: Sequence[float], seeds: Sequence[int], docs: Path, progress: Progress,
-    workers: int = os.cpu_count() or 1,
+    workers: int = os.cpu_count() or 1, trace: TraceFile | None = None,
 ) -> int:  # fmt: skip
-    """Run every cell and seed, print the tables and write them to ``docs``."""
+    """Run every cell and seed (on ``trace`` if given), print the tables and write them to ``docs``."""
     started = time.monotonic()
     sections = []
     for name in scenarios:
@@ -245,19 +287,20 @@ def main(
             progress(f"== {name} ({role_of(name)}), cold start {cold:.0f}s, seeds {', '.join(map(str, seeds))}")
             rows: list[autoscale.Row] = []
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                jobs = [pool.submit(_cell_seed, name, cold, s) for s in seeds]
+                jobs = [pool.submit(_cell_seed, name, cold, s, trace) for s in seeds]
                 for job in as_completed(jobs):
                     got = job.result()
                     rows += got
                     progress("   seed " + str(got[0].seed) + ": " + ", ".join(
-                        f"{r.policy} {r.attainment:.1%} {r.oracle_ratio:.2f}x" for r in got))  # fmt: skip
+                        f"{r.policy} failed" if r.failed else f"{r.policy} {r.attainment:.1%} {r.oracle_ratio:.2f}x"
+                        for r in got))  # fmt: skip
             rows.sort(key=lambda r: r.seed)
             text = cell_table(rows)
             print(f"\n{name}, cold start {cold:.0f}s\n{text}\n", flush=True)
             sections.append(f"### {name} ({role_of(name)}), cold start {cold:.0f} s\n\n{text}\n")
     command = "mmfleet bench reachable " + " ".join(
-        [*(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts),
-         *(f"--seed {s}" for s in seeds)]
+        [*autoscale.trace_flags(trace), *(f"--scenario {s}" for s in scenarios),
+         *(f"--cold-start {c:g}" for c in cold_starts), *(f"--seed {s}" for s in seeds)]
     )  # fmt: skip
     doc = (__doc__ or "").split("\n\n", 1)[1].strip()
     body = (
@@ -266,5 +309,7 @@ def main(
         f"{doc}\n\nLookbacks tried (k): {', '.join(map(str, LOOKBACKS))} windows; forecast orders (p): "
         f"{', '.join(map(str, ORDERS))}.\n\n" + "\n".join(sections)
     )
-    write_section(docs, "autoscale-reachable", "What the oracle asks of a policy that cannot see ahead", body)
+    stem = "" if trace is None else f"-{Path(trace.path).stem}"
+    title = "What the oracle asks of a policy that cannot see ahead" + ("" if trace is None else f", {trace.path}")
+    write_section(docs, f"autoscale-reachable{stem}", title, body)
     return 0

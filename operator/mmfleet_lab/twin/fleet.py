@@ -183,3 +183,12 @@ class Fleet:
             ready = min(p.ready_at if p.ready_at is not None else end, end)
             starting += max(ready - p.bound, 0.0) * self.gpus_per_replica
         return total, starting
+
+    def holds(self, horizon: float) -> np.ndarray:
+        """(from, to) of each pod's hold on its GPUs up to ``horizon``, one row per pod that held any."""
+        spans = [
+            (p.bound, min(p.released if p.released is not None else horizon, horizon))
+            for p in self.pods
+            if p.bound is not None and p.bound < horizon
+        ]
+        return np.asarray(spans, dtype=float).reshape(-1, 2)

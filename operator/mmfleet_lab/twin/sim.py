@@ -208,6 +208,8 @@ def simulate(
         starting_gpu_seconds=start_s,
         cached=out.cached.copy(),
         rejected=eng.rejected() if isinstance(eng, CompiledEngine) else 0,
+        holds=pods.holds(horizon),
+        gpus_per_replica=pods.gpus_per_replica,
     )
 
 

@@ -146,6 +146,15 @@ class RunResult:
     starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
     cached: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: prompt tokens found cached, per request
     rejected: int = 0  # added: requests the picker's flow control answered 503 (held past defaultRequestTTL)
+    holds: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # added: (from, to) of each pod's GPUs
+    gpus_per_replica: int = 1
 
     def latency(self, metric: str) -> np.ndarray:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
+
+    def gpu_seconds_from(self, t: float) -> float:
+        """The GPU-seconds billed after ``t``: what a benchmark scores when it starts counting there."""
+        if not self.holds.size:
+            raise ValueError("this run recorded no GPU holds to bill from a time")
+        held = np.clip(self.holds[:, 1] - np.maximum(self.holds[:, 0], t), 0.0, None)
+        return float(held.sum()) * self.gpus_per_replica

@@ -4,6 +4,7 @@ seeds are summarised with their spread."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,13 +65,14 @@ def row(policy: str, actions: float, scenario: str = "s", seed: int = 0) -> auto
     return autoscale.Row(scenario, 90.0, policy, 1.0, nan, 0.0, 1.0, nan, actions, 0.0, nan, nan, 0.0, 0.0, "", seed)
 
 
-def test_a_baseline_with_zero_actions_on_a_varying_trace_fails_loudly() -> None:
+def test_a_baseline_with_zero_actions_on_a_varying_trace_is_marked_failed() -> None:
     varying, flat = np.array([18, 20, 44, 21]), np.array([20, 20, 20])
-    with pytest.raises(autoscale.InertBaselineError, match="wva-saturation never scaled"):
-        autoscale.check_acts(row("wva-saturation", 0.0), varying)
-    autoscale.check_acts(row("wva-saturation", 3.0), varying)
-    autoscale.check_acts(row("wva-saturation", 0.0), flat)
-    autoscale.check_acts(row("static", 0.0), varying)
+    assert "keda never scaled on s (L=90s, seed 0) although the need varies from 18 to 44" in autoscale.inert(
+        row("keda", 0.0), varying
+    )
+    assert autoscale.inert(row("keda", 3.0), varying) == ""
+    assert autoscale.inert(row("keda", 0.0), flat) == ""
+    assert autoscale.inert(row("static", 0.0), varying) == ""
 
 
 def test_seeds_are_summarised_as_mean_and_range() -> None:
@@ -112,3 +114,14 @@ def test_the_frozen_file_builds_every_baseline_and_records_how_it_was_made() -> 
     assert all(traces.role(n) == "train" for n in record["scenarios"])
     for family, trials in tune.trials_of(record).items():
         assert pick(trials).setting == record["picked"][family]
+
+
+def test_a_failed_row_is_labelled_and_no_baseline_wins_with_it() -> None:
+    ok = row("hpa", 2.0, seed=0)
+    failed = autoscale.failed_row("s", 90.0, "hpa", 1, "hpa never scaled on s")
+    text = autoscale.cell_table([ok, failed])
+    assert "| hpa (failed in 1 of 2) | 2 " in text
+    cheap_inert = replace(row("keda", 0.0), gpu_hours=0.5, failed="keda never scaled on s")
+    ours = replace(row("mmfleet", 2.0), gpu_hours=1.0)
+    assert autoscale.dominated_by(ours, [cheap_inert]) == []
+    assert autoscale.dominated_by(ours, [replace(cheap_inert, failed="")]) == ["keda"]

@@ -15,7 +15,7 @@ def test_bench_autoscale_on_a_trace_needs_its_timestamp_column(tmp_path: Path) -
     trace.write_text("t\n0\n1\n")
     result = run("bench", "autoscale", "--trace", str(trace))
     assert result.returncode == 2
-    assert result.stdout.strip() == f"--time-column: required with --trace {trace} (the name of its timestamp column)"
+    assert result.stderr.strip() == f"--time-column: required with --trace {trace} (the name of its timestamp column)"
 
 
 def test_bench_tune_refuses_a_test_trace_and_writes_nothing(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from mmfleet_lab.bench.oracle import (
     _smallest,
     fluid_lower_bound,
     fluid_replicas,
+    found,
     held_plan,
     initial_fleet,
     true_oracle,
@@ -37,7 +38,8 @@ def cell() -> Cell:
 
 @pytest.fixture(scope="module")
 def oracles(cell: Cell) -> tuple[Oracle, Oracle]:
-    return true_oracle(cell, 60.0)
+    at_cold_start, at_zero = true_oracle(cell, 60.0)
+    return found(at_cold_start), found(at_zero)
 
 
 def scored_hours(cell: Cell, oracle: Oracle) -> float:
@@ -146,6 +148,31 @@ def test_a_replayed_plan_that_misses_windows_is_raised_there_or_fails_loudly(
         verified(make_cell(max_replicas=3), np.ones(len(RATES) - 1, dtype=np.int64), 0.0, "ones")
 
 
+def test_every_raise_is_replayed_before_the_oracle_gives_up(cell: Cell, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window that needs one more replica each round passes after REPAIR_ROUNDS raises, each checked by a replay;
+    one that needs more fails naming as many raises as were replayed (none kept unchecked)."""
+    from mmfleet_lab.bench import oracle as module
+
+    replayed: list[int] = []
+    needed = {"count": 0}
+
+    def replay(cell: Cell, counts: np.ndarray, cold_start: float, name: str) -> object:
+        replayed.append(int(counts[0]))
+        return counts.copy()
+
+    monkeypatch.setattr(module, "replay", replay)
+    monkeypatch.setattr(module, "failing_windows", lambda cell, counts: [0] if counts[0] < needed["count"] else [])
+    ready = np.ones(3, dtype=np.int64)
+    needed["count"] = 1 + module.REPAIR_ROUNDS
+    counts, _, repairs = verified(cell, ready, 0.0, "raised")
+    assert (counts[0], repairs, replayed[-1]) == (needed["count"], module.REPAIR_ROUNDS, needed["count"])
+    replayed.clear()
+    needed["count"] = 2 + module.REPAIR_ROUNDS
+    with pytest.raises(OracleError, match=f"still misses windows \\[0\\] after {module.REPAIR_ROUNDS} raises"):
+        verified(cell, ready, 0.0, "short")
+    assert replayed == list(range(1, 2 + module.REPAIR_ROUNDS))
+
+
 def test_smallest_searches_out_from_the_guess_then_bisects() -> None:
     for need in (1, 4, 9, 17, 30):
         for guess in (1, 8, 40):
@@ -206,10 +233,11 @@ def test_the_tables_show_the_references_beside_the_oracle_and_never_as_policies(
 
 
 def test_the_fluid_bound_covers_the_scored_windows_the_last_one_as_long_as_it_is() -> None:
-    # 150 s scored after the 120 s warm-up: windows of 60, 60 and 30 s with 40, 0 and 35 arrivals
-    arrival = np.r_[np.linspace(0.0, 100.0, 50), np.linspace(120.0, 179.0, 40), np.linspace(240.0, 269.0, 35)]
+    # 150 s scored from SCORED_FROM: windows of 60, 60 and 30 s with 40, 0 and 35 arrivals; those before it not
+    t = autoscale.SCORED_FROM
+    arrival = np.r_[np.linspace(0.0, t - 20, 50), np.linspace(t, t + 59, 40), np.linspace(t + 120, t + 149, 35)]
     n = arrival.size
-    scn = Scenario("s", Requests(arrival, np.ones(n), np.ones(n), np.zeros(n)), 270.0)
+    scn = Scenario("s", Requests(arrival, np.ones(n), np.ones(n), np.zeros(n)), t + 150)
     # c = ceil(40/60 / 0.5) = 2, ceil(0) = 0, ceil(35/30 / 0.5) = 3
     assert autoscale._fluid_hours(scn, 0.5) == pytest.approx((2 * 60 + 0 * 60 + 3 * 30) / 3600)
 
@@ -228,7 +256,7 @@ def test_windows_sit_on_the_scoring_grid_when_the_trace_is_silent_after_the_star
     scn = silent_then_busy(33.0)
     initial = initial_fleet(scn, H200_QWEN25VL7B, SLO, start=START, window=WINDOW, cold_start=60.0, guess=2, limit=40)
     cell = Cell(scn, H200_QWEN25VL7B, SLO, initial, max_replicas=40, start=START, window=WINDOW, label="silent")
-    oracle, _ = true_oracle(cell, 60.0)
+    oracle = found(true_oracle(cell, 60.0)[0])
     keep = oracle.result.arrival >= START
     verdicts = slo_metrics.windows(oracle.result.arrival[keep], oracle.result.e2e[keep], seconds(SLO.target),
                                    SLO.percentile, WINDOW, origin=START)  # fmt: skip

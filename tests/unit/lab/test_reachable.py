@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mmfleet_lab.bench.oracle import failing_windows, replay, true_oracle
+from mmfleet_lab.bench import autoscale
+from mmfleet_lab.bench.oracle import failing_windows, found, replay, true_oracle
 from mmfleet_lab.bench.reachable import (
     LOOKBACKS,
     ORDERS,
@@ -18,6 +19,7 @@ from mmfleet_lab.bench.reachable import (
     headroom_counts,
     lead_windows,
     members,
+    online_forecast,
     reactive_counts,
     trailing_need,
 )
@@ -85,7 +87,7 @@ def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle(
     cell = make_cell()
     cold = 60.0
     lead = lead_windows(cold, cell.window)
-    oracle, _ = true_oracle(cell, cold)
+    oracle = found(true_oracle(cell, cold)[0])
     reactive = members(cell, oracle.ready, cold, cell.initial)
     forecasting = forecasters(cell, oracle.ready, cold, cell.initial)
     assert [m.label for m in reactive] == [f"k={k}" for k in LOOKBACKS]
@@ -98,9 +100,31 @@ def test_every_reported_member_meets_every_window_and_costs_at_least_the_oracle(
         for m in meeting:
             counts = headroom_counts(bases[m.label], oracle.ready, lead, m.headroom)
             assert failing_windows(cell, replay(cell, counts, cold, "check")) == []
-            oracle_hours = (oracle.result.gpu_seconds - cell.initial * cell.start) / 3600.0
+            oracle_hours = oracle.result.gpu_seconds_from(autoscale.SCORED_FROM) / 3600.0
             assert m.row.gpu_hours >= oracle_hours - 1e-9
 
 
 def test_the_family_keeps_within_the_policies_max_replicas() -> None:
     assert reactive_counts(NEED, 1, 0, 3.0, cap=9).tolist() == [4, 9, 9, 9, 6, 6, 9]
+
+
+def test_an_online_forecast_reads_only_needs_known_a_lead_earlier() -> None:
+    rng = np.random.default_rng(3)
+    need = rng.integers(5, 30, size=60).astype(np.int64)
+    lead = 2
+    for order in ORDERS:
+        before = online_forecast(need, lead, order)
+        for k in (20, 45):
+            later = need.copy()
+            later[k] = 90
+            changed = np.flatnonzero(online_forecast(later, lead, order) != before)
+            assert changed.size and changed.min() >= k + lead, (order, k)
+
+
+def test_an_online_forecast_learns_a_steady_trend_once_it_has_seen_enough_of_it() -> None:
+    need = np.arange(10, 70, dtype=np.int64)
+    lead = 2
+    forecast = online_forecast(need, lead, 1)
+    assert forecast[lead:10].tolist() == need[: 10 - lead].tolist(), "the last need known until the fit has rows"
+    assert np.allclose(forecast[20:], need[20:]), "then the trend, foreseen a lead ahead"
+    assert forecast_need(need, lead, 1) is not None
