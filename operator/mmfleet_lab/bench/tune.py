@@ -197,7 +197,11 @@ def frozen(path: Path = TUNED) -> tuple[list[Profiled], dict[str, Any]]:
     and the file's record."""
     record: dict[str, Any] = json.loads(path.read_text())
     picked: dict[str, Setting] = record["picked"]
-    return [configured(f, picked[f]) for f in FAMILIES if f in picked], record
+    policies = [configured(f, picked[f]) for f in FAMILIES if f in picked]
+    training = Profile(**record["profile"])
+    for p in policies:  # a malformed setting fails here, before any run, not in a worker
+        p.make(training)
+    return policies, record
 
 
 def score(

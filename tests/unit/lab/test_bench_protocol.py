@@ -66,10 +66,10 @@ def row(policy: str, actions: float, scenario: str = "s", seed: int = 0) -> auto
 
 def test_a_baseline_with_zero_actions_on_a_varying_trace_fails_loudly() -> None:
     varying, flat = np.array([18, 20, 44, 21]), np.array([20, 20, 20])
-    with pytest.raises(autoscale.InertBaselineError, match="wva-saturation never scaled"):
-        autoscale.check_acts(row("wva-saturation", 0.0), varying)
-    autoscale.check_acts(row("wva-saturation", 3.0), varying)
-    autoscale.check_acts(row("wva-saturation", 0.0), flat)
+    with pytest.raises(autoscale.InertBaselineError, match="llmd-keda never scaled"):
+        autoscale.check_acts(row("llmd-keda", 0.0), varying)
+    autoscale.check_acts(row("llmd-keda", 3.0), varying)
+    autoscale.check_acts(row("llmd-keda", 0.0), flat)
     autoscale.check_acts(row("static", 0.0), varying)
 
 
@@ -105,10 +105,11 @@ def test_most_variable_hour_is_the_hour_with_the_largest_max_over_min() -> None:
 def test_the_frozen_file_builds_every_baseline_and_records_how_it_was_made() -> None:
     policies, record = tune.frozen()
     assert [p.name for p in policies] == [
-        "static", "hpa", "keda", "knative-kpa", "aibrix-apa", "kubeai", "wva-saturation", "dynamo-planner"
+        "static", "hpa", "keda", "knative-kpa", "aibrix-apa", "kubeai", "llmd-keda", "dynamo-planner"
     ]  # fmt: skip
     assert set(record["picked"]) == set(FAMILIES)
     assert record["command"].startswith("mmfleet bench tune")
+    assert set(record["commands"]) == set(FAMILIES) and "relative" in record
     assert all(traces.role(n) == "train" for n in record["scenarios"])
     for family, trials in tune.trials_of(record).items():
         assert pick(trials).setting == record["picked"][family]

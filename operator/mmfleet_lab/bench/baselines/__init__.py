@@ -101,21 +101,25 @@ def build(family: str, k: Setting, profile: Profile) -> Policy:
         metric_a: Literal["kv_cache_usage", "running+waiting"] = (
             "kv_cache_usage" if s["metric"] == "kv_cache_usage" else "running+waiting"
         )
-        return AibrixApaPolicy(metric=metric_a, target=f["target"], scale_down_cooldown=f["down_cooldown"])
+        return AibrixApaPolicy(metric=metric_a, target=_target(f, profile), scale_down_cooldown=f["down_cooldown"])
     if family == "kubeai":
-        return KubeAiPolicy(target_requests=f["target"], time_window=f["time_window"])
+        return KubeAiPolicy(target_requests=_target(f, profile), time_window=f["time_window"])
     if family == "llmd-keda":
-        return WvaSaturationPolicy(
-            analyzer="v2" if s["analyzer"] == "v2" else "v1",
-            kv_threshold=f["kv_threshold"],
-            scale_up_threshold=f["scale_up_threshold"],
-            scale_down_boundary=f["scale_down_boundary"],
-            kv_capacity_tokens=profile.kv_capacity_tokens,
+        if s["law"] == "queue":
+            running = f["running_target"] if "running_target" in f else f["running_per_inflight"] * profile.inflight
+            return LlmdQueuePolicy(running_target=running)
+        ttft, tpot = (
+            (f["ttft_slo"], f["tpot_slo"])
+            if "ttft_slo" in f
+            else (f["slo_per_profile"] * profile.p90_ttft, f["slo_per_profile"] * profile.p90_tpot)
         )
+        return LlmdSloPolicy(ttft_slo=ttft, tpot_slo=tpot, up_threshold=f["up_threshold"],
+                             down_boundary=f["down_boundary"])  # fmt: skip
     if family == "dynamo-planner":
+        m = f["tokens_per_capacity"]  # × μ_SLO × mean tokens: the planner profiler's throughput per replica
         return DynamoPlannerPolicy(
-            prefill_tokens_per_replica=f["prefill_tokens"],
-            decode_tokens_per_replica=f["decode_tokens"],
+            prefill_tokens_per_replica=round(m * profile.capacity * profile.isl),
+            decode_tokens_per_replica=round(m * profile.capacity * profile.osl),
             interval=f["interval"],
         )
     raise ValueError(f"unknown baseline {family!r}; choose from {', '.join(FAMILIES)}")
