@@ -291,8 +291,7 @@ def write_docs(record: Mapping[str, Any], docs: Path, plots: Path) -> None:
         f"{1000 * p['p90_tpot']:.0f} ms, {p['isl']:.0f} tokens in and {p['osl']:.0f} out; the static fleet's "
         f"replicas are absolute, stepped from its mean need, {p['mean_replicas']:.1f} replicas. Families swept by "
         "another command than the above: "
-        + (", ".join(f"{f} (`{c}`)" for f, c in record.get("commands", {}).items() if c != record["command"])
-           or "none")
+        + (", ".join(f"{f} (`{c}`)" for f, c in record.get("commands", {}).items() if c != record["command"]) or "none")
         + ".\n\n"
         + _picks_table(trials, record["picked"])
         + "\n\n![each baseline's sweep](img/autoscale-sweeps.png)\n"

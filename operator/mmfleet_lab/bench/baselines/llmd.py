@@ -99,7 +99,8 @@ class LlmdSloPolicy:
         obs = observation
         if _prometheus_down(obs):
             return _hold(obs, "Prometheus unreachable (KEDA scaler error)", state)
-        clamped = (*_recent(state.clamped, obs.time, self.smoothing), (obs.time, min(self.saturation_raw(obs), self.cap)))
+        sample = (obs.time, min(self.saturation_raw(obs), self.cap))
+        clamped = (*_recent(state.clamped, obs.time, self.smoothing), sample)
         state = replace(state, clamped=clamped)
         forced = hpa_range_check(obs, obs.min_replicas, obs.max_replicas, state)
         if forced is not None:
