@@ -67,6 +67,7 @@ class Profiled:
 
 
 def resolve(policies: Sequence[Policy | Shipped | Profiled], profile: Profile) -> list[Policy | Shipped]:
+    """The runnable policies, each ``Profiled`` one built in the parent, so workers get no closures to pickle."""
     return [p.make(profile) if isinstance(p, Profiled) else p for p in policies]
 
 
