@@ -7,6 +7,7 @@ never imports the lab and ``mmfleet run`` works where the lab is not installed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -107,7 +108,8 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
         default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
     scenarios = args.scenario or (["trace"] if trace is not None else default)
     baselines, record = frozen
-    policies = [Shipped(), Shipped(PROFILED, capacity_per_replica=float(record["profile"]["capacity"])), *baselines]
+    profiled = autoscale.Profiled(PROFILED, lambda p: Shipped(PROFILED, capacity_per_replica=p.capacity))
+    policies = [Shipped(), profiled, *baselines]
     names = [p.name for p in policies]
     unknown = sorted(set(args.policy or ()) - set(names))
     if unknown:
@@ -235,8 +237,9 @@ def cmd_bench_routing(args: argparse.Namespace) -> int:
 
 QUICK_CELL = "spike-x4@azure-code"
 REACHABLE_CELLS = ("azure-code", "servegen-language", "servegen-reason", QUICK_CELL)
-# The shipped autoscaler given spec.autoscaling.capacityPerReplica: the training profile every baseline was
-# configured from (tuned.json), as a user who profiled a replica on their representative traffic would set it.
+# The shipped autoscaler given spec.autoscaling.capacityPerReplica: μ_SLO of the scored workload's one-replica
+# profile (autoscale.profile_of), the profile every baseline is configured from, as a user who profiled a replica
+# on their own traffic would set it.
 PROFILED = "mmfleet-profiled"
 
 
@@ -248,18 +251,23 @@ def cmd_bench_tune(args: argparse.Namespace) -> int:
     from mmfleet_lab.bench.traces import TRAIN, HeldOutError
 
     families = args.family or list(FAMILIES)
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or args.workers < 1:
+        print(f"--family: {', '.join(unknown)}; choose from {', '.join(FAMILIES)}" if unknown
+              else f"--workers: {args.workers}; at least 1", file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
     seeds = args.seed or list(tune.SWEEP_SEEDS)
     flags = [*(f"--family {f}" for f in args.family or ()), *(f"--seed {s}" for s in seeds)]
     if args.report_on:
         command = " ".join(["mmfleet bench tune", f"--report-on {args.report_on}", *flags])
         return tune.report_test_tuned(
-            args.report_on, families, seeds, Path(args.docs), Path(args.plots), _progress, command
+            args.report_on, families, seeds, Path(args.docs), Path(args.plots), _progress, command, args.workers
         )
     scenarios = args.scenario or list(TRAIN)
     command = " ".join(["mmfleet bench tune", *(f"--scenario {s}" for s in scenarios), *flags])
     try:
-        record = tune.tune(families, scenarios, seeds, _progress, command, path=Path(args.tuned))
-    except HeldOutError as error:
+        record = tune.tune(families, scenarios, seeds, _progress, command, args.workers, Path(args.tuned))
+    except (HeldOutError, ValueError) as error:
         print(f"mmfleet bench tune: {error}", file=sys.stderr)
         return EXIT_INVALID
     tune.write_docs(record, Path(args.docs), Path(args.plots))
@@ -445,6 +453,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
     p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")
     p_tune.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0, 1)")
+    p_tune.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)")
     p_tune.add_argument("--report-on", help="sweep on this (test) scenario and report, without freezing anything")
     p_tune.add_argument("--tuned", default=str(_tuned()), help="where the frozen settings are written")
     p_tune.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")

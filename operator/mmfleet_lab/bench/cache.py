@@ -31,11 +31,10 @@ from typing import Any
 import numpy as np
 
 from mmfleet_lab.bench import autoscale
-from mmfleet_lab.bench.autoscale import Progress, Row
+from mmfleet_lab.bench.autoscale import Profiled, Progress, Row
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, Shipped
-from mmfleet_lab.twin.policy import Policy
 from mmfleet_lab.twin.scenarios import NAMES, REFERENCE_SLO
 
 # Measured: to a healthy /health on one H200, vLLM 0.33.0, dummy weights (../shared/calibration/real-vllm-h200).
@@ -153,7 +152,7 @@ class Comparison:
 
 
 def compare(
-    scenario: str, starts: ColdStarts, policies: Sequence[Policy | Shipped], seeds: Sequence[int], workers: int,
+    scenario: str, starts: ColdStarts, policies: Sequence[Shipped | Profiled], seeds: Sequence[int], workers: int,
     progress: Progress,
 ) -> list[Comparison]:  # fmt: skip
     """Both cold starts of ``starts`` on one cell, through the autoscaling benchmark's own ``run_cell``."""
@@ -248,7 +247,7 @@ def command_line(
 
 
 def main(
-    scenarios: Sequence[str], seeds: Sequence[int], docs: Path, progress: Progress, baselines: Sequence[Policy],
+    scenarios: Sequence[str], seeds: Sequence[int], docs: Path, progress: Progress, baselines: Sequence[Profiled],
     record: Mapping[str, Any], tuned_from: str, weight_bytes: float = WEIGHT_BYTES,
     download_mbps: float = DOWNLOAD_MBPS, shared_read_mbps: float = SHARED_READ_MBPS, workers: int = 2,
 ) -> int:  # fmt: skip
@@ -256,7 +255,7 @@ def main(
     started = time.monotonic()
     sets = cold_starts(weight_bytes, download_mbps, shared_read_mbps)
     baseline = best_baseline(record)
-    policies: list[Policy | Shipped] = [Shipped(), *(b for b in baselines if b.name == baseline)]
+    policies: list[Shipped | Profiled] = [Shipped(), *(b for b in baselines if b.name == baseline)]
     comparisons: list[Comparison] = []
     sections = []
     for name in scenarios:

@@ -10,6 +10,7 @@ policy (the shipped ``SloPolicy`` under new constants, say) on the training and 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -22,11 +23,10 @@ from typing import Any
 import numpy as np
 
 from mmfleet_lab.bench import autoscale
-from mmfleet_lab.bench.autoscale import Progress, Row
+from mmfleet_lab.bench.autoscale import Profiled, Progress, Row
 from mmfleet_lab.bench.baselines import FAMILIES, Profile, Setting, build, grid
-from mmfleet_lab.bench.baselines.static import StaticPolicy
 from mmfleet_lab.bench.traces import TRAIN, VALIDATION, tuning_scenarios
-from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, Scenario, Shipped, simulate
+from mmfleet_lab.twin import H200_QWEN25VL7B, Shipped
 from mmfleet_lab.twin.policy import Policy
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO
 
@@ -38,6 +38,25 @@ RULE = (
     f"the cheapest setting (mean GPU-hours over the training runs) whose every training run met ≥ {MEETS:.0%} of "
     "windows; if none did, the one with the best worst-run attainment"
 )
+RELATIVE = (
+    "settings are relative to a one-replica profile of the workload (autoscale.profile_of): target_per_inflight × "
+    "μ_SLO × mean latency at μ_SLO (Little's law per replica), running_per_inflight likewise, slo_per_profile × one "
+    "replica's P90 TTFT and TPOT at μ_SLO, tokens_per_capacity × μ_SLO × mean input and output tokens; baselines.build "
+    "makes them absolute for the profile of the scenario being scored (in a sweep, of each training scenario). "
+    "target, running_target, ttft_slo and tpot_slo are published defaults, absolute as shipped; a static fleet's "
+    "replicas are absolute, sized on the training traces. profile below is the training profile (of "
+    f"{TRAIN[0]}) that steps the static fleet's sweep"
+)
+
+
+def training_profile() -> Profile:
+    """The profile of the first training trace: where a static fleet's sweep starts."""
+    return autoscale.profile_of(TRAIN[0], H200_QWEN25VL7B, REFERENCE_SLO)
+
+
+def configured(family: str, setting: Setting) -> Profiled:
+    """``family`` at ``setting``, to be built for the profile of whatever workload runs it."""
+    return Profiled(family, functools.partial(build, family, setting))
 
 
 @dataclass(frozen=True)
@@ -65,32 +84,6 @@ def pick(trials: Sequence[Trial]) -> Trial:
     return max(acting, key=lambda t: (t.worst_attainment, t.attainment, -t.gpu_hours))
 
 
-PROFILE_SECONDS = 900.0  # the one-replica run that measures the mean latency at μ_SLO
-
-
-def measure_profile(params: ReplicaParams = H200_QWEN25VL7B, name: str = TRAIN[0], seed: int = 0) -> Profile:
-    """What a user reads off the training trace: μ_SLO, and the mean latency of one replica fed Poisson
-    arrivals at μ_SLO from the trace's mix (as a profiler does), so Little's law gives the in-flight count per
-    replica at capacity; the mean tokens per request; the replica's vLLM limits."""
-    capacity, demand, _ = autoscale.cell(name, COLD_START, params, REFERENCE_SLO, seed=seed)
-    req = autoscale.scenario_of(name, params, REFERENCE_SLO, None, seed).requests
-    rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(1.0 / capacity, size=int(capacity * PROFILE_SECONDS)))
-    probe = Scenario(f"{name}-profile", req.take(rng.integers(0, len(req), arrival.size), arrival), PROFILE_SECONDS)
-    one = simulate(probe, StaticPolicy(1), params=params, cold_start=COLD_START, slo=REFERENCE_SLO,
-                   min_replicas=1, max_replicas=1, initial_replicas=1, seed=seed)  # fmt: skip
-    steady = (one.arrival >= PROFILE_SECONDS / 5) & np.isfinite(one.e2e)
-    return Profile(
-        capacity=capacity,
-        mean_latency=float(np.mean(one.e2e[steady])),
-        isl=float(np.mean(req.input_tokens + req.images * np.asarray(req.tokens_per_image))),
-        osl=float(np.mean(req.output_tokens)),
-        max_num_seqs=params.max_num_seqs,
-        kv_capacity_tokens=float(params.kv_capacity_tokens),
-        mean_replicas=float(np.mean(demand)),
-    )
-
-
 def _jobs(scenarios: Sequence[str], seeds: Sequence[int], cold_start: float) -> dict[tuple[str, int], dict[str, Any]]:
     return {
         (n, s): autoscale.cell(n, cold_start, H200_QWEN25VL7B, REFERENCE_SLO, seed=s)[2]
@@ -100,7 +93,7 @@ def _jobs(scenarios: Sequence[str], seeds: Sequence[int], cold_start: float) -> 
 
 
 def run_many(
-    policies: Sequence[Policy | Shipped],
+    policies: Sequence[Policy | Shipped | Profiled],
     scenarios: Sequence[str],
     seeds: Sequence[int],
     cold_start: float,
@@ -108,14 +101,15 @@ def run_many(
     workers: int,
     check: bool = True,
 ) -> list[tuple[int, Row]]:
-    """Every policy on every (scenario, seed): (index of the policy, row), in no particular order; ``check``
-    as in ``autoscale._run_policy``."""
+    """Every policy on every (scenario, seed): (index of the policy, row), in no particular order; a ``Profiled``
+    one built for each scenario's ``autoscale.profile_of``; ``check`` as in ``autoscale._run_policy``."""
     commons = _jobs(scenarios, seeds, cold_start)
+    built = {n: autoscale.resolve(policies, autoscale.profile_of(n, H200_QWEN25VL7B, REFERENCE_SLO)) for n in scenarios}
     out: list[tuple[int, Row]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(autoscale._run_policy, n, cold_start, p, commons[(n, s)], None, check, False): i
-            for i, p in enumerate(policies)
+            pool.submit(autoscale._run_policy, n, cold_start, built[n][i], commons[(n, s)], None, check, False): i
+            for i in range(len(policies))
             for n in scenarios
             for s in seeds
         }
@@ -136,10 +130,11 @@ def sweep(
     workers: int = os.cpu_count() or 1,
     cold_start: float = COLD_START,
 ) -> dict[str, list[Trial]]:
-    """Every ``grid`` setting of each family on ``scenarios`` × ``seeds``. It does not check the split:
+    """Every ``grid`` setting of each family on ``scenarios`` × ``seeds``, each built for the profile of the
+    scenario it runs on (``profile`` steps only the static fleet's grid). It does not check the split:
     ``tune`` does, and the test-tuned report calls this on purpose."""
     settings = [(f, s) for f in families for s in grid(f, profile)]
-    policies = [build(f, s, profile) for f, s in settings]
+    policies = [configured(f, s) for f, s in settings]
     rows: dict[int, list[Row]] = {}
     for i, row in run_many(policies, scenarios, seeds, cold_start, progress, workers, check=False):
         rows.setdefault(i, []).append(row)
@@ -169,34 +164,48 @@ def tune(
     workers: int = os.cpu_count() or 1,
     path: Path = TUNED,
 ) -> dict[str, Any]:
-    """Sweep on training scenarios (a test scenario raises ``traces.HeldOutError``), pick, and freeze."""
+    """Sweep on training scenarios (a test scenario raises ``traces.HeldOutError``), pick, and freeze. Sweeping some
+    families only merges them into ``path``, keeping the others' records (each with the command that made it)."""
     scenarios = tuning_scenarios(scenarios)
-    profile = measure_profile()
+    profile = training_profile()
     trials = sweep(families, profile, scenarios, seeds, progress, workers)
+    old: dict[str, Any] = json.loads(path.read_text()) if path.exists() and set(families) != set(FAMILIES) else {}
+    if old and (old["scenarios"] != list(scenarios) or old["seeds"] != list(seeds)):
+        raise ValueError(f"{path} was tuned on {old['scenarios']}, seeds {old['seeds']}: sweep every family to change")
+    commands = {**{f: old.get("commands", {}).get(f, old["command"]) for f in old.get("picked", {})},
+                **dict.fromkeys(trials, command)}  # fmt: skip
+    picked = {**old.get("picked", {}), **{f: pick(t).setting for f, t in trials.items()}}
+    sweeps = {**old.get("sweeps", {}), **{f: [asdict(x) for x in t] for f, t in trials.items()}}
     frozen = {
-        "command": command,
+        "command": old.get("command", command),  # what made the whole file; "commands": each family's sweep
+        "commands": {f: commands[f] for f in FAMILIES if f in picked},
         "rule": RULE,
+        "relative": RELATIVE,
         "scenarios": list(scenarios),
         "seeds": list(seeds),
         "cold_start": COLD_START,
         "profile": asdict(profile),
-        "picked": {f: pick(t).setting for f, t in trials.items()},
-        "sweeps": {f: [asdict(x) for x in t] for f, t in trials.items()},
+        "picked": {f: picked[f] for f in FAMILIES if f in picked},
+        "sweeps": {f: sweeps[f] for f in FAMILIES if f in sweeps},
     }
     path.write_text(json.dumps(frozen, indent=1, ensure_ascii=False) + "\n")
     return frozen
 
 
-def frozen(path: Path = TUNED) -> tuple[list[Policy], dict[str, Any]]:
-    """The frozen baselines, in ``FAMILIES`` order, and the file's record."""
+def frozen(path: Path = TUNED) -> tuple[list[Profiled], dict[str, Any]]:
+    """The frozen baselines, in ``FAMILIES`` order, each to be built for the profile of the workload it runs on,
+    and the file's record."""
     record: dict[str, Any] = json.loads(path.read_text())
-    profile = Profile(**record["profile"])
     picked: dict[str, Setting] = record["picked"]
-    return [build(f, picked[f], profile) for f in FAMILIES if f in picked], record
+    policies = [configured(f, picked[f]) for f in FAMILIES if f in picked]
+    training = Profile(**record["profile"])
+    for p in policies:  # a malformed setting fails here, before any run, not in a worker
+        p.make(training)
+    return policies, record
 
 
 def score(
-    policy: Policy | Shipped,
+    policy: Policy | Shipped | Profiled,
     scenarios: Sequence[str] = (*TRAIN, *VALIDATION),
     seeds: Sequence[int] = autoscale.SEEDS,
     cold_start: float = COLD_START,
@@ -204,7 +213,8 @@ def score(
     workers: int = os.cpu_count() or 1,
 ) -> list[Row]:
     """``policy`` on training and validation scenarios (never a test one: raises ``HeldOutError``), one row
-    per (scenario, seed), for whoever tunes a policy with this harness."""
+    per (scenario, seed), for whoever tunes a policy with this harness; a ``Profiled`` one is built for each
+    scenario's one-replica profile."""
     return [row for _, row in run_many([policy], tuning_scenarios(scenarios), seeds, cold_start, progress, workers)]
 
 
@@ -270,12 +280,19 @@ def write_docs(record: Mapping[str, Any], docs: Path, plots: Path) -> None:
     body = (
         f"Command: `{record['command']}`, frozen in `operator/mmfleet_lab/bench/tuned.json`. Scenarios "
         f"{', '.join(record['scenarios'])} (training), seeds {', '.join(map(str, record['seeds']))}, cold start "
-        f"{record['cold_start']:g} s. Rule, fixed before the sweep: {record['rule']}. In-flight targets are absolute, "
-        f"stepped around Little's law on the training trace: μ_SLO {p['capacity']:.1f} req/s × mean latency "
-        f"{p['mean_latency']:.2f} s = {p['capacity'] * p['mean_latency']:.1f} in flight per replica (the mean "
-        f"latency of a static fleet at the trace's mean need, {p['mean_replicas']:.1f} replicas). Dynamo's profile "
-        f"is its profiler's method on this replica: the highest rate meeting the SLO on one replica (μ_SLO) times "
-        f"the training trace's mean tokens ({p['isl']:.0f} in, {p['osl']:.0f} out).\n\n"
+        f"{record['cold_start']:g} s. Rule, fixed before the sweep: {record['rule']}. Settings are relative to a "
+        "one-replica profile of the workload, made absolute for the profile of the scenario each run scores (in "
+        "the sweep, each training scenario's; in the held-out tables, the scored scenario's): in-flight targets "
+        "as multiples of Little's law per replica (μ_SLO × the mean latency of one replica fed Poisson arrivals at "
+        "μ_SLO), llm-d's latency SLOs as multiples of that replica's P90 TTFT and TPOT, Dynamo's tokens per "
+        "replica as multiples of its profiler's μ_SLO × mean tokens; published defaults stay absolute. On the "
+        f"first training trace: μ_SLO {p['capacity']:.1f} req/s × mean latency {p['mean_latency']:.2f} s = "
+        f"{p['capacity'] * p['mean_latency']:.1f} in flight per replica, P90 TTFT {p['p90_ttft']:.2f} s, P90 TPOT "
+        f"{1000 * p['p90_tpot']:.0f} ms, {p['isl']:.0f} tokens in and {p['osl']:.0f} out; the static fleet's "
+        f"replicas are absolute, stepped from its mean need, {p['mean_replicas']:.1f} replicas. Families swept by "
+        "another command than the above: "
+        + (", ".join(f"{f} (`{c}`)" for f, c in record.get("commands", {}).items() if c != record["command"]) or "none")
+        + ".\n\n"
         + _picks_table(trials, record["picked"])
         + "\n\n![each baseline's sweep](img/autoscale-sweeps.png)\n"
     )
@@ -290,14 +307,16 @@ def report_test_tuned(
     plots: Path,
     progress: Progress,
     command: str,
+    workers: int = os.cpu_count() or 1,
     path: Path = TUNED,
 ) -> int:
     """Each baseline's best setting on ``name`` itself, by the same rule: the best it could ever do there.
-    Reporting only: nothing is frozen, and the frozen profile (training) is reused for the grid."""
+    Reporting only: nothing is frozen; the frozen training profile steps the static grid, and every setting is
+    built for ``name``'s own profile, as in the held-out tables."""
     from mmfleet_lab.bench.report import write_section
 
     profile = Profile(**json.loads(path.read_text())["profile"])
-    trials = sweep(families, profile, [name], seeds, progress)
+    trials = sweep(families, profile, [name], seeds, progress, workers)
     picked = {f: pick(t).setting for f, t in trials.items()}
     stem = f"autoscale-test-tuned-{name.replace('@', '-')}"
     title = f"each baseline's settings on {name} (test trace; ★ best there)"

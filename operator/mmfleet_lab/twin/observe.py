@@ -82,6 +82,7 @@ HISTOGRAMS: Final[dict[str, tuple[int, tuple[float, ...]]]] = {
     "ttft": (LAYOUT.ttft, TTFT_BUCKETS),
     "itl": (LAYOUT.itl, ITL_BUCKETS),
 }
+EPP_RATE_WINDOW: Final = 60.0  # the [1m] of llm-d's SLO-aware recording rules (baselines/llmd.py)
 # Exported names, as Prometheus stores them (the twin's /metrics exporter uses the same).
 
 
@@ -372,6 +373,14 @@ def query(
         gen_rate = float(rates[LAYOUT.generation])
         growth = prom.queue_growth(t, rate_window)
         arrival_rate = max(request_rate + (growth or 0.0), 0.0)
+    # llm-d's SLO-aware recording rules: histogram_quantile(0.9, sum by (le) (rate(<ttft|tpot>_bucket[1m]))),
+    # on the servers' histograms where the router's stand in (baselines/llmd.py says how they differ).
+    epp_rates = rates if rate_window == EPP_RATE_WINDOW else prom.sum_rate(t, EPP_RATE_WINDOW)
+    if epp_rates is not None:
+        for name, key in (("ttft", "p90_ttft_1m"), ("itl", "p90_tpot_1m")):
+            p90 = _finite(quantile_from_rates(epp_rates, name, 0.9))
+            if p90 is not None:
+                extra[key] = p90
     latency = None
     if slo_rates is not None:
         latency = _finite(quantile_from_rates(slo_rates, slo_metric, slo_percentile / 100.0))

@@ -14,8 +14,9 @@ from mmfleet.autoscaler import Decision, Observation
 
 @dataclass(frozen=True)
 class LabObservation(Observation):
-    """The operator's view plus token rates (AIBrix, WVA, Dynamo), mean latencies (Dynamo's correction
-    factors, ai-dynamo/dynamo docs/planner/sla_planner.md @240df6a) and per-metric percentiles."""
+    """The operator's view plus token rates (AIBrix, Dynamo), mean latencies (Dynamo's correction
+    factors, ai-dynamo/dynamo docs/planner/sla_planner.md @240df6a) and per-metric percentiles in ``extra`` (at
+    the SLO's percentile over its window; llm-d's P90 TTFT and TPOT over 1 m, ``p90_ttft_1m``/``p90_tpot_1m``)."""
 
     prompt_tokens_rate: float | None = None  # tokens/s
     generation_tokens_rate: float | None = None  # tokens/s

@@ -23,8 +23,8 @@ from mmfleet_lab.bench.baselines.hpa import (
 from mmfleet_lab.bench.baselines.keda import KedaPolicy, KedaState
 from mmfleet_lab.bench.baselines.knative import KpaPolicy
 from mmfleet_lab.bench.baselines.kubeai import KubeAiPolicy
+from mmfleet_lab.bench.baselines.llmd import LlmdQueuePolicy, LlmdSloPolicy
 from mmfleet_lab.bench.baselines.static import StaticPolicy
-from mmfleet_lab.bench.baselines.wva import WvaSaturationPolicy
 from mmfleet_lab.twin.policy import LabObservation, Policy
 
 
@@ -317,41 +317,86 @@ def test_kubeai_counter_resets_on_a_decision_that_is_not_a_scale_down() -> None:
     assert [d.replicas for d in run(policy, seq)] == [5, 5, 5, 5, 5, 5, 2]
 
 
-# ---------------------------------------------------------------- WVA saturation (llm-d WVA docs @b08b1c7)
+# ------------------ llm-d KEDA + EPP (llm-d/llm-d guides/workload-autoscaling/README.slo-aware.md @d38c9f0)
 
 
-def test_wva_scales_up_one_when_spare_kv_is_low() -> None:
-    wva = WvaSaturationPolicy()
-    assert wva.analyze(obs(kv_cache_usage=0.75))[0] == 5  # type: ignore[index]  # spare 0.05 < 0.10
-    assert wva.analyze(obs(kv_cache_usage=0.5, waiting=12.0))[0] == 5  # type: ignore[index]  # spare queue 2 < 3
+def slo_obs(ttft: float | None, tpot: float | None = 0.01, **kw: Any) -> LabObservation:
+    """An observation whose P90s over the last minute are ``ttft`` and ``tpot`` (None: no traffic, no quantile)."""
+    extra = {"prometheus_up": 1.0}
+    extra |= {} if ttft is None else {"p90_ttft_1m": ttft}
+    extra |= {} if tpot is None else {"p90_tpot_1m": tpot}
+    return obs(extra=extra, **kw)
 
 
-def test_wva_does_not_scale_up_while_pods_are_pending() -> None:
-    result = WvaSaturationPolicy().analyze(obs(kv_cache_usage=0.9, current=5, starting=1))
-    assert result is not None and result[0] == 5
-    assert "pending" in result[1]
+def test_llmd_saturation_is_the_worse_p90_over_its_slo_and_zero_without_traffic() -> None:
+    law = LlmdSloPolicy()  # S_ttft 3 s, S_tpot 100 ms
+    assert law.saturation_raw(slo_obs(1.5, 0.02)) == pytest.approx(0.5)  # TTFT 1.5 / 3 beats TPOT 0.02 / 0.1
+    assert law.saturation_raw(slo_obs(0.3, 0.08)) == pytest.approx(0.8)
+    assert law.saturation_raw(slo_obs(None, None)) == 0.0
 
 
-def test_wva_scales_down_only_if_one_fewer_still_has_spare() -> None:
-    wva = WvaSaturationPolicy()
-    assert wva.analyze(obs(kv_cache_usage=0.2))[0] == 3  # type: ignore[index]  # 0.2 x 4/3 = 0.27: spare 0.53
-    assert wva.analyze(obs(kv_cache_usage=0.6))[0] == 4  # type: ignore[index]  # 0.8 after removal: spare 0
+def test_llmd_formula_scales_up_credited_down_uncredited_and_holds_in_the_band() -> None:
+    law = LlmdSloPolicy()
+    assert law.formula(1.1, 4, 4) == 8  # 4 + ceil(4 (1.1 / 0.55 - 1))
+    assert law.formula(0.6, 4, 4) == 5  # 4 + ceil(4 x 0.0909)
+    assert law.formula(1.1, 4, 2) == 4  # credit 2 / 4: 4 + ceil(4 (0.55 / 0.55 - 1)) = 4
+    assert law.formula(0.55, 4, 4) == 4  # not above θ_up
+    assert law.formula(0.40, 4, 4) == 4  # not below θ_dn
+    assert law.formula(0.3, 4, 4) == 3  # 4 - floor(4 (1 - 0.3 / 0.4))
+    assert law.formula(0.3, 4, 2) == 3  # the credit never reaches the scale-down branch
+    assert law.formula(0.0, 4, 4) == 0
 
 
-def test_wva_goes_through_an_hpa_with_240s_stabilisation() -> None:
-    policy = WvaSaturationPolicy()
-    calm = [obs(time=float(t), kv_cache_usage=0.6) for t in range(0, 60, 15)]  # no capacity action: 4
-    hot = [obs(time=float(t), kv_cache_usage=0.75) for t in range(60, 316, 15)]  # wva says 5 from t=60
-    decisions = run(policy, calm + hot)
-    times = [o.time for o in calm + hot]
-    up_at = next(t for t, d in zip(times, decisions, strict=True) if d.replicas == 5)
-    assert up_at == 285.0  # the last recommendation of 4 (t=45) leaves the 240 s window after t=285 - 240 = 45
+def test_llmd_scales_up_when_p90_ttft_over_its_target_passes_the_threshold() -> None:
+    law = LlmdSloPolicy()
+    times = [0.0, 15.0, 30.0, 45.0]
+    below = run(law, [slo_obs(1.5, time=t) for t in times])  # s = 0.5: in the band
+    assert [d.replicas for d in below] == [4, 4, 4, 4]
+    above = run(law, [slo_obs(1.8, time=t) for t in times])  # s = 0.6 > 0.55: 4 + ceil(4 x 0.0909) = 5
+    # the HPA's 30 s scale-up window keeps the count of t = 0 until it leaves (t - 30, t] at t = 30
+    assert [d.replicas for d in above] == [4, 4, 5, 5]
+    burst = run(law, [slo_obs(30.0, time=t) for t in times])  # s_raw 10 clamps to 2: formula 15 over 4 pods
+    assert "formula 15 over 4 pods" in burst[0].reason
+    assert burst[-1].replicas == 8  # the HPA's max(100 %, 4 pods) per 60 s
 
 
-def test_wva_plus_hpa_tolerance_cannot_add_one_replica_to_ten() -> None:
-    # wva_desired 11 over 10 pods is a ratio of 1.1: within the HPA's tolerance, so nothing moves
-    assert external_average_replicas(11, 1, status_replicas=10) == 10
-    assert external_average_replicas(5, 1, status_replicas=4) == 5
+def test_llmd_smooths_the_clamped_signal_over_45_seconds() -> None:
+    law = LlmdSloPolicy()
+    seq = [slo_obs(30.0, time=0.0), *(slo_obs(None, None, time=t) for t in (15.0, 30.0, 45.0))]
+    state = law.initial_state()
+    means = []
+    for o in seq:
+        state = law.decide(o, state).state
+        means.append(sum(v for _, v in state.clamped) / len(state.clamped))
+    assert means == pytest.approx([2.0, 1.0, 2.0 / 3.0, 0.0])  # the t=0 sample leaves the (t-45, t] window at 45
+
+
+def test_llmd_drains_one_pod_per_120s_after_its_180s_window() -> None:
+    law = LlmdSloPolicy()
+    state, current, changes = law.initial_state(), 8, []
+    for t in range(0, 600, 15):  # an idle pool: s = 0, formula 0, clamped to the floor by the HPA
+        d = law.decide(slo_obs(None, None, time=float(t), ready=current, current=current), state)
+        state = d.state
+        if d.replicas != current:
+            changes.append((float(t), d.replicas))
+        current = d.replicas
+    # the count of t = 0 holds the 180 s window until t = 180; then 1 pod per 120 s
+    assert changes == [(180.0, 7), (300.0, 6), (420.0, 5), (540.0, 4)]
+
+
+def test_llmd_holds_when_prometheus_is_down() -> None:
+    law = LlmdSloPolicy()
+    d = law.decide(obs(extra={"prometheus_up": 0.0}, current=6), law.initial_state())
+    assert d.replicas == 6 and "holding 6" in d.reason
+
+
+def test_llmd_queue_overlay_races_queue_over_1_and_running_over_16_behind_a_300s_window() -> None:
+    law = LlmdQueuePolicy()
+    first = law.decide(obs(running=80.0, waiting=2.0), law.initial_state())
+    assert "metric wants 5" in first.reason and first.replicas == 4  # max(ceil(2 / 1), ceil(80 / 16))
+    assert "metric wants 7" in law.decide(obs(running=16.0, waiting=7.0), law.initial_state()).reason
+    ups = run(law, [obs(time=float(t), running=80.0, waiting=2.0) for t in range(0, 316, 15)])
+    assert [d.replicas for d in ups].index(5) == 20  # t = 300: the count of t = 0 left the 300 s window
 
 
 # ---------------------------------------------------------------- Dynamo planner (sla_planner.md @240df6a)
@@ -395,7 +440,7 @@ def test_static_returns_its_count_within_bounds() -> None:
 
 
 PROFILE = Profile(capacity=2.0, mean_latency=1.5, isl=3000.0, osl=150.0, max_num_seqs=256,
-                  kv_capacity_tokens=1.0e6, mean_replicas=4.0)  # fmt: skip
+                  kv_capacity_tokens=1.0e6, mean_replicas=4.0, p90_ttft=0.5, p90_tpot=0.04)  # fmt: skip
 
 
 def test_default_set_has_every_baseline_once_and_each_holds_when_prometheus_is_down() -> None:
@@ -412,6 +457,7 @@ def test_default_set_has_every_baseline_once_and_each_holds_when_prometheus_is_d
         kv_cache_usage=None,
         prompt_tokens_rate=None,
         generation_tokens_rate=None,
+        extra={"prometheus_up": 0.0},  # what twin.observe.query reports with Prometheus down
     )
     for p in policies:
         if isinstance(p, StaticPolicy):
@@ -423,7 +469,8 @@ def test_default_set_has_every_baseline_once_and_each_holds_when_prometheus_is_d
 
 def test_grids_step_in_flight_targets_around_littles_law_and_build_every_setting() -> None:
     hpa = grid("hpa", PROFILE)
-    assert {s["target"] for s in hpa if s["metric"] == "running+waiting"} == {1.5, 2.1, 3.0, 4.2}  # 3.0 x steps
+    built = {round(build("hpa", s, PROFILE).target, 6) for s in hpa if s["metric"] == "running+waiting"}  # type: ignore[attr-defined]
+    assert built == {1.5, 2.1, 3.0, 4.2}  # 3.0 in flight x steps
     assert hpa[0] == {"metric": "waiting", "target": 5.0, "down_window": 300.0, "down_percent": 100.0,
                       "down_period": 15.0}  # fmt: skip
     for family in FAMILIES:
@@ -431,6 +478,25 @@ def test_grids_step_in_flight_targets_around_littles_law_and_build_every_setting
             assert build(family, setting, PROFILE).name == baselines(PROFILE)[FAMILIES.index(family)].name
     with pytest.raises(ValueError, match="unknown baseline"):
         grid("autopilot", PROFILE)
+    assert grid("llmd-keda", PROFILE)[0] == {"law": "slo-aware", "ttft_slo": 3.0, "tpot_slo": 0.1,
+                                             "up_threshold": 0.55, "down_boundary": 0.40}  # fmt: skip
+
+
+def test_a_relative_setting_builds_absolute_values_for_the_profile_it_is_given() -> None:
+    other = replace(PROFILE, capacity=4.0, mean_latency=3.0, isl=500.0, osl=400.0, p90_ttft=2.0, p90_tpot=0.08)
+    hpa = {"metric": "running+waiting", "target_per_inflight": 0.5, "down_window": 60.0, "down_percent": 10.0,
+           "down_period": 60.0}  # fmt: skip
+    assert build("hpa", hpa, PROFILE).target == pytest.approx(1.5)  # type: ignore[attr-defined]  # 0.5 x 2 x 1.5
+    assert build("hpa", hpa, other).target == pytest.approx(6.0)  # type: ignore[attr-defined]  # 0.5 x 4 x 3
+    slo = {"law": "slo-aware", "slo_per_profile": 0.7, "up_threshold": 0.55, "down_boundary": 0.40}
+    a, b = build("llmd-keda", slo, PROFILE), build("llmd-keda", slo, other)
+    assert (a.ttft_slo, a.tpot_slo) == pytest.approx((0.35, 0.028))  # type: ignore[attr-defined]
+    assert (b.ttft_slo, b.tpot_slo) == pytest.approx((1.4, 0.056))  # type: ignore[attr-defined]
+    dyn = {"tokens_per_capacity": 0.6, "interval": 180.0}
+    assert build("dynamo-planner", dyn, PROFILE).prefill_tokens_per_replica == 3600  # type: ignore[attr-defined]
+    assert build("dynamo-planner", dyn, other).prefill_tokens_per_replica == 1200  # type: ignore[attr-defined]
+    # a published default stays as the manifest ships it, whatever the profile
+    assert build("hpa", grid("hpa", other)[0], other).target == 5.0  # type: ignore[attr-defined]
 
 
 def test_knative_target_is_the_annotation_not_the_batch_limit() -> None:
@@ -450,20 +516,6 @@ def test_knative_scale_down_delay_keeps_the_max_over_its_window() -> None:
     by_time = dict(zip(times, (d.replicas for d in decisions), strict=True))
     assert by_time[30.0] == 7  # the 7 of t=2 is still inside the 30 s delay window
     assert by_time[58.0] < 7
-
-
-def test_wva_v2_sizes_from_demand_over_threshold_and_acts_on_a_fleet_of_twenty() -> None:
-    # 20 ready at KV 0.3 with kv_threshold 0.2: demand 30 replicas; 30 / 0.85 - 20 = 15.3 -> +16
-    wva = WvaSaturationPolicy(analyzer="v2", kv_threshold=0.2)
-    result = wva.analyze(obs(ready=20, current=20, kv_cache_usage=0.3, waiting=0.0))
-    assert result is not None and result[0] == 36
-    # v1 at the same point: +1, which the HPA then swallows (21 / 20 is within 10 %)
-    v1 = WvaSaturationPolicy().analyze(obs(ready=20, current=20, kv_cache_usage=0.85, waiting=0.0))
-    assert v1 is not None and v1[0] == 21
-    assert external_average_replicas(21, 1, status_replicas=20) == 20
-    # low demand: spare = 20 - (20 x 0.05 / 0.2) / 0.7 = 12.9 -> -12
-    down = wva.analyze(obs(ready=20, current=20, kv_cache_usage=0.05, waiting=0.0))
-    assert down is not None and down[0] == 8
 
 
 def test_keda_on_in_flight_sums_running_and_waiting() -> None:

@@ -93,7 +93,7 @@ def test_a_ratio_over_nothing_says_so() -> None:
 
 def test_the_baseline_is_the_fixed_rules_pick_from_the_frozen_record() -> None:
     record = json.loads(Path(TUNED).read_text())
-    assert best_baseline(record) == "knative-kpa"  # 1.0 violation-minutes on training, like static, which never scales
+    assert best_baseline(record) == "llmd-keda"  # 0 violation-minutes on training (knative-kpa, next, had 1.0)
 
 
 def test_the_rule_takes_fewest_violation_minutes_then_gpu_hours_and_never_the_static_fleet() -> None:

@@ -107,10 +107,11 @@ def test_most_variable_hour_is_the_hour_with_the_largest_max_over_min() -> None:
 def test_the_frozen_file_builds_every_baseline_and_records_how_it_was_made() -> None:
     policies, record = tune.frozen()
     assert [p.name for p in policies] == [
-        "static", "hpa", "keda", "knative-kpa", "aibrix-apa", "kubeai", "wva-saturation", "dynamo-planner"
+        "static", "hpa", "keda", "knative-kpa", "aibrix-apa", "kubeai", "llmd-keda", "dynamo-planner"
     ]  # fmt: skip
     assert set(record["picked"]) == set(FAMILIES)
     assert record["command"].startswith("mmfleet bench tune")
+    assert set(record["commands"]) == set(FAMILIES) and "relative" in record
     assert all(traces.role(n) == "train" for n in record["scenarios"])
     for family, trials in tune.trials_of(record).items():
         assert pick(trials).setting == record["picked"][family]
@@ -125,3 +126,8 @@ def test_a_failed_row_is_labelled_and_no_baseline_wins_with_it() -> None:
     ours = replace(row("mmfleet", 2.0), gpu_hours=1.0)
     assert autoscale.dominated_by(ours, [cheap_inert]) == []
     assert autoscale.dominated_by(ours, [replace(cheap_inert, failed="")]) == ["keda"]
+
+
+def test_verdicts_skip_a_cell_run_without_the_shipped_row() -> None:
+    assert autoscale.verdicts([row("hpa", 2.0), row("keda", 1.0)]) == []
+    assert len(autoscale.verdicts([row("hpa", 2.0), row("mmfleet", 1.0)])) == 1

@@ -1,5 +1,5 @@
 """B1: the Kubernetes HPA (autoscaling/v2) on a Pods metric, with its scale-up and scale-down behavior; also
-the actuator behind KEDA (B2) and the llm-d WVA (B6)."""
+the actuator behind KEDA (B2) and llm-d's KEDA paths (B6)."""
 
 from __future__ import annotations
 
