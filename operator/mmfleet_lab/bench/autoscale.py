@@ -110,7 +110,8 @@ def inert(row: Row, demand: np.ndarray) -> str:
     """Why a scaling policy's row is not a result when it made no change on a cell whose per-window need varies
     (a broken model, not a setting), or "" when it acted."""
     varies = demand.size > 0 and int(demand.max()) > int(demand.min())
-    if varies and row.policy != "static" and row.policy not in REFERENCES and row.actions_per_hour == 0:
+    ours = row.policy.startswith("mmfleet")  # what ships never scaling is a result to report, not a broken model
+    if varies and not ours and row.policy != "static" and row.policy not in REFERENCES and row.actions_per_hour == 0:
         return (
             f"{row.policy} never scaled on {row.scenario} (L={row.cold_start:.0f}s, seed {row.seed}) although "
             f"the need varies from {int(demand.min())} to {int(demand.max())} replicas"
@@ -186,9 +187,11 @@ def profile_of(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile 
     """What a user measures on their workload ``name`` before configuring a baseline: μ_SLO, and one replica fed
     Poisson arrivals at μ_SLO from the workload's mix (seed 0, as a profiler does) for its mean latency, so
     Little's law gives the in-flight count per replica at capacity, and its P90 TTFT and TPOT; the mean tokens
-    per request; the replica's vLLM limits. Measured once per scenario and process."""
-    capacity, demand, _ = cell(name, PROFILE_COLD_START, params, slo, trace)
-    req = scenario_of(name, params, slo, trace).requests
+    per request; the replica's vLLM limits. Measured once per scenario and process. It reads the workload's request
+    mix and μ_SLO, never its arrival times: ``mean_replicas`` is left unknown (``tune.training_profile`` sets it
+    from the training trace, the only place a static fleet is sized)."""
+    scn = scenario_of(name, params, slo, trace)
+    capacity, req = float(scn.info["mu_slo"]), scn.requests
     rng = np.random.default_rng(0)
     arrival = np.cumsum(rng.exponential(1.0 / capacity, size=int(capacity * PROFILE_SECONDS)))
     probe = Scenario(f"{name}-profile", req.take(rng.integers(0, len(req), arrival.size), arrival), PROFILE_SECONDS)
@@ -202,7 +205,7 @@ def profile_of(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile 
         osl=float(np.mean(req.output_tokens)),
         max_num_seqs=params.max_num_seqs,
         kv_capacity_tokens=float(params.kv_capacity_tokens),
-        mean_replicas=float(np.mean(demand)),
+        mean_replicas=math.nan,
         p90_ttft=float(np.percentile(one.ttft[steady], 90)),
         p90_tpot=float(np.percentile(one.itl[steady & (one.itl > 0)], 90)),  # one-token outputs have no TPOT
     )
@@ -349,12 +352,13 @@ class Spread:
 
 
 def summarize(rows: Sequence[Row]) -> Row:
-    """One row for the seeds of a (scenario, cold start, policy): the mean of each metric (recovery: the worst),
-    the seeds in ``note``."""
-    first = rows[0]
-    mean: dict[str, Any] = {f: Spread.of([getattr(r, f) for r in rows]).mean for f in _METRICS}
-    mean["recover_seconds"] = Spread.of([r.recover_seconds for r in rows]).high
-    return replace(first, **mean, failed="; ".join(r.failed for r in rows if r.failed))
+    """One row for the seeds of a (scenario, cold start, policy): the mean of each metric over the seeds that did not
+    fail (recovery: the worst); failed only when every seed did."""
+    good = [r for r in rows if not r.failed] or list(rows)
+    mean: dict[str, Any] = {f: Spread.of([getattr(r, f) for r in good]).mean for f in _METRICS}
+    mean["recover_seconds"] = Spread.of([r.recover_seconds for r in good]).high
+    failed = "" if len(good) < len(rows) or not rows[0].failed else "; ".join(r.failed for r in rows)
+    return replace(good[0], **mean, failed=failed)
 
 
 _METRICS = ("attainment", "spike_attainment", "over_share", "gpu_hours", "oracle_ratio", "actions_per_hour",

@@ -53,7 +53,7 @@ from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile
 
 LOOKBACKS = (0, 1, 2, 4, 8, 16, 32)  # up to half the hour: the peak a fleet that rarely scales down holds
 ORDERS = (1, 2, 4, 8)  # inputs of the forecast: from the last need known up to the last 8 windows
-ROWS_PER_COEFFICIENT = 4  # windows a forecast's fit needs per coefficient (an hour has 57 scored ones: p = 8 fits)
+ROWS_PER_COEFFICIENT = 4  # windows a forecast's fit needs per coefficient (an hour has 57 from the warm-up: p = 8 fits)
 RAISE = 1.05  # the headroom's step when a replay still misses a window
 RAISES = 8
 LOWEST = 0.5  # the bisection's floor for the headroom

@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,9 @@ RELATIVE = (
 
 def training_profile() -> Profile:
     """The profile of the first training trace: where a static fleet's sweep starts."""
-    return autoscale.profile_of(TRAIN[0], H200_QWEN25VL7B, REFERENCE_SLO)
+    profile = autoscale.profile_of(TRAIN[0], H200_QWEN25VL7B, REFERENCE_SLO)
+    _, demand, _ = autoscale.cell(TRAIN[0], COLD_START, H200_QWEN25VL7B, REFERENCE_SLO)
+    return replace(profile, mean_replicas=float(np.mean(demand)))
 
 
 def configured(family: str, setting: Setting) -> Profiled:
@@ -172,6 +174,9 @@ def tune(
     old: dict[str, Any] = json.loads(path.read_text()) if path.exists() and set(families) != set(FAMILIES) else {}
     if old and (old["scenarios"] != list(scenarios) or old["seeds"] != list(seeds)):
         raise ValueError(f"{path} was tuned on {old['scenarios']}, seeds {old['seeds']}: sweep every family to change")
+    if old and old.get("scored_from") != autoscale.SCORED_FROM:
+        raise ValueError(f"{path} was scored from {old.get('scored_from', autoscale.WARMUP)} s, this benchmark scores "
+                         f"from {autoscale.SCORED_FROM:g} s: sweep every family to change")  # fmt: skip
     commands = {**{f: old.get("commands", {}).get(f, old["command"]) for f in old.get("picked", {})},
                 **dict.fromkeys(trials, command)}  # fmt: skip
     picked = {**old.get("picked", {}), **{f: pick(t).setting for f, t in trials.items()}}
@@ -184,6 +189,7 @@ def tune(
         "scenarios": list(scenarios),
         "seeds": list(seeds),
         "cold_start": COLD_START,
+        "scored_from": autoscale.SCORED_FROM,
         "profile": asdict(profile),
         "picked": {f: picked[f] for f in FAMILIES if f in picked},
         "sweeps": {f: sweeps[f] for f in FAMILIES if f in sweeps},

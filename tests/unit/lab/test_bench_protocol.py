@@ -131,3 +131,19 @@ def test_a_failed_row_is_labelled_and_no_baseline_wins_with_it() -> None:
 def test_verdicts_skip_a_cell_run_without_the_shipped_row() -> None:
     assert autoscale.verdicts([row("hpa", 2.0), row("keda", 1.0)]) == []
     assert len(autoscale.verdicts([row("hpa", 2.0), row("mmfleet", 1.0)])) == 1
+
+
+def test_a_seed_that_failed_neither_hides_a_baseline_nor_counts_in_its_means() -> None:
+    good = [replace(row("hpa", 2.0, seed=s), gpu_hours=1.5, attainment=0.99) for s in range(4)]
+    inert = replace(row("hpa", 0.0, seed=4), gpu_hours=9.0, attainment=0.5, failed="hpa never scaled")
+    summary = autoscale.summarize([*good, inert])
+    assert (summary.gpu_hours, summary.attainment, summary.failed) == (1.5, 0.99, "")
+    ours = replace(row("mmfleet", 2.0), gpu_hours=2.0, attainment=0.95)
+    assert autoscale.dominated_by(ours, [summary]) == ["hpa"]
+    assert autoscale.summarize([inert]).failed == "hpa never scaled"
+
+
+def test_the_shipped_rows_never_scaling_is_a_result_not_a_failure() -> None:
+    varying = np.array([18, 20, 44, 21])
+    assert autoscale.inert(row("mmfleet", 0.0), varying) == ""
+    assert autoscale.inert(row("mmfleet-profiled", 0.0), varying) == ""

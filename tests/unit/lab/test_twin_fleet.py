@@ -40,6 +40,17 @@ def test_cold_start_delays_readiness_and_is_billed() -> None:
     assert res.starting_gpu_seconds == pytest.approx(2 * (30 + 30))
 
 
+def test_gpu_seconds_from_a_time_bill_only_what_is_held_after_it() -> None:
+    """What the benchmark scores from its offset: holds spanning the time are cut there, pods still held at the end
+    are billed to it, a pod released before it costs nothing, and every GPU of a replica counts."""
+    res = run(steady(2.0, 100.0), Script([(10.0, 3), (20.0, 2)]), 100.0, initial_replicas=1, gpus_per_replica=2)
+    assert res.gpu_seconds_from(0.0) == pytest.approx(res.gpu_seconds)
+    # one pod 0..100 and one 10..100 held to the end; the third, ordered at 10, released while starting at 20
+    assert res.gpu_seconds_from(50.0) == pytest.approx(2 * (50 + 50))
+    assert res.gpu_seconds_from(15.0) == pytest.approx(2 * (85 + 85 + 5))
+    assert res.gpu_seconds_from(100.0) == 0.0
+
+
 def test_deleting_a_starting_pod_frees_it_at_once() -> None:
     res = run(steady(1.0, 60.0), Script([(10.0, 2), (20.0, 1)]), 60.0, initial_replicas=1)
     assert res.gpu_seconds == pytest.approx(60 + 10)
