@@ -147,3 +147,13 @@ def test_the_shipped_rows_never_scaling_is_a_result_not_a_failure() -> None:
     varying = np.array([18, 20, 44, 21])
     assert autoscale.inert(row("mmfleet", 0.0), varying) == ""
     assert autoscale.inert(row("mmfleet-profiled", 0.0), varying) == ""
+
+
+def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() -> None:
+    def spiky(policy: str, minutes: float, hours: float) -> autoscale.Row:
+        return replace(row(policy, 2.0, scenario="spike-x4@azure-code"), violation_minutes=minutes, gpu_hours=hours)
+
+    rows = [spiky("mmfleet", 2.0, 11.0), spiky("hpa", 8.0, 9.0), spiky("llmd-keda", 4.0, 10.0),
+            replace(spiky("keda", 0.0, 5.0), failed="keda never scaled")]  # fmt: skip
+    (line,) = autoscale.verdicts(rows)
+    assert "violation-minutes 2.0 vs llmd-keda's 4.0 (the fewest of any baseline; 0.50×) at 1.10× its GPU-h" in line
