@@ -21,6 +21,8 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
   medians and P90s at 2-10 req/s, e2e medians and P90s at all six rates). The per-sequence term is
   whatever grows with the batch in the real server and not in the kernel table (host work per
   request, paged attention over mixed lengths); the data cannot tell which.
+  ``calibrate.py`` refits them on part of the data and holds out the rest (and the image runs): the
+  refit fails held out at 20 req/s and is not applied; with images the twin is too fast (docs/twin.md).
 - **Assumed**: the CPU image preprocessing per image (``IMAGE_PREPROCESS_S``, off the GPU: it delays
   a request without occupying the replica) and the activation reserve; nothing we have measured them.
 - **Derived**, not measured: the H100 profile (``H100_QWEN25VL7B``), scaled from the H200 fit by

@@ -1,0 +1,62 @@
+"""The twin against the real vLLM 0.33.0 server on data its overheads were not fitted on (issue 25).
+
+The split is ``mmfleet_lab.twin.calibrate``'s, fixed before any result was looked at. Each held-out phase
+below saturation must have real / twin e2e P50 and P90 within 0.9-1.1 with the shipped parameters. The image
+phases do not (the twin is 1.13-2.3x too fast with images under load: ``docs/twin.md``), so they are strict
+expected failures: the day they pass, the mark must go.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from mmfleet_lab.twin import H200_QWEN25VL7B as P
+from mmfleet_lab.twin import ReplicaParams
+from mmfleet_lab.twin.calibrate import Phase, e2e_ratios, fit, held_out
+from tests.helpers.repo import DATA
+
+BAND = (0.9, 1.1)
+IMAGES_TOO_FAST = pytest.mark.xfail(
+    strict=True, reason="no image mechanism in the twin explains the real server's slower steps (docs/twin.md)"
+)
+
+
+@functools.cache
+def phases() -> dict[str, Phase]:
+    return {p.name: p for p in held_out(DATA)}
+
+
+@functools.cache
+def fitted() -> ReplicaParams:
+    return fit(P, DATA)
+
+
+def within(params: ReplicaParams, phase: Phase) -> bool:
+    return all(BAND[0] <= r <= BAND[1] for r in e2e_ratios(params, phase))
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=IMAGES_TOO_FAST) if n.startswith("image") else n for n in phases()]
+)
+def test_held_out_e2e_within_band(name: str) -> None:
+    p50, p90 = e2e_ratios(P, phases()[name])
+    print(f"{name}: real / twin e2e P50 {p50:.2f}, P90 {p90:.2f}")
+    assert BAND[0] <= p50 <= BAND[1] and BAND[0] <= p90 <= BAND[1], (p50, p90)
+
+
+def test_fitted_overheads_are_shipped_only_if_they_pass_held_out() -> None:
+    """The fit on the fit part is reproducible, and replaces the shipped overheads only if it passes held
+    out on the phases the twin can model (text and batch 1); it does not at 20 req/s (docs/twin.md)."""
+    f = fitted()
+    print(f"fitted: host_ms_base {f.host_ms_base}, host_ms_per_seq {f.host_ms_per_seq}, "
+          f"request_overhead_s {f.request_overhead_s}")  # fmt: skip
+    assert (f.host_ms_base, f.host_ms_per_seq, f.request_overhead_s) == pytest.approx((0.171, 0.0225, 0.0525))
+    passes = all(within(f, p) for name, p in phases().items() if not name.startswith("image"))
+    shipped = (P.host_ms_base, P.host_ms_per_seq, P.request_overhead_s) == (
+        f.host_ms_base,
+        f.host_ms_per_seq,
+        f.request_overhead_s,
+    )
+    assert passes == shipped
