@@ -70,9 +70,11 @@ lab-unit: install
 
 fast: lint typecheck unit lab-unit
 
-## The local control plane's tiers: the binaries are built first (minutes, once), then integration and end-to-end.
+## The local control plane's tiers: the binaries are built first (minutes, once), then integration and end-to-end, and
+## again the tests of the fast tier that need a tool it may lack (helm, kubectl, promtool, Lua): here a missing tool fails.
+TOOL_TESTS := tests/contract tests/unit/lab/test_localcluster_prometheus.py
 integration: system-deps test-binaries
-	$(BIN)/pytest -q tests/integration tests/e2e
+	MMFLEET_REQUIRE_TOOLS=1 $(BIN)/pytest -q $(TOOL_TESTS) tests/integration tests/e2e
 
 ## Every test: the fast checks first, so a failure there stops before any build; then the cluster's tiers.
 test:

@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
 from mmfleet.autoscaler.metrics import FLEET_LABELS
 from tests.helpers.metrics import exported_series
 from tests.helpers.repo import ROOT
+from tests.helpers.tools import missing
 
 ALERTS = ROOT / "charts" / "mmfleet" / "files" / "alerts.yaml"
 ALERT_TESTS = ROOT / "tests" / "data" / "alerts_test.yaml"
 
 
 def promtool() -> str:
-    """Debian's prometheus package ships promtool (make system-deps installs it); CI fails without it."""
+    """Debian's prometheus package ships promtool (make system-deps installs it)."""
     found = shutil.which("promtool")
     if found is None:
-        message = "promtool is not installed (apt-get install prometheus; make system-deps does)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("promtool is not installed (apt-get install prometheus; make system-deps does)")
     return found
 
 

@@ -29,6 +29,7 @@ from mmfleet_lab.twin.spans import kubelet_env
 from tests.helpers.manifests import BASE, CHART, OVERLAYS, Obj, is_collector, kustomize, strip_template
 from tests.helpers.operator_state import environment_config, served_in
 from tests.helpers.repo import K8S_VERSION, ROOT, VERSION
+from tests.helpers.tools import missing
 
 ARGOCD = ROOT / "manifests/argocd"
 CRD_FILE = ROOT / "crds/multimodalinferences.mmfleet.io.yaml"
@@ -406,10 +407,10 @@ HEALTH_CASES: list[tuple[str, Obj, str]] = [
 
 @pytest.mark.parametrize(("case", "obj", "expected"), HEALTH_CASES, ids=[c[0] for c in HEALTH_CASES])
 def test_argocd_health_check_outcomes(case: str, obj: Obj, expected: str) -> None:
-    """Runs health.lua the way Argo CD does (global `obj`, the returned table), if a Lua 5.x is installed."""
+    """Runs health.lua the way Argo CD does (global `obj`, the returned table), with Lua 5.1 as Argo CD's gopher-lua."""
     lua = next((found for name in ("lua5.1", "luajit", "lua") if (found := shutil.which(name))), None)
     if lua is None:
-        pytest.skip("no Lua interpreter (apt-get install lua5.1) to run manifests/argocd/health.lua")
+        missing("no Lua interpreter (apt-get install lua5.1; make system-deps does) to run manifests/argocd/health.lua")
     script = (ARGOCD / "health.lua").read_text()
     # Argo CD sets the global `obj` and takes the table the chunk returns.
     program = "\n".join(

@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from mmfleet_lab.cluster.build import binaries_at, cache_root
 from tests.helpers.repo import ROOT
+from tests.helpers.tools import missing
 
 BASE = ROOT / "manifests/base"
 OVERLAYS = ["eks", "aks", "ack"]
@@ -26,7 +26,7 @@ def kubectl() -> str:
         return str(cached)
     found = shutil.which("kubectl")
     if found is None:
-        pytest.skip(f"no kubectl: neither {cached} (make binaries) nor one on PATH")
+        missing(f"no kubectl: neither {cached} (make binaries) nor one on PATH")
     return found
 
 

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.helpers.tools import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"  # measurements and traces the tests read
@@ -38,13 +39,10 @@ WATCH_ONE_NAMESPACE = ("--set-json", 'watchNamespaces=["ml"]')
 
 
 def helm_binary() -> Path:
-    """The lab's helm (``make binaries`` builds it): missing, a test skips, and fails under CI=true (CI builds it)."""
+    """The lab's helm (``make binaries`` builds it); missing, ``tests.helpers.tools.missing`` decides."""
     from mmfleet_lab.cluster.build import helm_path
 
     helm = helm_path()
     if not os.access(helm, os.X_OK):
-        message = f"helm is not built at {helm} (make binaries builds it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"helm is not built at {helm} (make binaries builds it)")
     return helm

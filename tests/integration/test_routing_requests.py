@@ -40,16 +40,17 @@ from mmfleet_lab.cluster.netns import Network, isolated_network, socket_in
 from tests.helpers.chart import has_default_sa
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.tools import REQUIRED
 from tests.helpers.wait import wait_for
 
 # Network namespaces need root (and iproute2's ip: make system-deps). A developer who is not root skips this module
-# before the cluster starts; under CI (which runs as root) nothing skips: _require_netns fails instead, loudly.
+# before the cluster starts; under make integration (MMFLEET_REQUIRE_TOOLS=1) nothing skips, _require_netns fails.
 AS_ROOT = os.geteuid() == 0
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
-        not AS_ROOT and not os.environ.get("CI"),
-        reason="needs root for network namespaces (ip netns, setns), as CI runs it; with CI set it fails instead",
+        not AS_ROOT and not REQUIRED,
+        reason="needs root for network namespaces (ip netns, setns); under make integration it fails instead",
     ),
 ]
 

@@ -15,6 +15,7 @@ from mmfleet.validation import parse
 from mmfleet_lab.cluster import prometheus
 from mmfleet_lab.cluster.prometheus import Target
 from tests.helpers.repo import spec_doc
+from tests.helpers.tools import missing
 
 
 @pytest.mark.parametrize(
@@ -45,8 +46,9 @@ def test_config_scrapes_the_file_sd_targets_at_the_interval(tmp_path: Path) -> N
     assert prometheus.config("1m30s", tmp_path)["global"]["evaluation_interval"] == "90s"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool comes with Debian's prometheus package")
 def test_promtool_accepts_the_config(tmp_path: Path) -> None:
+    if shutil.which("promtool") is None:
+        missing("promtool is not installed (apt-get install prometheus; make system-deps does)")
     prometheus.prepare(tmp_path, "5s")
     prometheus.write_targets(prometheus.targets_dir(tmp_path) / "twin.json", [Target("127.0.0.1:1", "ns", "p", "f")])
     prometheus.write_operator_target(tmp_path, "127.0.0.1:2")
