@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from typing import Any
 
@@ -45,3 +46,15 @@ def test_the_lab_extra_and_make_install_bring_the_lab_from_this_checkout() -> No
     assert operator["project"]["optional-dependencies"]["lab"] == ["mmfleet-lab"]
     makefile = (ROOT / "Makefile").read_text()
     assert '-e ".[lab,dev]" -e ./lab' in makefile  # one pip command: mmfleet-lab is taken from lab/, not an index
+
+
+def test_the_operator_uses_only_kopfs_public_api() -> None:
+    """kopf is pinned to a minor version, but its underscored modules may change within one: the operator imports
+    none (a private import it once had is now an aiohttp middleware, ``handlers.connection.KindGone``)."""
+    private = []
+    for path in sorted((ROOT / "operator/mmfleet").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            private += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("kopf._")]
+    assert private == []

@@ -3,7 +3,8 @@
 ``triggers``: when a fleet is reconciled (the work queue, its workers and every trigger). ``reconcile``: the one
 reconcile. ``children``: kopf's indexes and how a child's change is judged. ``discovery``: the cloud, the CRDs and
 collector Services, cached. ``autoscale``: the autoscaling loop and its liveness probe. ``connection``: kopf's login,
-its requests (not its watches) bounded. ``settings``: kopf's settings and cleanup. ``records``: what they keep.
+its requests (not its watches) bounded, a kind no longer served waited out. ``settings``: kopf's settings and cleanup.
+``records``: what they keep.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from mmfleet.handlers.records import MEMO_KEY, Operator
 def register(registry: kopf.OperatorRegistry) -> None:
     """Every handler of the operator, in ``registry``; nothing registers itself on import."""
     settings.quiet_optional_kinds()
-    settings.survive_removed_kinds()
     on = kopf.on
     on.login(registry=registry)(connection.login)
     on.startup(registry=registry)(settings.configure_operator)

@@ -13,6 +13,12 @@ created later adds eight (fleets and their seven child kinds). A pool bound size
 namespaces counted the pattern as one namespace: from the fifth matching namespace on, the streams held
 every connection and the new namespace's lists timed out waiting for one, so its fleets were never
 reconciled.
+
+A kind no longer served (its CRD deleted under the running operator): kopf reconnects a closed watch at once, and when
+that is before its CRD observer has seen the deletion, the list or watch meets a plain ``404 page not found``, which
+kopf 1.45.2 raises out of every watcher (``kopf/_cogs/clients/watching.py``: ``infinite_watch`` tolerates only 429),
+and the whole operator exits (CI, 2026-12-03: the PodMonitor CRD deleted under a running operator). ``KindGone`` asks
+again instead, until kopf's observer stops the watcher of a kind it no longer serves.
 """
 
 from __future__ import annotations
@@ -23,8 +29,39 @@ from typing import Any
 import aiohttp
 import kopf
 
+from mmfleet.handlers.records import log
+
 # Requests (lists, patches, events) that may hold a connection at once, beside the open watch streams.
 REQUEST_CONNECTIONS = 24
+# How long a list or watch of a kind found no longer served waits before it asks again; kopf stops it within moments.
+GONE_KIND_RETRY_SECONDS = 1.0
+
+
+class KindGone:
+    """An aiohttp client middleware: a list or watch answered by no route at all (a plain-text ``404 page not found``,
+    not a JSON Status: the kind is not served) is asked again every ``GONE_KIND_RETRY_SECONDS`` rather than answered,
+    so kopf's watcher waits, to be cancelled by its observer or served by a CRD installed again, instead of raising.
+    Discovery (``/apis/<group>/<version>``) is answered as it was: kopf's observer learns from its 404 that the kind
+    is gone."""
+
+    async def __call__(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        waited = False
+        while True:
+            response = await handler(request)
+            if (
+                request.method != "GET"
+                or response.status != 404
+                or response.content_type == "application/json"
+                or not _collection(request.url.path)
+            ):
+                return response
+            response.release()
+            if not waited:
+                log.info("%s is no longer served; its watch waits for kopf to stop it", request.url.path)
+                waited = True
+            await asyncio.sleep(GONE_KIND_RETRY_SECONDS)
 
 
 class RequestBound:
@@ -45,6 +82,13 @@ class RequestBound:
             return response
 
 
+def _collection(path: str) -> bool:
+    """A path of a kind's objects (``/api/v1/pods``, ``/apis/<group>/<version>/namespaces/<ns>/<plural>``), not of
+    discovery (``/api/v1``, ``/apis/<group>/<version>``)."""
+    parts = path.strip("/").split("/")
+    return len(parts) >= {"api": 3, "apis": 4}.get(parts[0], len(parts) + 1)
+
+
 async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
     """kopf's default login (in-cluster, else kubeconfig), through a session with bounded requests."""
     info = await asyncio.to_thread(kopf.login_via_client, **kwargs)
@@ -53,7 +97,7 @@ async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
         headers=info.as_http_headers(),
-        middlewares=(RequestBound(REQUEST_CONNECTIONS),),
+        middlewares=(KindGone(), RequestBound(REQUEST_CONNECTIONS)),
     )
     return kopf.AiohttpSession(
         server=info.server,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
-from kopf._cogs.clients import errors, watching
 
 from mmfleet import telemetry
 from mmfleet.handlers.children import OPTIONAL_KINDS
@@ -55,35 +53,6 @@ def quiet_optional_kinds() -> None:
     observer = logging.getLogger("kopf._core.reactor.observation")
     if not any(isinstance(f, OptionalKindUnresolved) for f in observer.filters):
         observer.addFilter(OptionalKindUnresolved())
-
-
-# How long a watch of a kind found no longer served waits before it asks again; kopf stops it within moments.
-GONE_KIND_RETRY_SECONDS = 1.0
-
-
-async def _watch_until_gone(**kwargs: Any) -> AsyncIterator[Any]:
-    """kopf's ``continuous_watch``, but a kind no longer served ends the stream instead of the operator.
-
-    Deleting a CRD closes its watches, and kopf reconnects at once: when that is before its CRD observer has seen
-    the deletion, the reconnect meets a plain ``404 page not found``, which kopf 1.45.2 raises out of every watcher
-    (``kopf/_cogs/clients/watching.py``, ``infinite_watch`` tolerates only 429), and the whole operator exits
-    (CI, 2026-12-03: the PodMonitor CRD deleted under a running operator). Ending the stream sends kopf back to
-    ``infinite_watch``'s loop, until its observer stops the watcher of a kind it no longer serves.
-    """
-    try:
-        async for event in KOPF_CONTINUOUS_WATCH(**kwargs):
-            yield event
-    except errors.APINotFoundError:
-        log.info("%s is no longer served; its watch waits for kopf to stop it", kwargs["resource"])
-        await asyncio.sleep(GONE_KIND_RETRY_SECONDS)
-
-
-KOPF_CONTINUOUS_WATCH = watching.continuous_watch
-
-
-def survive_removed_kinds() -> None:
-    """Installs ``_watch_until_gone`` in kopf's watch loop, once."""
-    watching.continuous_watch = _watch_until_gone
 
 
 def configure_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:

@@ -1,28 +1,30 @@
 """A CRD deleted under the running operator: kopf's own watch loop, against a server that no longer serves the kind
 (a plain ``404 page not found``, as kube-apiserver answers once a CRD is gone), keeps the operator up until kopf's
-observer stops the watch, where kopf 1.45.2 alone raises out of every watcher and the operator exits."""
+observer stops the watch, where kopf 1.45.2 alone raises out of every watcher and the operator exits. kopf's private
+modules are imported here only to drive its real watch loop; the operator uses none."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 
+import aiohttp
 import kopf
 import pytest
 from aiohttp import web
 from kopf._cogs.clients import auth, errors, watching
 from kopf._cogs.structs import credentials, references
 
-from mmfleet.handlers import settings
+from mmfleet.handlers import connection
 from tests.helpers.aiohttp_server import served
 
 PODMONITORS = references.Resource("monitoring.coreos.com", "v1", "podmonitors", namespaced=True)
 
 
-async def _watch_for(seconds: float, install: Callable[[], None]) -> tuple[list[object], int]:
-    """kopf's ``infinite_watch`` of PodMonitors for ``seconds`` against a server where the kind is gone: the events it
-    yielded and the requests the server answered."""
+async def _watch_for(seconds: float, middlewares: tuple[aiohttp.ClientMiddlewareType, ...]) -> tuple[list[object], int]:
+    """kopf's ``infinite_watch`` of PodMonitors for ``seconds`` through a session with ``middlewares``, against a server
+    where the kind is gone: the events it yielded and the requests the server answered."""
     asked = []
 
     async def gone(request: web.Request) -> web.Response:
@@ -30,11 +32,10 @@ async def _watch_for(seconds: float, install: Callable[[], None]) -> tuple[list[
         return web.Response(status=404, text="404 page not found")
 
     seen: list[object] = []
-    async with served(gone) as url:
+    async with served(gone) as url, aiohttp.ClientSession(middlewares=middlewares) as session:
         vault = credentials.Vault()
-        await vault.populate({"test": credentials.ConnectionInfo(server=url)})
+        await vault.populate({"test": kopf.AiohttpSession(server=url, aiohttp_session=session)})
         auth.vault_var.set(vault)
-        install()
 
         async def consume() -> None:
             stream: AsyncIterator[object] = watching.infinite_watch(
@@ -48,22 +49,49 @@ async def _watch_for(seconds: float, install: Callable[[], None]) -> tuple[list[
     return seen, len(asked)
 
 
-@pytest.fixture
-def kopf_watch() -> Iterator[None]:
-    """kopf's own ``continuous_watch`` for the test (``handlers.register`` in another test installs ours for good)."""
-    installed = watching.continuous_watch
-    watching.continuous_watch = settings.KOPF_CONTINUOUS_WATCH
-    yield
-    watching.continuous_watch = installed
-
-
-def test_a_kind_gone_ends_kopfs_watch_quietly_and_it_asks_again(kopf_watch: None) -> None:
-    seen, asked = asyncio.run(_watch_for(2.5, settings.survive_removed_kinds))  # no raise: kopf's loop runs on
+def test_a_kind_gone_keeps_kopfs_watch_waiting_and_asking_again() -> None:
+    middlewares = (connection.KindGone(), connection.RequestBound(connection.REQUEST_CONNECTIONS))
+    seen, asked = asyncio.run(_watch_for(2.5, middlewares))  # no raise: the watcher waits to be stopped
     assert seen == []
     assert 2 <= asked <= 4  # once a second (GONE_KIND_RETRY_SECONDS), not kopf's 0.1 s reconnect loop
 
 
-def test_without_it_kopf_raises_out_of_the_watcher(kopf_watch: None) -> None:
+def test_a_json_not_found_is_answered() -> None:
+    """Only no route at all is waited out: a Status 404 (an object, not a kind, missing) reaches kopf as it was."""
+
+    async def missing(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+
+    async def read() -> int:
+        async with (
+            served(missing) as url,
+            aiohttp.ClientSession(middlewares=(connection.KindGone(),)) as session,
+            session.get(f"{url}/api/v1/namespaces/x/pods/y") as response,
+        ):
+            return response.status
+
+    assert asyncio.run(asyncio.wait_for(read(), 5)) == 404
+
+
+@pytest.mark.parametrize("path", ["/apis/monitoring.coreos.com/v1", "/api/v1", "/apis"])
+def test_discovery_of_a_gone_group_is_answered(path: str) -> None:
+    """kopf's observer learns that a kind is gone from the 404 of its group's discovery: that one must reach it."""
+
+    async def gone(request: web.Request) -> web.Response:
+        return web.Response(status=404, text="404 page not found")
+
+    async def read() -> int:
+        async with (
+            served(gone) as url,
+            aiohttp.ClientSession(middlewares=(connection.KindGone(),)) as session,
+            session.get(f"{url}{path}") as response,
+        ):
+            return response.status
+
+    assert asyncio.run(asyncio.wait_for(read(), 5)) == 404
+
+
+def test_without_it_kopf_raises_out_of_the_watcher() -> None:
     """What the operator died of: the 404 escapes ``infinite_watch`` (this notices a kopf that fixed it)."""
     with pytest.raises(errors.APINotFoundError):
-        asyncio.run(_watch_for(2.5, lambda: None))
+        asyncio.run(_watch_for(2.5, ()))
