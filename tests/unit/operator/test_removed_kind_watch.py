@@ -56,39 +56,32 @@ def test_a_kind_gone_keeps_kopfs_watch_waiting_and_asking_again() -> None:
     assert 2 <= asked <= 4  # once a second (GONE_KIND_RETRY_SECONDS), not kopf's 0.1 s reconnect loop
 
 
+async def _status_through_kind_gone(path: str, answer: web.Response) -> int:
+    """The status a GET of ``path`` gets through ``KindGone`` from a server that always gives ``answer``."""
+
+    async def serve(request: web.Request) -> web.Response:
+        return answer
+
+    async with (
+        served(serve) as url,
+        aiohttp.ClientSession(middlewares=(connection.KindGone(),)) as session,
+        session.get(f"{url}{path}") as response,
+    ):
+        return response.status
+
+
 def test_a_json_not_found_is_answered() -> None:
     """Only no route at all is waited out: a Status 404 (an object, not a kind, missing) reaches kopf as it was."""
-
-    async def missing(request: web.Request) -> web.Response:
-        return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
-
-    async def read() -> int:
-        async with (
-            served(missing) as url,
-            aiohttp.ClientSession(middlewares=(connection.KindGone(),)) as session,
-            session.get(f"{url}/api/v1/namespaces/x/pods/y") as response,
-        ):
-            return response.status
-
-    assert asyncio.run(asyncio.wait_for(read(), 5)) == 404
+    missing = web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+    read = _status_through_kind_gone("/api/v1/namespaces/x/pods/y", missing)
+    assert asyncio.run(asyncio.wait_for(read, 5)) == 404
 
 
 @pytest.mark.parametrize("path", ["/apis/monitoring.coreos.com/v1", "/api/v1", "/apis"])
 def test_discovery_of_a_gone_group_is_answered(path: str) -> None:
     """kopf's observer learns that a kind is gone from the 404 of its group's discovery: that one must reach it."""
-
-    async def gone(request: web.Request) -> web.Response:
-        return web.Response(status=404, text="404 page not found")
-
-    async def read() -> int:
-        async with (
-            served(gone) as url,
-            aiohttp.ClientSession(middlewares=(connection.KindGone(),)) as session,
-            session.get(f"{url}{path}") as response,
-        ):
-            return response.status
-
-    assert asyncio.run(asyncio.wait_for(read(), 5)) == 404
+    read = _status_through_kind_gone(path, web.Response(status=404, text="404 page not found"))
+    assert asyncio.run(asyncio.wait_for(read, 5)) == 404
 
 
 def test_without_it_kopf_raises_out_of_the_watcher() -> None:
