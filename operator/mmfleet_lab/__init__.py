@@ -12,4 +12,6 @@ from importlib.util import find_spec
 _NEEDS = ("numpy", "numba", "matplotlib", "cryptography")
 _MISSING = [name for name in _NEEDS if find_spec(name) is None]
 if _MISSING:
-    raise ImportError(f"the lab needs {', '.join(_MISSING)}: pip install 'mmfleet[lab]'")
+    raise ImportError(
+        f"the lab needs {', '.join(_MISSING)}: from a checkout, pip install -e '.[lab]' -e ./lab (make install does)"
+    )

@@ -53,12 +53,12 @@ MAX_LATENCY = 86400.0  # s: histogram_quantile answers at most the highest finit
 MAX_RATE_PER_POD = 10_000.0  # finished requests/s
 MAX_IN_FLIGHT_PER_POD = 100_000.0  # waiting, and running, requests
 # A sample whose requests in flight or request rate per Ready pod is more than this many times the most the fleet has
-# shown is held until the next sample confirms it. On the benchmark's training cells the largest such rise within one
-# 15 s cycle was 5.9x, at the onset of an x8 step (docs/autoscaling.md, Design notes).
+# shown is held until the next sample confirms it, above the largest rise a real step brings within one cycle
+# (docs/autoscaling.md, Design notes).
 OUTLIER_RATIO = 10.0
 # What a fleet that has shown less is judged against, per Ready pod, so that its first traffic is not suspect: a full
-# running batch at vLLM's default max_num_seqs, and ten requests a second (the benchmark's replica serves 17 within
-# its SLO).
+# running batch at vLLM's default max_num_seqs, and ten requests a second, below what one replica serves within its
+# SLO (docs/autoscaling.md, Design notes).
 SHOWN_IN_FLIGHT_FLOOR = 256.0
 SHOWN_RATE_FLOOR = 10.0  # req/s
 # A pod Ready for less than this may not have been scraped yet (Prometheus' default scrape interval is 1m), so it is

@@ -47,7 +47,8 @@ AWS_REGION_PLACEHOLDER = "SET-ME your AWS region, e.g. us-west-2 (docs/tracing.m
 OTLP_GRPC_PORT = 4317
 OTLP_HTTP_PORT = 4318
 HEALTH_PORT = 13133
-# The label every fleet's pods carry (DESIGN.md, Labels); copied onto each span's resource.
+# The label every fleet's pods carry (render.INFERENCE_LABEL, which this layer may not import); copied onto each
+# span's resource.
 INFERENCE_LABEL = "mmfleet.io/inference"
 
 AckBackend = Literal["arms", "sls"]

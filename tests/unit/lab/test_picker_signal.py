@@ -17,7 +17,7 @@ from mmfleet_lab.twin.engine import Workload
 from mmfleet_lab.twin.observe import LAYOUT, TTFT_BUCKETS, MetricView
 from mmfleet_lab.twin.picker import router
 from mmfleet_lab.twin.shipped import fleet, signals
-from tests.unit.lab.test_twin_prefix import conversation
+from tests.helpers.twin_checks import conversation
 
 P = H200_QWEN25VL7B
 SLO = SloSpec(metric="ttft", target="2s")

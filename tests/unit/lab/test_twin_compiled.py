@@ -8,7 +8,6 @@ printed, not asserted.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 
@@ -17,16 +16,14 @@ import pytest
 
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate, traffic
 from mmfleet_lab.twin.compiled import CompiledEngine
-from mmfleet_lab.twin.engine import LEAST_OUTSTANDING, Engine, Router, Workload
-from mmfleet_lab.twin.observe import HISTOGRAMS
-from mmfleet_lab.twin.replica import GIB, ReplicaParams
+from mmfleet_lab.twin.engine import Workload
+from mmfleet_lab.twin.replica import GIB
 from tests.helpers.repo import DATA
 from tests.helpers.twin import SLO, Script, steady
+from tests.helpers.twin_checks import RTOL, assert_same_counters, assert_same_outcomes, lockstep
 from tests.helpers.twin_reference import FineEngine, ReplicaEngine
 
 P = H200_QWEN25VL7B
-RTOL = 1e-9
-HIST_SUMS = [off + len(bounds) + 1 for off, bounds in HISTOGRAMS.values()]
 
 
 def workload(factor: float, seconds: float = 150.0, seed: int = 1) -> Requests:
@@ -35,49 +32,6 @@ def workload(factor: float, seconds: float = 150.0, seed: int = 1) -> Requests:
     req = traffic.load_azure(DATA / "azure2023_AzureLLMInferenceTrace_conv.csv").window(0.0, seconds)
     stats = traffic.load_token_stats(DATA / "servegen_client_token_stats_6h.csv")
     return traffic.scale_rate(traffic.add_images(req, stats, rng), factor, seconds, rng)
-
-
-def assert_same_outcomes(fine: Engine, comp: Engine) -> None:
-    for metric in ("e2e", "ttft", "itl"):
-        a, b = getattr(fine.outcomes, metric), getattr(comp.outcomes, metric)
-        assert np.array_equal(np.isfinite(a), np.isfinite(b)), metric
-        ok = np.isfinite(a)
-        np.testing.assert_allclose(b[ok], a[ok], rtol=RTOL, atol=0, err_msg=metric)
-
-
-def assert_same_counters(a: np.ndarray, b: np.ndarray) -> None:
-    """Bucket counts and token/request counters exactly; histogram ``_sum``s to RTOL."""
-    sums = np.zeros(a.shape[-1], dtype=bool)
-    sums[HIST_SUMS] = True
-    assert np.array_equal(a[..., ~sums], b[..., ~sums])
-    np.testing.assert_allclose(b[..., sums], a[..., sums], rtol=RTOL)
-
-
-def lockstep(
-    params: ReplicaParams,
-    req: Requests,
-    replicas: int,
-    seconds: float,
-    timeout: float = math.inf,
-    router: Router = LEAST_OUTSTANDING,
-) -> tuple[FineEngine, CompiledEngine]:
-    """Both engines through the same arrivals; every 15 s the scraped counters and gauges must agree."""
-    work = Workload.build(req, params, timeout)
-    fine, comp = FineEngine(params, work, router), CompiledEngine(params, work, router=router)
-    for eng in (fine, comp):
-        for _ in range(replicas):
-            eng.add_replica()
-    eligible = np.arange(replicas)
-    for s in range(int(seconds) + 300):
-        idx = np.nonzero((work.arrival >= s) & (work.arrival < s + 1))[0]
-        for eng in (fine, comp):
-            eng.run(float(s), float(s + 1), idx, eligible)
-        if s % 15 == 14:
-            assert np.array_equal(fine.outstanding(), comp.outstanding()), s
-            for rid in range(replicas):
-                assert_same_counters(fine.book.export(rid), comp.book.export(rid))
-                np.testing.assert_allclose(comp.gauges(rid), fine.gauges(rid), rtol=RTOL)
-    return fine, comp
 
 
 @pytest.mark.parametrize("factor", [4.0, 16.0, 25.0])  # ~4, ~16 (mu_SLO ~17) and ~25 req/s per replica (overload)

@@ -14,21 +14,19 @@ import pytest
 from mmfleet import routing
 from mmfleet.api import SloSpec
 from mmfleet.routing import picker_config
-from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate, traffic
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Router, Workload
 from mmfleet_lab.twin.picker import PICKER_DEFAULTS, router
 from mmfleet_lab.twin.replica import GIB
-from mmfleet_lab.twin.scenarios import traces_dir
 from mmfleet_lab.twin.shipped import fleet
 from mmfleet_lab.twin.types import PrefixChains
 from tests.helpers.twin import Script
+from tests.helpers.twin_checks import assert_same_counters, assert_same_outcomes, conversation, lockstep
 from tests.helpers.twin_reference import FineEngine
-from tests.unit.lab.test_twin_compiled import assert_same_counters, assert_same_outcomes, lockstep
 
 P = H200_QWEN25VL7B
 TEXT = 229  # the calibration run's prompt without its image, tokens
-MOONCAKE = "mooncake_fast25_conversation_trace_30min.jsonl"
 SLO = SloSpec(metric="ttft", target="2s")
 
 
@@ -89,14 +87,6 @@ def test_without_prefixes_the_cache_changes_nothing() -> None:
         eng.run(0.0, 30.0, np.arange(5), np.array([0]))
         runs.append(eng.outcomes.ttft)
     np.testing.assert_array_equal(runs[0], runs[1])
-
-
-def conversation(seconds: float, seed: int = 1) -> Requests:
-    """The Mooncake conversation trace's first ``seconds`` with images on its shared blocks."""
-    d = traces_dir()
-    req = traffic.load_mooncake(d / MOONCAKE).window(0.0, seconds)
-    stats = traffic.load_token_stats(d / "servegen_client_token_stats_6h.csv")
-    return traffic.add_shared_images(req, stats, np.random.default_rng(seed))
 
 
 ROUTERS = {

@@ -108,5 +108,8 @@ def test_a_lab_command_without_the_lab_dependencies_says_what_to_install() -> No
     """`pip install .` puts the lab's code on disk without its dependencies: say so, no traceback."""
     result = run("bench", "autoscale", without=("numpy",))
     assert result.returncode == 2
-    assert result.stderr.strip() == "mmfleet bench: Not available here: the lab needs numpy: pip install 'mmfleet[lab]'"
+    assert result.stderr.strip() == (
+        "mmfleet bench: Not available here: the lab needs numpy: from a checkout, pip install -e '.[lab]' -e ./lab "
+        "(make install does)"
+    )
     assert "{render,run,crd,docs,collector-config}" in run("--help", without=("numpy",)).stdout

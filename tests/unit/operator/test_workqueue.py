@@ -8,17 +8,11 @@ import time
 from collections import Counter
 
 from mmfleet.workqueue import WorkQueue, serve
+from tests.helpers.wait import until
 
 
 def _fixed(seconds: float) -> WorkQueue[str]:
     return WorkQueue(lambda failures, retry_after: retry_after if retry_after is not None else seconds)
-
-
-async def _until(check: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 def test_a_key_added_100_times_while_it_runs_runs_once_more_not_100_times() -> None:
@@ -40,7 +34,7 @@ def test_a_key_added_100_times_while_it_runs_runs_once_more_not_100_times() -> N
             queue.add("ml/a")
         assert len(queue) == 0, "a key being processed is not handed to another worker"
         release.set()
-        await _until(lambda: runs["ml/a"] == 2)
+        await until(lambda: runs["ml/a"] == 2)
         await asyncio.sleep(0.05)
         queue.shut_down()
         await workers
@@ -100,7 +94,7 @@ def test_a_failing_key_backs_off_as_the_server_asks_without_slowing_other_keys()
         queue.add("ml/failing")
         for name in ("ml/b", "ml/c", "ml/d"):
             queue.add(name)
-        await _until(lambda: "ml/failing" in done_at)
+        await until(lambda: "ml/failing" in done_at)
         queue.shut_down()
         await workers
         return tries, done_at
@@ -164,9 +158,9 @@ def test_an_error_escaping_a_reconcile_ends_its_turn_not_the_worker() -> None:
         workers = asyncio.create_task(serve(queue, 1, process))
         queue.add("ml/bug")
         queue.add("ml/next")
-        await _until(lambda: len(seen) == 2)
+        await until(lambda: len(seen) == 2)
         queue.add("ml/bug")  # not stuck as processed
-        await _until(lambda: len(seen) == 3)
+        await until(lambda: len(seen) == 3)
         queue.shut_down()
         await workers
         return seen
