@@ -81,19 +81,20 @@ def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadl
 
 
 def test_a_flood_of_distinct_slos_never_outlasts_the_read_deadline() -> None:
-    """400 distinct SLOs of 0.3 s each would take 15 s 8 at a time: those not read by the deadline fail, and say so."""
+    """400 distinct SLOs of 0.3 s each would take 15 s 8 at a time: those not read by the deadline fail, and say so.
+    The deadline leaves the five shared queries (the first 0.3 s) time to spare on a loaded machine."""
     targets = [Target("tenant", f"f{i}", "vllm", Slo("itl", 50 + i / 10, "60s")) for i in range(400)]
     with prometheus(targets, Fault("slow", delay=0.3)) as proxy:
-        readings, took = timed_read(proxy.url, targets, deadline=1.0)
+        readings, took = timed_read(proxy.url, targets, deadline=2.0)
         assert proxy.busiest <= QUERY_CONCURRENCY
-    assert took < 1.5, f"took {took:.2f} s"
+    assert took < 2.5, f"took {took:.2f} s"
     assert readings.outage is None, "the shared queries go first and are answered"
     read = [t for t in targets if readings.signals[t.key] == SERVED]
     assert 0 < len(read) < 400
     assert readings.queries < 405
     last = readings.signals[targets[-1].key]
     assert last.failed == (
-        f"{proxy.url}: the query for P89.9 of itl over 60s was not sent within 1s (405 queries this cycle, "
+        f"{proxy.url}: the query for P89.9 of itl over 60s was not sent within 2s (405 queries this cycle, "
         f"{QUERY_CONCURRENCY} at a time)"
     )
 
