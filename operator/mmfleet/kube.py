@@ -77,9 +77,13 @@ class KindNotServedError(RetryableError):
         self.api_version, self.kind = api_version, kind
 
 
-def _kind_gone(error: ApiException) -> bool:
+def no_route(status: int | None, body: str) -> bool:
     """A 404 from no route at all (a plain-text ``404 page not found``, not a Status): the kind is not served."""
-    return error.status == 404 and not str(error.body or "").lstrip().startswith("{")
+    return status == 404 and not body.lstrip().startswith("{")
+
+
+def _kind_gone(error: ApiException) -> bool:
+    return no_route(error.status, str(error.body or ""))
 
 
 class NamespaceTerminatingError(Exception):

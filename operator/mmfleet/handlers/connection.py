@@ -30,6 +30,7 @@ import aiohttp
 import kopf
 
 from mmfleet.handlers.records import log
+from mmfleet.kube import no_route
 
 # Requests (lists, patches, events) that may hold a connection at once, beside the open watch streams.
 REQUEST_CONNECTIONS = 24
@@ -50,12 +51,9 @@ class KindGone:
         waited = False
         while True:
             response = await handler(request)
-            if (
-                request.method != "GET"
-                or response.status != 404
-                or response.content_type == "application/json"
-                or not _collection(request.url.path)
-            ):
+            if request.method != "GET" or response.status != 404 or not _collection(request.url.path):
+                return response
+            if not no_route(response.status, await response.text()):
                 return response
             response.release()
             if not waited:
@@ -86,7 +84,8 @@ def _collection(path: str) -> bool:
     """A path of a kind's objects (``/api/v1/pods``, ``/apis/<group>/<version>/namespaces/<ns>/<plural>``), not of
     discovery (``/api/v1``, ``/apis/<group>/<version>``)."""
     parts = path.strip("/").split("/")
-    return len(parts) >= {"api": 3, "apis": 4}.get(parts[0], len(parts) + 1)
+    least = {"api": 3, "apis": 4}.get(parts[0])
+    return least is not None and len(parts) >= least
 
 
 async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
