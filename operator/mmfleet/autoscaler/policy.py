@@ -36,6 +36,11 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   the past being served), only when it frees a tenth of the fleet, and at most
   once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
   at a time (each step down that demand soon reverses is a reversal and a cold start paid);
+- a throughput seen within the SLO is only a lower bound on μ_SLO: a fleet that starts oversized and is sized by
+  it stays oversized, its replicas never busier than they were. Until the fleet comes near its knee (P90 over half
+  the target, or a queue over half what the Ready replicas clear within it), the capacity assumed grows slowly
+  above the learned one, at most 1.5 times it, so the fleet shrinks until its replicas show what they can do; the
+  first time it comes near, the probe ends for good. A profiled μ_SLO is the user's word and is not probed;
 - silence is not zero: a missing metric holds the current count; unschedulable pods stop growth;
 - no single sample decides much: growth per cycle is capped as the HPA's default scale-up policy
   caps it (the larger of 4 pods and 100 % per 15 s: kubernetes/kubernetes
@@ -76,6 +81,12 @@ STEP_PERIOD = 15.0  # s: within any such period the fleet grows by at most the l
 # μ_SLO is raised only by a throughput seen this many cycles in a row within the SLO, the least of them: one outlier
 # teaches nothing (why 2: docs/autoscaling.md, Design notes).
 CAPACITY_SAMPLES = 2
+# A fleet near its knee: P90 over this share of the target, or a queue over this share of what the Ready replicas
+# clear within the target. Until one is seen, μ_SLO learned is only a lower bound (docs/autoscaling.md, Design notes).
+KNEE_LATENCY = 0.5
+KNEE_QUEUE = 0.5
+PROBE_TIME = 1200.0  # s, time constant of the probe's growth above the learned μ_SLO while the knee has not been seen
+PROBE_MAX = 1.5  # the probe assumes at most this times the learned μ_SLO
 CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated replicas missing the target serve
 
 Samples = tuple[tuple[float, float], ...]
@@ -96,6 +107,8 @@ class SloState:
     history: tuple[tuple[float, int, float], ...] = ()  # (time, ready, waiting) over the latency window
     orders: tuple[tuple[float, int], ...] = ()  # (time, pods added) by our scale-ups, last cold start
     last_down: float | None = None  # time of our last scale-down
+    probe: float = 1.0  # >= 1: the capacity assumed over the learned one until the fleet comes near its knee
+    knee_seen: bool = False  # the fleet has come near its knee: the learned μ_SLO was tested, the probe is over
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,7 @@ class Sizing:
     backlog: float  # requests projected to be queued when a pod asked for now is Ready
     feedback: int | None
     draining: bool  # the queue is shorter than a latency window ago
+    probe: float = 1.0  # the capacity's factor over the learned μ_SLO (``SloState.probe``)
 
 
 def _v(value: float) -> str:
@@ -370,6 +384,7 @@ class SloPolicy:
                 learned = _ewma(learned, served, dt, CAPACITY_DECAY)
 
         scale = state.capacity_scale
+        probe, knee_seen = state.probe, state.knee_seen
         capacity: float | None = None
         backlog = 0.0
         feedforward: int | None = None
@@ -386,7 +401,17 @@ class SloPolicy:
                 scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / known))
             elif obs.latency <= target and dt is not None:
                 scale = _ewma(scale, 1.0, dt, CAPACITY_RECOVERY)
-            capacity = known * scale
+            # A throughput seen within the SLO is a lower bound on μ_SLO; a fleet sized by it from an oversized start
+            # stays oversized, its replicas never busier than they were. Until the fleet comes near its knee, the
+            # capacity assumed grows slowly above what was learned, so the fleet shrinks until its replicas show what
+            # they can do; a profile (``capacity_per_replica``) is the user's word and is not probed
+            # (docs/autoscaling.md, Design notes).
+            near = obs.latency > KNEE_LATENCY * target or (spans and any(h[2] > KNEE_QUEUE * clears for h in history))
+            if near:
+                probe, knee_seen = 1.0, True
+            elif not knee_seen and self.capacity_per_replica is None and spans and ready_steady and dt is not None:
+                probe = min(PROBE_MAX, probe * math.exp(dt / PROBE_TIME))
+            capacity = known * scale * probe
             queued = max(0.0, obs.waiting - capacity * obs.ready * target)
             starting = self._starting_ready_at(obs, state)
             # The queue builds from what arrives now; the trend is already in the forecast, not counted twice.
@@ -419,9 +444,12 @@ class SloPolicy:
             learned_capacity=learned,
             streak=streak,
             capacity_scale=scale,
+            probe=probe,
+            knee_seen=knee_seen,
             history=history,
         )
-        return state, Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining)
+        sizing = Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe)
+        return state, sizing
 
     def _reason(
         self, obs: Observation, sz: Sizing, desired: int, window: float, blocked: bool, stepped: bool = False
@@ -434,6 +462,7 @@ class SloPolicy:
             parts.append(
                 f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {duration_text(sz.horizon)} "
                 f"at {_v(sz.capacity)} req/s per replica"
+                + (f" ({sz.probe:.2f}x the learned: the fleet has not come near its knee)" if sz.probe > 1.0 else "")
             )
         else:
             parts.append(f"demand {_v(sz.demand)} req/s, capacity per replica not learned yet")

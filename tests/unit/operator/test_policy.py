@@ -18,10 +18,10 @@ MU = 2.0  # req/s per replica at the SLO
 
 @dataclass(frozen=True)
 class Learned(SloPolicy):
-    """The shipped policy once it has learned μ_SLO = MU, so each test reads one rule at a time."""
+    """The shipped policy once it has learned μ_SLO = MU near its knee, so each test reads one rule at a time."""
 
     def initial_state(self) -> SloState:
-        return SloState(learned_capacity=MU)
+        return SloState(learned_capacity=MU, knee_seen=True)
 
 
 POLICY = Learned()
@@ -266,6 +266,44 @@ def test_capacity_is_learned_from_windows_within_the_slo() -> None:
     assert ds[-1].replicas == 4  # 8 req/s at 2 req/s per replica, no extra headroom on a learned lower bound
     d = policy.decide(obs(time=300.0, ready=4, current=4, arrival_rate=12.0, request_rate=8.0), state)
     assert d.replicas >= 6
+
+
+def _fixed_demand(policy: SloPolicy, hours: float, replicas: int, demand: float, **kw: Any) -> list[Decision]:
+    """A fleet serving a fixed ``demand`` whatever its size (latency as given): what each cycle decides."""
+    state, current, decisions = policy.initial_state(), replicas, []
+    for i in range(int(hours * 3600 / 15)):
+        o = obs(time=15.0 * i, current=current, ready=current, arrival_rate=demand, request_rate=demand,
+                running=demand, **kw)  # fmt: skip
+        d = policy.decide(o, state)
+        state, current = d.state, d.replicas
+        decisions.append(d)
+    return decisions
+
+
+def test_an_oversized_fleet_that_never_comes_near_its_knee_probes_down() -> None:
+    # 20 replicas for 8 req/s at P90 a quarter of the target: 0.4 req/s per replica is all it ever saw within the
+    # SLO, a lower bound that would hold the fleet at 20 for good; the probe assumes more, and says so.
+    decisions = _fixed_demand(SloPolicy(), 2.0, 20, 8.0, latency=0.5)
+    assert decisions[-1].replicas <= 10, decisions[-1].reason
+    assert "the fleet has not come near its knee" in decisions[-1].reason
+    assert all(b.replicas <= a.replicas for a, b in itertools.pairwise(decisions)), "no scale-up while it probes"
+
+
+def test_the_probe_ends_when_the_fleet_comes_near_its_knee_and_does_not_start_again() -> None:
+    policy = SloPolicy()
+    state, _ = steady(policy, 1800, ready=20, current=20, arrival_rate=8.0, request_rate=8.0, latency=0.5)
+    assert state.probe > 1.0
+    near = policy.decide(obs(time=1800.0, ready=8, current=8, arrival_rate=8.0, request_rate=8.0, latency=1.2), state)
+    assert near.state.probe == 1.0 and near.state.knee_seen
+    assert "knee" not in near.reason
+    state, _ = steady(policy, 1800, time=1815.0, state=near.state, ready=8, current=8, latency=0.5)
+    assert state.probe == 1.0
+
+
+def test_a_profiled_capacity_is_not_probed() -> None:
+    decisions = _fixed_demand(SloPolicy(capacity_per_replica=2.0), 2.0, 20, 8.0, latency=0.5)
+    assert decisions[-1].replicas == 4  # 8 req/s at the profile's 2 req/s per replica
+    assert decisions[-1].state.probe == 1.0
 
 
 def test_a_heavier_mix_than_profiled_lowers_the_capacity_used() -> None:

@@ -27,11 +27,12 @@ def seen(t: float, current: int, **kw: Any) -> Observation:
 
 
 def settled(policy: SloPolicy, replicas: int, until: float) -> tuple[SloState, int]:
-    """A fleet of ``replicas`` serving MU each within the target, every 15 s until ``until``."""
+    """A fleet of ``replicas`` serving MU each within the target, near its knee (P90 at 3/4 of it), every 15 s until
+    ``until``."""
     state = policy.initial_state()
     current = replicas
     for i in range(int(until / 15)):
-        d = policy.decide(seen(15.0 * i, current), state)
+        d = policy.decide(seen(15.0 * i, current, latency=0.75 * TARGET), state)
         state, current = d.state, d.replicas
     return state, current
 
