@@ -37,10 +37,12 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
   at a time (each step down that demand soon reverses is a reversal and a cold start paid);
 - a throughput seen within the SLO is only a lower bound on μ_SLO: a fleet that starts oversized and is sized by
-  it stays oversized, its replicas never busier than they were. Until the fleet comes near its knee (P90 over half
-  the target, or a queue over half what the Ready replicas clear within it), the capacity assumed grows slowly
-  above the learned one, at most 1.5 times it, so the fleet shrinks until its replicas show what they can do; the
-  first time it comes near, the probe ends for good. A profiled μ_SLO is the user's word and is not probed;
+  it stays oversized, its replicas never busier than they were. Until the fleet comes near its knee (the SLO's
+  percentile over half the target, or a queue over half what the Ready replicas clear within it), the capacity
+  assumed for sizing grows above the learned one while the fleet holds steady above minReplicas (time constant
+  20 minutes, at most 1.5 times it, reached after about 8), so the fleet shrinks until its replicas show what they
+  can do; the first time it comes near, the probe ends (for the operator's life: its memory is not kept across a
+  restart). The probe sizes scale-ups too while it runs. A profiled μ_SLO is the user's word and is not probed;
 - silence is not zero: a missing metric holds the current count; unschedulable pods stop growth;
 - no single sample decides much: growth per cycle is capped as the HPA's default scale-up policy
   caps it (the larger of 4 pods and 100 % per 15 s: kubernetes/kubernetes
@@ -81,8 +83,9 @@ STEP_PERIOD = 15.0  # s: within any such period the fleet grows by at most the l
 # μ_SLO is raised only by a throughput seen this many cycles in a row within the SLO, the least of them: one outlier
 # teaches nothing (why 2: docs/autoscaling.md, Design notes).
 CAPACITY_SAMPLES = 2
-# A fleet near its knee: P90 over this share of the target, or a queue over this share of what the Ready replicas
-# clear within the target. Until one is seen, μ_SLO learned is only a lower bound (docs/autoscaling.md, Design notes).
+# A fleet near its knee: the SLO's percentile over this share of the target, or a queue over this share of what the
+# Ready replicas clear within the target. Until one is seen, μ_SLO learned is only a lower bound (docs/autoscaling.md,
+# Design notes).
 KNEE_LATENCY = 0.5
 KNEE_QUEUE = 0.5
 PROBE_TIME = 1200.0  # s, time constant of the probe's growth above the learned μ_SLO while the knee has not been seen
@@ -124,7 +127,7 @@ class Sizing:
     backlog: float  # requests projected to be queued when a pod asked for now is Ready
     feedback: int | None
     draining: bool  # the queue is shorter than a latency window ago
-    probe: float = 1.0  # the capacity's factor over the learned μ_SLO (``SloState.probe``)
+    probe: float  # the capacity's factor over the learned μ_SLO (``SloState.probe``)
 
 
 def _v(value: float) -> str:
@@ -223,7 +226,8 @@ class SloPolicy:
 
     μ_SLO is learned online, conservatively, as the best throughput per Ready replica held for
     ``CAPACITY_SAMPLES`` cycles in a row while the SLO held; being what a replica did within the SLO,
-    it gets no headroom; it decays toward what replicas serve while they miss the target with a
+    it gets no headroom; until the fleet comes near its knee it is a lower bound, and the capacity sized with is
+    probed above it (``SloState.probe``); it decays toward what replicas serve while they miss the target with a
     standing queue and no pod starting. ``drain_time``: seconds in which a backlog should clear once new pods are Ready.
     ``stabilization``: the scale-down window, default max(300 s, L). ``settle``: how far back the
     latency and rate signals reach (the SLO window). ``rate_window``: the window of the request
@@ -401,15 +405,12 @@ class SloPolicy:
                 scale = max(CAPACITY_FLOOR, min(scale, obs.request_rate / obs.ready / known))
             elif obs.latency <= target and dt is not None:
                 scale = _ewma(scale, 1.0, dt, CAPACITY_RECOVERY)
-            # A throughput seen within the SLO is a lower bound on μ_SLO; a fleet sized by it from an oversized start
-            # stays oversized, its replicas never busier than they were. Until the fleet comes near its knee, the
-            # capacity assumed grows slowly above what was learned, so the fleet shrinks until its replicas show what
-            # they can do; a profile (``capacity_per_replica``) is the user's word and is not probed
-            # (docs/autoscaling.md, Design notes).
+            # The probe above a learned lower bound (module docstring; docs/autoscaling.md, Design notes). It grows
+            # only where it can shrink the fleet, and never over a profile, even one set while it ran.
             near = obs.latency > KNEE_LATENCY * target or (spans and any(h[2] > KNEE_QUEUE * clears for h in history))
-            if near:
-                probe, knee_seen = 1.0, True
-            elif not knee_seen and self.capacity_per_replica is None and spans and ready_steady and dt is not None:
+            if near or self.capacity_per_replica is not None:
+                probe, knee_seen = 1.0, knee_seen or near
+            elif not knee_seen and spans and ready_steady and obs.current > obs.min_replicas and dt is not None:
                 probe = min(PROBE_MAX, probe * math.exp(dt / PROBE_TIME))
             capacity = known * scale * probe
             queued = max(0.0, obs.waiting - capacity * obs.ready * target)

@@ -261,8 +261,9 @@ def test_no_feedback_while_the_queue_drains() -> None:
 
 def test_capacity_is_learned_from_windows_within_the_slo() -> None:
     policy = SloPolicy()
-    state, ds = steady(policy, 300, ready=4, current=4, arrival_rate=8.0, request_rate=8.0)
-    assert state.learned_capacity == 2.0
+    # P90 at 3/4 of the target: near the knee, so what was learned is what the fleet is sized with (no probe)
+    state, ds = steady(policy, 300, ready=4, current=4, arrival_rate=8.0, request_rate=8.0, latency=1.5)
+    assert state.learned_capacity == 2.0 and state.knee_seen
     assert ds[-1].replicas == 4  # 8 req/s at 2 req/s per replica, no extra headroom on a learned lower bound
     d = policy.decide(obs(time=300.0, ready=4, current=4, arrival_rate=12.0, request_rate=8.0), state)
     assert d.replicas >= 6
@@ -300,10 +301,44 @@ def test_the_probe_ends_when_the_fleet_comes_near_its_knee_and_does_not_start_ag
     assert state.probe == 1.0
 
 
-def test_a_profiled_capacity_is_not_probed() -> None:
+def test_the_probe_assumes_at_most_half_as_much_again_as_was_learned() -> None:
+    state, _ = steady(SloPolicy(), 3600, ready=20, current=20, arrival_rate=8.0, request_rate=8.0, latency=0.5)
+    assert state.probe == 1.5
+    fleet = {"ready": 20, "current": 20, "arrival_rate": 8.0, "request_rate": 8.0, "latency": 0.5}
+    d = SloPolicy().decide(obs(time=3600.0, **fleet), state)
+    assert "1.50x the learned" in d.reason
+
+
+def test_a_queue_the_replicas_cannot_clear_within_half_the_target_ends_the_probe() -> None:
+    policy = SloPolicy()
+    state, ds = steady(policy, 1800, ready=20, current=20, arrival_rate=8.0, request_rate=8.0, latency=0.5)
+    n, learned = ds[-1].replicas, state.learned_capacity
+    assert state.probe > 1.0 and learned is not None
+    clears = learned * n * 2.0  # what the Ready replicas clear within the 2 s target, at the learned capacity
+    fleet = {"ready": n, "current": n, "arrival_rate": 8.0, "request_rate": 8.0, "latency": 0.5}
+    below = policy.decide(obs(time=1800.0, waiting=0.4 * clears, **fleet), state)
+    assert below.state.probe > 1.0 and not below.state.knee_seen
+    queued = policy.decide(obs(time=1800.0, waiting=0.6 * clears, **fleet), state)
+    assert queued.state.probe == 1.0 and queued.state.knee_seen
+
+
+def test_a_fleet_at_min_replicas_does_not_probe() -> None:
+    # nothing to shrink: a probe grown there would only size the next ramp smaller
+    state, _ = steady(SloPolicy(), 3600, ready=4, current=4, min_replicas=4, arrival_rate=1.0, request_rate=1.0,
+                      latency=0.5)  # fmt: skip
+    assert state.probe == 1.0
+
+
+def test_a_profiled_capacity_is_not_probed_even_when_set_while_a_probe_runs() -> None:
     decisions = _fixed_demand(SloPolicy(capacity_per_replica=2.0), 2.0, 20, 8.0, latency=0.5)
     assert decisions[-1].replicas == 4  # 8 req/s at the profile's 2 req/s per replica
     assert decisions[-1].state.probe == 1.0
+    probing, _ = steady(SloPolicy(), 1800, ready=20, current=20, arrival_rate=8.0, request_rate=8.0, latency=0.5)
+    assert probing.probe > 1.0
+    profiled = SloPolicy(capacity_per_replica=2.0).decide(
+        obs(time=1800.0, ready=20, current=20, arrival_rate=8.0, request_rate=8.0, latency=0.5), probing
+    )
+    assert profiled.state.probe == 1.0 and "the learned" not in profiled.reason
 
 
 def test_a_heavier_mix_than_profiled_lowers_the_capacity_used() -> None:
