@@ -110,6 +110,9 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     baselines, record = frozen
     profiled = autoscale.Profiled(PROFILED, lambda p: Shipped(PROFILED, capacity_per_replica=p.capacity))
     policies = [Shipped(), profiled, *baselines]
+    if not 1.0 <= args.start_oversized <= 100.0:
+        print(f"--start-oversized: {args.start_oversized:g}; from 1 to 100 (times the warm-up fleet)", file=sys.stderr)
+        return EXIT_INVALID
     names = [p.name for p in policies]
     unknown = sorted(set(args.policy or ()) - set(names))
     if unknown:
@@ -127,6 +130,7 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
         oracle=not args.no_oracle,
         tuned_from=f"`{record['command']}`, {args.tuned}",
         only=args.policy or (),
+        oversize=args.start_oversized,
     )
 
 
@@ -408,6 +412,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bas.add_argument("--no-oracle", action="store_true", help="skip the oracles (10-70 s a cell and seed)")
     p_bas.add_argument("--policy", action="append", help="run only this policy (repeatable; default: all)")
     p_bas.add_argument("--tuned", default=str(_tuned()), help="the baselines' frozen settings (mmfleet bench tune)")
+    p_bas.add_argument(
+        "--start-oversized", type=float, default=1.0, metavar="X",
+        help="start every fleet at X times the warm-up fleet (default 1; a section of its own)",
+    )  # fmt: skip
     p_bas.set_defaults(func=cmd_bench_autoscale)
     p_reach = bench.add_parser(
         "reachable",

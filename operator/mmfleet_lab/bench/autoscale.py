@@ -260,9 +260,16 @@ def _run_policy(
 
 
 def cell(
-    name: str, cold_start: float, params: ReplicaParams, slo: SloSpec, trace: TraceFile | None = None, seed: int = 0
+    name: str,
+    cold_start: float,
+    params: ReplicaParams,
+    slo: SloSpec,
+    trace: TraceFile | None = None,
+    seed: int = 0,
+    oversize: float = 1.0,
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
-    """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments."""
+    """One cell's per-replica capacity at the SLO, per-window demand, and ``simulate`` arguments; ``oversize``
+    multiplies the warm-up fleet, as a user's first size or a fleet sized for a peak would."""
     scn = scenario_of(name, params, slo, trace, seed)
     capacity = float(scn.info["mu_slo"])
     demand = _demand(scn, capacity)
@@ -271,6 +278,7 @@ def cell(
         scn, params, slo, start=WARMUP, window=WINDOW, cold_start=cold_start, guess=fluid_initial,
         limit=math.ceil(ORACLE_PER_PEAK * max(1, demand.max())),
     )  # fmt: skip
+    initial = math.ceil(initial * oversize - 1e-9)
     common: dict[str, Any] = {
         "params": params,
         "cold_start": cold_start,
@@ -295,13 +303,14 @@ def run_cell(
     seeds: Sequence[int] = SEEDS,
     trace: TraceFile | None = None,
     oracle: bool = True,
+    oversize: float = 1.0,
 ) -> tuple[list[Row], dict[str, RunResult]]:
     """``policies`` (the shipped autoscaler and the frozen baselines, each ``Profiled`` one configured from this
     scenario's ``profile_of``) and, with ``oracle``, the oracles on one scenario at one cold start, once per seed,
     spread over ``workers`` processes, with the fluid bound.
     Returns one row per policy and seed (× oracle against that seed's oracle) and the first seed's runs."""
     runnable = resolve(policies, profile_of(name, params, slo, trace))
-    commons = {seed: cell(name, cold_start, params, slo, trace, seed)[2] for seed in seeds}
+    commons = {seed: cell(name, cold_start, params, slo, trace, seed, oversize)[2] for seed in seeds}
     total = len(seeds) * (len(runnable) + (1 if oracle else 0))
     # Only the first seed's runs are kept (for the plots): a run holds every request's timings, and keeping all of
     # them (gentd-diffusion: 3.7 M requests a run) grew the process past the machine's memory.
@@ -532,9 +541,11 @@ def main(
     oracle: bool = True,
     tuned_from: str = "",
     only: Sequence[str] = (),
+    oversize: float = 1.0,
 ) -> int:
     """Run every cell, print its table, write the section and the plots; ``tuned_from`` says where the
-    baselines' settings came from, ``only`` which policies were asked for (for the reproduce line)."""
+    baselines' settings came from, ``only`` which policies were asked for (for the reproduce line), ``oversize``
+    how much larger than the warm-up fleet every fleet starts (a section of its own)."""
     slo = REFERENCE_SLO
     params = H200_QWEN25VL7B
     shipped = Shipped()
@@ -542,12 +553,13 @@ def main(
     sections = []
     started = time.monotonic()
     shown_spike = next((n for n in scenarios if parse(n)[1] is not None), scenarios[0])
-    stem = "" if trace is None else f"-{Path(trace.path).stem}"
+    stem = ("" if trace is None else f"-{Path(trace.path).stem}") + ("" if oversize == 1.0 else f"-start{oversize:g}x")
     shown = [r for r in ("oracle", "mmfleet", *REACTIVE)]
     for name in scenarios:
         for cold in cold_starts:
             progress(f"== {name} ({role_of(name)}), cold start {cold:.0f}s, seeds {', '.join(map(str, seeds))}")
-            rows, results = run_cell(name, cold, params, slo, progress, workers, policies, seeds, trace, oracle)
+            rows, results = run_cell(name, cold, params, slo, progress, workers, policies, seeds, trace, oracle,
+                                     oversize)  # fmt: skip
             all_rows += rows
             text = cell_table(rows)
             print(f"\n{name}, cold start {cold:.0f}s\n{text}\n", flush=True)
@@ -566,7 +578,8 @@ def main(
     print("\n".join(summary))
     command = "mmfleet bench autoscale " + " ".join(
         [*trace_flags(trace), *(f"--scenario {s}" for s in scenarios), *(f"--cold-start {c:g}" for c in cold_starts),
-         *(f"--seed {s}" for s in seeds), *(() if oracle else ("--no-oracle",)), *(f"--policy {p}" for p in only)]
+         *(f"--seed {s}" for s in seeds), *(() if oracle else ("--no-oracle",)), *(f"--policy {p}" for p in only),
+         *(() if oversize == 1.0 else (f"--start-oversized {oversize:g}",))]
     )  # fmt: skip
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores). "
@@ -578,7 +591,9 @@ def main(
         "in brackets, the range over the seeds. Every policy gets the same maxReplicas, "
         f"{MAX_REPLICAS_PER_PEAK:g} × the cell's peak fluid need. Every fleet (the oracles' too) serves the first "
         f"{WARMUP:.0f} s with the fewest replicas that meet every window before a replica ordered at "
-        f"{WARMUP:.0f} s can be Ready (searched in the twin, `oracle.initial_fleet`), with no decisions, "
+        f"{WARMUP:.0f} s can be Ready (searched in the twin, `oracle.initial_fleet`)"
+        + ("" if oversize == 1.0 else f" times {oversize:g}, rounded up (`--start-oversized`)")
+        + ", with no decisions, "
         f"so the rate windows are full when policies start; windows and GPU-hours are scored from {SCORE_OFFSET:.0f} s "
         f"later ({SCORED_FROM:.0f} s) for every policy and the oracles alike, so that no policy's figure is set by "
         "the first window after it starts with an empty memory. A row that is not a result (an oracle whose "
@@ -603,6 +618,7 @@ def main(
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)
     )
     title = "Autoscaling policies on held-out traces (digital twin)" + ("" if trace is None else f", {trace.path}")
+    title += "" if oversize == 1.0 else f", every fleet started at {oversize:g}x the warm-up fleet"
     write_section(docs, f"autoscale{stem}", title, body)
     return 0
 

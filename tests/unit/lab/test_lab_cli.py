@@ -55,6 +55,24 @@ def test_bench_autoscale_refuses_an_unknown_policy_naming_those_it_has(tmp_path:
     assert not docs.exists()
 
 
+@pytest.mark.parametrize("value", ["0.5", "nan", "inf"])
+def test_bench_autoscale_refuses_a_start_smaller_than_the_warm_up_fleet(tmp_path: Path, value: str) -> None:
+    docs = tmp_path / "benchmarks.md"
+    result = run("bench", "autoscale", "--quick", "--start-oversized", value, "--docs", str(docs))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--start-oversized: {value}; from 1 to 100 (times the warm-up fleet)" in result.stderr
+    assert not docs.exists()
+
+
+def test_an_oversized_start_multiplies_the_warm_up_fleet_and_its_maxreplicas_holds_it() -> None:
+    from mmfleet_lab.bench.autoscale import H200_QWEN25VL7B, REFERENCE_SLO, cell
+
+    usual = cell("azure-conv", 90.0, H200_QWEN25VL7B, REFERENCE_SLO)[2]
+    big = cell("azure-conv", 90.0, H200_QWEN25VL7B, REFERENCE_SLO, oversize=2.5)[2]
+    assert big["initial_replicas"] == -(-usual["initial_replicas"] * 5 // 2)
+    assert big["max_replicas"] >= big["initial_replicas"]
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
