@@ -94,18 +94,26 @@ def test_a_renamed_picker_cluster_role_rebinds_the_picker(
     """The install's picker ClusterRole renamed (kustomize to Helm, another release name): the API server refuses any
     change to a RoleBinding's roleRef, so the operator replaces the binding rather than being refused for ever."""
     rbac = client.RbacAuthorizationV1Api(api)
+
+    def bound_to() -> str | None:
+        """The binding's ClusterRole; None between the old binding's deletion and the new one's creation."""
+        try:
+            return str(rbac.read_namespaced_role_binding("rebound-epp", fleet.namespace).role_ref.name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     fleet.create(mmi("rebound", routing=POOL))
     fleet.wait_condition("rebound", "RoutingReady", status="True", reason="PickerReady", timeout=90)
-    assert rbac.read_namespaced_role_binding("rebound-epp", fleet.namespace).role_ref.name == "mmfleet-endpoint-picker"
+    assert bound_to() == "mmfleet-endpoint-picker"
     operator_with_pool_crd.stop()
     operator_with_pool_crd.env["MMFLEET_PICKER_CLUSTER_ROLE"] = "ops-endpoint-picker"
     try:
         operator_with_pool_crd.start()
         fleet.patch("rebound", {"backend": {"maxNumSeqs": 64}})  # a new generation: every child applied again
         wait_for(
-            lambda: (
-                rbac.read_namespaced_role_binding("rebound-epp", fleet.namespace).role_ref.name == "ops-endpoint-picker"
-            ),
+            lambda: bound_to() == "ops-endpoint-picker",
             60,
             lambda: f"the picker's RoleBinding bound to the renamed ClusterRole\n{operator_with_pool_crd.tail()}",
         )
