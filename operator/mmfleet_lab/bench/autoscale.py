@@ -618,7 +618,9 @@ def main(
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)
     )
     title = "Autoscaling policies on held-out traces (digital twin)" + ("" if trace is None else f", {trace.path}")
-    title += "" if oversize == 1.0 else f", every fleet started at {oversize:g}x the warm-up fleet"
+    if oversize != 1.0:  # a section of its own, whatever the scenarios' roles (its tables name each one's)
+        title = "Autoscaling policies (digital twin)" + ("" if trace is None else f", {trace.path}")
+        title += f", every fleet started at {oversize:g}x the warm-up fleet"
     write_section(docs, f"autoscale{stem}", title, body)
     return 0
 
