@@ -617,10 +617,10 @@ def main(
         f"![replicas and P90 through a spike](img/autoscale{stem}-spike.png)\n\n"
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)
     )
-    title = "Autoscaling policies on held-out traces (digital twin)" + ("" if trace is None else f", {trace.path}")
-    if oversize != 1.0:  # a section of its own, whatever the scenarios' roles (its tables name each one's)
-        title = "Autoscaling policies (digital twin)" + ("" if trace is None else f", {trace.path}")
-        title += f", every fleet started at {oversize:g}x the warm-up fleet"
+    # An oversized start is a section of its own, whatever the scenarios' roles (its tables name each one's).
+    held_out = " on held-out traces" if oversize == 1.0 else ""
+    title = f"Autoscaling policies{held_out} (digital twin)" + ("" if trace is None else f", {trace.path}")
+    title += "" if oversize == 1.0 else f", every fleet started at {oversize:g}x the warm-up fleet"
     write_section(docs, f"autoscale{stem}", title, body)
     return 0
 
