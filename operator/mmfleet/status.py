@@ -47,7 +47,7 @@ BROKEN_WAITING_REASONS = frozenset(
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
 WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True", "TracingReady": "False"}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
-AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = ("ScalingLimited", "SLOMet", "MetricsAvailable")
+AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = ("ScalingLimited", "SLOMet", "MetricsAvailable", "Idle")
 
 
 @dataclass(frozen=True)
@@ -331,7 +331,8 @@ def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] 
         return spec.replicas
     current = (deployment or {}).get("spec", {}).get("replicas")
     low, high = spec.autoscaling.min_replicas, spec.autoscaling.max_replicas
-    return low if current is None else clamp_replicas(int(current), low, high)
+    # A new fleet starts with at least one replica, minReplicas 0 too (Knative's initial scale): it shows it serves.
+    return max(low, 1) if current is None else clamp_replicas(int(current), low, high)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -555,7 +556,11 @@ def compute_status(
     failed_create = replica_failure(deployment)
 
     ready_message = f"{ready}/{desired} replicas ready"
-    if serving:
+    if serving and desired == 0 and inference.spec.autoscaled:
+        ready_message = "scaled to zero while idle: the endpoint picker holds the next request while a replica starts"
+        ready_cond = condition("Ready", True, ReadyReason.SCALED_TO_ZERO, ready_message)
+        progressing = condition("Progressing", False, ProgressingReason.ROLLED_OUT, "0 replicas: scaled to zero")
+    elif serving:
         ready_cond = condition("Ready", True, ReadyReason.REPLICAS_READY, ready_message)
         progressing = condition("Progressing", False, ProgressingReason.ROLLED_OUT, ready_message)
     else:

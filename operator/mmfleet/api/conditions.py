@@ -10,13 +10,22 @@ from enum import StrEnum
 from typing import Literal, get_args
 
 ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "ScalingLimited", "SLOMet", "MetricsAvailable", "TracingReady", "RoutingReady"
+    "Ready",
+    "Progressing",
+    "Degraded",
+    "ScalingLimited",
+    "SLOMet",
+    "MetricsAvailable",
+    "Idle",
+    "TracingReady",
+    "RoutingReady",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 
 
 class ReadyReason(StrEnum):
     REPLICAS_READY = "ReplicasReady"
+    SCALED_TO_ZERO = "ScaledToZero"
     CREATING = "Creating"
     REPLICAS_NOT_READY = "ReplicasNotReady"
     INVALID_SPEC = "InvalidSpec"
@@ -86,6 +95,16 @@ class MetricsAvailableReason(StrEnum):
     PARTIAL_SCRAPE = "PartialScrape"
 
 
+class IdleReason(StrEnum):
+    """Only for a fleet that may scale to zero (autoscaling.minReplicas 0)."""
+
+    SERVING = "Serving"
+    IDLE = "Idle"
+    SCALED_TO_ZERO = "ScaledToZero"
+    WAKING_UP = "WakingUp"
+    NOT_MEASURED = "NotMeasured"
+
+
 class TracingReadyReason(StrEnum):
     COLLECTOR_FOUND = "CollectorFound"
     COLLECTOR_NOT_FOUND = "CollectorNotFound"
@@ -111,6 +130,7 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "ScalingLimited": ScalingLimitedReason,
     "SLOMet": SloMetReason,
     "MetricsAvailable": MetricsAvailableReason,
+    "Idle": IdleReason,
     "TracingReady": TracingReadyReason,
     "RoutingReady": RoutingReadyReason,
 }

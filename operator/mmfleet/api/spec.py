@@ -18,6 +18,8 @@ from mmfleet.api.patterns import (
     DNS_SUBDOMAIN_TEXT,
     MODEL_SOURCE_PATTERN,
     PVC_SOURCE_PATTERN,
+    SPEC_DURATION_MAX_LENGTH,
+    SPEC_DURATION_PATTERN,
     ZERO_QUANTITY_PATTERN,
     Cidr,
     DnsSubdomain,
@@ -27,6 +29,7 @@ from mmfleet.api.patterns import (
     cel,
     duration_check,
     duration_field,
+    seconds,
 )
 from mmfleet.api.scheduling import Affinity, LabelSelector, Toleration
 
@@ -266,9 +269,39 @@ class ParallelismSpec(Model):
 _TARGET = ("spec.autoscaling.slo.target", "1ms", "1h")
 _WINDOW = ("spec.autoscaling.slo.window", "5s", "1h")
 _DELAY = ("spec.autoscaling.scaleDownDelay", "0s", "1h")  # the HPA's stabilization window bound, 3600 s
+_IDLE = ("spec.autoscaling.scaleToZero.after", "1m", "24h")  # at least one rate window: idle is seen no sooner
 SloTarget = Annotated[str, duration_field(*_TARGET), duration_check(*_TARGET)]
 SloWindow = Annotated[str, duration_field(*_WINDOW), duration_check(*_WINDOW)]
 ScaleDownDelay = Annotated[str, duration_field(*_DELAY), duration_check(*_DELAY)]
+_IDLE_LOW, _IDLE_HIGH = seconds(_IDLE[1]), seconds(_IDLE[2])
+_IDLE_TEXT = f"auto, or a duration from {_IDLE[1]} to {_IDLE[2]} such as 30m"
+
+
+def _idle_after(value: str) -> str:
+    if value != "auto" and not (
+        re.fullmatch(SPEC_DURATION_PATTERN, value) and _IDLE_LOW <= seconds(value) <= _IDLE_HIGH
+    ):
+        raise ValueError(f"{_IDLE[0]}: {value!r} is not accepted; {_IDLE_TEXT} is")
+    return value
+
+
+IdleAfter = Annotated[
+    str,
+    Field(
+        max_length=SPEC_DURATION_MAX_LENGTH,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self == 'auto' || (self.matches('{SPEC_DURATION_PATTERN}') && "
+                    f"duration(self) >= duration('{_IDLE[1]}') && duration(self) <= duration('{_IDLE[2]}'))",
+                    "message": f"{_IDLE[0]} must be {_IDLE_TEXT}",
+                    "messageExpression": f"'{_IDLE[0]}: ' + self + ' is not accepted; {_IDLE_TEXT} is'",
+                }
+            ]
+        },
+    ),
+    AfterValidator(_idle_after),
+]
 
 
 class SloSpec(Model):
@@ -289,6 +322,20 @@ class SloSpec(Model):
     )
 
 
+class ScaleToZeroSpec(Model):
+    """When a fleet with minReplicas 0 lets its last replica go."""
+
+    after: IdleAfter = Field(
+        default="auto",
+        description=(
+            "How long the fleet must have no request (none finished, in flight or held by the endpoint picker) "
+            "before its last replica goes: a duration (1m to 24h), or auto: from this fleet's own idle gaps and "
+            "measured cold start, the wait that costs least when a cold start is priced at its GPU time plus ten "
+            "times the time the first request waits (docs/autoscaling.md, Scale to zero)."
+        ),
+    )
+
+
 class AutoscalingSpec(Model):
     """SLO-driven autoscaling. Present means on, unless enabled is false."""
 
@@ -304,12 +351,25 @@ class AutoscalingSpec(Model):
                     "(has(self.enabled) && !self.enabled) || has(self.slo)",
                     "slo is required when autoscaling is enabled",
                 ),
+                cel(
+                    "!has(self.scaleToZero) || (has(self.minReplicas) && self.minReplicas == 0)",
+                    "scaleToZero is read only with minReplicas 0; set minReplicas: 0 or remove scaleToZero",
+                    ".scaleToZero",
+                ),
             ]
         }
     )
 
     enabled: bool = Field(default=True, description="Scale on the SLO. false: spec.replicas rules.")
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas.")
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Fewest replicas. 0: the last replica goes while the fleet is idle (see scaleToZero) and comes back on "
+            "the first request, which the endpoint picker holds meanwhile; needs spec.routing.mode inferencePool."
+        ),
+    )
     max_replicas: int = Field(default=8, ge=1, le=1000, description="Most replicas.")
     slo: SloSpec | None = Field(default=None, description="The latency objective; required when enabled.")
     scale_down_delay: ScaleDownDelay | None = Field(
@@ -318,6 +378,9 @@ class AutoscalingSpec(Model):
             "How long demand must stay lower before replicas are removed (like the HPA's scale-down "
             "stabilization window; 0s to 1h, the HPA's bound). Default: the longer of 5m and the measured cold start."
         ),
+    )
+    scale_to_zero: ScaleToZeroSpec | None = Field(
+        default=None, description="With minReplicas 0: how long idle before the last replica goes. Default: auto."
     )
     capacity_per_replica: float | None = Field(
         default=None,
@@ -339,7 +402,18 @@ class AutoscalingSpec(Model):
             raise ValueError(f"minReplicas: {self.min_replicas} exceeds maxReplicas: {self.max_replicas}")
         if self.enabled and self.slo is None:
             raise ValueError("slo: required when autoscaling is enabled (e.g. {target: 2s})")
+        if self.scale_to_zero is not None and self.min_replicas != 0:
+            raise ValueError(
+                f"scaleToZero: set, but minReplicas is {self.min_replicas}; it is read only with minReplicas: 0"
+            )
         return self
+
+    @property
+    def idle_after(self) -> str | None:
+        """With minReplicas 0, scaleToZero.after ("auto" or a duration); None when the fleet never goes to zero."""
+        if self.min_replicas != 0:
+            return None
+        return (self.scale_to_zero or ScaleToZeroSpec()).after
 
 
 class TracingSpec(Model):
@@ -646,6 +720,14 @@ class MultimodalInferenceSpec(Model):
                     ".routing.gateway",
                 ),
                 cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0 "
+                    "|| (has(self.autoscaling.enabled) && !self.autoscaling.enabled) || "
+                    "(has(self.routing) && has(self.routing.mode) && self.routing.mode == 'inferencePool')",
+                    "autoscaling.minReplicas: 0 needs routing.mode inferencePool: its endpoint picker holds the first "
+                    "request while a replica starts (a plain Service would refuse it)",
+                    ".autoscaling.minReplicas",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -734,6 +816,13 @@ class MultimodalInferenceSpec(Model):
             raise ValueError(
                 f"routing.gateway: set, but spec.routing.mode is {self.routing.mode}; an HTTPRoute to the "
                 "InferencePool needs routing.mode inferencePool (accepted: inferencePool, or no gateway)"
+            )
+        autoscaling = self.autoscaling
+        if autoscaling is not None and autoscaling.idle_after is not None and self.routing.mode != "inferencePool":
+            raise ValueError(
+                f"autoscaling.minReplicas: 0 needs spec.routing.mode inferencePool, but it is {self.routing.mode}: "
+                "with no replica, only the endpoint picker's flow control holds a request while one starts "
+                "(accepted: minReplicas 1 or more, or routing.mode: inferencePool)"
             )
         if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
             raise ValueError(

@@ -16,6 +16,10 @@ hands it here; nothing in this module does I/O, so every rule below is unit-test
   policy sees a latency of 0, so an idle fleet can return to ``minReplicas`` once its window passes;
 - the cold start L the policy plans with is measured on the fleet's own pods (creation to Ready),
   with a configured default until one of them has been Ready;
+- a fleet with minReplicas 0 lets its last replica go once it has been idle (no request finished, in flight or held
+  by its endpoint picker) for the wait ``autoscaler.idle`` sets, and comes back to one replica in the first cycle
+  that reads a request held by the picker, the only sign of demand with no server; the policy sizes the live fleet
+  with a floor of one;
 - attainment is the share of measured cycles over the last hour whose percentile met the target.
 """
 
@@ -23,13 +27,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
 
 from mmfleet import backends
 from mmfleet.api import (
     AutoscalingSpec,
+    IdleReason,
     MetricsAvailableReason,
     MultimodalInference,
     ScalingLimitedReason,
@@ -40,6 +45,7 @@ from mmfleet.api import (
     seconds,
 )
 from mmfleet.autoscaler import Observation
+from mmfleet.autoscaler.idle import IdleMemory, IdleRule, idle_rule
 from mmfleet.autoscaler.metrics import RATE_WINDOW, SIGNALS, Signals
 from mmfleet.autoscaler.policy import SloPolicy
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
@@ -135,6 +141,7 @@ class Memory:
     most_in_flight: float = 0.0  # the most requests in flight (waiting + running) per Ready pod in samples used
     most_rate: float = 0.0  # the most finished requests/s per Ready pod in samples used
     unconfirmed: float | None = None  # when a sample beyond those was held, for the next one read to confirm
+    idle: IdleMemory = field(default_factory=IdleMemory)  # with minReplicas 0: the current idle gap and the last ones
 
 
 @dataclass(frozen=True)
@@ -325,7 +332,13 @@ def decide(
     cold_start = pods.cold_start if pods.cold_start is not None else memory.cold_start
     memory = replace(memory, cold_start=cold_start)
     clock = now.timestamp()
-    held = clamp_replicas(seen.current, autoscaling.min_replicas, autoscaling.max_replicas)
+    lead = default_cold_start if cold_start is None else cold_start
+    rule = _idle_rule(autoscaling, memory, lead)
+    if rule is not None and seen.current == 0:
+        return _at_zero(inference, seen, memory, clock, rule, lead)
+    # The live fleet's floor: one replica even with minReplicas 0, whose last replica only the idle rule lets go.
+    low = max(1, autoscaling.min_replicas) if seen.current else autoscaling.min_replicas
+    held = clamp_replicas(seen.current, low, autoscaling.max_replicas)
     unavailable = _unavailable(seen, inference, held, memory)
     if _series_read(seen):
         # Only a gap in the series longer than the rate window restarts the warm-up: a rate() across a shorter one
@@ -365,11 +378,11 @@ def decide(
             starting=pods.starting,
             unschedulable=pods.unschedulable,
             current=seen.current,
-            min_replicas=autoscaling.min_replicas,
+            min_replicas=low,
             max_replicas=autoscaling.max_replicas,
             slo_target=target,
             slo_percentile=slo.percentile,
-            cold_start=default_cold_start if cold_start is None else cold_start,
+            cold_start=lead,
             request_rate=signals.request_rate,
             latency=0.0 if idle else latency,
             waiting=signals.waiting,
@@ -436,6 +449,16 @@ def decide(
                 SloMetReason.NO_REQUESTS_FINISHED,
                 f"no request finished over the last {slo.window}, {in_flight:g} in flight",
             )
+    rows: tuple[ConditionRow, ...] = ()
+    if rule is not None:
+        # Idle only when the picker is read and holds nothing: a fleet it cannot vouch for keeps its replica.
+        quiet = idle and seen.signals is not None and seen.signals.held == 0 and unavailable is None
+        idleness = memory.idle.seen(quiet, clock) if unavailable is None else memory.idle
+        memory = replace(memory, idle=idleness)
+        if quiet and idleness.idle_for(clock) >= rule.wait and replicas <= seen.current:
+            reason = f"no request for {duration_text(idleness.idle_for(clock))} ({rule.why}): {seen.current} -> 0"
+            replicas = 0
+        rows = (_idle_row(idleness, clock, rule, quiet, unavailable is None, replicas),)
     if replicas != seen.current:
         cause = "scaled_up" if replicas > seen.current else "scaled_down"
     return Outcome(
@@ -446,7 +469,111 @@ def decide(
         memory=memory,
         latency=latency,
         idle=idle,
-        conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label)),
+        conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label), *rows),
+    )
+
+
+def _idle_rule(autoscaling: AutoscalingSpec, memory: Memory, cold_start: float) -> IdleRule | None:
+    """With minReplicas 0, how long the fleet stays warm while idle; None for a fleet that never goes to zero."""
+    after = autoscaling.idle_after
+    if after is None:
+        return None
+    return idle_rule(after, memory.idle.gaps, cold_start, None if after == "auto" else seconds(after))
+
+
+def _idle_row(
+    gap: IdleMemory, clock: float, rule: IdleRule, quiet: bool, measured: bool, replicas: int
+) -> ConditionRow:
+    """The Idle condition of a live zero-capable fleet."""
+    goes = f"the last replica goes after {duration_text(rule.wait)} idle ({rule.why})"
+    if not measured:
+        return ("Idle", None, IdleReason.NOT_MEASURED, f"nothing measured this cycle (see MetricsAvailable); {goes}")
+    if not quiet:
+        return ("Idle", False, IdleReason.SERVING, f"requests over the last {RATE_WINDOW}; {goes}")
+    idle_for = duration_text(gap.idle_for(clock))
+    if replicas == 0:
+        return ("Idle", True, IdleReason.SCALED_TO_ZERO, f"no request for {idle_for}: scaling to zero ({rule.why})")
+    return ("Idle", True, IdleReason.IDLE, f"no request for {idle_for}; {goes}")
+
+
+def _at_zero(
+    inference: MultimodalInference, seen: Seen, memory: Memory, clock: float, rule: IdleRule, cold_start: float
+) -> Outcome:
+    """A fleet at zero replicas: nothing serves, nothing is scraped but its endpoint picker, whose held requests
+    bring it back to one replica (its policy sizes it from there once that replica's series are read)."""
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None
+    signals = seen.signals
+    held = None if seen.outage is not None or signals is None else signals.held
+    metrics: ConditionRow
+    if seen.outage is not None:
+        problem: str | None = seen.outage
+        metrics = ("MetricsAvailable", False, MetricsAvailableReason.PROMETHEUS_UNAVAILABLE, seen.outage)
+    elif held is None:
+        problem = (signals.held_problem if signals is not None else None) or "no answer"
+        metrics = (
+            "MetricsAvailable",
+            False,
+            MetricsAvailableReason.QUERY_FAILED,
+            f"the endpoint picker's held requests could not be read: {problem}",
+        )
+    else:
+        problem = None
+        metrics = (
+            "MetricsAvailable",
+            None,
+            MetricsAvailableReason.NO_POD_SERVING,
+            f"scaled to zero, no server to scrape; the endpoint picker holds {held:g} requests",
+        )
+    gap = memory.idle
+    idle_for = duration_text(gap.idle_for(clock))
+    waking = held is not None and held > 0
+    pods = seen.pods
+    if waking:
+        assert held is not None
+        memory = replace(memory, idle=gap.seen(False, clock))
+        replicas = clamp_replicas(1, 1, autoscaling.max_replicas)
+        reason = f"{held:g} requests held by the endpoint picker after {idle_for} idle: 0 -> {replicas}"
+        idle_row: ConditionRow = (
+            "Idle",
+            False,
+            IdleReason.WAKING_UP,
+            f"{held:g} requests held by the endpoint picker; a replica is starting (cold start about "
+            f"{duration_text(cold_start)}, within the picker's request TTL)",
+        )
+        slo_met: ConditionRow = (
+            "SLOMet",
+            None,
+            SloMetReason.NO_REQUESTS_FINISHED,
+            f"{held:g} requests held by the endpoint picker until a replica is Ready",
+        )
+    else:
+        if problem is None:  # the gap goes on (or, after an operator restart at zero, is seen from now)
+            gap = gap.seen(True, clock)
+            memory = replace(memory, idle=gap)
+            idle_for = duration_text(gap.idle_for(clock))
+        replicas = 0
+        why = "nothing read" if problem is not None else f"no request for {idle_for}"
+        reason = f"scaled to zero ({why}): holding 0"
+        idle_row = (
+            "Idle",
+            True,
+            IdleReason.SCALED_TO_ZERO,
+            f"0 replicas, {why}; the endpoint picker holds the next request while a replica starts (cold start "
+            f"about {duration_text(cold_start)}) and the autoscaler adds one within a cycle",
+        )
+        slo_met = ("SLOMet", True, SloMetReason.NO_REQUESTS, "no requests: scaled to zero")
+    target = seconds(autoscaling.slo.target) if autoscaling.slo is not None else 0.0
+    label = f"P{autoscaling.slo.percentile:g}" if autoscaling.slo is not None else ""
+    return Outcome(
+        current=0,
+        replicas=replicas,
+        reason=reason,
+        cause="scaled_up" if waking else ("metrics_unavailable" if problem is not None else "held"),
+        memory=memory,
+        latency=None,
+        idle=not waking,
+        conditions=(metrics, slo_met, _limits(inference, replicas, pods, None, target, label), idle_row),
     )
 
 

@@ -32,7 +32,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from mmfleet import backends
+from mmfleet import backends, routing
 from mmfleet.api import BackendName, MultimodalInference, SloMetric, seconds
 from mmfleet.backends import Signal
 
@@ -49,6 +49,9 @@ QUERY_CONCURRENCY = 8
 SIGNALS: tuple[Signal, ...] = get_args(Signal)
 # The pods that report each fleet's series, compared with the Ready ones: a partial scrape under-counts the sums.
 REPORTING: Final = "reporting"
+# Requests the fleet's endpoint picker holds in flow control, read for fleets that may scale to zero: with no server,
+# the only sign of demand (the picker's PodMonitor labels its series as the servers').
+HELD: Final = "held"
 
 Key = tuple[str, str]
 
@@ -76,6 +79,7 @@ class Target:
     name: str
     backend: BackendName
     slo: Slo
+    zero: bool = False  # may scale to zero: its picker's held requests are read too
 
     @property
     def key(self) -> Key:
@@ -89,7 +93,8 @@ class Target:
         slo = autoscaling.slo
         meta = inference.metadata
         window = promql_duration(slo.window)
-        return cls(meta.namespace, meta.name, inference.spec.backend.name, Slo(slo.metric, slo.percentile, window))
+        slo_read = Slo(slo.metric, slo.percentile, window)
+        return cls(meta.namespace, meta.name, inference.spec.backend.name, slo_read, autoscaling.idle_after is not None)
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,8 @@ class Signals:
     missing: tuple[str, ...] = ()
     reporting: int | None = None  # pods with series for this fleet; None when not asked (the twin)
     failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
+    held: float | None = None  # requests its endpoint picker holds; None when not read or not there
+    held_problem: str | None = None  # why ``held`` could not be read, when it was asked for
 
 
 class Sent(NamedTuple):
@@ -130,7 +137,7 @@ class Readings:
 
 # A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
 Found = dict[tuple[str, str, str], float | str]
-Query = Signal | Slo | Literal["reporting"]
+Query = Signal | Slo | Literal["reporting", "held"]
 
 
 def _union(parts: dict[str, str]) -> str:
@@ -186,7 +193,28 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
     queries[REPORTING] = reporting_query(backends_used)
     for slo in dict.fromkeys(t.slo for t in targets):
         queries[slo] = latency_query(slo, {t.backend for t in targets if t.slo == slo})
+    if any(t.zero for t in targets):
+        queries[HELD] = held_query()
     return queries
+
+
+def held_query() -> str:
+    """The requests each fleet's endpoint picker holds now, over its flows and priorities."""
+    return f"sum by ({', '.join(FLEET_LABELS)}) ({routing.HELD_METRIC})"
+
+
+def _held(
+    target: Target, answers: dict[Query, Found], errors: dict[Query, str] | None
+) -> tuple[float | None, str | None]:
+    """A zero-capable fleet's held requests (no series: the picker has held none since it started), or why not."""
+    if not target.zero:
+        return None, None
+    if errors and HELD in errors:
+        return None, errors[HELD]
+    value = answers.get(HELD, {}).get((target.namespace, target.name, ""), 0.0)
+    if isinstance(value, str) or not math.isfinite(value) or value < 0:
+        return None, f"Prometheus answered {routing.HELD_METRIC} = {value!r}, not a count"
+    return value, None
 
 
 class MalformedAnswerError(ValueError):
@@ -223,9 +251,10 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
     """
     metrics = backends.get(target.backend).metrics
     needed: tuple[Query, ...] = (target.slo, *SIGNALS, REPORTING)
+    held, held_problem = _held(target, answers, errors)
     for query in needed:
         if errors and query in errors:
-            return Signals(failed=errors[query])
+            return Signals(failed=errors[query], held=held, held_problem=held_problem)
     key = (target.namespace, target.name, target.backend)
     names: dict[Query, str] = {
         target.slo: f"{metrics.histogram(target.slo.metric)}_bucket",
@@ -234,7 +263,8 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
     found = {query: answers.get(query, {}).get(key) for query in needed}
     malformed = [f"{names.get(q, 'pods reporting')} = {v!r}" for q, v in found.items() if isinstance(v, str)]
     if malformed:
-        return Signals(failed=f"Prometheus answered a value that is not a number: {', '.join(malformed)}")
+        failed = f"Prometheus answered a value that is not a number: {', '.join(malformed)}"
+        return Signals(failed=failed, held=held, held_problem=held_problem)
     values = {query: value for query, value in found.items() if isinstance(value, float)}
     latency = values.get(target.slo)
     missing = tuple(names[q] for q in (target.slo, *SIGNALS) if q not in values)
@@ -246,6 +276,8 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
         kv_cache_usage=values.get("kv_cache_usage"),
         missing=missing,
         reporting=int(values[REPORTING]) if REPORTING in values and math.isfinite(values[REPORTING]) else None,
+        held=held,
+        held_problem=held_problem,
     )
 
 
@@ -253,6 +285,8 @@ def describe(query: Query) -> str:
     """A query as the fleets' owners know it: "P97.3 of ttft over 60s", "waiting", "pods reporting"."""
     if isinstance(query, Slo):
         return f"P{query.percentile:g} of {query.metric} over {query.window}"
+    if query == HELD:
+        return "requests held by the endpoint picker"
     return "pods reporting" if query == REPORTING else query
 
 
@@ -318,7 +352,8 @@ class Prometheus:
             if what not in got or got[what].kind == "silent"
         }
         unreachable = [a.problem for a in got.values() if a.kind == "unreachable" and a.problem]
-        outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo)]), None)
+        # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it.
+        outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w != HELD]), None)
         if outage is not None:
             return Readings(outage=outage, queries=len(sent), latencies=latencies)
         answers = {what: answer.found for what, answer in got.items() if answer.found is not None}
