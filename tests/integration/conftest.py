@@ -110,3 +110,23 @@ def operator(cluster: Cluster, crd: None, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture
 def fleet(api: Any, namespace: str, operator: OperatorProcess) -> Fleet:
     return Fleet(api, namespace)
+
+
+# The operator's MMFLEET_COLD_START for the modules that route requests through a real picker: the picker's request
+# TTL is the next 30 s step above it (mmfleet.routing.request_ttl), so held requests are answered after 30 s, not 150.
+POOL_COLD_START = "1"
+
+
+@pytest.fixture(scope="module")
+def pool_operator(routing_crds: None, operator: OperatorProcess) -> Iterator[OperatorProcess]:  # noqa: F811
+    """The session's operator restarted to see the routing CRDs, with a short cold start (so a 30 s request TTL);
+    restarted as it was at the end."""
+    operator.env["MMFLEET_COLD_START"] = POOL_COLD_START
+    operator.stop()
+    operator.start()
+    try:
+        yield operator
+    finally:
+        del operator.env["MMFLEET_COLD_START"]
+        operator.stop()
+        operator.start()

@@ -9,43 +9,45 @@ server's port, each simulator in a namespace holding its pod's IP. The test spea
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
-import json
-import os
 import random
 import re
-import shutil
-import socket
-import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from kubernetes import client
 
 from mmfleet import dashboard
-from mmfleet.api import seconds
-from mmfleet_lab.cluster import Cluster, ensure_epp, ensure_gateway_standin, ensure_inference_sim
-from mmfleet_lab.cluster.collector import RunningCollector, run_collector
-from mmfleet_lab.cluster.netns import Network, isolated_network, socket_in
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.collector import run_collector
+from mmfleet_lab.cluster.netns import Network
 from tests.helpers.chart import has_default_sa
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.routed import (
+    AS_ROOT,
+    POOL_API,
+    RoutedPool,
+    chat,
+    data_url,
+    listening,
+    question,
+    ready_pods,
+    require_netns,
+    serve_pool,
+)
 from tests.helpers.tools import REQUIRED
 from tests.helpers.wait import wait_for
 
-# Network namespaces need root (and iproute2's ip: make system-deps). A developer who is not root skips this module
-# before the cluster starts; under make integration (MMFLEET_REQUIRE_TOOLS=1) nothing skips, _require_netns fails.
-AS_ROOT = os.geteuid() == 0
+# A developer who is not root skips this module before the cluster starts; under make integration
+# (MMFLEET_REQUIRE_TOOLS=1) nothing skips, require_netns fails.
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
@@ -56,176 +58,21 @@ pytestmark = [
 
 FLEET = "routed"
 REPLICAS = 3
-# The operator's MMFLEET_COLD_START for this module: the picker's request TTL is the next 30 s step above it
-# (mmfleet.routing.request_ttl), so held requests are answered after 30 s rather than 150.
-COLD_START = "1"
-POOL_API = ("inference.networking.k8s.io", "v1")
 # The fleet traces every request; its spans go to a collector the test runs (only the endpoint is the test's).
 TRACING = {"enabled": True, "sampleRatio": 1.0, "endpoint": "http://collector.observability:4317"}
-# The simulator's flags that make it a server of the fleet (llm-d-inference-sim v0.10.2 pkg/common/parser.go:115-231):
-# no tokenizer download (a simulated one, tokenizer.go:54-70), its KV cache with vLLM's 16-token blocks, so
-# ``vllm:cache_config_info`` tells the picker's prefix index the block size (metrics.go). POD_IP is needed with the KV
-# cache (its events name the pod).
-SIM_FLAGS = ("--force-dummy-tokenizer", "--enable-kvcache", "--block-size", "16", "--kv-cache-size", "4096")
-FAST = ("--time-to-first-token", "10ms", "--inter-token-latency", "1ms")
 # Seconds after its server's death by which a replica gets no more requests: the detector's staleness threshold
 # (200 ms) and a scrape (50 ms), with room for two busy cores.
 STALE_WITHIN = 0.5
-# --log-http: each request's headers in the simulator's log, where the trace context is looked for.
-SIM_FLAGS += ("--log-http",)
+# The simulators log each request's headers (--log-http), where the trace context is looked for.
 TRACEPARENT = re.compile(r"Traceparent: 00-([0-9a-f]{32})-([0-9a-f]{16})-0[01]")
-
-
-@dataclass
-class Answer:
-    status: int
-    endpoint: str
-    body: str
-    seconds: float
-
-
-class UnixConnection(http.client.HTTPConnection):
-    """HTTP over the stand-in's Unix socket."""
-
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("gateway.local", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(str(self.socket_path))
-        self.sock = sock
-
-
-@dataclass
-class RoutedPool:
-    """The fleet's pods served by simulators, its picker and the stand-in, in ``network``."""
-
-    network: Network
-    fleet: Fleet
-    serve: list[str]  # the rendered server's command
-    ttl: float  # the rendered flowControl.defaultRequestTTL, in seconds
-    logs: Path
-    gateway_socket: Path
-    pods: dict[str, str] = field(default_factory=dict)  # pod IP -> pod name
-    sims: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # pod IP -> its simulator
-    picker_log: Path = Path()
-    collector: RunningCollector | None = None
-
-    def flag(self, name: str) -> str:
-        return self.serve[self.serve.index(name) + 1]
-
-    @property
-    def model(self) -> str:
-        return self.flag("--served-model-name")
-
-    def start_sim(self, ip: str, *extra: str) -> None:
-        """A simulator as the fleet's server at ``ip`` (its model, served name, port, context length)."""
-        if ip in self.sims:
-            Network.stop(self.sims.pop(ip))
-        argv = [str(ensure_inference_sim()), "--model", self.serve[2], "--served-model-name", self.model]
-        argv += ["--port", self.flag("--port"), "--max-model-len", self.flag("--max-model-len")]
-        argv += ["--max-num-seqs", self.flag("--max-num-seqs"), *SIM_FLAGS, *extra]
-        env = {"POD_IP": ip, "POD_NAME": self.pods[ip], "POD_NAMESPACE": self.fleet.namespace}
-        self.sims[ip] = self.network.run(self.network.pods[ip], argv, self.logs / f"sim-{ip}.log", env)
-
-    def post(self, body: dict[str, Any], timeout: float = 30.0, headers: dict[str, str] | None = None) -> Answer:
-        connection = UnixConnection(self.gateway_socket, timeout)
-        started = time.monotonic()
-        try:
-            payload = json.dumps(body).encode()
-            sent = {"content-type": "application/json", **(headers or {})}
-            connection.request("POST", "/v1/chat/completions", payload, sent)
-            answer = connection.getresponse()
-            text = answer.read().decode(errors="replace")
-            endpoint = answer.getheader("x-mmfleet-endpoint") or ""
-            return Answer(answer.status, endpoint, text, time.monotonic() - started)
-        finally:
-            connection.close()
-
-    def picker_metrics(self) -> str:
-        """The picker's /metrics, read inside the gateway namespace (its port is there only)."""
-        connection = http.client.HTTPConnection("127.0.0.1", 9090, timeout=5)
-        sock = socket_in(self.network.gateway)
-        sock.settimeout(5)
-        sock.connect(("127.0.0.1", 9090))
-        connection.sock = sock
-        try:
-            connection.request("GET", "/metrics")
-            return connection.getresponse().read().decode()
-        finally:
-            connection.close()
-
-    def endpoint(self, ip: str) -> str:
-        return f"{ip}:{self.flag('--port')}"
-
-    def why(self) -> str:
-        return "\n".join(self.picker_log.read_text(errors="replace").splitlines()[-30:])
-
-
-def chat(model: str, text: str, image: str | None = None, max_tokens: int = 4) -> dict[str, Any]:
-    """An OpenAI chat request; with ``image``, a user turn of text then the image (a data: or http:// URL)."""
-    content: Any = text
-    if image is not None:
-        content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": image}}]
-    return {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}
-
-
-def data_url(rng: random.Random, size: int = 6000) -> str:
-    return "data:image/png;base64," + base64.b64encode(rng.randbytes(size)).decode()
-
-
-def question(rng: random.Random) -> str:
-    """A session's question, different from the first words: the picker hashes the messages in 64-byte blocks (16
-    tokens of 4 characters, ``approximateprefix/hashing.go:47-87``), and a first block shared by every request would
-    pull each new one to whichever replica saw it first."""
-    return f"Session {uuid.UUID(int=rng.getrandbits(128))}: what does this picture show, and what is unusual in it?"
-
-
-@pytest.fixture(scope="module")
-def pool_operator(routing_crds: None, operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    """The session's operator restarted to see the routing CRDs, with a short cold start (so a 30 s request TTL);
-    restarted as it was at the end."""
-    operator.env["MMFLEET_COLD_START"] = COLD_START
-    operator.stop()
-    operator.start()
-    try:
-        yield operator
-    finally:
-        del operator.env["MMFLEET_COLD_START"]
-        operator.stop()
-        operator.start()
-
-
-def _require_netns() -> None:
-    """Fail, naming what is missing, before the fleet is made: never a skip, so CI cannot pass without them."""
-    missing = [] if AS_ROOT else ["root"]
-    if shutil.which("ip") is None:
-        missing.append("iproute2's ip (make system-deps)")
-    if missing:
-        pytest.fail(f"network namespaces need {' and '.join(missing)} (mmfleet_lab.cluster.netns)")
-
-
-def _ready_pods(fleet: Fleet, selector: dict[str, str]) -> dict[str, str] | None:
-    labels = ",".join(f"{key}={value}" for key, value in selector.items())
-    pods = fleet.core.list_namespaced_pod(fleet.namespace, label_selector=labels).items
-    ready = {
-        pod.status.pod_ip: pod.metadata.name
-        for pod in pods
-        if pod.status.pod_ip
-        and pod.metadata.deletion_timestamp is None
-        and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-    }
-    return ready if len(ready) == REPLICAS else None
 
 
 @pytest.fixture(scope="module")
 def routed(
     cluster: Cluster, api: Any, pool_operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RoutedPool]:
-    _require_netns()
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    require_netns()
+    core = client.CoreV1Api(api)
     namespace = f"it-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": namespace}})
     wait_for(lambda: has_default_sa(api, namespace), 30, f"namespace {namespace}'s default ServiceAccount")
@@ -234,40 +81,17 @@ def routed(
     try:
         fleet.create(mmi(FLEET, replicas=REPLICAS, routing={"mode": "inferencePool"}, tracing=TRACING))
         fleet.wait_condition(FLEET, "RoutingReady", status="True", timeout=90)
-        pool = custom.get_namespaced_custom_object(*POOL_API, namespace, "inferencepools", FLEET)
-        config_map = core.read_namespaced_config_map(f"{FLEET}-epp", namespace)
+        selector = fleet.custom.get_namespaced_custom_object(*POOL_API, namespace, "inferencepools", FLEET)["spec"][
+            "selector"
+        ]["matchLabels"]
+        pods = wait_for(lambda: ready_pods(fleet, selector, REPLICAS), 60, "the fleet's pods")
         picker = fleet.apps.read_namespaced_deployment(f"{FLEET}-epp", namespace).spec.template.spec.containers[0]
-        server = fleet.apps.read_namespaced_deployment(FLEET, namespace).spec.template.spec.containers[0]
-        pods = wait_for(lambda: _ready_pods(fleet, pool["spec"]["selector"]["matchLabels"]), 60, "the fleet's pods")
-        config_text = config_map.data["config.yaml"]
-        ttl = seconds(yaml.safe_load(config_text)["flowControl"]["defaultRequestTTL"])
-        config = logs / "config.yaml"
-        config.write_text(config_text)  # the rendered configuration, as it is
-        assert str(pool["spec"]["targetPorts"][0]["number"]) == server.command[server.command.index("--port") + 1]
-
-        with isolated_network() as network, run_collector(logs / "collector") as collector:
-            routed = RoutedPool(network, fleet, server.command, ttl, logs, logs / "gateway.sock", pods=pods)
-            routed.collector = collector
-            network.forward_tcp(urlsplit(_api_server(cluster)).port or 443)
-            network.forward_tcp(urlsplit(collector.endpoint).port or 4317)
-            for ip in pods:
-                network.add_pod(ip)
-                routed.start_sim(ip, *FAST)
-            # The rendered container's arguments; only the configuration's path is this test's.
-            args: list[str] = picker.args
-            args[args.index("--config-file") + 1] = str(config)
-            env = {e.name: e.value for e in picker.env if e.value is not None}  # the rendered tracing settings
-            assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == TRACING["endpoint"]
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint  # forwarded into the gateway namespace
-            env.update(KUBECONFIG=str(cluster.kubeconfig), NAMESPACE=namespace, POD_NAME=f"{FLEET}-epp-0-0")
-            routed.picker_log = logs / "epp.log"
-            network.run(network.gateway, [str(ensure_epp()), *args], routed.picker_log, env)
-            standin = [str(ensure_gateway_standin()), "--listen", f"unix:{routed.gateway_socket}"]
-            network.run(network.gateway, [*standin, "--ext-proc", "127.0.0.1:9002"], logs / "gateway.log")
-            wait_for(routed.gateway_socket.exists, 30, "the stand-in's socket")
-            wait_for(
-                lambda: _serves_all(routed), 60, lambda: f"every replica serving through the picker\n{routed.why()}"
-            )
+        rendered = {e.name: e.value for e in picker.env if e.value is not None}
+        assert rendered["OTEL_EXPORTER_OTLP_ENDPOINT"] == TRACING["endpoint"]  # the rendered tracing settings
+        with (
+            run_collector(logs / "collector") as collector,
+            serve_pool(cluster, fleet, FLEET, pods, logs, collector) as routed,
+        ):
             yield routed
     finally:
         core.delete_namespace(namespace)
@@ -277,30 +101,6 @@ def _fill(routed: RoutedPool, request: dict[str, Any]) -> None:
     """A request left waiting in a server or in the picker; its end (an answer, or the network's removal) unread."""
     with contextlib.suppress(OSError, http.client.HTTPException):
         routed.post(request, routed.ttl + 90)
-
-
-def _listening(routed: RoutedPool, ip: str) -> bool:
-    probe = socket_in(routed.network.gateway)
-    probe.settimeout(1)
-    try:
-        probe.connect((ip, int(routed.flag("--port"))))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
-
-
-def _api_server(cluster: Cluster) -> str:
-    server: str = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    return server
-
-
-def _serves_all(routed: RoutedPool) -> bool:
-    """Distinct requests reach every replica (the picker has them all, with metrics)."""
-    rng = random.Random()  # new questions at each try: a question asked before goes where it went
-    seen = {routed.post(chat(routed.model, question(rng))).endpoint for _ in range(12)}
-    return seen >= {routed.endpoint(ip) for ip in routed.pods}
 
 
 # 127.0.0.1 and ::1 as /proc/net/tcp{,6} write them.
@@ -323,7 +123,7 @@ def _host_ports_beyond_loopback() -> set[int]:
 def test_the_picker_and_the_servers_listen_only_in_their_namespaces(routed: RoutedPool) -> None:
     served = {int(routed.flag("--port")), 9002, 9003, 9090}  # the servers' port, the picker's (options.go defaults)
     assert not served & _host_ports_beyond_loopback()
-    assert all(_listening(routed, ip) for ip in routed.sims)
+    assert all(listening(routed, ip) for ip in routed.sims)
 
 
 def test_the_same_image_goes_to_the_same_replica(routed: RoutedPool) -> None:
@@ -425,7 +225,7 @@ def test_a_saturated_pool_holds_requests_then_answers_with_the_pickers_status(ro
     live = [ip for ip in routed.pods if ip in routed.sims]
     for ip in live:
         routed.start_sim(ip, "--max-num-seqs", "1", "--time-to-first-token", "60s")
-    wait_for(lambda: all(_listening(routed, ip) for ip in live), 30, "the slowed servers")
+    wait_for(lambda: all(listening(routed, ip) for ip in live), 30, "the slowed servers")
     config = yaml.safe_load((routed.logs / "config.yaml").read_text())
     depth = next(
         p["parameters"]["queueDepthThreshold"] for p in config["plugins"] if p["type"] == "utilization-detector"

@@ -1,0 +1,212 @@
+"""Scale to zero and back, for real: a fleet with minReplicas 0 idles to zero, a request arrives and is held by the
+real endpoint picker (EPP v1.5.0, flow control as the operator rendered it), the operator reads the held request from
+a real Prometheus scraping the picker, scales 0 -> 1, and the request is answered by the new replica's server (the llm-d
+inference simulator at the pod's IP).
+
+Prometheus runs on the host and scrapes the picker's and the servers' /metrics inside the gateway's network namespace
+through a small bridge (``MetricsBridge``), labelled as the rendered PodMonitors label them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster import prometheus as prom
+from mmfleet_lab.cluster.netns import Network, socket_in
+from tests.helpers.chart import has_default_sa
+from tests.helpers.fake_pods import PrometheusServer
+from tests.helpers.fleet import Fleet, mmi
+from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.routed import (
+    AS_ROOT,
+    FAST,
+    POOL_API,
+    Answer,
+    RoutedPool,
+    chat,
+    question,
+    ready_pods,
+    require_netns,
+    serve_pool,
+)
+from tests.helpers.tools import REQUIRED
+from tests.helpers.wait import wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not AS_ROOT and not REQUIRED,
+        reason="needs root for network namespaces (ip netns, setns); under make integration it fails instead",
+    ),
+]
+
+FLEET = "idle"
+PICKER_METRICS = ("127.0.0.1", 9090)  # the picker's metrics port, in the gateway's namespace (options.go default)
+AUTOSCALING = {
+    "minReplicas": 0,
+    "maxReplicas": 2,
+    "slo": {"target": "2s", "window": "10s"},
+    "scaleToZero": {"after": "1m"},
+}
+
+
+class MetricsBridge:
+    """``/pods/<namespace>/<pod>/metrics`` on the host, read from ``routes[pod]`` inside the gateway's namespace."""
+
+    def __init__(self, network: Network) -> None:
+        self.routes: dict[str, tuple[str, int]] = {}
+        bridge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                where = bridge.routes.get(self.path.removesuffix("/metrics").rsplit("/", 1)[-1])
+                body = bridge.fetch(network, where) if where else None
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def fetch(network: Network, where: tuple[str, int]) -> bytes | None:
+        connection = http.client.HTTPConnection(*where, timeout=2)
+        try:
+            sock = socket_in(network.gateway)
+            sock.settimeout(2)
+            sock.connect(where)
+            connection.sock = sock
+            connection.request("GET", "/metrics")
+            return connection.getresponse().read()
+        except OSError:
+            return None
+        finally:
+            connection.close()
+
+    def targets(self, namespace: str, inference: str) -> list[prom.Target]:
+        return [prom.Target(self.address, namespace, pod, inference) for pod in self.routes]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def zero_operator(pool_operator: OperatorProcess, tmp_path: Path) -> Iterator[tuple[OperatorProcess, PrometheusServer]]:
+    """The module's operator (a 1 s cold start, so a 30 s request TTL), reading a Prometheus of this test's every
+    second; restored after."""
+    server = PrometheusServer(tmp_path, "1s")
+    server.start()
+    saved = dict(pool_operator.env)
+    pool_operator.stop()
+    pool_operator.env.update(MMFLEET_PROMETHEUS_URL=server.url, MMFLEET_AUTOSCALE_INTERVAL="1s")
+    pool_operator.start()
+    try:
+        yield pool_operator, server
+    finally:
+        pool_operator.stop()
+        pool_operator.env.clear()
+        pool_operator.env.update(saved)
+        pool_operator.start()
+        server.stop()
+
+
+def events(fleet: Fleet, reason: str) -> list[str]:
+    found = fleet.core.list_namespaced_event(fleet.namespace, field_selector=f"involvedObject.name={FLEET}").items
+    return [e.message for e in found if e.reason == reason]
+
+
+def replicas(fleet: Fleet) -> int:
+    count: int = fleet.deployment(FLEET).spec.replicas
+    return count
+
+
+def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replica_serves_it(
+    cluster: Cluster,
+    api: Any,
+    zero_operator: tuple[OperatorProcess, PrometheusServer],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    require_netns()
+    _, server = zero_operator
+    core = client.CoreV1Api(api)
+    namespace = f"it-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    wait_for(lambda: has_default_sa(api, namespace), 30, f"namespace {namespace}'s default ServiceAccount")
+    fleet = Fleet(api, namespace)
+    logs = tmp_path_factory.mktemp("zero")
+    targets = prom.targets_dir(server.state) / "routed.json"
+    try:
+        fleet.create(mmi(FLEET, routing={"mode": "inferencePool"}, autoscaling=AUTOSCALING))
+        fleet.wait_condition(FLEET, "RoutingReady", status="True", timeout=90)
+        pool = fleet.custom.get_namespaced_custom_object(*POOL_API, namespace, "inferencepools", FLEET)
+        selector = pool["spec"]["selector"]["matchLabels"]
+        pods = wait_for(lambda: ready_pods(fleet, selector, 1), 60, "the fleet's first replica (its initial scale)")
+        with serve_pool(cluster, fleet, FLEET, pods, logs, None) as routed:
+            bridge = MetricsBridge(routed.network)
+            try:
+                ((ip, pod),) = pods.items()
+                bridge.routes = {f"{FLEET}-epp-0": PICKER_METRICS, pod: (ip, int(routed.flag("--port")))}
+                prom.write_targets(targets, bridge.targets(namespace, FLEET))
+
+                # Idle (the requests that checked the pool finished over a minute ago): down to zero after 1m.
+                why = lambda: f"0 replicas; Idle: {fleet.condition(FLEET, 'Idle')}"  # noqa: E731
+                wait_for(lambda: replicas(fleet) == 0, 240, why)
+                down = events(fleet, "ScaledDown")
+                assert any(m.endswith("(scaleToZero.after 1m): 1 -> 0") for m in down), down
+                idle = fleet.wait_condition(FLEET, "Idle", reason="ScaledToZero", timeout=30)
+                assert idle["status"] == "True"
+                ready = fleet.wait_condition(FLEET, "Ready", reason="ScaledToZero", timeout=30)
+                assert ready["status"] == "True"
+                wait_for(lambda: not ready_pods(fleet, selector, 1), 60, "the last pod gone")
+                Network.stop(routed.sims.pop(ip))
+                routed.pods.clear()
+                bridge.routes.pop(pod)
+                prom.write_targets(targets, bridge.targets(namespace, FLEET))
+
+                # A request to the empty pool is held by the picker; its held count brings one replica back.
+                answers: list[Answer] = []
+                request = chat(routed.model, question(random.Random(26)))
+                sent = threading.Thread(target=lambda: answers.append(routed.post(request, routed.ttl + 30)))
+                sent.start()
+                wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
+                up = events(fleet, "ScaledUp")
+                assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
+                new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
+                _serve(routed, new)
+                sent.join(routed.ttl + 40)
+                assert answers, "the held request got no answer"
+                (answer,) = answers
+                assert answer.status == 200, (answer, routed.why())
+                assert answer.endpoint == routed.endpoint(next(iter(new))), answer
+                assert answer.seconds < routed.ttl, "answered by the new replica, not by the picker's TTL"
+            finally:
+                bridge.close()
+    finally:
+        targets.unlink(missing_ok=True)
+        core.delete_namespace(namespace)
+
+
+def _serve(routed: RoutedPool, pods: dict[str, str]) -> None:
+    """A simulator for each new pod, at its IP (a namespace of its own, or the one its IP had before)."""
+    for ip, name in pods.items():
+        routed.pods[ip] = name
+        if ip not in routed.network.pods:
+            routed.network.add_pod(ip)
+        routed.start_sim(ip, *FAST)
