@@ -27,7 +27,7 @@ from prometheus_client import (
 )
 
 from mmfleet.api import MultimodalInference, seconds
-from mmfleet.autoscaler.cycle import CAUSES, Outcome, Seen
+from mmfleet.autoscaler.cycle import CAUSES, PHASES, Outcome, Seen
 from mmfleet.autoscaler.metrics import FLEET_LABELS, Readings
 
 Key = tuple[str, str]
@@ -105,6 +105,14 @@ COLD_START = _gauge(
     "mmfleet_fleet_cold_start_seconds", "The cold start the autoscaler plans with (measured or default)."
 )
 METRICS_AVAILABLE = _gauge("mmfleet_fleet_metrics_available", "1 when every signal was read this cycle, else 0.")
+# Each Ready pod's cold start, once, whole and by phase (autoscaler.cycle.PHASES): where a new replica's time goes.
+COLD_START_PHASES = Histogram(
+    "mmfleet_fleet_cold_start_phase_seconds",
+    "Each new replica's time from creation to Ready (phase total), and in each phase Kubernetes timestamps.",
+    [*FLEET_LABELS, "phase"],
+    buckets=(1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 1200),
+    registry=REGISTRY,
+)
 
 FLEET_GAUGES = (
     DESIRED, READY, STARTING, UNSCHEDULABLE, MIN_REPLICAS, MAX_REPLICAS, SLO_TARGET, SLO_PERCENTILE, SLO_OBSERVED,
@@ -180,6 +188,11 @@ def record_decision(
         SCALE_EVENTS.labels(*key, "up" if outcome.replicas > outcome.current else "down").inc()
     if outcome.latency is not None:
         SLO_EVALUATIONS.labels(*key, "met" if outcome.latency <= seconds(slo.target) else "missed").inc()
+    for start in outcome.new_starts:
+        COLD_START_PHASES.labels(*key, "total").observe(start.total)
+        for phase, took in zip(PHASES, start.phases, strict=True):
+            if took is not None:
+                COLD_START_PHASES.labels(*key, phase).observe(took)
 
 
 def forget_others(keep: set[Key]) -> None:
@@ -189,7 +202,8 @@ def forget_others(keep: set[Key]) -> None:
         for gauge in FLEET_GAUGES:
             gauge.remove(*key)
         for counter, labels in (
-            (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed"))
+            (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed")),
+            (COLD_START_PHASES, ("total", *PHASES)),
         ):  # fmt: skip
             for label in labels:
                 counter.remove(*key, label)

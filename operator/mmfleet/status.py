@@ -18,6 +18,7 @@ from mmfleet.api import (
     CONDITION_MESSAGE_MAX,
     SCALE_REASON_MAX,
     TRUNCATED,
+    ColdStartStatus,
     Condition,
     ConditionType,
     DegradedReason,
@@ -72,6 +73,7 @@ class Scaling:
     idle: bool  # no request finished and none in flight: nothing to measure, the target met
     attainment: float | None
     conditions: tuple[ConditionRow, ...]
+    cold_start: ColdStartStatus | None = None  # the medians of the Ready pods' cold starts, phase by phase
 
 
 @dataclass(frozen=True)
@@ -436,6 +438,7 @@ def _scaling_part(
         assert previous is not None
         fields = {
             "slo": previous.slo,
+            "coldStart": previous.cold_start,
             "lastScaleTime": previous.last_scale_time,
             "lastScaleReason": previous.last_scale_reason,
         }
@@ -453,6 +456,7 @@ def _scaling_part(
             attainment=scaling.attainment,
             last_evaluated=last.last_evaluated,
         ),
+        "coldStart": scaling.cold_start or previous.cold_start,
         "lastScaleTime": now if scaling.scaled else previous.last_scale_time,
         "lastScaleReason": truncate(scaling.reason, SCALE_REASON_MAX) if scaling.scaled else previous.last_scale_reason,
     }

@@ -31,7 +31,10 @@ class Condition(StatusModel):
     """A status condition, as Kubernetes conventions define it."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable or TracingReady."
+        description=(
+            "Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable, Idle, TracingReady or "
+            "RoutingReady."
+        )
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
@@ -58,6 +61,32 @@ class SloStatus(StatusModel):
     last_evaluated: datetime | None = Field(
         default=None, description="When the latency was last measured.", json_schema_extra=_TIME
     )
+
+
+class ColdStartStatus(StatusModel):
+    """How long the fleet's pods took from creation to Ready, phase by phase, from the timestamps Kubernetes records:
+    medians over the Ready pods last measured. The autoscaler plans with ``total`` as the lead time of a new replica."""
+
+    total: str | None = Field(default=None, max_length=_SHORT, description="Creation to Ready, e.g. 95.2s.")
+    scheduled: str | None = Field(
+        default=None, max_length=_SHORT, description="Creation to PodScheduled: waiting for a node with free GPUs."
+    )
+    initialized: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="PodScheduled to Initialized: the pod's sandbox, network, volumes and init containers.",
+    )
+    started: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="Initialized to the server container running: its image pulled, the container created.",
+    )
+    ready: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="Container running to Ready: weights loaded, kernels compiled, the readiness probe passed.",
+    )
+    pods: int | None = Field(default=None, ge=0, description="Ready pods the medians are over.")
 
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
@@ -92,6 +121,9 @@ class MultimodalInferenceStatus(StatusModel):
     conditions: list[Condition] = Field(default_factory=list, max_length=16, description="Current conditions.")
     routing: RoutingStatus | None = Field(default=None, description="The InferencePool and its picker, if any.")
     slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
+    cold_start: ColdStartStatus | None = Field(
+        default=None, description="Autoscaled fleets: how long a new replica took to serve, phase by phase."
+    )
     last_scale_time: datetime | None = Field(
         default=None, description="When the autoscaler last changed the replicas.", json_schema_extra=_TIME
     )

@@ -15,7 +15,8 @@ hands it here; nothing in this module does I/O, so every rule below is unit-test
 - a fleet that finished no request and has none in flight is idle, which meets any target: the
   policy sees a latency of 0, so an idle fleet can return to ``minReplicas`` once its window passes;
 - the cold start L the policy plans with is measured on the fleet's own pods (creation to Ready),
-  with a configured default until one of them has been Ready;
+  with a configured default until one of them has been Ready; each Ready pod's way there is split into the phases
+  Kubernetes timestamps (``PHASES``), shown in status and observed once per pod by the operator's metrics;
 - a fleet with minReplicas 0 lets its last replica go once it has been idle (no request finished, in flight or held
   by its endpoint picker) for the wait ``autoscaler.idle`` sets, and comes back to one replica in the first cycle
   that reads a request held by the picker, the only sign of demand with no server; the policy sizes the live fleet
@@ -34,6 +35,7 @@ from typing import Any, Literal, get_args
 from mmfleet import backends
 from mmfleet.api import (
     AutoscalingSpec,
+    ColdStartStatus,
     IdleReason,
     MetricsAvailableReason,
     MultimodalInference,
@@ -72,6 +74,48 @@ SHOWN_RATE_FLOOR = 10.0  # req/s
 SCRAPE_GRACE = 60.0  # s
 
 
+# A pod's way from creation to Ready, each phase named by the moment it ends: PodScheduled; Initialized (sandbox,
+# network, volumes, init containers); its containers running (images pulled, containers created); Ready (weights
+# loaded, kernels compiled, the readiness probe passed).
+PHASES = ("scheduled", "initialized", "started", "ready")
+
+
+@dataclass(frozen=True)
+class PodStart:
+    """One Ready pod's cold start: the whole, and seconds per phase of ``PHASES`` (None where Kubernetes recorded no
+    time for its end, or one out of order: its time then counts in the next phase)."""
+
+    pod: str
+    total: float
+    phases: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """The medians of the Ready pods' cold starts, per phase; what status shows."""
+
+    total: float
+    phases: tuple[float | None, ...]
+    pods: int
+
+    @classmethod
+    def of(cls, starts: tuple[PodStart, ...]) -> ColdStart | None:
+        if not starts:
+            return None
+        columns: list[list[float]] = [[] for _ in PHASES]
+        for start in starts:
+            for column, value in zip(columns, start.phases, strict=True):
+                if value is not None:
+                    column.append(value)
+        phases = tuple(statistics.median(c) if c else None for c in columns)
+        return cls(statistics.median(s.total for s in starts), phases, len(starts))
+
+    def status(self) -> ColdStartStatus:
+        phases = zip(PHASES, self.phases, strict=True)
+        texts = {name: None if value is None else duration_text(value) for name, value in phases}
+        return ColdStartStatus.model_validate({"total": duration_text(self.total), **texts, "pods": self.pods})
+
+
 @dataclass(frozen=True)
 class Pods:
     """The fleet's pods as the API server shows them (terminating ones left out: they serve no more)."""
@@ -82,25 +126,64 @@ class Pods:
     why_unschedulable: str = ""  # the scheduler's message about the first of them
     cold_start: float | None = None  # median creation -> Ready of the Ready pods, s
     ready_since: tuple[datetime, ...] = ()  # when each Ready pod turned Ready, where the kubelet said
+    starts: tuple[PodStart, ...] = ()  # the Ready pods' cold starts, phase by phase
 
 
 def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
+def _true_condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = next(
+        (
+            c
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") == kind and c.get("status") == "True"
+        ),
+        None,
+    )
+    return found
+
+
+def _condition_time(pod: dict[str, Any], kind: str) -> datetime | None:
+    condition = _true_condition(pod, kind)
+    return None if condition is None else _time(condition.get("lastTransitionTime"))
+
+
+def pod_start(pod: dict[str, Any], name: str, created: datetime, ready: datetime) -> PodStart:
+    """A Ready pod's cold start, phase by phase, from its conditions and its containers' start times."""
+    running = [
+        _time(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    ]
+    started = [t for t in running if t is not None]
+    ends = (
+        _condition_time(pod, "PodScheduled"),
+        _condition_time(pod, "Initialized"),
+        max(started) if started and len(started) == len(running) else None,
+        ready,
+    )
+    phases: list[float | None] = []
+    last = created
+    for end in ends:
+        if end is None or end < last or end > ready:
+            phases.append(None)
+            continue
+        phases.append((end - last).total_seconds())
+        last = end
+    return PodStart(name, (ready - created).total_seconds(), tuple(phases))
+
+
 def _ready(pod: dict[str, Any]) -> tuple[bool, datetime | None]:
     """Whether a pod is Ready, and since when if the kubelet said."""
-    for entry in (pod.get("status") or {}).get("conditions") or []:
-        if entry.get("type") == "Ready" and entry.get("status") == "True":
-            return True, _time(entry.get("lastTransitionTime"))
-    return False, None
+    return _true_condition(pod, "Ready") is not None, _condition_time(pod, "Ready")
 
 
 def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
     """Ready, starting and unschedulable pods, and the cold start measured on the Ready ones."""
     ready = starting = unschedulable = 0
     why = ""
-    cold_starts: list[float] = []
+    starts: list[PodStart] = []
     ready_since: list[datetime] = []
     for pod in pods:
         meta = pod.get("metadata", {})
@@ -114,14 +197,14 @@ def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
                 ready_since.append(since)
             created = _time(meta.get("creationTimestamp"))
             if created is not None and since is not None and since >= created:
-                cold_starts.append((since - created).total_seconds())
+                starts.append(pod_start(pod, meta.get("name", ""), created, since))
         elif failure is not None:
             unschedulable += 1
             why = why or f"pod {failure.pod}: {failure.message or failure.reason}"
         else:
             starting += 1
-    cold_start = statistics.median(cold_starts) if cold_starts else None
-    return Pods(ready, starting, unschedulable, why, cold_start, tuple(ready_since))
+    cold_start = statistics.median(s.total for s in starts) if starts else None
+    return Pods(ready, starting, unschedulable, why, cold_start, tuple(ready_since), tuple(starts))
 
 
 def should_report(pods: Pods, now: datetime) -> int:
@@ -136,6 +219,8 @@ class Memory:
     policy_state: Any = None  # None: the policy's initial state
     verdicts: tuple[tuple[float, bool], ...] = ()  # (time, met the target) of each measured cycle
     cold_start: float | None = None  # the last one measured, kept when the measured pods are gone
+    cold_start_phases: ColdStart | None = None  # and phase by phase
+    timed: frozenset[str] = frozenset()  # Ready pods whose cold start the operator's metrics have observed
     metrics_since: float | None = None  # since when its series were read with no gap longer than the rate window
     series_read: float | None = None  # the last cycle that read them, a rejected or failed sample included
     most_in_flight: float = 0.0  # the most requests in flight (waiting + running) per Ready pod in samples used
@@ -181,6 +266,7 @@ class Outcome:
     latency: float | None  # the measured percentile, None when nothing was measured
     idle: bool  # no request finished and none in flight
     conditions: tuple[ConditionRow, ...]
+    new_starts: tuple[PodStart, ...] = ()  # pods first seen Ready this cycle: their cold starts, for the metrics
 
     @property
     def scaled(self) -> bool:
@@ -200,6 +286,7 @@ class Outcome:
             idle=self.idle,
             attainment=attainment(self.memory.verdicts),
             conditions=self.conditions,
+            cold_start=None if self.memory.cold_start_phases is None else self.memory.cold_start_phases.status(),
         )
 
 
@@ -330,12 +417,19 @@ def decide(
     label = f"P{slo.percentile:g}"
     pods = seen.pods
     cold_start = pods.cold_start if pods.cold_start is not None else memory.cold_start
-    memory = replace(memory, cold_start=cold_start)
+    timed = frozenset(s.pod for s in pods.starts)
+    new_starts = tuple(s for s in pods.starts if s.pod not in memory.timed)
+    memory = replace(
+        memory,
+        cold_start=cold_start,
+        cold_start_phases=ColdStart.of(pods.starts) or memory.cold_start_phases,
+        timed=timed,
+    )
     clock = now.timestamp()
     lead = default_cold_start if cold_start is None else cold_start
     rule = _idle_rule(autoscaling, memory, lead)
     if rule is not None and seen.current == 0:
-        return _at_zero(inference, seen, memory, clock, rule, lead)
+        return replace(_at_zero(inference, seen, memory, clock, rule, lead), new_starts=new_starts)
     # The live fleet's floor: one replica even with minReplicas 0, whose last replica only the idle rule lets go.
     low = max(1, autoscaling.min_replicas) if seen.current else autoscaling.min_replicas
     held = clamp_replicas(seen.current, low, autoscaling.max_replicas)
@@ -470,6 +564,7 @@ def decide(
         latency=latency,
         idle=idle,
         conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label), *rows),
+        new_starts=new_starts,
     )
 
 
