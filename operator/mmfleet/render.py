@@ -544,6 +544,10 @@ def build_pod_monitor(inference: MultimodalInference) -> Manifest:
     return _pod_monitor(meta, selector_labels(inference), "http", backend.metrics_path)
 
 
+# How often the rendered PodMonitors have Prometheus scrape the servers and the picker, seconds.
+SCRAPE_INTERVAL = 15.0
+
+
 def _pod_monitor(meta: Manifest, selector: dict[str, str], port: str, path: str) -> Manifest:
     """A PodMonitor of the pods ``selector`` picks, their series labelled by fleet, namespace and pod."""
     return {
@@ -556,7 +560,7 @@ def _pod_monitor(meta: Manifest, selector: dict[str, str], port: str, path: str)
                 {
                     "port": port,
                     "path": path,
-                    "interval": "15s",
+                    "interval": f"{SCRAPE_INTERVAL:g}s",
                     "relabelings": [
                         {
                             "sourceLabels": ["__meta_kubernetes_pod_label_mmfleet_io_inference"],

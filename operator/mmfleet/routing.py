@@ -40,6 +40,7 @@ METRICS_PORT_NAME = "metrics"  # the container port the picker's PodMonitor scra
 # The picker's own series (pkg/epp/metrics/metrics.go: subsystem and name, no namespace), for the dashboard.
 SATURATION_METRIC = "inference_extension_flow_control_pool_saturation"  # 0 empty .. 1 saturated, per pool
 HELD_METRIC = "inference_extension_flow_control_queue_size"  # requests held in flow control now
+INFO_METRIC = "inference_extension_info"  # 1 from the picker's start (cmd/epp/runner/runner.go)
 HELD_SECONDS_METRIC = "inference_extension_flow_control_request_queue_duration_seconds"  # histogram, by outcome
 PREFIX_HIT_METRIC = "inference_extension_prefix_indexer_hit_ratio"  # histogram of matched / total prefix
 SCHEDULING_SECONDS_METRIC = "inference_extension_scheduler_e2e_duration_seconds"  # histogram

@@ -590,6 +590,15 @@ def compute_status(
     else:
         degraded = condition("Degraded", False, DegradedReason.AS_EXPECTED, "")
 
+    # A fleet woken from zero serves through the picker, which holds its requests while the replica starts: Ready
+    # stays True (an Argo CD Application does not turn Progressing at each wake) unless something is wrong.
+    before = next((c for c in previous.conditions if c.type == "Ready"), None) if previous else None
+    waking = ready == 0 and before is not None and before.status == "True"
+    waking = waking and before is not None and before.reason in {ReadyReason.SCALED_TO_ZERO, ReadyReason.WAKING_UP}
+    if waking and not serving and degraded.status == "False" and not stalled and inference.spec.autoscaled:
+        serving = True
+        message = "waking from zero: a replica is starting, and the endpoint picker holds requests until it is Ready"
+        ready_cond = condition("Ready", True, ReadyReason.WAKING_UP, message)
     phase: Phase = "Ready" if serving else ("Degraded" if degraded.status == "True" else "Progressing")
     return status(
         phase,

@@ -239,6 +239,17 @@ def cmd_bench_routing(args: argparse.Namespace) -> int:
     return routing.main(Path(args.docs), _progress, args.seed or list(routing.SEEDS), args.workers)
 
 
+def cmd_bench_idle(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import idle
+
+    if args.workers < 1:
+        print(f"--workers: {args.workers}; at least 1", file=sys.stderr)
+        return EXIT_INVALID
+    return idle.main(Path(args.docs), _progress, args.seed or list(idle.SEEDS), args.workers)
+
+
 QUICK_CELL = "spike-x4@azure-code"
 REACHABLE_CELLS = ("azure-code", "servegen-language", "servegen-reason", QUICK_CELL)
 # The shipped autoscaler given spec.autoscaling.capacityPerReplica: μ_SLO of the scored workload's one-replica
@@ -457,6 +468,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="instead: a burst the picker holds, the autoscaler as shipped vs one that also counts the held requests",
     )
     p_route.set_defaults(func=cmd_bench_routing)
+    p_idle = bench.add_parser(
+        "idle", help="scale to zero on days with idle gaps: the shipped autoscaler vs tuned zero-capable baselines"
+    )
+    p_idle.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-2)")
+    p_idle.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    p_idle.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_idle.set_defaults(func=cmd_bench_idle)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
     p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,10 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
+from pydantic import ValidationError
 
+from mmfleet.api import MultimodalInference
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster import prometheus as prom
+from mmfleet_lab.cluster.kubectl import run_kubectl
 from mmfleet_lab.cluster.netns import Network, socket_in
 from tests.helpers.chart import has_default_sa
 from tests.helpers.fake_pods import PrometheusServer
@@ -168,7 +173,7 @@ def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replic
                 # Idle (the requests that checked the pool finished over a minute ago): down to zero after 1m.
                 why = lambda: f"0 replicas; Idle: {fleet.condition(FLEET, 'Idle')}"  # noqa: E731
                 wait_for(lambda: replicas(fleet) == 0, 240, why)
-                down = events(fleet, "ScaledDown")
+                down = wait_for(lambda: events(fleet, "ScaledDown"), 30, "the ScaledDown event")
                 assert any(m.endswith("(scaleToZero.after 1m): 1 -> 0") for m in down), down
                 idle = fleet.wait_condition(FLEET, "Idle", reason="ScaledToZero", timeout=30)
                 assert idle["status"] == "True"
@@ -186,7 +191,7 @@ def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replic
                 sent = threading.Thread(target=lambda: answers.append(routed.post(request, routed.ttl + 30)))
                 sent.start()
                 wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
-                up = events(fleet, "ScaledUp")
+                up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
                 assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
                 new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
                 _serve(routed, new)
@@ -210,3 +215,52 @@ def _serve(routed: RoutedPool, pods: dict[str, str]) -> None:
         if ip not in routed.network.pods:
             routed.network.add_pod(ip)
         routed.start_sim(ip, *FAST)
+
+
+def dry_run(cluster: Cluster, namespace: str, spec: str) -> subprocess.CompletedProcess[str]:
+    resource = (
+        "apiVersion: mmfleet.io/v1alpha1\nkind: MultimodalInference\n"
+        f"metadata: {{name: zero, namespace: {namespace}}}\nspec:\n  model: {{name: m}}\n{spec}"
+    )
+    return run_kubectl(cluster.kubeconfig, "apply", "--dry-run=server", "-f", "-", stdin=resource)
+
+
+@pytest.mark.parametrize(
+    ("spec", "refused"),
+    [
+        (
+            "  autoscaling: {minReplicas: 0, slo: {target: 2s}}\n",
+            "autoscaling.minReplicas: 0 needs spec.routing.mode inferencePool",
+        ),
+        (
+            "  autoscaling: {minReplicas: 1, slo: {target: 2s}, scaleToZero: {after: 5m}}\n"
+            "  routing: {mode: inferencePool}\n",
+            "scaleToZero is read only with minReplicas 0",
+        ),
+        (
+            "  autoscaling: {minReplicas: 0, slo: {target: 2s}, scaleToZero: {after: 30s}}\n"
+            "  routing: {mode: inferencePool}\n",
+            "spec.autoscaling.scaleToZero.after: 30s is not accepted; auto, or a duration from 1m to 24h",
+        ),
+        ("  autoscaling: {minReplicas: 0, enabled: false}\n", None),
+        (
+            "  autoscaling: {minReplicas: 0, slo: {target: 2s}, scaleToZero: {after: auto}}\n"
+            "  routing: {mode: inferencePool}\n",
+            None,
+        ),
+    ],
+)
+def test_the_api_server_and_the_operator_agree_on_what_scale_to_zero_accepts(
+    cluster: Cluster, crd: None, namespace: str, spec: str, refused: str | None
+) -> None:
+    result = dry_run(cluster, namespace, spec)
+    doc = {"apiVersion": "mmfleet.io/v1alpha1", "kind": "MultimodalInference", "metadata": {"name": "zero"}}
+    doc["spec"] = {"model": {"name": "m"}, **yaml.safe_load(spec)}
+    if refused is None:
+        assert result.returncode == 0, result.stderr
+        MultimodalInference.model_validate(doc)  # the operator serves what the API server admits
+    else:
+        assert result.returncode != 0, result.stdout
+        assert refused in result.stderr, result.stderr
+        with pytest.raises(ValidationError):
+            MultimodalInference.model_validate(doc)

@@ -26,6 +26,7 @@ CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 class ReadyReason(StrEnum):
     REPLICAS_READY = "ReplicasReady"
     SCALED_TO_ZERO = "ScaledToZero"
+    WAKING_UP = "WakingUp"
     CREATING = "Creating"
     REPLICAS_NOT_READY = "ReplicasNotReady"
     INVALID_SPEC = "InvalidSpec"

@@ -127,8 +127,9 @@ def seconds(duration: str) -> float:
 
 
 def duration_text(value: float) -> str:
-    """Seconds as status and events show them, e.g. 2.35s: the one formatter, the inverse of ``seconds``."""
-    return f"{value:.3g}s"
+    """Seconds as status and events show them, e.g. 2.35s or 2460s (whole seconds from 1000 on, never 2.46e+03s): the
+    one formatter, the inverse of ``seconds``."""
+    return f"{value:.0f}s" if abs(value) >= 1000 else f"{value:.3g}s"
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:

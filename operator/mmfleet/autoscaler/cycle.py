@@ -264,7 +264,7 @@ class Outcome:
     cause: Cause
     memory: Memory
     latency: float | None  # the measured percentile, None when nothing was measured
-    idle: bool  # no request finished and none in flight
+    idle: bool  # no request finished and none in flight (at zero: none held by the picker either)
     conditions: tuple[ConditionRow, ...]
     new_starts: tuple[PodStart, ...] = ()  # pods first seen Ready this cycle: their cold starts, for the metrics
 
@@ -413,8 +413,6 @@ def decide(
     autoscaling = inference.spec.autoscaling
     assert autoscaling is not None and autoscaling.slo is not None, "only autoscaled fleets are decided"
     slo = autoscaling.slo
-    target = seconds(slo.target)
-    label = f"P{slo.percentile:g}"
     pods = seen.pods
     cold_start = pods.cold_start if pods.cold_start is not None else memory.cold_start
     timed = frozenset(s.pod for s in pods.starts)
@@ -427,11 +425,15 @@ def decide(
     )
     clock = now.timestamp()
     lead = default_cold_start if cold_start is None else cold_start
+    target = seconds(slo.target)
+    label = f"P{slo.percentile:g}"
     rule = _idle_rule(autoscaling, memory, lead)
-    if rule is not None and seen.current == 0:
-        return replace(_at_zero(inference, seen, memory, clock, rule, lead), new_starts=new_starts)
+    if rule is None:  # never goes to zero (now): nothing of its idleness is kept for a later minReplicas 0
+        memory = replace(memory, idle=IdleMemory())
+    elif seen.current == 0:
+        return replace(_at_zero(inference, seen, memory, clock, rule, lead, target, label), new_starts=new_starts)
     # The live fleet's floor: one replica even with minReplicas 0, whose last replica only the idle rule lets go.
-    low = max(1, autoscaling.min_replicas) if seen.current else autoscaling.min_replicas
+    low = max(1, autoscaling.min_replicas)
     held = clamp_replicas(seen.current, low, autoscaling.max_replicas)
     unavailable = _unavailable(seen, inference, held, memory)
     if _series_read(seen):
@@ -442,6 +444,8 @@ def decide(
         memory = replace(memory, metrics_since=since, series_read=clock)
     latency: float | None = None
     idle = False
+    quiet = False  # for the idle rule: nothing finished over the rate window, in flight, held, or starting
+    down_window = 0.0  # the policy's scale-down window, which a fleet of several replicas waits out before zero
     cause: Cause = "held"
     metrics: ConditionRow
     slo_met: ConditionRow
@@ -485,6 +489,7 @@ def decide(
             # pods too newly Ready to have been scraped count as reporting: only a scrape that misses pods is partial
             reporting=None if signals.reporting is None else signals.reporting + pods.ready - expected,
         )
+        down_window = policy.down_window(observation)
         if pods.ready:
             memory = replace(
                 memory,
@@ -506,6 +511,9 @@ def decide(
             elif replicas >= autoscaling.max_replicas:
                 cause = "at_max_replicas"
         partial = signals.reporting is not None and signals.reporting < expected
+        # A partial scrape's sums miss pods, and a starting pod was asked for: neither is an idle fleet.
+        quiet = signals.request_rate == 0 and in_flight == 0 and signals.held == 0 and not partial
+        quiet = quiet and pods.starting == 0
         if partial:
             metrics = (
                 "MetricsAvailable",
@@ -545,14 +553,18 @@ def decide(
             )
     rows: tuple[ConditionRow, ...] = ()
     if rule is not None:
-        # Idle only when the picker is read and holds nothing: a fleet it cannot vouch for keeps its replica.
-        quiet = idle and seen.signals is not None and seen.signals.held == 0 and unavailable is None
-        idleness = memory.idle.seen(quiet, clock) if unavailable is None else memory.idle
+        # Only a cycle that read the servers and the picker says whether the fleet is idle; one that could not leaves
+        # the gap as it was (a gap is neither ended nor learned on a failed read).
+        problem = unavailable[3] if unavailable is not None else (seen.signals.held_problem if seen.signals else None)
+        idleness = memory.idle if problem is not None else memory.idle.seen(quiet, clock)
         memory = replace(memory, idle=idleness)
-        if quiet and idleness.idle_for(clock) >= rule.wait and replicas <= seen.current:
+        # On two quiet reads in a row at least; a fleet of several replicas (whose policy cannot shrink it on no
+        # demand before it has learned what a replica serves) also waits out the policy's scale-down window.
+        enough = max(rule.wait, interval, down_window if seen.current > 1 else 0.0)
+        if quiet and replicas <= seen.current and idleness.idle_for(clock) >= enough:
             reason = f"no request for {duration_text(idleness.idle_for(clock))} ({rule.why}): {seen.current} -> 0"
             replicas = 0
-        rows = (_idle_row(idleness, clock, rule, quiet, unavailable is None, replicas),)
+        rows = (_idle_row(idleness, clock, rule, quiet, problem, replicas),)
     if replicas != seen.current:
         cause = "scaled_up" if replicas > seen.current else "scaled_down"
     return Outcome(
@@ -577,12 +589,12 @@ def _idle_rule(autoscaling: AutoscalingSpec, memory: Memory, cold_start: float) 
 
 
 def _idle_row(
-    gap: IdleMemory, clock: float, rule: IdleRule, quiet: bool, measured: bool, replicas: int
+    gap: IdleMemory, clock: float, rule: IdleRule, quiet: bool, problem: str | None, replicas: int
 ) -> ConditionRow:
     """The Idle condition of a live zero-capable fleet."""
     goes = f"the last replica goes after {duration_text(rule.wait)} idle ({rule.why})"
-    if not measured:
-        return ("Idle", None, IdleReason.NOT_MEASURED, f"nothing measured this cycle (see MetricsAvailable); {goes}")
+    if problem is not None:
+        return ("Idle", None, IdleReason.NOT_MEASURED, f"not known this cycle ({problem}); {goes}")
     if not quiet:
         return ("Idle", False, IdleReason.SERVING, f"requests over the last {RATE_WINDOW}; {goes}")
     idle_for = duration_text(gap.idle_for(clock))
@@ -592,84 +604,80 @@ def _idle_row(
 
 
 def _at_zero(
-    inference: MultimodalInference, seen: Seen, memory: Memory, clock: float, rule: IdleRule, cold_start: float
+    inference: MultimodalInference,
+    seen: Seen,
+    memory: Memory,
+    clock: float,
+    rule: IdleRule,
+    cold_start: float,
+    target: float,
+    label: str,
 ) -> Outcome:
     """A fleet at zero replicas: nothing serves, nothing is scraped but its endpoint picker, whose held requests
-    bring it back to one replica (its policy sizes it from there once that replica's series are read)."""
-    autoscaling = inference.spec.autoscaling
-    assert autoscaling is not None
+    bring it back to one replica (its policy sizes it from there once that replica's series are read). The held
+    requests are read even when the servers' queries were not answered: other fleets' trouble must not keep it down.
+    """
     signals = seen.signals
-    held = None if seen.outage is not None or signals is None else signals.held
-    metrics: ConditionRow
-    if seen.outage is not None:
-        problem: str | None = seen.outage
-        metrics = ("MetricsAvailable", False, MetricsAvailableReason.PROMETHEUS_UNAVAILABLE, seen.outage)
-    elif held is None:
-        problem = (signals.held_problem if signals is not None else None) or "no answer"
-        metrics = (
-            "MetricsAvailable",
-            False,
-            MetricsAvailableReason.QUERY_FAILED,
-            f"the endpoint picker's held requests could not be read: {problem}",
-        )
-    else:
-        problem = None
-        metrics = (
-            "MetricsAvailable",
-            None,
-            MetricsAvailableReason.NO_POD_SERVING,
-            f"scaled to zero, no server to scrape; the endpoint picker holds {held:g} requests",
-        )
-    gap = memory.idle
-    idle_for = duration_text(gap.idle_for(clock))
-    waking = held is not None and held > 0
+    held = None if signals is None else signals.held
     pods = seen.pods
-    if waking:
-        assert held is not None
-        memory = replace(memory, idle=gap.seen(False, clock))
-        replicas = clamp_replicas(1, 1, autoscaling.max_replicas)
-        reason = f"{held:g} requests held by the endpoint picker after {idle_for} idle: 0 -> {replicas}"
-        idle_row: ConditionRow = (
-            "Idle",
-            False,
-            IdleReason.WAKING_UP,
-            f"{held:g} requests held by the endpoint picker; a replica is starting (cold start about "
-            f"{duration_text(cold_start)}, within the picker's request TTL)",
+    conditions: tuple[ConditionRow, ...]
+    if held is None:
+        problem = (signals.held_problem if signals is not None else None) or seen.outage or "no answer"
+        conditions = (
+            (
+                "MetricsAvailable",
+                False,
+                MetricsAvailableReason.QUERY_FAILED,
+                f"the endpoint picker's held requests could not be read: {problem}; holding 0 replicas, so a "
+                "request waits in the picker until its TTL",
+            ),
+            ("SLOMet", None, SloMetReason.METRICS_UNAVAILABLE, "nothing measured: see MetricsAvailable"),
+            _limits(inference, 0, pods, None, target, label),
+            ("Idle", None, IdleReason.NOT_MEASURED, f"0 replicas; the picker could not be read ({problem})"),
         )
-        slo_met: ConditionRow = (
-            "SLOMet",
-            None,
-            SloMetReason.NO_REQUESTS_FINISHED,
-            f"{held:g} requests held by the endpoint picker until a replica is Ready",
+        reason = "scaled to zero, the picker not read: holding 0"
+        return Outcome(0, 0, reason, "metrics_unavailable", memory, latency=None, idle=False, conditions=conditions)
+    metrics: ConditionRow = (
+        "MetricsAvailable",
+        None,
+        MetricsAvailableReason.NO_POD_SERVING,
+        f"scaled to zero, no server to scrape; the endpoint picker holds {held:g} requests",
+    )
+    if held > 0:
+        idle_for = duration_text(memory.idle.idle_for(clock))
+        memory = replace(memory, idle=memory.idle.seen(False, clock))
+        conditions = (
+            metrics,
+            ("SLOMet", None, SloMetReason.NO_REQUESTS_FINISHED, f"{held:g} requests held until a replica is Ready"),
+            _limits(inference, 1, pods, None, target, label),
+            (
+                "Idle",
+                False,
+                IdleReason.WAKING_UP,
+                f"{held:g} requests held by the endpoint picker; a replica is starting (cold start about "
+                f"{duration_text(cold_start)})",
+            ),
         )
-    else:
-        if problem is None:  # the gap goes on (or, after an operator restart at zero, is seen from now)
-            gap = gap.seen(True, clock)
-            memory = replace(memory, idle=gap)
-            idle_for = duration_text(gap.idle_for(clock))
-        replicas = 0
-        why = "nothing read" if problem is not None else f"no request for {idle_for}"
-        reason = f"scaled to zero ({why}): holding 0"
-        idle_row = (
+        reason = f"{held:g} requests held by the endpoint picker after {idle_for} idle: 0 -> 1"
+        return Outcome(0, 1, reason, "scaled_up", memory, latency=None, idle=False, conditions=conditions)
+    # The gap goes on (after an operator restart at zero it is timed from now, and not learned).
+    memory = replace(memory, idle=memory.idle.seen(True, clock))
+    idle_for = duration_text(memory.idle.idle_for(clock))
+    conditions = (
+        metrics,
+        ("SLOMet", True, SloMetReason.NO_REQUESTS, "no requests: scaled to zero"),
+        _limits(inference, 0, pods, None, target, label),
+        (
             "Idle",
             True,
             IdleReason.SCALED_TO_ZERO,
-            f"0 replicas, {why}; the endpoint picker holds the next request while a replica starts (cold start "
-            f"about {duration_text(cold_start)}) and the autoscaler adds one within a cycle",
-        )
-        slo_met = ("SLOMet", True, SloMetReason.NO_REQUESTS, "no requests: scaled to zero")
-    target = seconds(autoscaling.slo.target) if autoscaling.slo is not None else 0.0
-    label = f"P{autoscaling.slo.percentile:g}" if autoscaling.slo is not None else ""
-    return Outcome(
-        current=0,
-        replicas=replicas,
-        reason=reason,
-        cause="scaled_up" if waking else ("metrics_unavailable" if problem is not None else "held"),
-        memory=memory,
-        latency=None,
-        idle=not waking,
-        conditions=(metrics, slo_met, _limits(inference, replicas, pods, None, target, label), idle_row),
+            f"0 replicas, no request for {idle_for}; the endpoint picker holds the next request, and the autoscaler "
+            f"adds a replica in its first cycle after Prometheus scrapes the picker (cold start about "
+            f"{duration_text(cold_start)})",
+        ),
     )
+    reason = f"scaled to zero (no request for {idle_for}): holding 0"
+    return Outcome(0, 0, reason, "held", memory, latency=None, idle=True, conditions=conditions)
 
 
 def _limits(

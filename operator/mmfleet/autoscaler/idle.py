@@ -15,7 +15,9 @@ time plus ``WAIT_PRICE`` replica-seconds per second the first request waits beyo
 
 A gap is the time from the first cycle that sees the fleet idle (no request finished over the rate window, none in
 flight, none held by the picker) to the first that sees a request again; gaps shorter than the rate window are never
-seen, and never need to be: the fleet stays warm through them.
+seen, and never need to be: the fleet stays warm through them. A gap already going on when this memory began (an
+operator restart, a new leader) is timed from then, so it may go to zero sooner, but is not learned: its length is
+not known.
 """
 
 from __future__ import annotations
@@ -36,16 +38,19 @@ class IdleMemory:
 
     since: float | None = None  # when the current idle gap was first seen; None while requests come
     gaps: tuple[float, ...] = ()  # lengths of the last idle gaps that ended, s
+    began: float | None = None  # the first cycle this memory saw: a gap seen from then may have begun before
 
     def seen(self, idle: bool, now: float) -> IdleMemory:
-        """This cycle's verdict: a gap starts, goes on, or ends (and is remembered)."""
+        """This cycle's verdict: a gap starts, goes on, or ends (and is remembered, if its start was seen)."""
+        began = now if self.began is None else self.began
         if idle:
-            return self if self.since is not None else IdleMemory(now, self.gaps)
-        if self.since is None:
-            return self
-        return IdleMemory(None, (*self.gaps, now - self.since)[-GAPS_KEPT:])
+            return IdleMemory(now if self.since is None else self.since, self.gaps, began)
+        if self.since is None or self.since <= began:
+            return IdleMemory(None, self.gaps, began)
+        return IdleMemory(None, (*self.gaps, now - self.since)[-GAPS_KEPT:], began)
 
     def idle_for(self, now: float) -> float:
+        """Seconds of the current gap so far; 0 while requests come."""
         return 0.0 if self.since is None else now - self.since
 
 

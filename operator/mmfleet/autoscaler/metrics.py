@@ -114,7 +114,7 @@ class Signals:
     missing: tuple[str, ...] = ()
     reporting: int | None = None  # pods with series for this fleet; None when not asked (the twin)
     failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
-    held: float | None = None  # requests its endpoint picker holds; None when not read or not there
+    held: float | None = None  # requests its endpoint picker holds; None when not asked for, or not read
     held_problem: str | None = None  # why ``held`` could not be read, when it was asked for
 
 
@@ -199,8 +199,11 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
 
 
 def held_query() -> str:
-    """The requests each fleet's endpoint picker holds now, over its flows and priorities."""
-    return f"sum by ({', '.join(FLEET_LABELS)}) ({routing.HELD_METRIC})"
+    """The requests each fleet's endpoint picker holds now, over its flows and priorities; 0 for a picker that has held
+    none since it started (its queue gauge has no series until then), and nothing for one Prometheus does not scrape
+    (its info gauge is set when it starts, ``cmd/epp/runner/runner.go``): that is not read as no demand."""
+    by = ", ".join(FLEET_LABELS)
+    return f"sum by ({by}) ({routing.HELD_METRIC}) or 0 * sum by ({by}) ({routing.INFO_METRIC})"
 
 
 def _held(
@@ -211,7 +214,12 @@ def _held(
         return None, None
     if errors and HELD in errors:
         return None, errors[HELD]
-    value = answers.get(HELD, {}).get((target.namespace, target.name, ""), 0.0)
+    value = answers.get(HELD, {}).get((target.namespace, target.name, ""))
+    if value is None:
+        return None, (
+            f"Prometheus has no {routing.INFO_METRIC} for namespace={target.namespace}, "
+            f"mmfleet_io_inference={target.name}: is the endpoint picker running, and scraped (its PodMonitor)?"
+        )
     if isinstance(value, str) or not math.isfinite(value) or value < 0:
         return None, f"Prometheus answered {routing.HELD_METRIC} = {value!r}, not a count"
     return value, None
@@ -242,6 +250,11 @@ def parse_result(result: Any) -> Found:
         except (TypeError, ValueError):
             found[key] = str(raw)[:100]
     return found
+
+
+def _held_only(target: Target, answers: dict[Query, Found], errors: dict[Query, str]) -> Signals:
+    held, problem = _held(target, answers, errors)
+    return Signals(held=held, held_problem=problem)
 
 
 def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query, str] | None = None) -> Signals:
@@ -354,10 +367,12 @@ class Prometheus:
         unreachable = [a.problem for a in got.values() if a.kind == "unreachable" and a.problem]
         # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it.
         outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w != HELD]), None)
-        if outage is not None:
-            return Readings(outage=outage, queries=len(sent), latencies=latencies)
         answers = {what: answer.found for what, answer in got.items() if answer.found is not None}
         problems = {**{w: a.problem for w, a in got.items() if a.problem}, **silent}
+        if outage is not None:
+            # A fleet at zero needs only its picker's held requests: those still count when the servers' did not come.
+            at_zero = {t.key: _held_only(t, answers, problems) for t in targets if t.zero}
+            return Readings(at_zero, outage=outage, queries=len(sent), latencies=latencies)
         signals = {t.key: signals_for(t, answers, problems) for t in targets}
         return Readings(signals, queries=len(sent), latencies=latencies)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import Span
 
 from mmfleet import metrics_export, render, routing, status, telemetry
-from mmfleet.api import DegradedReason, MultimodalInference
+from mmfleet.api import DegradedReason, MultimodalInference, seconds
 from mmfleet.handlers import discovery
 from mmfleet.handlers.children import (
     OPTIONAL_BY_KIND,
@@ -192,7 +192,9 @@ def _apply(
     try:
         cloud = discovery.resolve_cloud(op, inference)
         monitoring, routing_crds = discovery.monitoring_crds(op), discovery.routing_crds(op, inference)
-        children = render_children(op, record, inference, cloud, monitoring, routing_crds)
+        shown = last_status(record, body)
+        measured = seconds(shown.cold_start.total) if shown and shown.cold_start and shown.cold_start.total else None
+        children = render_children(op, record, inference, cloud, monitoring, routing_crds, measured)
         backend = inference.spec.backend.name
         span.set_attributes({telemetry.CLOUD: cloud, telemetry.BACKEND: backend, telemetry.CHILDREN: len(children)})
         _claim_names(op, record, inference, children)

@@ -232,14 +232,21 @@ def render_children(
     cloud: str,
     monitoring_crds: bool,
     routing_crds: RoutingCrds,
+    measured_cold_start: float | None = None,
 ) -> list[Body]:
     """``render.render``, once per generation, cloud, served CRDs and picker settings; callers must not change the
-    result."""
+    result. ``measured_cold_start``: the fleet's, as its status shows it."""
     # The NetworkPolicy admits the operator's Prometheus to /metrics when its URL names an in-cluster Service.
     prometheus = status.collector_service(op.config.prometheus_url, "") if op.config.prometheus_url else None
-    # The picker's request TTL outlives the operator's expected cold start: a measured one, held in memory, would
-    # change the picker's configuration (and restart it) at each restart of the operator.
-    picker = PickerSettings(op.config.default_cold_start, op.config.picker_cluster_role, op.config.picker_image)
+    # The picker's request TTL outlives the operator's expected cold start (not one held in memory: it would change the
+    # picker's configuration, and restart it, at each restart of the operator). A fleet that may scale to zero holds
+    # its first request for the measured cold start from its status, after the autoscaler's next cycle and the
+    # picker's next scrape.
+    lead = op.config.default_cold_start
+    autoscaling = inference.spec.autoscaling
+    if inference.spec.autoscaled and autoscaling is not None and autoscaling.min_replicas == 0:
+        lead = max(lead, measured_cold_start or 0.0) + op.config.autoscale_interval + render.SCRAPE_INTERVAL
+    picker = PickerSettings(lead, op.config.picker_cluster_role, op.config.picker_image)
     settings: dict[str, Any] = {
         "monitoring_crds": monitoring_crds,
         "collector_endpoint": op.config.collector_endpoint,

@@ -23,6 +23,9 @@ class LabObservation(Observation):
     mean_ttft: float | None = None  # seconds, mean over the rate window
     mean_itl: float | None = None  # seconds, mean over the rate window
     extra: dict[str, float] = field(default_factory=dict)
+    # Requests held in front of the servers, as last scraped: at the gateway while no pod is Ready (Knative's
+    # activator, the endpoint picker's flow control), or in the picker's flow control while the pool is saturated.
+    held: float = 0.0
 
 
 class Policy(Protocol):

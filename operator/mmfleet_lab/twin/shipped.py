@@ -21,6 +21,7 @@ from mmfleet.api import (
     MultimodalInference,
     MultimodalInferenceSpec,
     ObjectMeta,
+    RoutingSpec,
     SloSpec,
 )
 from mmfleet.autoscaler import cycle
@@ -41,16 +42,20 @@ def fleet(
     autoscaling = AutoscalingSpec(
         min_replicas=min_replicas, max_replicas=max_replicas, slo=slo, capacity_per_replica=capacity_per_replica
     )
+    # minReplicas 0 needs the endpoint picker in front (its flow control holds requests while no replica is Ready).
+    routing = RoutingSpec(mode="inferencePool" if min_replicas == 0 else "service")
     return MultimodalInference(
         metadata=ObjectMeta(name="twin"),
-        spec=MultimodalInferenceSpec(model=ModelSpec(name=MODEL), autoscaling=autoscaling),
+        spec=MultimodalInferenceSpec(model=ModelSpec(name=MODEL), autoscaling=autoscaling, routing=routing),
     )
 
 
-def signals(view: MetricView, picker_held: float = 0.0) -> Signals:
+def signals(view: MetricView, picker_held: float = 0.0, held: float | None = None) -> Signals:
     """The operator's ``Signals`` from the twin's answer to the same queries (``metrics.signals_for``); with
-    ``picker_held``, the requests the picker's flow control holds count as waiting (a lab variant, see ``Shipped``)."""
+    ``picker_held``, the requests the picker's flow control holds count as waiting (a lab variant, see ``Shipped``);
+    ``held``: the picker's held requests, which the operator reads for a fleet with minReplicas 0."""
     return Signals(
+        held=held,
         latency=view.latency,
         request_rate=view.request_rate,
         waiting=None if view.waiting is None else view.waiting + picker_held,

@@ -75,7 +75,9 @@ def simulate(
         eng, cold_start=cold_start, initial=initial, gpus_per_replica=gpus_per_replica, gpus_available=gpus_available
     )
     prom = Prometheus()
-    picker_held = 0.0  # the picker's flow-control queue as Prometheus last scraped it
+    picker_held = (
+        0.0  # requests held in front of the servers (flow control, no Ready pod) as Prometheus last scraped it
+    )
     phase = float(np.random.default_rng(seed).uniform(0.0, scrape_interval)) if seed else 0.0
     inference = (
         fleet(slo, min_replicas, max_replicas, policy.capacity_per_replica) if isinstance(policy, Shipped) else None
@@ -111,7 +113,9 @@ def simulate(
             seen = cycle.Seen(
                 pods.desired,
                 cycle.Pods(ready, starting, unschedulable, cold_start=pods.measured_cold_start()),
-                signals(view, picker_held if policy.picker_held else 0.0) if up else None,
+                signals(view, picker_held if policy.picker_held else 0.0, picker_held if min_replicas == 0 else None)
+                if up
+                else None,
                 None if up else OUTAGE,
             )
             outcome = policy.decide(inference, seen, t, state)
@@ -139,6 +143,7 @@ def simulate(
             mean_ttft=view.mean_ttft,
             mean_itl=view.mean_itl,
             extra=view.extra,
+            held=picker_held,
         )
         decision = policy.decide(obs, state)
         state = decision.state
@@ -153,7 +158,7 @@ def simulate(
     while True:
         if next_scrape <= t + 1e-9:
             if not down(t):
-                picker_held = float(eng.held()) if isinstance(eng, CompiledEngine) else 0.0
+                picker_held = float(pods.held.size) + (float(eng.held()) if isinstance(eng, CompiledEngine) else 0.0)
                 prom.scrape(
                     t,
                     [

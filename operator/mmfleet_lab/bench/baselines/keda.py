@@ -44,6 +44,10 @@ class KedaPolicy:
     after ``cooldownPeriod`` = 300 s without activity and back to 1 on activity. An absent series
     reads as 0 (``ignoreNullValues`` = true); only a dead Prometheus (every series absent) is an error.
 
+    ``held_trigger`` adds a trigger on the requests held in front of the servers (the endpoint picker's
+    ``inference_extension_flow_control_queue_size``, the signal mmfleet's own scale from zero reads), active above
+    ``activation_threshold``: with no pod, the servers' series are absent, and only it can wake the fleet.
+
     ``keep_alive`` adds production-stack's second trigger for scale-to-zero,
     ``sum(rate(vllm:num_incoming_requests_total[1m]) > bool 0)`` with threshold 1 (vllm-project/production-stack
     docs/source/use_cases/autoscaling-keda.rst @183a136), read from
@@ -59,6 +63,7 @@ class KedaPolicy:
     cooldown_period: float = 300.0
     min_replica_count: int | None = None  # None: the fleet's minimum; 0 turns scale-to-zero on
     keep_alive: bool = False
+    held_trigger: bool = False
     tolerance: float = 0.1
     scale_up: HpaScalingRules = HPA_SCALE_UP
     scale_down: HpaScalingRules = HPA_SCALE_DOWN
@@ -68,7 +73,8 @@ class KedaPolicy:
 
     def decide(self, observation: LabObservation, state: KedaState) -> Decision:
         obs = observation
-        if obs.waiting is None and obs.request_rate is None and obs.arrival_rate is None:
+        at_zero_on_held = self.held_trigger and obs.current == 0  # no server, so no server series: not an error
+        if obs.waiting is None and obs.request_rate is None and obs.arrival_rate is None and not at_zero_on_held:
             return _hold(obs, "Prometheus unreachable (KEDA scaler error)", state)
         value = obs.waiting if obs.waiting is not None else 0.0
         if self.metric == "running+waiting":
@@ -79,7 +85,8 @@ class KedaPolicy:
         hpa_min = max(1, min_count)
 
         if state.last_poll is None or obs.time - state.last_poll >= self.polling_interval:
-            active = value > self.activation_threshold or keep_alive > self.activation_threshold
+            held = obs.held if self.held_trigger else 0.0
+            active = max(value, keep_alive, held) > self.activation_threshold
             state = replace(state, last_poll=obs.time, last_active=obs.time if active else state.last_active)
             if min_count == 0 and obs.current == 0 and active:
                 return Decision(1, f"trigger active ({self.metric} {_v(value)}): scale from zero, 0 -> 1", state)

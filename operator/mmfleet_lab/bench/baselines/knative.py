@@ -76,6 +76,10 @@ class KpaPolicy:
             if obs.ready > 1:
                 state = replace(state, panic_time=obs.time, max_panic_pods=obs.ready)
         value = _inflight(obs)
+        if obs.ready == 0 and obs.held > 0:
+            # No pod Ready: the activator is in the request path, buffers the requests and reports them as the
+            # revision's concurrency (knative/serving pkg/activator), which is what brings a revision back from zero.
+            value = (value or 0.0) + obs.held
         if value is None:
             return _hold(obs, "no concurrency data yet (ErrNoData)", state)
         samples = (*_recent(state.samples, obs.time, self.stable_window), (obs.time, value))
