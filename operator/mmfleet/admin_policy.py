@@ -80,7 +80,10 @@ class AdminPolicy(Model):
     images: list[Glob] = Field(
         default_factory=pinned_repositories,
         max_length=256,
-        description="Image repositories a fleet may run, with the registry: docker.io/vllm/vllm-openai, nvcr.io/x/*.",
+        description=(
+            "Image repositories a fleet may run or mount (an oci:// model source), with the registry: "
+            "docker.io/vllm/vllm-openai, nvcr.io/x/*."
+        ),
     )
     secrets: list[NamespacedGlob] = Field(
         default_factory=list,
@@ -199,6 +202,12 @@ def refusals(inference: MultimodalInference, policy: AdminPolicy) -> list[str]:
     if not _matches(repository, policy.images):
         field = "spec.backend.image" if spec.backend.image else "spec.backend.name"
         found.append(_refusal(field, image, "images", policy.images, f" (repository {repository})"))
+    scheme, _, reference = spec.model.resolved_source().partition("://")
+    # An oci:// source is an image the node pulls for the weights (an image volume): the servers' allow-list holds.
+    if scheme == "oci":
+        weights = image_repository(reference)
+        if not _matches(weights, policy.images):
+            found.append(_refusal("spec.model.source", reference, "images", policy.images, f" (repository {weights})"))
     for field, value, setting in _named(inference):
         patterns: list[str] = getattr(policy, setting)
         if not _matches(f"{namespace}/{value}", patterns):

@@ -31,6 +31,8 @@ CACHE_DIR = "/cache"
 SHARED_CACHE_DIR = "/shared-cache"
 CONFIG_DIR = "/etc/mmfleet"
 PVC_MOUNT = "/models"
+# An oci:// source's image volume (Kubernetes' ImageVolume, KEP-4639): the image's root, read-only.
+OCI_MOUNT = "/models/image"
 # Weight download, model load and CUDA graph capture can take many minutes; the startup probe
 # allows this much from container start before the kubelet restarts it (the image pull comes
 # before and counts only against the Deployment's progress deadline).
@@ -186,6 +188,11 @@ def _model_placement(inference: MultimodalInference) -> Placement:
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         mount = {"name": "model", "mountPath": PVC_MOUNT, "readOnly": True}
         return Placement(model_ref=f"{PVC_MOUNT}/{path}".rstrip("/"), volume=volume, mount=mount)
+    if scheme == "oci":
+        # The kubelet pulls the image with the node's credentials or the pod's imagePullSecrets, once per node.
+        volume = {"name": "model", "image": {"reference": rest, "pullPolicy": "IfNotPresent"}}
+        mount = {"name": "model", "mountPath": OCI_MOUNT, "readOnly": True}
+        return Placement(model_ref=OCI_MOUNT, volume=volume, mount=mount)
     return Placement(model_ref=source, volume=None, mount=None)
 
 

@@ -34,10 +34,20 @@ from mmfleet_lab.cluster import Cluster, ensure_epp, ensure_gateway_standin, ens
 from mmfleet_lab.cluster.collector import RunningCollector
 from mmfleet_lab.cluster.netns import Network, isolated_network, socket_in
 from tests.helpers.fleet import Fleet
+from tests.helpers.tools import REQUIRED
 from tests.helpers.wait import wait_for
 
-# Network namespaces need root (and iproute2's ip: make system-deps).
+# Network namespaces need root (and iproute2's ip: make system-deps). A developer who is not root skips the modules
+# that use them before the cluster starts; under make integration (MMFLEET_REQUIRE_TOOLS=1) nothing skips,
+# require_netns fails.
 AS_ROOT = os.geteuid() == 0
+NETNS_MARKS = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not AS_ROOT and not REQUIRED,
+        reason="needs root for network namespaces (ip netns, setns); under make integration it fails instead",
+    ),
+]
 POOL_API = ("inference.networking.k8s.io", "v1")
 # The simulator's flags that make it a server of the fleet (llm-d-inference-sim v0.10.2 pkg/common/parser.go:115-231):
 # no tokenizer download (a simulated one, tokenizer.go:54-70), its KV cache with vLLM's 16-token blocks, so

@@ -32,7 +32,7 @@ from tests.helpers.chart import has_default_sa
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.routed import (
-    AS_ROOT,
+    NETNS_MARKS,
     POOL_API,
     RoutedPool,
     chat,
@@ -43,18 +43,9 @@ from tests.helpers.routed import (
     require_netns,
     serve_pool,
 )
-from tests.helpers.tools import REQUIRED
 from tests.helpers.wait import wait_for
 
-# A developer who is not root skips this module before the cluster starts; under make integration
-# (MMFLEET_REQUIRE_TOOLS=1) nothing skips, require_netns fails.
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not AS_ROOT and not REQUIRED,
-        reason="needs root for network namespaces (ip netns, setns); under make integration it fails instead",
-    ),
-]
+pytestmark = NETNS_MARKS
 
 FLEET = "routed"
 REPLICAS = 3

@@ -13,7 +13,6 @@ import http.client
 import random
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,7 +20,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 from pydantic import ValidationError
 
 from mmfleet.api import MultimodalInference
@@ -29,13 +27,12 @@ from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster import prometheus as prom
 from mmfleet_lab.cluster.kubectl import run_kubectl
 from mmfleet_lab.cluster.netns import Network, socket_in
-from tests.helpers.chart import has_default_sa
 from tests.helpers.fake_pods import PrometheusServer
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.routed import (
-    AS_ROOT,
     FAST,
+    NETNS_MARKS,
     POOL_API,
     Answer,
     RoutedPool,
@@ -45,16 +42,9 @@ from tests.helpers.routed import (
     require_netns,
     serve_pool,
 )
-from tests.helpers.tools import REQUIRED
 from tests.helpers.wait import wait_for
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not AS_ROOT and not REQUIRED,
-        reason="needs root for network namespaces (ip netns, setns); under make integration it fails instead",
-    ),
-]
+pytestmark = NETNS_MARKS
 
 FLEET = "idle"
 PICKER_METRICS = ("127.0.0.1", 9090)  # the picker's metrics port, in the gateway's namespace (options.go default)
@@ -145,17 +135,15 @@ def replicas(fleet: Fleet) -> int:
 def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replica_serves_it(
     cluster: Cluster,
     api: Any,
+    namespace: str,
     zero_operator: tuple[OperatorProcess, PrometheusServer],
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
 ) -> None:
     require_netns()
     _, server = zero_operator
-    core = client.CoreV1Api(api)
-    namespace = f"it-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    wait_for(lambda: has_default_sa(api, namespace), 30, f"namespace {namespace}'s default ServiceAccount")
     fleet = Fleet(api, namespace)
-    logs = tmp_path_factory.mktemp("zero")
+    logs = tmp_path / "zero"
+    logs.mkdir()
     targets = prom.targets_dir(server.state) / "routed.json"
     try:
         fleet.create(mmi(FLEET, routing={"mode": "inferencePool"}, autoscaling=AUTOSCALING))
@@ -205,7 +193,6 @@ def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replic
                 bridge.close()
     finally:
         targets.unlink(missing_ok=True)
-        core.delete_namespace(namespace)
 
 
 def _serve(routed: RoutedPool, pods: dict[str, str]) -> None:

@@ -18,7 +18,7 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 QUANTITY_MAX_LENGTH = 64
 # The first segment after the scheme may not start with '-': for hf:// it becomes the server's model argument,
 # which a leading '-' would turn into a flag (and no bucket, container, claim or HF owner starts with one).
-MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc)://[^-/\s][^/\s]*(/\S*)?$"
+MODEL_SOURCE_PATTERN = r"^(hf|s3|gs|oss|az|pvc|oci)://[^-/\s][^/\s]*(/\S*)?$"
 # A pvc:// source's claim becomes a volume's claimName, a DNS-1123 subdomain. (No backslash: also a CEL literal.)
 PVC_SOURCE_PATTERN = "^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*(/.*)?$"
 

@@ -103,7 +103,10 @@ class ModelSpec(Model):
         },
         description=(
             "Where the weights come from: hf://<repo>, s3://, gs://, oss://, az://<bucket>/<path>, "
-            "or pvc://<claim>/<path> for a PersistentVolumeClaim in the same namespace. "
+            "pvc://<claim>/<path> for a PersistentVolumeClaim in the same namespace, or oci://<image reference> "
+            "for an OCI image holding the model directory at its root, mounted as an image volume (Kubernetes "
+            "1.35+, or the ImageVolume feature gate; vllm only): the node pulls it once and keeps it, so a new "
+            "replica on that node neither downloads nor reads the weights over the network. "
             "Default: hf://<model.name>."
         ),
     )

@@ -426,6 +426,8 @@ def _apiserver_args(pki: Pki, etcd_port: int, port: int, audit_policy: Path, aud
         # the ``kubernetes`` Service, which Endpoints validation rejects (loopback), and log errors forever.
         "--endpoint-reconciler-type=none",
         "--profiling=false",
+        # Image volumes (an oci:// model source) as Kubernetes 1.35 serves them by default (pkg/features).
+        "--feature-gates=ImageVolume=true",
         # On SIGTERM, drain ordinary requests, then close the HTTP server within 2s; by default it waits
         # up to --request-timeout (60s) for open watches (kubectl -w, a running operator) to end.
         "--shutdown-send-retry-after=true",

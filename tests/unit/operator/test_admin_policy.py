@@ -140,6 +140,15 @@ def test_a_claim_named_as_the_models_source_is_a_claim_the_policy_must_allow() -
     assert refusals(inference(spec), AdminPolicy.model_validate({"claims": ["team-a/finance-*"]})) == []
 
 
+def test_an_oci_model_image_is_an_image_the_policy_must_allow() -> None:
+    spec = {"model": {"name": "llava", "source": "oci://registry.internal/finance/llava:v2"}}
+    [line] = refusals(inference(spec), AdminPolicy())
+    assert line.startswith("spec.model.source: 'registry.internal/finance/llava:v2' (repository ")
+    assert "policy.images" in line
+    allowed = AdminPolicy.model_validate({"images": [*AdminPolicy().images, "registry.internal/finance/*"]})
+    assert refusals(inference(spec), allowed) == []
+
+
 def test_a_toleration_of_every_taint_needs_the_star_and_a_named_key_does_not_allow_it() -> None:
     spec = {"model": {"name": "m"}, "placement": {"tolerations": [{"operator": "Exists"}, {"key": "nvidia.com/gpu"}]}}
     named = AdminPolicy.model_validate({"tolerationKeys": ["nvidia.com/*"]})

@@ -296,3 +296,16 @@ def test_per_replica_cache_renders_as_before(volume: str) -> None:
     assert "shared-cache" not in {v["name"] for v in spec["volumes"]}
     assert "fsGroupChangePolicy" not in spec["securityContext"]
     assert container["command"][container["command"].index("--download-dir") + 1] == "/cache/models"
+
+
+def test_oci_source_mounts_the_image_read_only_as_the_model_directory() -> None:
+    doc = spec_doc(model={"name": "qwen", "source": "oci://registry.example.com/models/qwen2.5-vl-7b:v1"})
+    spec = pod(doc)
+    volume = next(v for v in spec["volumes"] if v["name"] == "model")
+    assert volume["image"] == {
+        "reference": "registry.example.com/models/qwen2.5-vl-7b:v1",
+        "pullPolicy": "IfNotPresent",
+    }
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models/image", "readOnly": True}
+    assert spec["containers"][0]["command"][:3] == ["vllm", "serve", "/models/image"]
