@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from mmfleet.api import seconds
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube
 from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
 from tests.helpers.fleet import Fleet, mmi
@@ -87,6 +88,11 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     assert status["slo"]["observed"] == "4.75s" and status["slo"]["target"] == "2s"
     assert status["slo"]["attainment"] == 0
     assert ": 2 -> 3" in status["lastScaleReason"]
+    # The cold start, phase by phase, from the timestamps the API server recorded on the Ready pods: the local
+    # cluster's pods wait POD_READY_DELAY (2 s) after binding, all of it before kwok marks them Initialized.
+    cold = status["coldStart"]
+    assert cold["pods"] >= 1 and seconds(cold["total"]) >= 2.0, cold
+    assert seconds(cold["initialized"]) >= 2.0 and seconds(cold["ready"]) == 0.0, cold
     slo_met = fleet.condition("hot", "SLOMet")
     assert (slo_met["status"], slo_met["reason"]) == ("False", "TargetMissed")
     assert fleet.condition("hot", "MetricsAvailable")["status"] == "True"
