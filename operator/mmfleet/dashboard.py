@@ -20,6 +20,7 @@ from mmfleet.autoscaler.metrics import RATE_WINDOW, Slo, latency_query, signal_q
 from mmfleet.metrics_export import (
     ATTAINMENT,
     COLD_START,
+    COLD_START_PHASES,
     CYCLE_SECONDS,
     DECISIONS,
     DESIRED,
@@ -182,6 +183,20 @@ def panels() -> list[dict[str, Any]]:
             "The cold start the autoscaler plans with: the median creation-to-Ready of the fleet's pods, "
             "or the default.",
             [target(fleet_series(COLD_START))],
+            unit="s",
+        ),
+        panel(
+            "Cold start by phase",
+            "The new replicas' cold start, the median since the operator started (replicas start rarely): the "
+            "whole, and each phase Kubernetes timestamps (scheduled: waiting for a node; initialized: sandbox, "
+            "volumes, init containers; started: images pulled; ready: weights loaded, compiled, probe passed).",
+            [
+                target(
+                    "histogram_quantile(0.5, sum by (namespace, mmfleet_io_inference, phase, le) "
+                    f"({fleet_series(COLD_START_PHASES, '_bucket')}))",
+                    f"{{{{phase}}}} {LEGEND}",
+                )
+            ],
             unit="s",
         ),
         row("Routing"),
