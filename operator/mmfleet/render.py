@@ -189,7 +189,7 @@ def _model_placement(inference: MultimodalInference) -> Placement:
         mount = {"name": "model", "mountPath": PVC_MOUNT, "readOnly": True}
         return Placement(model_ref=f"{PVC_MOUNT}/{path}".rstrip("/"), volume=volume, mount=mount)
     if scheme == "oci":
-        # The kubelet pulls the image with the node's credentials or the pod's imagePullSecrets, once per node.
+        # The kubelet pulls the image with the node's credentials, once per node (a digest keeps the nodes in step).
         volume = {"name": "model", "image": {"reference": rest, "pullPolicy": "IfNotPresent"}}
         mount = {"name": "model", "mountPath": OCI_MOUNT, "readOnly": True}
         return Placement(model_ref=OCI_MOUNT, volume=volume, mount=mount)

@@ -205,6 +205,7 @@ def _apply(
             record.owned.add((child["kind"], child["metadata"]["name"]))
             if child["kind"] == "Deployment" and child["metadata"]["name"] == inference.metadata.name:
                 deployment = applied
+                _check_volumes_kept(inference, child, applied)
         if deployment is not None and inference.spec.autoscaled:
             deployment = _clamp_replicas(op, inference, deployment)
         # A spec changed since this process applied one: what it no longer asks for goes. After a restart, nothing
@@ -348,6 +349,31 @@ def _apply_replacing_role_ref(op: Operator, child: Body) -> Body:
         meta = child["metadata"]
         kube.delete(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
         return kube.apply(child)
+
+
+def _volumes(deployment: Body) -> set[str]:
+    return {
+        v.get("name", "") for v in deployment.get("spec", {}).get("template", {}).get("spec", {}).get("volumes") or []
+    }
+
+
+def _check_volumes_kept(inference: MultimodalInference, rendered: Body, applied: Body) -> None:
+    """Raise ``_NotAppliedError`` when the API server dropped a volume the operator rendered.
+
+    An API server that does not serve a volume type behind a feature gate drops it from the template and accepts the
+    Deployment (ImageVolume before Kubernetes 1.35, ``pkg/api/pod/util.go`` ``dropImageVolumes``): the pods would
+    start without the weights and crash, with nothing saying why.
+    """
+    dropped = sorted(_volumes(rendered) - _volumes(applied))
+    if dropped:
+        source = inference.spec.model.resolved_source()
+        raise _NotAppliedError(
+            DegradedReason.APPLY_REFUSED,
+            f"the API server dropped volume(s) {', '.join(dropped)} from Deployment {inference.metadata.name}'s pod "
+            f"template: it does not serve that volume type (spec.model.source {source} is an image volume, served "
+            "from Kubernetes 1.35 or with the ImageVolume feature gate); enable it, or use another spec.model.source "
+            "(hf://, pvc://, s3://)",
+        )
 
 
 def _apply_child(op: Operator, child: Body, fleet: Body) -> Body:
