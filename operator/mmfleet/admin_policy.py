@@ -80,9 +80,14 @@ class AdminPolicy(Model):
     images: list[Glob] = Field(
         default_factory=pinned_repositories,
         max_length=256,
+        description="Image repositories a fleet may run, with the registry: docker.io/vllm/vllm-openai, nvcr.io/x/*.",
+    )
+    model_images: list[Glob] = Field(
+        default_factory=list,
+        max_length=256,
         description=(
-            "Image repositories a fleet may run or mount (an oci:// model source), with the registry: "
-            "docker.io/vllm/vllm-openai, nvcr.io/x/*."
+            "Image repositories a fleet may mount as its weights (spec.model.source oci://...), with the registry; "
+            "apart from images, so that a registry of models is not also one of servers. Default none."
         ),
     )
     secrets: list[NamespacedGlob] = Field(
@@ -203,11 +208,12 @@ def refusals(inference: MultimodalInference, policy: AdminPolicy) -> list[str]:
         field = "spec.backend.image" if spec.backend.image else "spec.backend.name"
         found.append(_refusal(field, image, "images", policy.images, f" (repository {repository})"))
     scheme, _, reference = spec.model.resolved_source().partition("://")
-    # An oci:// source is an image the node pulls for the weights (an image volume): the servers' allow-list holds.
+    # An oci:// source is an image the node pulls, with its credentials, and mounts into the server.
     if scheme == "oci":
         weights = image_repository(reference)
-        if not _matches(weights, policy.images):
-            found.append(_refusal("spec.model.source", reference, "images", policy.images, f" (repository {weights})"))
+        if not _matches(weights, policy.model_images):
+            shown = f" (repository {weights})"
+            found.append(_refusal("spec.model.source", reference, "modelImages", policy.model_images, shown))
     for field, value, setting in _named(inference):
         patterns: list[str] = getattr(policy, setting)
         if not _matches(f"{namespace}/{value}", patterns):

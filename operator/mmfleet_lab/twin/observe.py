@@ -368,6 +368,9 @@ def query(
     request_rate = arrival_rate = prompt_rate = gen_rate = mean_ttft = mean_itl = None
     if rates is not None:
         mean_ttft, mean_itl = mean_from_rates(rates, "ttft"), mean_from_rates(rates, "itl")
+        mean_e2e = mean_from_rates(rates, "e2e")
+        if mean_e2e is not None:  # for a time-averaged concurrency (Little's law): Knative's queue-proxy measures it
+            extra["mean_e2e"] = mean_e2e
         request_rate = float(rates[LAYOUT.success])
         prompt_rate = float(rates[LAYOUT.prompt])
         gen_rate = float(rates[LAYOUT.generation])

@@ -142,7 +142,8 @@ def simulate(
             generation_tokens_rate=view.generation_tokens_rate,
             mean_ttft=view.mean_ttft,
             mean_itl=view.mean_itl,
-            extra=view.extra,
+            # Knative's activator reports the requests it buffers to the autoscaler at once, not through a scrape.
+            extra={**view.extra, "held_now": float(pods.held.size)},
             held=picker_held,
         )
         decision = policy.decide(obs, state)

@@ -28,7 +28,7 @@ def test_train_and_test_days_are_apart() -> None:
 
 
 def row(knob: float, violation: float, gpu: float) -> idle.Row:
-    return idle.Row("keda-zero", "d", 0, knob, gpu, violation, 1.0, 0.0, 0.0, 0, 0.0)
+    return idle.Row("keda-zero", "d", 0, knob, gpu, violation, 1.0, 0.0, 0.0, 0.0, 0, 0.0)
 
 
 def test_the_tuning_rule_takes_the_cheapest_setting_near_the_fewest_violations() -> None:

@@ -144,9 +144,11 @@ def test_an_oci_model_image_is_an_image_the_policy_must_allow() -> None:
     spec = {"model": {"name": "llava", "source": "oci://registry.internal/finance/llava:v2"}}
     [line] = refusals(inference(spec), AdminPolicy())
     assert line.startswith("spec.model.source: 'registry.internal/finance/llava:v2' (repository ")
-    assert "policy.images" in line
-    allowed = AdminPolicy.model_validate({"images": [*AdminPolicy().images, "registry.internal/finance/*"]})
+    assert "policy.modelImages" in line
+    allowed = AdminPolicy.model_validate({"modelImages": ["registry.internal/finance/*"]})
     assert refusals(inference(spec), allowed) == []
+    as_server = AdminPolicy.model_validate({"images": [*AdminPolicy().images, "registry.internal/finance/*"]})
+    assert fields(refusals(inference(spec), as_server)) == ["spec.model.source"], "a server image is not a model's"
 
 
 def test_a_toleration_of_every_taint_needs_the_star_and_a_named_key_does_not_allow_it() -> None:

@@ -38,7 +38,7 @@ def _no_kopf_events(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(records, "kopf_event", lambda *args: None)  # kopf's posting needs its own context
 
 
-ALLOWED = {"images": ["docker.io/vllm/vllm-openai", "registry.example.com/*"]}
+ALLOWED = {"modelImages": ["registry.example.com/*"]}
 
 
 def imaged() -> Body:

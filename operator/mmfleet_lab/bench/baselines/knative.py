@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from mmfleet.api import clamp_replicas
 from mmfleet.autoscaler import Decision
@@ -61,6 +62,9 @@ class KpaPolicy:
     max_scale_down_rate: float = 2.0
     scale_to_zero_grace: float = 30.0
     enable_scale_to_zero: bool = True
+    # "gauge": running + waiting as last scraped; "averaged": the time-weighted concurrency the queue-proxy reports,
+    # request rate x mean latency over the rate window (Little's law), which a short request does not slip between.
+    concurrency: Literal["gauge", "averaged"] = "gauge"
 
     def initial_state(self) -> KpaState:
         return KpaState()
@@ -76,10 +80,14 @@ class KpaPolicy:
             if obs.ready > 1:
                 state = replace(state, panic_time=obs.time, max_panic_pods=obs.ready)
         value = _inflight(obs)
-        if obs.ready == 0 and obs.held > 0:
+        mean = obs.extra.get("mean_e2e")
+        if self.concurrency == "averaged" and obs.request_rate is not None and mean is not None:
+            value = obs.request_rate * mean
+        held = obs.extra.get("held_now", obs.held)
+        if obs.ready == 0 and held > 0:
             # No pod Ready: the activator is in the request path, buffers the requests and reports them as the
             # revision's concurrency (knative/serving pkg/activator), which is what brings a revision back from zero.
-            value = (value or 0.0) + obs.held
+            value = (value or 0.0) + held
         if value is None:
             return _hold(obs, "no concurrency data yet (ErrNoData)", state)
         samples = (*_recent(state.samples, obs.time, self.stable_window), (obs.time, value))
