@@ -58,3 +58,20 @@ def test_the_zero_capable_baselines_wake_on_requests_held_in_front_of_the_server
     for baseline in (keda, kpa):
         assert baseline.decide(_at_zero(0.0), baseline.initial_state()).replicas == 0
         assert baseline.decide(_at_zero(2.0), baseline.initial_state()).replicas >= 1, baseline.name
+
+
+def measured(name: str, day: str, gpu: float, violation: float, seed: int = 0) -> idle.Row:
+    return idle.Row(name, day, seed, None, gpu, violation, 1.0, 0.0, 0.0, 0.0, 0, 0.0)
+
+
+def test_the_goal_needs_fewer_gpu_hours_beyond_the_seeds_spread_and_no_more_violations() -> None:
+    day = idle.SPLITS["test"][0]
+    rows = [
+        measured("mmfleet", day, 10.0, 1.0), measured("mmfleet", day, 12.0, 1.0, seed=1),
+        measured("keda-zero", day, 11.0, 1.0), measured("knative-zero", day, 20.0, 1.0),
+    ]  # fmt: skip
+    keda, knative = [line for line in idle.verdicts(rows) if line.startswith(f"- {day}")]
+    assert keda.endswith("not shown (the GPU-hours' seed ranges overlap)"), "11 lies within 10-12"
+    assert knative.endswith("the goal is met")
+    worse = [*rows[:2], measured("keda-zero", day, 30.0, 0.5), rows[3]]
+    assert idle.verdicts(worse)[0].endswith("not met (more violation-minutes)")
