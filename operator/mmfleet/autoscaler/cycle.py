@@ -116,6 +116,15 @@ class ColdStart:
         return ColdStartStatus.model_validate({"total": duration_text(self.total), **texts, "pods": self.pods})
 
 
+# SLOMet while the signals cannot be used: the fleet holds, and MetricsAvailable says why.
+NOTHING_MEASURED: ConditionRow = (
+    "SLOMet",
+    None,
+    SloMetReason.METRICS_UNAVAILABLE,
+    "nothing measured: see MetricsAvailable",
+)
+
+
 @dataclass(frozen=True)
 class Pods:
     """The fleet's pods as the API server shows them (terminating ones left out: they serve no more)."""
@@ -460,7 +469,7 @@ def decide(
             if held == seen.current
             else f"{what}: {seen.current} -> {held}, within minReplicas and maxReplicas"
         )
-        slo_met = ("SLOMet", None, SloMetReason.METRICS_UNAVAILABLE, "nothing measured: see MetricsAvailable")
+        slo_met = NOTHING_MEASURED
     else:
         assert seen.signals is not None
         signals = seen.signals
@@ -631,7 +640,7 @@ def _at_zero(
                 f"the endpoint picker's held requests could not be read: {problem}; holding 0 replicas, so a "
                 "request waits in the picker until its TTL",
             ),
-            ("SLOMet", None, SloMetReason.METRICS_UNAVAILABLE, "nothing measured: see MetricsAvailable"),
+            NOTHING_MEASURED,
             _limits(inference, 0, pods, None, target, label),
             ("Idle", None, IdleReason.NOT_MEASURED, f"0 replicas; the picker could not be read ({problem})"),
         )

@@ -400,7 +400,12 @@ def num(value: float, digits: int) -> str:
 
 def spread(rows: Sequence[Row], field: str, fmt: Callable[[float], str]) -> str:
     """``mean (min-max)`` over the seeds, or the value alone when they agree or there is one seed."""
-    s = Spread.of([getattr(r, field) for r in rows])
+    return spread_values([getattr(r, field) for r in rows], fmt)
+
+
+def spread_values(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """``spread`` of plain values: ``-`` when none is a number."""
+    s = Spread.of(values)
     if math.isnan(s.mean):
         return "-"
     if fmt(s.low) == fmt(s.high):

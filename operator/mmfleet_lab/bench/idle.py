@@ -40,7 +40,7 @@ import numpy as np
 
 from mmfleet.api import seconds
 from mmfleet_lab.bench import slo_metrics
-from mmfleet_lab.bench.autoscale import Spread, num, pct
+from mmfleet_lab.bench.autoscale import Spread, num, pct, spread_values
 from mmfleet_lab.bench.baselines.keda import KedaPolicy
 from mmfleet_lab.bench.baselines.knative import KpaPolicy
 from mmfleet_lab.bench.report import table, write_section
@@ -168,14 +168,6 @@ def tune(workers: int, progress: Progress) -> tuple[dict[str, float], list[Row]]
     return {row: pick([t for t in trials if t.row == row]) for row in ("keda-zero", "knative-zero")}, trials
 
 
-def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "-"
-    s = Spread.of(finite)
-    return fmt(s.mean) if fmt(s.low) == fmt(s.high) else f"{fmt(s.mean)} ({fmt(s.low)}–{fmt(s.high)})"
-
-
 def day_table(rows: Sequence[Row]) -> str:
     headers = ["autoscaler", "setting", "seeds", "GPU-h", "violation-min", "windows met %", "requests over SLO %",
                "first request after idle, e2e P50 / max (s)", "wakes from zero"]  # fmt: skip
@@ -187,13 +179,13 @@ def day_table(rows: Sequence[Row]) -> str:
         knob = group[0].knob
         setting = "auto" if name == "mmfleet" else ("minReplicas 1" if knob is None else f"{knob:g} s to zero")
         body.append([
-            name, setting, str(len(group)), spread([r.gpu_hours for r in group], lambda v: num(v, 2)),
-            spread([r.violation_minutes for r in group], lambda v: num(v, 1)),
-            spread([r.attainment for r in group], pct),
-            spread([r.over_share for r in group], pct),
-            f"{spread([r.first_p50 for r in group], lambda v: num(v, 1))} / "
-            f"{spread([r.first_max for r in group], lambda v: num(v, 1))}",
-            spread([float(r.wakes) for r in group], lambda v: f"{v:.1f}"),
+            name, setting, str(len(group)), spread_values([r.gpu_hours for r in group], lambda v: num(v, 2)),
+            spread_values([r.violation_minutes for r in group], lambda v: num(v, 1)),
+            spread_values([r.attainment for r in group], pct),
+            spread_values([r.over_share for r in group], pct),
+            f"{spread_values([r.first_p50 for r in group], lambda v: num(v, 1))} / "
+            f"{spread_values([r.first_max for r in group], lambda v: num(v, 1))}",
+            spread_values([float(r.wakes) for r in group], lambda v: f"{v:.1f}"),
         ])  # fmt: skip
     return table(headers, body)
 

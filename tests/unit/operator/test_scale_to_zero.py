@@ -19,7 +19,7 @@ from mmfleet.autoscaler.metrics import HELD, Signals, Target, build_queries, sig
 from mmfleet.handlers.records import render_children
 from mmfleet.routing import RoutingCrds
 from mmfleet.status import Observed, PodProblem, compute_status
-from tests.helpers.autoscaler import INTERVAL, T0, conditions
+from tests.helpers.autoscaler import INTERVAL, T0, conditions, fleet
 from tests.helpers.operator_state import RecordingKube, operator
 from tests.helpers.repo import spec_doc
 
@@ -257,7 +257,7 @@ def test_a_long_slo_window_does_not_lengthen_the_idle_wait() -> None:
 def test_turning_min_replicas_zero_off_forgets_the_idle_gap() -> None:
     _, memory, current = drive(zero_fleet(after="5m"), 1, lambda i, n: quiet(), cycles=10)
     assert current == 1 and memory.idle.since is not None
-    _, memory, _ = drive(fleet_one(), 1, lambda i, n: quiet(), cycles=1, memory=memory)
+    _, memory, _ = drive(fleet(), 1, lambda i, n: quiet(), cycles=1, memory=memory)
     assert memory.idle == IdleMemory()
 
 
@@ -274,7 +274,7 @@ def test_a_gap_already_going_on_when_the_operator_started_is_not_learned() -> No
 
 
 def test_the_held_query_is_sent_only_for_fleets_that_may_scale_to_zero_and_read_by_fleet() -> None:
-    zero, plain = Target.of(zero_fleet()), Target.of(fleet_one())
+    zero, plain = Target.of(zero_fleet()), Target.of(fleet())
     assert HELD not in build_queries([plain])
     query = build_queries([plain, zero])[HELD]
     assert query == (
@@ -289,12 +289,6 @@ def test_the_held_query_is_sent_only_for_fleets_that_may_scale_to_zero_and_read_
     assert signals_for(plain, answers).held is None
     failed = signals_for(zero, {}, {HELD: "did not answer"})
     assert (failed.held, failed.held_problem) == (None, "did not answer")
-
-
-def fleet_one() -> MultimodalInference:
-    doc = spec_doc(autoscaling={"minReplicas": 1, "slo": {"target": "2s"}})
-    doc["metadata"]["generation"] = 3
-    return MultimodalInference.model_validate(doc)
 
 
 # --- status ---------------------------------------------------------------------------------------
