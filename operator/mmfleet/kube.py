@@ -370,6 +370,22 @@ class Kube:
             )
         _json(response)
 
+    def mark_pod(self, namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str | None]) -> None:
+        """Merge ``labels`` and ``annotations`` (None removes one) into a pod's metadata."""
+        self._count()
+        with self._errors(f"label pod {namespace}/{name}"):
+            response = self.dynamic.patch(
+                self._resource("v1", "Pod"),
+                body={"metadata": {"labels": labels, "annotations": annotations}},
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+                field_manager=FIELD_MANAGER,
+                serialize=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        _json(response)
+
     def provider_ids(self) -> list[str]:
         nodes = self.list_objects("v1", "Node")
         return [n.get("spec", {}).get("providerID") or "" for n in nodes]

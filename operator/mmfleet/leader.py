@@ -59,13 +59,16 @@ class Observed:
         return holder if now < self.changed + duration else None
 
 
+def own_namespace() -> str | None:
+    """The operator pod's namespace; None out of a cluster."""
+    with contextlib.suppress(OSError), open(POD_NAMESPACE_FILE, encoding="utf-8") as found:
+        return found.read().strip() or None
+    return None
+
+
 def lease_namespace(configured: str) -> str:
     """``configured``, else the pod's own namespace, else ``default`` (out of a cluster)."""
-    if configured:
-        return configured
-    with contextlib.suppress(OSError), open(POD_NAMESPACE_FILE, encoding="utf-8") as found:
-        return found.read().strip() or "default"
-    return "default"
+    return configured or own_namespace() or "default"
 
 
 class Elector:

@@ -105,10 +105,12 @@ COLD_START = _gauge(
     "mmfleet_fleet_cold_start_seconds", "The cold start the autoscaler plans with (measured or default)."
 )
 METRICS_AVAILABLE = _gauge("mmfleet_fleet_metrics_available", "1 when every signal was read this cycle, else 0.")
+WAKE_PHASE = "wake"
 # Each Ready pod's cold start, once, whole and by phase (autoscaler.cycle.PHASES): where a new replica's time goes.
 COLD_START_PHASES = Histogram(
     "mmfleet_fleet_cold_start_phase_seconds",
-    "Each new replica's time from creation to Ready (phase total), and in each phase Kubernetes timestamps.",
+    "Each new replica's time from creation to Ready (phase total), and in each phase Kubernetes timestamps; with "
+    "warm standby, each wake of a sleeping replica (phase wake).",
     [*FLEET_LABELS, "phase"],
     buckets=(1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 1200),
     registry=REGISTRY,
@@ -195,6 +197,11 @@ def record_decision(
                 COLD_START_PHASES.labels(*key, phase).observe(took)
 
 
+def record_wake(key: Key, seconds: float) -> None:
+    """A sleeping replica woken (warm standby): how long vLLM's /wake_up took, beside the cold starts it saves."""
+    COLD_START_PHASES.labels(*key, WAKE_PHASE).observe(seconds)
+
+
 def forget_others(keep: set[Key]) -> None:
     """Fleets no longer autoscaled (or gone): their series end, rather than repeat their last value."""
     for key in _KNOWN - keep:
@@ -203,7 +210,7 @@ def forget_others(keep: set[Key]) -> None:
             gauge.remove(*key)
         for counter, labels in (
             (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed")),
-            (COLD_START_PHASES, ("total", *PHASES)),
+            (COLD_START_PHASES, ("total", *PHASES, WAKE_PHASE)),
         ):  # fmt: skip
             for label in labels:
                 counter.remove(*key, label)

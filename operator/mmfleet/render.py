@@ -54,6 +54,11 @@ MEMORY_GI_PER_GPU = 32
 SHM_GI_PER_GPU = 2
 
 
+# With warm standby, the Service and the InferencePool select pods labelled so; the operator sets it to "false" on a
+# pod it puts to sleep (autoscaler.standby).
+SERVING_LABEL = "mmfleet.io/serving"
+
+
 class SpecError(ValueError):
     """A spec the schema let through but that cannot be served; one message per problem."""
 
@@ -74,6 +79,14 @@ class Placement:
 def selector_labels(inference: MultimodalInference) -> dict[str, str]:
     """Stable across spec changes: a Deployment's selector is immutable."""
     return {INFERENCE_LABEL: inference.metadata.name, "app.kubernetes.io/component": COMPONENT}
+
+
+def routed_labels(inference: MultimodalInference) -> dict[str, str]:
+    """The pods a request may reach: with warm standby, those the operator has not taken out to sleep
+    (autoscaler.standby)."""
+    if inference.spec.standby is None:
+        return selector_labels(inference)
+    return {**selector_labels(inference), SERVING_LABEL: "true"}
 
 
 def selector_string(inference: MultimodalInference) -> str:
@@ -426,7 +439,10 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
         # Never drop serving capacity for a rollout; a surge pod needs one spare replica's GPUs.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {
-            "metadata": {"labels": {**labels(inference), **wiring.pod_labels}, "annotations": pod_annotations},
+            "metadata": {
+                "labels": {**labels(inference), **routed_labels(inference), **wiring.pod_labels},
+                "annotations": pod_annotations,
+            },
             "spec": pod_spec,
         },
     }
@@ -471,7 +487,7 @@ def build_service(inference: MultimodalInference, cloud: CloudProfile) -> Manife
         meta["annotations"] = dict(cloud.internal_lb_annotations)
     spec: Manifest = {
         "type": service_type,
-        "selector": selector_labels(inference),
+        "selector": routed_labels(inference),
         "ports": [{"name": "http", "port": backend.port, "targetPort": "http", "protocol": "TCP"}],
     }
     ranges = inference.spec.service.load_balancer_source_ranges
@@ -494,11 +510,14 @@ def build_pod_disruption_budget(inference: MultimodalInference) -> Manifest:
     }
 
 
-def build_network_policy(inference: MultimodalInference, prometheus_namespace: str | None = None) -> Manifest:
+def build_network_policy(
+    inference: MultimodalInference, prometheus_namespace: str | None = None, operator_namespace: str | None = None
+) -> Manifest:
     """Ingress to the serving port (the API and /metrics share it) only from those the spec and the operator name.
 
     The fleet's namespace, or spec.networkPolicy.ingressFrom; the namespace of the operator's Prometheus and
-    metricsFrom; and with a LoadBalancer every source: its clients reach the pods through the load balancer,
+    metricsFrom; with warm standby the operator's namespace, which puts replicas to sleep and wakes them; and with a
+    LoadBalancer every source: its clients reach the pods through the load balancer,
     often with the balancer's or a node's address (SNAT), which no rule can tell apart, so the balancer's own
     loadBalancerSourceRanges and spec.apiKeySecret guard them.
     """
@@ -519,6 +538,9 @@ def build_network_policy(inference: MultimodalInference, prometheus_namespace: s
         rules.append({"ports": port, "from": scrapers})
     if inference.spec.routing.mode == "inferencePool":
         rules.append({"ports": port, "from": _front_door_peers(inference)})
+    if inference.spec.standby is not None and operator_namespace:
+        operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}}
+        rules.append({"ports": port, "from": [operator]})
     if service.type == "LoadBalancer":
         rules.append({"ports": port})
     return {
@@ -591,16 +613,25 @@ def render(
     prometheus_namespace: str | None = None,
     picker: PickerSettings | None = None,
     routing_crds: RoutingCrds = routing.ALL_SERVED,
+    operator_namespace: str | None = None,
 ) -> list[Manifest]:
     """Every child of one resource, in the order they are applied; ``collector_endpoint``: see tracing_endpoint;
     ``prometheus_namespace``: where the operator's Prometheus runs, admitted to the pods' /metrics; ``picker``: for
-    routing mode inferencePool; ``routing_crds``: which of its kinds are served (all, offline)."""
+    routing mode inferencePool; ``routing_crds``: which of its kinds are served (all, offline); ``operator_namespace``:
+    admitted to the serving port of fleets with warm standby."""
     found = _clashes(inference) + _routing_problems(inference)
     if found:
         raise SpecError(found)
     profile = clouds.get(cloud) if isinstance(cloud, str) else cloud
     children = _children(
-        inference, profile, monitoring_crds, collector_endpoint, prometheus_namespace, picker, routing_crds
+        inference,
+        profile,
+        monitoring_crds,
+        collector_endpoint,
+        prometheus_namespace,
+        picker,
+        routing_crds,
+        operator_namespace,
     )
     found = _too_large(inference, profile.name, children)
     if found:
@@ -616,6 +647,7 @@ def _children(
     prometheus_namespace: str | None = None,
     picker: PickerSettings | None = None,
     routing_crds: RoutingCrds = routing.ALL_SERVED,
+    operator_namespace: str | None = None,
 ) -> list[Manifest]:
     backend = backends.get(inference.spec.backend.name)
     files = backend.config_files(server_context(inference, profile, collector_endpoint))
@@ -626,7 +658,7 @@ def _children(
         build_deployment(inference, profile, collector_endpoint),
         build_service(inference, profile),
         build_pod_disruption_budget(inference),
-        build_network_policy(inference, prometheus_namespace),
+        build_network_policy(inference, prometheus_namespace, operator_namespace),
     ]
     wants_monitor = inference.spec.monitoring.pod_monitor
     monitored = bool(wants_monitor or (wants_monitor is None and monitoring_crds))
@@ -673,7 +705,7 @@ def _front_door(
         ),
         routing.build_picker_service(meta, selector),
         routing.build_inference_pool(
-            inference, _metadata(inference, inference.metadata.name), selector_labels(inference), port
+            inference, _metadata(inference, inference.metadata.name), routed_labels(inference), port
         ),
     ]
     if inference.spec.routing.gateway is not None and route_served:

@@ -29,6 +29,7 @@ from mmfleet.api import (
     ReadyReason,
     RoutingReadyReason,
     SloStatus,
+    StandbyStatus,
     TracingReadyReason,
     clamp_replicas,
     duration_text,
@@ -74,6 +75,7 @@ class Scaling:
     attainment: float | None
     conditions: tuple[ConditionRow, ...]
     cold_start: ColdStartStatus | None = None  # the medians of the Ready pods' cold starts, phase by phase
+    standby: StandbyStatus | None = None  # with warm standby: what the cycle saw of it
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,7 @@ def _scaling_part(
         fields = {
             "slo": previous.slo,
             "coldStart": previous.cold_start,
+            "standby": previous.standby if inference.spec.standby is not None else None,
             "lastScaleTime": previous.last_scale_time,
             "lastScaleReason": previous.last_scale_reason,
         }
@@ -457,6 +460,7 @@ def _scaling_part(
             last_evaluated=last.last_evaluated,
         ),
         "coldStart": scaling.cold_start or previous.cold_start,
+        "standby": scaling.standby,
         "lastScaleTime": now if scaling.scaled else previous.last_scale_time,
         "lastScaleReason": truncate(scaling.reason, SCALE_REASON_MAX) if scaling.scaled else previous.last_scale_reason,
     }

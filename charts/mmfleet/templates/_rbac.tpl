@@ -118,10 +118,12 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
   resources: [clusterroles]
   verbs: [bind]
   resourceNames: [{{ include "mmfleet.fullname" . }}-endpoint-picker]
-# Pods are only observed (kopf index fleet_pods) to explain why replicas are not ready.
+# Pods are observed (kopf index fleet_pods) to explain why replicas are not ready, and with
+# autoscaling.warmStandby patched: the mmfleet.io/serving label takes a sleeping replica out of its
+# Service and InferencePool (autoscaler.standby).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch]
+  verbs: [list, watch, patch]
 # A shared model cache's claim is read, never written, to say why it cannot serve every replica
 # (status.shared_cache_problem).
 - apiGroups: [""]

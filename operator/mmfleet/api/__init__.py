@@ -62,6 +62,7 @@ from mmfleet.api.spec import (
     ScaleToZeroSpec,
     SloMetric,
     SloSpec,
+    WarmStandbySpec,
     clamp_replicas,
 )
 from mmfleet.api.status import (
@@ -73,6 +74,7 @@ from mmfleet.api.status import (
     MultimodalInferenceStatus,
     Phase,
     SloStatus,
+    StandbyStatus,
 )
 
 __all__ = [
@@ -129,8 +131,10 @@ __all__ = [
     "SloMetric",
     "SloSpec",
     "SloStatus",
+    "StandbyStatus",
     "Toleration",
     "TracingReadyReason",
+    "WarmStandbySpec",
     "cel",
     "clamp_replicas",
     "duration_text",

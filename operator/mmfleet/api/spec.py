@@ -339,6 +339,31 @@ class ScaleToZeroSpec(Model):
     )
 
 
+class WarmStandbySpec(Model):
+    """Replicas kept started but asleep (vLLM sleep mode), woken in seconds instead of started cold.
+
+    A sleeping replica still holds its GPUs: standby buys the wake time against a cold start, not GPU-hours.
+    """
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Replicas kept asleep beside the serving ones (and beside zero, with minReplicas 0). Each holds its "
+            "GPUs while asleep; a scale-up wakes them first, and the Deployment starts their replacements."
+        ),
+    )
+    level: Literal[1, 2] = Field(
+        default=1,
+        description=(
+            "vLLM's sleep level. 1: the weights are copied to the pod's CPU memory and the KV cache dropped (the "
+            "fastest wake; add the weights' size to resources.memory). 2: weights and KV cache are dropped and "
+            "reloaded from the cache volume on wake (slower, little CPU memory)."
+        ),
+    )
+
+
 class AutoscalingSpec(Model):
     """SLO-driven autoscaling. Present means on, unless enabled is false."""
 
@@ -353,6 +378,11 @@ class AutoscalingSpec(Model):
                 cel(
                     "(has(self.enabled) && !self.enabled) || has(self.slo)",
                     "slo is required when autoscaling is enabled",
+                ),
+                cel(
+                    "!has(self.warmStandby) || !has(self.enabled) || self.enabled",
+                    "warmStandby is read only with autoscaling enabled; remove it or set enabled: true",
+                    ".warmStandby",
                 ),
                 cel(
                     "!has(self.scaleToZero) || (has(self.minReplicas) && self.minReplicas == 0)",
@@ -385,6 +415,14 @@ class AutoscalingSpec(Model):
     scale_to_zero: ScaleToZeroSpec | None = Field(
         default=None, description="With minReplicas 0: how long idle before the last replica goes. Default: auto."
     )
+    warm_standby: WarmStandbySpec | None = Field(
+        default=None,
+        description=(
+            "Keep this many more replicas started and put to sleep (vLLM sleep mode): a scale-up wakes them in "
+            "seconds, out of routing until awake. vllm only. Sleeping replicas hold their GPUs "
+            "(docs/autoscaling.md, Warm standby)."
+        ),
+    )
     capacity_per_replica: float | None = Field(
         default=None,
         gt=0,
@@ -405,6 +443,8 @@ class AutoscalingSpec(Model):
             raise ValueError(f"minReplicas: {self.min_replicas} exceeds maxReplicas: {self.max_replicas}")
         if self.enabled and self.slo is None:
             raise ValueError("slo: required when autoscaling is enabled (e.g. {target: 2s})")
+        if self.warm_standby is not None and not self.enabled:
+            raise ValueError("warmStandby: set, but enabled is false; it is read only with autoscaling enabled")
         if self.scale_to_zero is not None and self.min_replicas != 0:
             raise ValueError(
                 f"scaleToZero: set, but minReplicas is {self.min_replicas}; it is read only with minReplicas: 0"
@@ -734,6 +774,12 @@ class MultimodalInferenceSpec(Model):
                     ".autoscaling.minReplicas",
                 ),
                 cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.warmStandby) || !has(self.backend) || "
+                    "!has(self.backend.name) || self.backend.name == 'vllm'",
+                    "autoscaling.warmStandby needs vllm's sleep mode; tensorrt-llm has none",
+                    ".autoscaling.warmStandby",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -831,6 +877,11 @@ class MultimodalInferenceSpec(Model):
                 "with no replica, only the endpoint picker's flow control holds a request while one starts "
                 "(accepted: minReplicas 1 or more, or routing.mode: inferencePool)"
             )
+        if autoscaling is not None and autoscaling.warm_standby is not None and self.backend.name != "vllm":
+            raise ValueError(
+                f"autoscaling.warmStandby: set, but spec.backend.name is {self.backend.name}, which has no sleep mode "
+                "(accepted: backend.name vllm, or no warmStandby)"
+            )
         if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
             raise ValueError(
                 f"backend.attention: flash-attn-3 needs a Hopper GPU, but spec.gpu.type is {self.gpu.type or 'unset'} "
@@ -861,3 +912,8 @@ class MultimodalInferenceSpec(Model):
     @property
     def autoscaled(self) -> bool:
         return self.autoscaling is not None and self.autoscaling.enabled
+
+    @property
+    def standby(self) -> WarmStandbySpec | None:
+        """The warm standby the autoscaler keeps, when it is on."""
+        return self.autoscaling.warm_standby if self.autoscaling is not None and self.autoscaling.enabled else None

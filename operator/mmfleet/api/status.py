@@ -89,6 +89,24 @@ class ColdStartStatus(StatusModel):
     pods: int | None = Field(default=None, ge=0, description="Ready pods the medians are over.")
 
 
+class StandbyStatus(StatusModel):
+    """spec.autoscaling.warmStandby: the replicas kept asleep and how long waking one took."""
+
+    asleep: int | None = Field(default=None, ge=0, description="Replicas asleep now, out of routing.")
+    serving: int | None = Field(default=None, ge=0, description="Replicas in routing (awake), Ready.")
+    wake: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="Median time vLLM's /wake_up took over the last wakes, e.g. 4.1s (against coldStart.total).",
+    )
+    wakes: int | None = Field(default=None, ge=0, description="Wakes the median is over.")
+    problem: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="The last sleep or wake that failed: the pod, the call and its answer; cleared by one that works.",
+    )
+
+
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
 
 
@@ -123,6 +141,9 @@ class MultimodalInferenceStatus(StatusModel):
     slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
     cold_start: ColdStartStatus | None = Field(
         default=None, description="Autoscaled fleets: how long a new replica took to serve, phase by phase."
+    )
+    standby: StandbyStatus | None = Field(
+        default=None, description="With autoscaling.warmStandby: the sleeping replicas and their wake time."
     )
     last_scale_time: datetime | None = Field(
         default=None, description="When the autoscaler last changed the replicas.", json_schema_extra=_TIME

@@ -93,6 +93,20 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   ``config/vllm.py``): on SIGTERM the engine stops taking requests and lets running ones finish for up
   to N seconds (``v1/engine/core.py`` mode "drain"; 0, the default, aborts them). ``drain_args()`` spells
   it; rendering appends it, since it owns the pod's grace period.
+- Sleep mode (spec.autoscaling.warmStandby): ``--enable-sleep-mode`` (``ModelConfig.enable_sleep_mode`` in
+  ``config/model.py``, a bool, so argparse also has ``--no-enable-sleep-mode``; on CUDA it switches on the cumem
+  allocator). ``POST /sleep?level=0|1|2&mode=abort|wait|keep``, ``POST /wake_up`` and ``GET /is_sleeping``
+  (``entrypoints/serve/dev/sleep/api_router.py``) are mounted only with ``VLLM_SERVER_DEV_MODE=1``
+  (``entrypoints/launchers/api_server/routers.py``), which also mounts the other development routers
+  (``entrypoints/serve/__init__.py`` ``register_vllm_dev_api_routers``: cache reset, ``/collective_rpc``,
+  ``/server_info``, the RL routes) with a "SECURITY WARNING" in the log; ``--api-key`` guards none of them
+  (``serve/middleware/authenticate.py`` guards ``/v1`` and the like), so the fleet's NetworkPolicy is what keeps them
+  in. Level 1 copies the weights to CPU memory and drops the KV cache; level 2 drops both (``v1/engine/core.py``
+  ``sleep``). ``mode=wait`` lets running requests finish before the engine pauses (``pause_scheduler``); a request
+  sent to a sleeping engine is queued or refused with 503 (``v1/engine/async_llm.py`` ``pause_generation``), so a
+  sleeping pod is taken out of routing first. ``/wake_up`` answers ``{"status": "awake"}`` once every tag is back;
+  ``vllm:engine_sleep_state{sleep_state}`` and ``vllm:sleep_mode_operation_duration_seconds{operation}``
+  (``entrypoints/serve/dev/sleep/metrics.py``) report it.
 """
 
 from __future__ import annotations
@@ -180,6 +194,7 @@ class VllmBackend:
             reason="it removes every vllm:* metric, which autoscaling and the drain hook read",
         ),
         OwnedFlag("--shutdown-timeout", "(drain)", reason="mmfleet sets it to match the pod's grace period"),
+        OwnedFlag("--enable-sleep-mode", "autoscaling.warmStandby"),
         # Secrets: an argument is stored in plain text in this resource, the pod spec and kopf's annotations.
         # --api-key (entrypoints/common/cli_args.py) yields to nothing; VLLM_API_KEY is read only without it
         # (entrypoints/serve/middleware/register.py). --hf-token is the model's (engine/arg_utils.py).
@@ -226,6 +241,8 @@ class VllmBackend:
         args += _ATTENTION[engine.attention]
         if ctx.tracing_endpoint:
             args += ["--otlp-traces-endpoint", ctx.tracing_endpoint]
+        if spec.standby is not None:
+            args.append("--enable-sleep-mode")
         return args
 
     def env(self, ctx: ServerContext) -> list[dict[str, object]]:
@@ -236,6 +253,9 @@ class VllmBackend:
             # does not list (docker/entrypoints/vllm-nonroot-entrypoint.sh does the same).
             {"name": "USER", "value": "vllm"},
         ]
+        if ctx.inference.spec.standby is not None:
+            # /sleep and /wake_up are mounted only in development mode (see the module docstring, "Sleep mode").
+            env.append({"name": "VLLM_SERVER_DEV_MODE", "value": "1"})
         key = ctx.inference.spec.api_key_secret
         if key is not None:
             # Read by the server only when no --api-key is given (entrypoints/serve/middleware/register.py).

@@ -25,7 +25,8 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
 from mmfleet import metrics_export, status, telemetry
 from mmfleet.api import MultimodalInference, seconds
-from mmfleet.autoscaler import cycle, metrics
+from mmfleet.autoscaler import cycle, metrics, standby
+from mmfleet.handlers import standby as fleet_standby
 from mmfleet.handlers.children import INDEXES, fleet_children
 from mmfleet.handlers.discovery import resolve_cloud
 from mmfleet.handlers.records import (
@@ -191,14 +192,19 @@ def _decide_fleet(
         return False, False
     try:
         with record.lock:
-            counted = cycle.count_pods(view.pods)
+            # With warm standby the Deployment runs the autoscaler's replicas and the sleeping ones.
+            spare = inference.spec.standby.replicas if inference.spec.standby is not None else 0
+            current = max(0, replicas - spare)
+            counted = cycle.count_pods(standby.serving_pods(view.pods) if spare else view.pods)
+            if spare:
+                counted = standby.active_count(counted, current)
             refused, why = status.refused_pods(view.deployment)
             if refused:  # pods a quota refused never exist; like unschedulable ones, they stop growth
                 why = counted.why_unschedulable or why
                 counted = dataclasses.replace(
                     counted, unschedulable=counted.unschedulable + refused, why_unschedulable=why
                 )
-            seen = cycle.Seen(replicas, counted, readings.signals.get(view.key), readings.outage)
+            seen = cycle.Seen(current, counted, readings.signals.get(view.key), readings.outage)
             memory = record.scaling or cycle.Memory()
             outcome = cycle.decide(
                 inference,
@@ -212,16 +218,20 @@ def _decide_fleet(
             metrics_export.record_decision(view.key, inference, seen, outcome, config.default_cold_start)
             _describe(span, inference, seen, outcome, config.default_cold_start)
             kube = op.get_kube()
-            if outcome.scaled:
-                kube.scale(meta.namespace, meta.name, outcome.replicas)
+            if outcome.scaled or outcome.replicas + spare != replicas:
+                kube.scale(meta.namespace, meta.name, outcome.replicas + spare)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
+            scaling = outcome.scaling()
+            if spare:
+                shown = fleet_standby.tend(op, record, view.key, view.body, inference, view.pods, outcome.replicas)
+                scaling = dataclasses.replace(scaling, standby=shown)
             previous = last_status(record, view.body)
             deployment, pods = children(view.key, meta.uid)
             observed = status.Observed(
                 deployment=deployment or view.deployment,
                 pod_problems=status.pod_problems(pods),
                 cloud=resolve_cloud(op, inference),
-                scaling=outcome.scaling(),
+                scaling=scaling,
                 cache_problem=record.cache_problem,
                 tracing=record.tracing,
                 retrying=record.retrying,

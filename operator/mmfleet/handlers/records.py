@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,8 +27,10 @@ from pydantic import ValidationError
 from mmfleet import render, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
+from mmfleet.autoscaler.standby import WAKES_KEPT
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
+from mmfleet.leader import own_namespace
 from mmfleet.routing import PickerSettings, RoutingCrds
 from mmfleet.validation import parse, refuse_system_namespace
 from mmfleet.workqueue import WorkQueue
@@ -59,6 +62,17 @@ class CollectorLookup:
     ready: int | None  # ready endpoints; None when EndpointSlices may not be read (or not looked at)
     at: float  # time.monotonic() of the look-up
     failed: str | None = None  # what failed, e.g. "listing Services in mmfleet-system: 500 Internal Server Error"
+
+
+@dataclass
+class StandbyMemory:
+    """A fleet's warm standby between cycles: the pods with a sleep or wake under way (each in a thread of its own,
+    which updates this under ``lock``), the last wake times, and the last failure."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: set[str] = field(default_factory=set)
+    wakes: deque[float] = field(default_factory=lambda: deque(maxlen=WAKES_KEPT))
+    problem: str | None = None
 
 
 @dataclass
@@ -99,6 +113,8 @@ class FleetRecord:
     # them: the autoscaler's status writes carry them rather than look again every cycle.
     cache_problem: tuple[str, str] | None = None
     tracing: status.TracingSeen | None = None
+    # With warm standby: its sleeps and wakes under way and done (mmfleet.handlers.standby).
+    standby: StandbyMemory = field(default_factory=StandbyMemory)
 
     def needs_apply(self, generation: int | None) -> bool:
         return self.reconciled is None or self.reconciled != (generation or 0) or self.drifted or self.failed()
@@ -151,6 +167,8 @@ class Operator:
     autoscaler: asyncio.Task[None] | None = None
     # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
     autoscaler_cycled: float = -math.inf
+    # The threads that put warm-standby pods to sleep and wake them (mmfleet.handlers.standby).
+    standby_pool: ThreadPoolExecutor | None = None
 
     def get_kube(self) -> Kube:
         if self.kube is None:
@@ -253,6 +271,7 @@ def render_children(
         "prometheus_namespace": prometheus[0] if prometheus else None,
         "picker": picker,
         "routing_crds": routing_crds,
+        "operator_namespace": own_namespace(),
     }
     cached = record.parsed
     if cached is None or cached.inference is not inference:
