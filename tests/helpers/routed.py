@@ -110,6 +110,9 @@ class RoutedPool:
         argv += ["--port", self.flag("--port"), "--max-model-len", self.flag("--max-model-len")]
         argv += ["--max-num-seqs", self.flag("--max-num-seqs"), *SIM_FLAGS, *extra]
         env = {"POD_IP": ip, "POD_NAME": self.pods[ip], "POD_NAMESPACE": self.fleet.namespace}
+        if "--enable-sleep-mode" in self.serve:  # warm standby: /sleep and /wake_up, as the rendered pod has them
+            argv.append("--enable-sleep-mode")
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         self.sims[ip] = self.network.run(self.network.pods[ip], argv, self.logs / f"sim-{ip}.log", env)
 
     def post(self, body: dict[str, Any], timeout: float = 30.0, headers: dict[str, str] | None = None) -> Answer:

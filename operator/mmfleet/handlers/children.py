@@ -17,9 +17,10 @@ from typing import Any
 
 import kopf
 
+from mmfleet.autoscaler.standby import SLEEP_ANNOTATION
 from mmfleet.handlers.records import Body, Fingerprint, Key, operator_of
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER
-from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL
+from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL, SERVING_LABEL
 from mmfleet.routing import PICKER_SUFFIX
 
 CHILD_LABELS: dict[str, Any] = {
@@ -320,9 +321,11 @@ async def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: ko
 
 async def fleet_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     pod_status = body.status
-    slim = {
-        # The autoscaler measures cold starts from creationTimestamp.
-        "metadata": {**_slim_meta(body.meta, "creationTimestamp"), "deployment": deployment_of_pod(body.meta)},
-        "status": {k: pod_status[k] for k in ("phase", "conditions", "containerStatuses") if k in pod_status},
-    }
+    # The autoscaler measures cold starts from creationTimestamp; warm standby reads where a pod is in its sleep
+    # (its label and annotation) and reaches it at its IP.
+    meta = {**_slim_meta(body.meta, "creationTimestamp"), "deployment": deployment_of_pod(body.meta)}
+    meta["labels"] = {k: v for k, v in body.meta.labels.items() if k == SERVING_LABEL}
+    meta["annotations"] = {k: v for k, v in body.meta.annotations.items() if k == SLEEP_ANNOTATION}
+    kept = ("phase", "conditions", "containerStatuses", "podIP")
+    slim = {"metadata": meta, "status": {k: pod_status[k] for k in kept if k in pod_status}}
     return {(namespace or "", labels[INFERENCE_LABEL]): slim}

@@ -117,6 +117,16 @@ class Network:
         _ip("-n", netns, "link", "set", "eth0", "up")
         return netns
 
+    def reach_from_host(self) -> None:
+        """A link from the host to the gateway's bridge, holding one more address of the pod network: the host then
+        reaches ``<pod IP>:<port>`` as a cluster's nodes and the operator's pod do (the operator wakes and puts to
+        sleep warm-standby pods at their IPs). It goes with the gateway namespace; nothing listens on it."""
+        host, peer = f"mmf-{self._tag}-h", f"mmf-{self._tag}-hb"
+        _ip("link", "add", host, "type", "veth", "peer", "name", peer, "netns", self.gateway)
+        _ip("-n", self.gateway, "link", "set", peer, "master", BRIDGE, "up")
+        _ip("addr", "add", f"{self.network[-3]}/{self.network.prefixlen}", "dev", host)
+        _ip("link", "set", host, "up")
+
     def run(
         self, netns: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
