@@ -1,7 +1,8 @@
 """Scale to zero and back, for real: a fleet with minReplicas 0 idles to zero, a request arrives and is held by the
 real endpoint picker (EPP v1.5.0, flow control as the operator rendered it), the operator reads the held request from
 a real Prometheus scraping the picker, scales 0 -> 1, and the request is answered by the new replica's server (the llm-d
-inference simulator at the pod's IP).
+inference simulator at the pod's IP); when the new replica's server does not answer within the picker's request
+TTL, the client gets the picker's refusal after the TTL.
 
 Prometheus runs on the host and scrapes the picker's and the servers' /metrics inside the gateway's network namespace
 through a small bridge (``MetricsBridge``), labelled as the rendered PodMonitors label them.
@@ -9,11 +10,13 @@ through a small bridge (``MetricsBridge``), labelled as the rendered PodMonitors
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import random
 import subprocess
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from mmfleet import routing
 from mmfleet.api import MultimodalInference
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster import prometheus as prom
@@ -37,6 +41,7 @@ from tests.helpers.routed import (
     Answer,
     RoutedPool,
     chat,
+    listening,
     question,
     ready_pods,
     require_netns,
@@ -132,15 +137,23 @@ def replicas(fleet: Fleet) -> int:
     return count
 
 
-def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replica_serves_it(
-    cluster: Cluster,
-    api: Any,
-    namespace: str,
-    zero_operator: tuple[OperatorProcess, PrometheusServer],
-    tmp_path: Path,
-) -> None:
+@dataclass
+class AtZero:
+    """Fleet ``FLEET`` idled to zero, served for real: its picker and the stand-in running, no replica and no server
+    left, Prometheus scraping the picker."""
+
+    fleet: Fleet
+    routed: RoutedPool
+    selector: dict[str, str]
+
+
+@contextlib.contextmanager
+def fleet_at_zero(
+    cluster: Cluster, api: Any, namespace: str, server: PrometheusServer, tmp_path: Path
+) -> Iterator[AtZero]:
+    """A fleet of minReplicas 0 made, served through the real picker while its first replica lives, then left idle
+    until the operator takes it to zero (after 1m, with its event and conditions); its last server stopped."""
     require_netns()
-    _, server = zero_operator
     fleet = Fleet(api, namespace)
     logs = tmp_path / "zero"
     logs.mkdir()
@@ -172,27 +185,95 @@ def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replic
                 routed.pods.clear()
                 bridge.routes.pop(pod)
                 prom.write_targets(targets, bridge.targets(namespace, FLEET))
-
-                # A request to the empty pool is held by the picker; its held count brings one replica back.
-                answers: list[Answer] = []
-                request = chat(routed.model, question(random.Random(26)))
-                sent = threading.Thread(target=lambda: answers.append(routed.post(request, routed.ttl + 30)))
-                sent.start()
-                wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
-                up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
-                assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
-                new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
-                _serve(routed, new)
-                sent.join(routed.ttl + 40)
-                assert answers, "the held request got no answer"
-                (answer,) = answers
-                assert answer.status == 200, (answer, routed.why())
-                assert answer.endpoint == routed.endpoint(next(iter(new))), answer
-                assert answer.seconds < routed.ttl, "answered by the new replica, not by the picker's TTL"
+                yield AtZero(fleet, routed, selector)
             finally:
                 bridge.close()
     finally:
         targets.unlink(missing_ok=True)
+
+
+def hold(routed: RoutedPool, seed: int) -> tuple[threading.Thread, list[Answer]]:
+    """A request sent to the pool in the background (waiting up to the picker's TTL and 30 s more); its answer is
+    appended to the list once it comes."""
+    answers: list[Answer] = []
+    request = chat(routed.model, question(random.Random(seed)))
+    sent = threading.Thread(target=lambda: answers.append(routed.post(request, routed.ttl + 30)))
+    sent.start()
+    return sent, answers
+
+
+def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replica_serves_it(
+    cluster: Cluster,
+    api: Any,
+    namespace: str,
+    zero_operator: tuple[OperatorProcess, PrometheusServer],
+    tmp_path: Path,
+) -> None:
+    _, server = zero_operator
+    with fleet_at_zero(cluster, api, namespace, server, tmp_path) as zero:
+        fleet, routed, selector = zero.fleet, zero.routed, zero.selector
+        # A request to the empty pool is held by the picker; its held count brings one replica back.
+        sent, answers = hold(routed, 26)
+        wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
+        up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
+        assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
+        new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
+        _serve(routed, new)
+        sent.join(routed.ttl + 40)
+        assert answers, "the held request got no answer"
+        (answer,) = answers
+        assert answer.status == 200, (answer, routed.why())
+        assert answer.endpoint == routed.endpoint(next(iter(new))), answer
+        assert answer.seconds < routed.ttl, "answered by the new replica, not by the picker's TTL"
+
+
+# What EPP v1.5.0 answers for a request whose TTL ran out in flow control's queue: the request's context has the TTL
+# as its deadline, with ErrTTLExpired as the cause (pkg/epp/flowcontrol/controller/controller.go:395); on it the
+# controller finalizes the queued item (:366-370) as EvictedTTL, "request evicted from queue: request TTL expired"
+# (controller/internal/item.go:174-193); the admission controller makes that a ServiceUnavailable error, "request
+# timed out in queue: ..." (pkg/epp/requestcontrol/admission.go:225-226), and the ext_proc server answers it as an
+# ImmediateResponse (pkg/epp/handlers/server.go:313): HTTP 503, the error's text as the body
+# (pkg/common/error/error.go:46-47, 78-79, 94-95). The stand-in gives the client that status and body as they are.
+EXPIRED_STATUS = 503
+EXPIRED_BODY = (
+    "inference error: ServiceUnavailable - request timed out in queue: request evicted from queue: request TTL expired"
+)
+
+
+def evicted_by_ttl(metrics: str) -> float:
+    """Requests the picker's flow control evicted for their TTL, from its queue-duration histogram's count."""
+    prefix = f"{routing.HELD_SECONDS_METRIC}_count{{"
+    lines = [line for line in metrics.splitlines() if line.startswith(prefix) and 'outcome="EvictedTTL"' in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_a_request_held_past_the_ttl_gets_the_endpoint_pickers_error(
+    cluster: Cluster,
+    api: Any,
+    namespace: str,
+    zero_operator: tuple[OperatorProcess, PrometheusServer],
+    tmp_path: Path,
+) -> None:
+    """The request wakes the fleet, but the new replica's server never answers (its pod is Ready, nothing listens at
+    its IP: a replica slower than the TTL): the picker, finding no replica with fresh metrics, holds the request for its
+    TTL, then refuses it; the client gets that refusal then, not a hang and not a server's answer."""
+    _, server = zero_operator
+    with fleet_at_zero(cluster, api, namespace, server, tmp_path) as zero:
+        fleet, routed = zero.fleet, zero.routed
+        sent, answers = hold(routed, 27)
+        wait_for(lambda: replicas(fleet) >= 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
+        new = wait_for(lambda: ready_pods(fleet, zero.selector, replicas(fleet)), 30, "the new replicas Ready")
+        for ip in new:  # the pod's IP exists (connections to it are refused), and no server is started there
+            if ip not in routed.network.pods:
+                routed.network.add_pod(ip)
+        assert not any(listening(routed, ip) for ip in new), new
+        sent.join(routed.ttl + 40)
+        assert answers, f"the held request got no answer within the TTL ({routed.ttl:g}s) and 40 s"
+        (answer,) = answers
+        assert (answer.status, answer.body) == (EXPIRED_STATUS, EXPIRED_BODY), (answer, routed.why())
+        assert routed.ttl - 1 <= answer.seconds < routed.ttl + 10, (answer, routed.ttl)
+        assert answer.endpoint == "", f"served by {answer.endpoint}, not refused by the picker"
+        assert evicted_by_ttl(routed.picker_metrics()) == 1, routed.why()
 
 
 def _serve(routed: RoutedPool, pods: dict[str, str]) -> None:
