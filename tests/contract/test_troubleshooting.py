@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 
 from mmfleet.api import CONDITION_TYPES, REASONS
+from mmfleet.autoscaler.standby import FAILED_EVENT, WOKE_EVENT
 from tests.helpers.repo import ROOT
 
 DOC = ROOT / "docs/troubleshooting.md"
-# The events' own reasons (``status.events``, ``autoscaler.cycle.Outcome.event_reason``); the rest are conditions'.
-EVENT_REASONS = {"Ready", "ScaledUp", "ScaledDown"}
+# The events' own reasons (``status.events``, ``autoscaler.cycle.Outcome.event_reason``, warm standby's); the rest
+# are conditions'.
+EVENT_REASONS = {"Ready", "ScaledUp", "ScaledDown", WOKE_EVENT, FAILED_EVENT}
 
 
 def sections() -> dict[str, str]:

@@ -23,6 +23,9 @@ from mmfleet.autoscaler.cycle import Pods
 from mmfleet.render import SERVING_LABEL
 
 SLEEP_ANNOTATION = "mmfleet.io/sleep"
+# The events of a wake that worked, and of a sleep or wake that failed.
+WOKE_EVENT = "WokeStandby"
+FAILED_EVENT = "StandbyFailed"
 SleepState = Literal["sleeping", "asleep", "waking"]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from mmfleet import backends, metrics_export
 from mmfleet.api import MultimodalInference, StandbyStatus, duration_text
 from mmfleet.autoscaler import standby
-from mmfleet.autoscaler.standby import SLEEP_ANNOTATION, PodView
+from mmfleet.autoscaler.standby import FAILED_EVENT, SLEEP_ANNOTATION, WOKE_EVENT, PodView
 from mmfleet.handlers.records import Body, FleetRecord, Key, Operator, kopf_event, log
 from mmfleet.render import DRAIN_SECONDS, SERVING_LABEL, STARTUP_BUDGET_SECONDS
 
@@ -76,6 +76,8 @@ def _failed(error: BaseException) -> str:
     if isinstance(error, urllib.error.HTTPError):
         detail = error.read().decode("utf-8", "replace").strip()[:300]
         return f"HTTP {error.code}{': ' + detail if detail else ''}"
+    if isinstance(error, ValueError):  # an answer that was not the one wanted: the message quotes it
+        return str(error)
     return f"{type(error).__name__}: {error}"
 
 
@@ -129,7 +131,7 @@ def _wake(op: Operator, record: FleetRecord, key: Key, body: Body, pod: PodView,
             record.standby.wakes.append(took)
         metrics_export.record_wake(key, took)
         _problem(record, key, body, None)
-        kopf_event(body, "Normal", "WokeStandby", f"woke pod {pod.name} in {duration_text(took)}: it serves")
+        kopf_event(body, "Normal", WOKE_EVENT, f"woke pod {pod.name} in {duration_text(took)}: it serves")
     finally:
         with record.standby.lock:
             record.standby.busy.discard(pod.name)
@@ -142,4 +144,4 @@ def _problem(record: FleetRecord, key: Key, body: Body, problem: str | None) -> 
         record.standby.problem = problem
     if new and problem is not None:
         log.warning("warm standby of %s/%s: %s", key[0], key[1], problem)
-        kopf_event(body, "Warning", "StandbyFailed", problem)
+        kopf_event(body, "Warning", FAILED_EVENT, problem)
