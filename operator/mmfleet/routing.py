@@ -361,7 +361,8 @@ def build_picker_deployment(
 
 
 def build_http_route(inference: MultimodalInference, meta: Manifest) -> Manifest:
-    """Every request the named Gateway admits for this route, to the InferencePool (the extension's backendRef)."""
+    """Every request the named Gateway admits for this route (under /v1 with warm standby), to the InferencePool (the
+    extension's backendRef)."""
     gateway = inference.spec.routing.gateway
     assert gateway is not None, "an HTTPRoute only with a Gateway named"
     parent: Manifest = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway.name}
@@ -370,12 +371,15 @@ def build_http_route(inference: MultimodalInference, meta: Manifest) -> Manifest
     if gateway.section_name:
         parent["sectionName"] = gateway.section_name
     backend = {"group": POOL_API_VERSION.split("/", 1)[0], "kind": "InferencePool", "name": inference.metadata.name}
+    # With warm standby the servers run vLLM's development endpoints (/sleep, /collective_rpc), which no API key
+    # guards: the gateway then passes the OpenAI API (/v1) only.
+    prefix = "/v1" if inference.spec.standby is not None else "/"
     return {
         "apiVersion": HTTPROUTE_API_VERSION,
         "kind": "HTTPRoute",
         "metadata": meta,
         "spec": {
             "parentRefs": [parent],
-            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [backend]}],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": prefix}}], "backendRefs": [backend]}],
         },
     }

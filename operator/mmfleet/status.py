@@ -34,6 +34,7 @@ from mmfleet.api import (
     clamp_replicas,
     duration_text,
 )
+from mmfleet.render import STANDBY_ANNOTATION
 from mmfleet.routing import RoutingCrds
 
 # Waiting reasons of a container that will not get better by waiting.
@@ -328,15 +329,23 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[PodProblem]:
     return found
 
 
+def standby_replicas(deployment: dict[str, Any] | None) -> int:
+    """How many of a Deployment's replicas are warm standby, as the operator last applied it (0 without)."""
+    annotations = ((deployment or {}).get("metadata") or {}).get("annotations") or {}
+    value = str(annotations.get(STANDBY_ANNOTATION) or "0")
+    return int(value) if value.isdigit() else 0
+
+
 def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] | None) -> int:
-    """spec.replicas, or with autoscaling what the scaler last set, within its bounds."""
+    """spec.replicas, or with autoscaling what the scaler last set, within its bounds (its warm standby beside)."""
     spec = inference.spec
     if not spec.autoscaled or spec.autoscaling is None:
         return spec.replicas
     current = (deployment or {}).get("spec", {}).get("replicas")
     low, high = spec.autoscaling.min_replicas, spec.autoscaling.max_replicas
+    spare = standby_replicas(deployment)
     # A new fleet starts with at least one replica, minReplicas 0 too (Knative's initial scale): it shows it serves.
-    return max(low, 1) if current is None else clamp_replicas(int(current), low, high)
+    return spare + (max(low, 1) if current is None else clamp_replicas(max(0, int(current) - spare), low, high))
 
 
 def truncate(text: str, limit: int) -> str:

@@ -54,6 +54,7 @@ class RecordingKube(Kube):
         self.written: list[Body] = []
         self.got: list[tuple[str, str]] = []
         self.scaled: list[int] = []
+        self.marked: list[tuple[str, dict[str, str], dict[str, str | None]]] = []
         self.ready = True
 
     def apply(self, manifest: Body, manager: str = "mmfleet") -> Body:
@@ -80,6 +81,9 @@ class RecordingKube(Kube):
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
         self.scaled.append(replicas)
+
+    def mark_pod(self, namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str | None]) -> None:
+        self.marked.append((name, labels, annotations))
 
     def patch_status(self, namespace: str, name: str, status: Body) -> None:
         self.written.append(status)

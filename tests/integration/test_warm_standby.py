@@ -56,12 +56,13 @@ def live_pods(fleet: Fleet) -> list[Any]:
 
 
 def serve_new_pods(fleet: Fleet, routed: RoutedPool) -> None:
-    """A simulator at every Ready pod's IP that has none yet (kwok runs no container)."""
+    """A simulator of its own at every Ready pod's IP (kwok runs no container; a new pod may get a gone one's IP)."""
     for pod in live_pods(fleet):
         ip = pod.status.pod_ip
         ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-        if ip and ready and ip not in routed.sims:
-            routed.network.add_pod(ip)
+        if ip and ready and routed.pods.get(ip) != pod.metadata.name:
+            if ip not in routed.network.pods:
+                routed.network.add_pod(ip)
             routed.pods[ip] = pod.metadata.name
             routed.start_sim(ip)
 
@@ -150,3 +151,20 @@ def test_a_standby_replica_sleeps_out_of_routing_and_a_scale_up_wakes_it_before_
         wait_for(lambda: endpoints(routed) == {routed.endpoint(ip) for ip in serving} or None, 60, "both serve")
         standby = fleet.status(FLEET)["standby"]
         assert standby["wakes"] >= 1 and standby["wake"].endswith("s"), standby
+        ready = fleet.condition(FLEET, "Ready")
+        assert (ready["status"], fleet.status(FLEET)["desiredReplicas"]) == ("True", 3), ready
+
+        # Standby off: the Deployment gives the standby's replica back (the sleeping pod first: its deletion cost is
+        # the lowest) and rolls out servers without sleep mode; nothing is left asleep or out of routing.
+        fleet.patch(FLEET, {"autoscaling": {**AUTOSCALING, "minReplicas": 2, "warmStandby": None}})
+        wait_for(lambda: fleet.deployment(FLEET).spec.replicas == 2, 60, "the standby's replica given back")
+
+        def rolled_out() -> bool:
+            serve_new_pods(fleet, routed)
+            pods = live_pods(fleet)
+            out = [p.metadata.name for p in pods if (p.metadata.labels or {}).get(SERVING_LABEL) == "false"]
+            awake = [is_sleeping(routed, p.status.pod_ip) is False for p in pods]
+            return len(pods) == 2 and not out and all(awake) and "standby" not in fleet.status(FLEET)
+
+        wait_for(rolled_out, 120, lambda: f"two pods serving, none asleep: {fleet.status(FLEET)}")
+        wait_for(lambda: len(endpoints(routed)) == 2 or None, 60, "both serve through the picker")

@@ -340,9 +340,11 @@ class ScaleToZeroSpec(Model):
 
 
 class WarmStandbySpec(Model):
-    """Replicas kept started but asleep (vLLM sleep mode), woken in seconds instead of started cold.
+    """Replicas kept started but asleep (vLLM's sleep mode, level 1), woken in seconds instead of started cold.
 
-    A sleeping replica still holds its GPUs: standby buys the wake time against a cold start, not GPU-hours.
+    A sleeping replica still holds its GPUs: standby buys the wake time against a cold start, not GPU-hours. Level 1
+    only: at level 2 vLLM 0.33 drops the weights and its wake restores buffers, not weights (``v1/worker/
+    gpu_worker.py`` ``wake_up``; level 2 is for a trainer that sends new ones), so a woken replica would serve noise.
     """
 
     replicas: int = Field(
@@ -351,15 +353,8 @@ class WarmStandbySpec(Model):
         le=64,
         description=(
             "Replicas kept asleep beside the serving ones (and beside zero, with minReplicas 0). Each holds its "
-            "GPUs while asleep; a scale-up wakes them first, and the Deployment starts their replacements."
-        ),
-    )
-    level: Literal[1, 2] = Field(
-        default=1,
-        description=(
-            "vLLM's sleep level. 1: the weights are copied to the pod's CPU memory and the KV cache dropped (the "
-            "fastest wake; add the weights' size to resources.memory). 2: weights and KV cache are dropped and "
-            "reloaded from the cache volume on wake (slower, little CPU memory)."
+            "GPUs while asleep, and its weights in CPU memory (vLLM's sleep level 1: add their size to "
+            "resources.memory); a scale-up wakes them first, and the Deployment starts their replacements."
         ),
     )
 
@@ -780,6 +775,13 @@ class MultimodalInferenceSpec(Model):
                     ".autoscaling.warmStandby",
                 ),
                 cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.warmStandby) || !has(self.service) || "
+                    "!has(self.service.type) || self.service.type != 'LoadBalancer'",
+                    "autoscaling.warmStandby with service.type LoadBalancer would expose vllm's development endpoints "
+                    "(/sleep, /collective_rpc), which no API key guards; use ClusterIP or routing.mode inferencePool",
+                    ".autoscaling.warmStandby",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -877,11 +879,18 @@ class MultimodalInferenceSpec(Model):
                 "with no replica, only the endpoint picker's flow control holds a request while one starts "
                 "(accepted: minReplicas 1 or more, or routing.mode: inferencePool)"
             )
-        if autoscaling is not None and autoscaling.warm_standby is not None and self.backend.name != "vllm":
-            raise ValueError(
-                f"autoscaling.warmStandby: set, but spec.backend.name is {self.backend.name}, which has no sleep mode "
-                "(accepted: backend.name vllm, or no warmStandby)"
-            )
+        if autoscaling is not None and autoscaling.warm_standby is not None:
+            if self.backend.name != "vllm":
+                raise ValueError(
+                    f"autoscaling.warmStandby: set, but spec.backend.name is {self.backend.name}, which has no sleep "
+                    "mode (accepted: backend.name vllm, or no warmStandby)"
+                )
+            if self.service.type == "LoadBalancer":
+                raise ValueError(
+                    "autoscaling.warmStandby: set, but spec.service.type is LoadBalancer, which would expose vllm's "
+                    "development endpoints (/sleep, /collective_rpc; no API key guards them) to every client "
+                    "(accepted: service.type ClusterIP, with routing.mode inferencePool for a gateway)"
+                )
         if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
             raise ValueError(
                 f"backend.attention: flash-attn-3 needs a Hopper GPU, but spec.gpu.type is {self.gpu.type or 'unset'} "

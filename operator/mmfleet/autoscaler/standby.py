@@ -1,20 +1,24 @@
 """Warm standby: which replicas sleep and which serve, decided from the pods alone (no I/O).
 
-A fleet with ``autoscaling.warmStandby`` runs the autoscaler's replicas plus ``replicas`` more in one Deployment.
-The Service and the InferencePool select ``mmfleet.io/serving: "true"`` besides the fleet's labels, so a pod the
-operator labels ``"false"`` leaves routing while it stays Ready for its Deployment (a readiness gate would hold
-every rollout and the PodDisruptionBudget on the sleeping pods). The pod's ``mmfleet.io/sleep`` annotation says how
-far it got: ``sleeping`` (out of routing, vLLM's ``/sleep`` under way), ``asleep``, ``waking``.
+A fleet with ``autoscaling.warmStandby`` runs the autoscaler's replicas plus ``replicas`` more in one Deployment
+(whose ``mmfleet.io/standby-replicas`` annotation says how many of its replicas are the standby's). The Service and
+the InferencePool select ``mmfleet.io/serving: "true"`` besides the fleet's labels, so a pod the operator labels
+``"false"`` leaves routing while it stays Ready for its Deployment (a readiness gate would hold every rollout and the
+PodDisruptionBudget on the sleeping pods). The pod's ``mmfleet.io/sleep`` annotation says how far it got:
+``sleeping`` (out of routing, vLLM's ``/sleep`` under way), ``asleep``, ``waking``. A sleeping pod also carries a low
+``controller.kubernetes.io/pod-deletion-cost``, so a scale-down deletes it before a serving one.
 
 Each cycle the serving pods are brought to the autoscaler's count: asleep pods are woken first (seconds), and
-serving pods beyond it (the Deployment's replacements, once Ready) are put to sleep, the youngest first. A pod
-without the label (one from before standby was on) serves and is labelled so.
+serving pods beyond it (the Deployment's replacements, once Ready) are put to sleep, the youngest first, but never
+while the Deployment is deleting pods (more live pods than it wants: the pod to sleep might be the one going). A pod
+without the label (one from before standby was on) serves and is labelled so. With standby turned off, every
+sleeping pod is woken.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -23,10 +27,14 @@ from mmfleet.autoscaler.cycle import Pods
 from mmfleet.render import SERVING_LABEL
 
 SLEEP_ANNOTATION = "mmfleet.io/sleep"
+# Kubernetes' ReplicaSet deletes pods of lower cost first (controller.kubernetes.io/pod-deletion-cost).
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+ASLEEP_DELETION_COST = "-1000"
 # The events of a wake that worked, and of a sleep or wake that failed.
 WOKE_EVENT = "WokeStandby"
 FAILED_EVENT = "StandbyFailed"
-SleepState = Literal["sleeping", "asleep", "waking"]
+WAKES_KEPT = 16  # the wake times the status's median is over
+Intent = Literal["wake", "sleep"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class PodView:
     ip: str
     created: str  # RFC 3339, so it sorts by time
     healthy: bool  # Ready and not terminating: its server answers
+    live: bool  # not terminating, not finished
     serving: bool | None  # the label: None when absent
     state: str | None  # the annotation
 
@@ -63,12 +72,13 @@ def view(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata") or {}
     label = (meta.get("labels") or {}).get(SERVING_LABEL)
     status = pod.get("status") or {}
-    live = not meta.get("deletionTimestamp") and status.get("phase") == "Running"
+    live = not meta.get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed")
     return PodView(
         name=str(meta.get("name", "")),
         ip=str(status.get("podIP") or ""),
         created=str(meta.get("creationTimestamp") or ""),
-        healthy=live and _ready(pod) and bool(status.get("podIP")),
+        healthy=live and status.get("phase") == "Running" and _ready(pod) and bool(status.get("podIP")),
+        live=live,
         serving=None if label is None else label == "true",
         state=(meta.get("annotations") or {}).get(SLEEP_ANNOTATION),
     )
@@ -84,37 +94,48 @@ def serving_pods(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [pod for pod in pods if not resting(pod)]
 
 
+def reporting_resting(pods: Iterable[dict[str, Any]]) -> int:
+    """Ready pods out of routing: Prometheus scrapes them too (their series are zeros), so the count of pods reporting
+    series holds them beside the serving ones."""
+    return sum(1 for pod in pods if resting(pod) and view(pod).healthy)
+
+
 def active_count(pods: Pods, target: int) -> Pods:
     """``pods`` of the serving ones, with the starting pods the target can still use: the Deployment's other starting
     pods are the standby's replacements, no capacity for the SLO."""
     return replace(pods, starting=min(pods.starting, max(0, target - pods.ready)))
 
 
-def plan(pods: Iterable[dict[str, Any]], serving: int, busy: Set[str]) -> Plan:
-    """Bring the healthy serving pods to ``serving``; ``busy``: pods with a wake or a sleep under way, left alone
-    (and counted where they are going)."""
+def plan(
+    pods: Iterable[dict[str, Any]],
+    serving: int | None,
+    total: int,
+    busy: Mapping[str, Intent],
+    blocked: Set[str] = frozenset(),
+) -> Plan:
+    """Bring the healthy serving pods to ``serving`` (None: standby is off, wake every pod); ``total``: the replicas the
+    Deployment is asked for; ``busy``: pods with a wake or a sleep under way or queued, left alone and counted where
+    they are going; ``blocked``: pods whose last call failed, left alone until their backoff ends."""
     views = [view(pod) for pod in pods]
-    healthy = [v for v in views if v.healthy]
-    going = [v for v in healthy if v.name in busy]
-    idle = [v for v in healthy if v.name not in busy]
+    idle = [v for v in views if v.healthy and v.name not in busy and v.name not in blocked]
     label = tuple(v for v in idle if v.serving is None)
+    out = [v for v in idle if v.serving is False]
+    if serving is None:
+        return Plan(wake=tuple(sorted(out, key=lambda v: v.created)), label=label)
     now_serving = [v for v in idle if v.serving is not False]
-    coming = sum(1 for v in going if v.state == "waking")
+    coming = sum(1 for intent in busy.values() if intent == "wake")
     need = serving - len(now_serving) - coming
     if need > 0:
         # A wake cut short (a restart of the operator) is tried again like a sleeping pod's.
-        asleep = sorted(
-            (v for v in idle if v.serving is False and v.state in ("asleep", "waking")), key=lambda v: v.created
-        )
+        asleep = sorted((v for v in out if v.state in ("asleep", "waking")), key=lambda v: v.created)
         return Plan(wake=tuple(asleep[:need]), label=label)
+    if sum(1 for v in views if v.live) > total:
+        return Plan(label=label)  # the Deployment is deleting pods: which ones, it decides first
     # Out of routing but not asleep: a sleep that failed or was cut short is tried again (vLLM's /sleep of a sleeping
     # engine changes nothing).
-    unfinished = tuple(v for v in idle if v.serving is False and v.state != "asleep")
-    extra = sorted(now_serving, key=lambda v: v.created, reverse=True)[: -need if need < 0 else 0]
+    unfinished = tuple(v for v in out if v.state not in ("asleep",))
+    extra = sorted(now_serving, key=lambda v: v.created, reverse=True)[: max(0, -need)]
     return Plan(sleep=(*extra, *unfinished), label=tuple(v for v in label if v not in extra))
-
-
-WAKES_KEPT = 16  # the wake times the status's median is over
 
 
 def status(pods: Iterable[dict[str, Any]], wakes: Iterable[float], problem: str | None) -> StandbyStatus:

@@ -192,19 +192,17 @@ def _decide_fleet(
         return False, False
     try:
         with record.lock:
-            # With warm standby the Deployment runs the autoscaler's replicas and the sleeping ones.
-            spare = inference.spec.standby.replicas if inference.spec.standby is not None else 0
+            # With warm standby the Deployment runs the autoscaler's replicas and the standby's (as last applied).
+            spare = status.standby_replicas(view.deployment)
             current = max(0, replicas - spare)
-            counted = cycle.count_pods(standby.serving_pods(view.pods) if spare else view.pods)
-            if spare:
-                counted = standby.active_count(counted, current)
+            counted, signals = _serving_view(view, current, spare, readings.signals.get(view.key))
             refused, why = status.refused_pods(view.deployment)
             if refused:  # pods a quota refused never exist; like unschedulable ones, they stop growth
                 why = counted.why_unschedulable or why
                 counted = dataclasses.replace(
                     counted, unschedulable=counted.unschedulable + refused, why_unschedulable=why
                 )
-            seen = cycle.Seen(current, counted, readings.signals.get(view.key), readings.outage)
+            seen = cycle.Seen(current, counted, signals, readings.outage)
             memory = record.scaling or cycle.Memory()
             outcome = cycle.decide(
                 inference,
@@ -218,13 +216,18 @@ def _decide_fleet(
             metrics_export.record_decision(view.key, inference, seen, outcome, config.default_cold_start)
             _describe(span, inference, seen, outcome, config.default_cold_start)
             kube = op.get_kube()
-            if outcome.scaled or outcome.replicas + spare != replicas:
-                kube.scale(meta.namespace, meta.name, outcome.replicas + spare)
+            target = outcome.replicas + spare
+            if outcome.scaled or target != replicas:
+                kube.scale(meta.namespace, meta.name, target)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
-            scaling = outcome.scaling()
-            if spare:
-                shown = fleet_standby.tend(op, record, view.key, view.body, inference, view.pods, outcome.replicas)
-                scaling = dataclasses.replace(scaling, standby=shown)
+            scaling = dataclasses.replace(outcome.scaling(), replicas=target)
+            if inference.spec.standby is not None or any(standby.resting(pod) for pod in view.pods):
+                # Standby turned off: every sleeping pod is woken (serving None).
+                serving = outcome.replicas if inference.spec.standby is not None else None
+                args = (op, record, view.key, view.body, inference, view.pods, serving, target)
+                shown = fleet_standby.tend(*args)
+                if inference.spec.standby is not None:
+                    scaling = dataclasses.replace(scaling, standby=shown)
             previous = last_status(record, view.body)
             deployment, pods = children(view.key, meta.uid)
             observed = status.Observed(
@@ -248,6 +251,24 @@ def _decide_fleet(
         span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
     return outcome.scaled, wrote
+
+
+def _serving_view(
+    view: FleetView, current: int, spare: int, signals: metrics.Signals | None
+) -> tuple[cycle.Pods, metrics.Signals | None]:
+    """The pods and signals the policy decides on: without the pods out of routing (warm standby), whose series are
+    zeros that Prometheus still scrapes, and with the starting pods the autoscaler's ``current`` can use. Cold starts
+    are measured on every pod, so a woken one's is not counted twice."""
+    serving = standby.serving_pods(view.pods)
+    if len(serving) == len(view.pods) and not spare:
+        return cycle.count_pods(view.pods), signals
+    every = cycle.count_pods(view.pods)
+    counted = standby.active_count(cycle.count_pods(serving), current)
+    counted = dataclasses.replace(counted, starts=every.starts, cold_start=every.cold_start)
+    resting = standby.reporting_resting(view.pods)
+    if signals is not None and signals.reporting is not None and resting:
+        signals = dataclasses.replace(signals, reporting=max(0, signals.reporting - resting))
+    return counted, signals
 
 
 def _describe(
@@ -307,6 +328,9 @@ async def autoscale_forever(op: Operator, indexes: Mapping[str, Any]) -> None:
             await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
     finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
         pool.shutdown(wait=False, cancel_futures=True)
+        if op.standby_pool is not None:  # sleeps and wakes not started yet are dropped; a pod's annotation says
+            op.standby_pool.shutdown(wait=False, cancel_futures=True)  # where it was, for the next leader
+            op.standby_pool = None
         if prometheus is not None:
             prometheus.close()
 

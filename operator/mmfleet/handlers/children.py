@@ -20,7 +20,7 @@ import kopf
 from mmfleet.autoscaler.standby import SLEEP_ANNOTATION
 from mmfleet.handlers.records import Body, Fingerprint, Key, operator_of
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER
-from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL, SERVING_LABEL
+from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL, SERVING_LABEL, STANDBY_ANNOTATION
 from mmfleet.routing import PICKER_SUFFIX
 
 CHILD_LABELS: dict[str, Any] = {
@@ -313,6 +313,7 @@ async def fleets(namespace: str | None, name: str, body: kopf.Body, memo: kopf.M
 
 async def fleet_deployments(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Body]:
     meta = _slim_meta(body.meta)
+    meta["annotations"] = {k: v for k, v in body.meta.annotations.items() if k == STANDBY_ANNOTATION}
     meta["scalerOwnsReplicas"] = scaler_owns_replicas(dict(body))
     meta["controller"] = (controller_of(body.meta) or {}).get("uid")
     slim = {"metadata": meta, "spec": {"replicas": body.spec.get("replicas")}, "status": dict(body.status)}

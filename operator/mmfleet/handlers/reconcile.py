@@ -46,7 +46,7 @@ from mmfleet.handlers.records import (
     write_status,
 )
 from mmfleet.kube import KindNotServedError, NamespaceTerminatingError, RefusedError, RetryableError
-from mmfleet.render import SpecError
+from mmfleet.render import SERVING_LABEL, SpecError
 from mmfleet.validation import PolicyDeniedError
 
 # A failed reconcile is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
@@ -199,6 +199,7 @@ def _apply(
         span.set_attributes({telemetry.CLOUD: cloud, telemetry.BACKEND: backend, telemetry.CHILDREN: len(children)})
         _claim_names(op, record, inference, children)
         _hand_over_replicas(op, inference, live)
+        _label_serving(op, inference, seen.pods)
         for child in children:
             applied = _apply_child(op, child, body)
             record.applied[applied["metadata"]["uid"]] = fingerprint(applied)
@@ -207,7 +208,7 @@ def _apply(
                 deployment = applied
                 _check_volumes_kept(inference, child, applied)
         if deployment is not None and inference.spec.autoscaled:
-            deployment = _clamp_replicas(op, inference, deployment)
+            deployment = _clamp_replicas(op, inference, deployment, live)
         # A spec changed since this process applied one: what it no longer asks for goes. After a restart, nothing
         # is known to have changed (the first reconcile of each fleet would cost a read per optional child).
         if record.reconciled is not None and record.reconciled != generation:
@@ -309,14 +310,32 @@ def _routing_seen(op: Operator, inference: MultimodalInference) -> status.Routin
     return status.RoutingSeen(discovery.routing_crds(op, inference), picker, status.pod_problems(pods))
 
 
-def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body) -> Body:
-    """With autoscaling on, the Deployment's replicas belong to the scaler; keep them within bounds."""
+def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body, live: Body | None) -> Body:
+    """With autoscaling on, the Deployment's replicas belong to the scaler; keep them within bounds. A change of the
+    warm standby (its count on the Deployment's annotation, just applied) changes them by as much, so the scaler's own
+    replicas stay what they were."""
+    had = deployment.get("spec", {}).get("replicas", (live or {}).get("spec", {}).get("replicas"))
+    before, after = status.standby_replicas(live), status.standby_replicas(deployment)
+    if had is not None:
+        moved = max(0, int(had) - before) + after
+        deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": moved}}
     desired = status.desired_replicas(inference, deployment)
-    if deployment.get("spec", {}).get("replicas") != desired:
+    if had != desired:
         meta = inference.metadata
         op.get_kube().scale(meta.namespace, meta.name, desired)
         deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": desired}}
     return deployment
+
+
+def _label_serving(op: Operator, inference: MultimodalInference, pods: list[Body]) -> None:
+    """With warm standby, the Service and the InferencePool select mmfleet.io/serving=true: the fleet's pods from
+    before it (no label; awake) are labelled before the selectors change, so they keep serving meanwhile."""
+    if inference.spec.standby is None:
+        return
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if SERVING_LABEL not in (meta.get("labels") or {}) and not meta.get("deletionTimestamp"):
+            op.get_kube().mark_pod(inference.metadata.namespace, meta["name"], {SERVING_LABEL: "true"}, {})
 
 
 def _hand_over_replicas(op: Operator, inference: MultimodalInference, live: Body | None) -> None:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from mmfleet import render, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
-from mmfleet.autoscaler.standby import WAKES_KEPT
+from mmfleet.autoscaler.standby import WAKES_KEPT, Intent
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
 from mmfleet.leader import own_namespace
@@ -70,9 +70,12 @@ class StandbyMemory:
     which updates this under ``lock``), the last wake times, and the last failure."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    busy: set[str] = field(default_factory=set)
+    busy: dict[str, Intent] = field(default_factory=dict)  # pod -> the call queued or under way
     wakes: deque[float] = field(default_factory=lambda: deque(maxlen=WAKES_KEPT))
     problem: str | None = None
+    # A pod whose call failed is left alone until time.monotonic() passes its entry, twice as long each time.
+    retry_at: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -346,8 +349,9 @@ def write_status(
         telemetry.PHASE: new.phase or "",
     }
     # A merge patch keeps what it does not name: status.routing, gone once the fleet is back in routing mode service,
-    # is named with null (only it: the replica counts a refused apply's status leaves out must stay).
-    gone = {"routing"} & (set(previous.wire()) - set(wire)) if previous is not None else set()
+    # and status.standby, once warm standby is off, are named with null (only they: the replica counts a refused
+    # apply's status leaves out must stay).
+    gone = {"routing", "standby"} & (set(previous.wire()) - set(wire)) if previous is not None else set()
     with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
         try:
             op.get_kube().patch_status(meta["namespace"], meta["name"], {**wire, **dict.fromkeys(gone)})

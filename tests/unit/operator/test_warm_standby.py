@@ -3,16 +3,22 @@ in routing and the rest asleep."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from mmfleet import render
+from mmfleet import status as status_module
 from mmfleet.api import MultimodalInference
 from mmfleet.autoscaler.cycle import Pods
+from mmfleet.autoscaler.metrics import Signals
 from mmfleet.autoscaler.standby import SLEEP_ANNOTATION, active_count, plan, serving_pods, status
-from mmfleet.render import SERVING_LABEL
+from mmfleet.handlers import autoscale, records
+from mmfleet.handlers import standby as fleet_standby
+from mmfleet.render import SERVING_LABEL, STANDBY_ANNOTATION
+from tests.helpers.operator_state import KEY, FakePrometheus, RecordingKube, fleet_body, operator, reconcile_once
 from tests.helpers.repo import spec_doc
 
 SLO = {"target": "2s"}
@@ -48,9 +54,9 @@ def names(pods: tuple[Any, ...]) -> list[str]:
 # --- the spec -------------------------------------------------------------------------------------
 
 
-def test_defaults_keep_one_replica_asleep_at_level_one() -> None:
+def test_defaults_keep_one_replica_asleep() -> None:
     standby = standby_fleet().spec.standby
-    assert standby is not None and (standby.replicas, standby.level) == (1, 1)
+    assert standby is not None and standby.replicas == 1
 
 
 def test_tensorrt_llm_has_no_sleep_mode_and_the_error_names_the_field() -> None:
@@ -58,11 +64,16 @@ def test_tensorrt_llm_has_no_sleep_mode_and_the_error_names_the_field() -> None:
         standby_fleet(backend={"name": "tensorrt-llm"})
 
 
+def test_a_load_balancer_would_expose_the_development_endpoints_and_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"autoscaling.warmStandby: set, but spec.service.type is LoadBalancer"):
+        standby_fleet(service={"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]}, cloud="eks")
+
+
 def test_standby_is_refused_with_autoscaling_off_and_out_of_range_values_are_named() -> None:
     with pytest.raises(ValidationError, match="warmStandby: set, but enabled is false"):
         MultimodalInference.model_validate(spec_doc(autoscaling={"enabled": False, "warmStandby": {}}))
-    with pytest.raises(ValidationError, match="level"):
-        standby_fleet({"level": 3})
+    with pytest.raises(ValidationError, match="level"):  # level 2 wakes without weights (vLLM 0.33 gpu_worker.wake_up)
+        standby_fleet({"level": 2})
     with pytest.raises(ValidationError, match="replicas"):
         standby_fleet({"replicas": 0})
 
@@ -100,6 +111,20 @@ def test_the_operator_may_reach_the_serving_port_to_put_pods_to_sleep() -> None:
     assert any(operator in rule.get("from", []) for rule in rules)
 
 
+def test_a_gateway_passes_only_the_openai_api_to_servers_with_development_endpoints() -> None:
+    routed = {"mode": "inferencePool", "gateway": {"name": "inference-gateway"}}
+    route = children(standby_fleet(routing=routed))["HTTPRoute"]
+    assert route["spec"]["rules"][0]["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    plain = MultimodalInference.model_validate(spec_doc(autoscaling={"slo": SLO}, routing=routed))
+    assert children(plain)["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["path"]["value"] == "/"
+
+
+def test_the_deployment_says_how_many_of_its_replicas_are_standby() -> None:
+    deployment = children(standby_fleet({"replicas": 2}))["Deployment"]
+    assert deployment["metadata"]["annotations"][STANDBY_ANNOTATION] == "2"
+    assert status_module.standby_replicas(deployment) == 2
+
+
 def test_without_standby_nothing_changes() -> None:
     inference = MultimodalInference.model_validate(spec_doc(autoscaling={"slo": SLO}))
     rendered = children(inference, operator_namespace="mmfleet-system")
@@ -116,39 +141,58 @@ def test_without_standby_nothing_changes() -> None:
 
 def test_pods_beyond_the_autoscalers_replicas_are_put_to_sleep_youngest_first() -> None:
     pods = [pod("a", 1), pod("b", 2), pod("c", 3)]
-    done = plan(pods, serving=1, busy=frozenset())
+    done = plan(pods, serving=1, total=3, busy={})
     assert names(done.sleep) == ["c", "b"] and not done.wake
 
 
 def test_a_scale_up_wakes_sleeping_pods_before_anything_else() -> None:
     pods = [pod("a", 1), pod("b", 2, serving="false", state="asleep"), pod("c", 3, serving="false", state="asleep")]
-    assert names(plan(pods, serving=2, busy=frozenset()).wake) == ["b"]
-    assert names(plan(pods, serving=5, busy=frozenset()).wake) == ["b", "c"]
+    assert names(plan(pods, serving=2, total=3, busy={}).wake) == ["b"]
+    assert names(plan(pods, serving=5, total=6, busy={}).wake) == ["b", "c"]
 
 
 def test_pods_being_woken_or_put_to_sleep_are_left_alone_and_counted_where_they_go() -> None:
     pods = [pod("a", 1), pod("b", 2, serving="false", state="waking"), pod("c", 3, serving="false", state="asleep")]
     # b is waking: it is the second serving replica, so c stays asleep.
-    done = plan(pods, serving=2, busy=frozenset({"b"}))
-    assert done.empty
+    assert plan(pods, serving=2, total=3, busy={"b": "wake"}).empty
+    # A wake queued but not started (no annotation yet) counts too: two standby pods, one wanted, one woken.
+    queued = [pod("a", 1), pod("b", 2, serving="false", state="asleep"), pod("c", 3, serving="false", state="asleep")]
+    assert plan(queued, serving=2, total=4, busy={"b": "wake"}).empty
+    # A pod whose last call failed is left alone until its backoff ends.
+    assert plan(queued, serving=2, total=4, busy={}, blocked={"b"}).wake[0].name == "c"
 
 
 def test_a_pod_left_half_way_is_finished_when_the_operator_comes_back() -> None:
     # Out of routing but never confirmed asleep (a failed or cut sleep): put to sleep again.
-    assert names(plan([pod("a", 1), pod("b", 2, serving="false", state="sleeping")], 1, frozenset()).sleep) == ["b"]
+    cut = [pod("a", 1), pod("b", 2, serving="false", state="sleeping")]
+    assert names(plan(cut, serving=1, total=2, busy={}).sleep) == ["b"]
     # A wake cut short is woken again when a replica is wanted.
-    assert names(plan([pod("a", 1), pod("b", 2, serving="false", state="waking")], 2, frozenset()).wake) == ["b"]
+    waking = [pod("a", 1), pod("b", 2, serving="false", state="waking")]
+    assert names(plan(waking, serving=2, total=3, busy={}).wake) == ["b"]
 
 
 def test_pods_from_before_standby_serve_and_are_labelled_so() -> None:
-    done = plan([pod("a", 1, serving=None), pod("b", 2, serving=None)], serving=2, busy=frozenset())
+    done = plan([pod("a", 1, serving=None), pod("b", 2, serving=None)], serving=2, total=3, busy={})
     assert names(done.label) == ["a", "b"] and not done.sleep
 
 
 def test_starting_and_terminating_pods_are_neither_woken_nor_put_to_sleep() -> None:
     gone = pod("b", 2)
     gone["metadata"]["deletionTimestamp"] = "2026-12-05T01:05:00Z"
-    assert plan([pod("a", 1), gone, pod("c", 3, ready=False)], serving=1, busy=frozenset()).empty
+    assert plan([pod("a", 1), gone, pod("c", 3, ready=False)], serving=1, total=2, busy={}).empty
+
+
+def test_nothing_is_put_to_sleep_while_the_deployment_deletes_pods() -> None:
+    # Scaled from 3 to 2 (1 serving + 1 standby): the ReplicaSet picks the pod to delete; sleeping one now could
+    # put to sleep the pod it keeps or the one it deletes.
+    pods = [pod("a", 1), pod("b", 2), pod("c", 3, serving="false", state="asleep")]
+    assert plan(pods, serving=1, total=2, busy={}).empty
+    assert names(plan(pods[:2], serving=1, total=2, busy={}).sleep) == ["b"]
+
+
+def test_with_standby_turned_off_every_sleeping_pod_is_woken() -> None:
+    pods = [pod("a", 1), pod("b", 2, serving="false", state="asleep"), pod("c", 3, serving="false", state="sleeping")]
+    assert names(plan(pods, serving=None, total=2, busy={}).wake) == ["b", "c"]
 
 
 def test_the_autoscaler_counts_only_serving_pods_and_the_starting_ones_it_can_use() -> None:
@@ -164,3 +208,86 @@ def test_status_shows_sleeping_and_serving_pods_and_the_median_wake() -> None:
     shown = status(pods, [2.0, 4.0, 30.0], "pod c: POST /sleep?level=1&mode=wait failed: HTTP 404")
     assert (shown.asleep, shown.serving, shown.wake, shown.wakes) == (1, 1, "4s", 3)
     assert shown.problem is not None and "HTTP 404" in shown.problem
+
+
+# --- the operator: the Deployment's replicas, status, the signals ------------------------------------
+
+
+def standby_body(standby: int | None = 1, max_replicas: int = 8) -> dict[str, Any]:
+    body = fleet_body(autoscaling=True)
+    body["spec"]["autoscaling"]["maxReplicas"] = max_replicas
+    if standby is not None:
+        body["spec"]["autoscaling"]["warmStandby"] = {"replicas": standby}
+    return body
+
+
+def live(replicas: int, standby: int | None) -> dict[str, Any]:
+    """The fleet's Deployment as the operator's index shows it."""
+    annotations = {} if standby is None else {STANDBY_ANNOTATION: str(standby)}
+    return {
+        "metadata": {"name": KEY[1], "generation": 1, "annotations": annotations, "scalerOwnsReplicas": True},
+        "spec": {"replicas": replicas},
+        "status": {
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "updatedReplicas": replicas,
+            "observedGeneration": 1,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "replicas", "scaled"),
+    [
+        (None, 1, 2, [3]),  # turned on: two serving replicas stay two, one more to sleep
+        (1, 2, 3, [4]),  # one more standby
+        (2, None, 4, [2]),  # turned off: the two serving ones remain
+        (1, 1, 9, []),  # maxReplicas 8 serving and one asleep: within bounds, left alone
+    ],
+)
+def test_a_change_of_standby_moves_the_deployment_by_as_much_and_never_fights_the_autoscaler_at_its_maximum(
+    before: int | None, after: int | None, replicas: int, scaled: list[int]
+) -> None:
+    kube = RecordingKube()
+    reconcile_once(operator(kube), standby_body(after), deployment=live(replicas, before))
+    assert kube.scaled == scaled
+
+
+def test_pods_from_before_standby_are_labelled_serving_before_the_selectors_change() -> None:
+    kube = RecordingKube()
+    old = [pod("a", 1, serving=None), pod("b", 2, serving=None), pod("c", 3, serving="false", state="asleep")]
+    reconcile_once(operator(kube), standby_body(1), deployment=live(2, None), pods=old)
+    labelled = [(name, labels) for name, labels, _ in kube.marked]
+    assert labelled == [("a", {SERVING_LABEL: "true"}), ("b", {SERVING_LABEL: "true"})]
+
+
+def cycle_once(kube: RecordingKube, body: dict[str, Any], deployment: dict[str, Any], pods: list[Any]) -> Any:
+    op = operator(kube)
+    reconcile_once(op, body, deployment=deployment, pods=pods)
+    view = autoscale.FleetView(KEY, body, deployment, pods)
+    signals = Signals(latency=0.5, request_rate=2.0, waiting=0.0, running=1.0, kv_cache_usage=0.2, reporting=2)
+    with ThreadPoolExecutor(1) as pool:
+        autoscale.autoscale(op, [view], FakePrometheus(signals), pool, lambda *_: (deployment, pods))
+    return kube.written[-1]
+
+
+def test_a_fleet_with_its_standby_asleep_is_ready_and_counts_its_serving_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(records, "kopf_event", lambda *_: None)
+    # The plan's calls reach pods at their IPs (the integration test); here only what the status shows of them.
+    monkeypatch.setattr(fleet_standby, "tend", lambda *args: status(args[5], [], None))
+    kube = RecordingKube()
+    pods = [pod("a", 1), pod("b", 2, serving="false", state="asleep")]
+    written = cycle_once(kube, standby_body(1), live(2, 1), pods)
+    ready = next(c for c in written["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], written["desiredReplicas"]) == ("True", 2), ready
+    assert written["standby"] == {"asleep": 1, "serving": 1}
+    assert kube.scaled == [], "one serving replica and one asleep is what was asked"
+
+
+def test_the_sleeping_pods_series_do_not_count_as_serving_pods_reporting() -> None:
+    pods = [pod("a", 1), pod("b", 2, serving="false", state="asleep")]
+    view = autoscale.FleetView(KEY, standby_body(1), live(2, 1), pods)
+    counted, signals = autoscale._serving_view(view, 1, 1, Signals(running=3.0, reporting=2))
+    assert (counted.ready, signals.reporting if signals else None) == (1, 1)
