@@ -100,14 +100,15 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   (``entrypoints/launchers/api_server/routers.py``), which also mounts the other development routers
   (``entrypoints/serve/__init__.py`` ``register_vllm_dev_api_routers``: cache reset, ``/collective_rpc``,
   ``/server_info``, the RL routes) with a "SECURITY WARNING" in the log; ``--api-key`` guards none of them
-  (``serve/middleware/authenticate.py`` guards ``/v1`` and the like), so the fleet's NetworkPolicy is what keeps them
-  in. Level 1 copies the weights to CPU memory and drops the KV cache; level 2 drops both (``v1/engine/core.py``
-  ``sleep``); ``/wake_up`` restores the weights only after level 1 (after level 2, buffers: ``v1/worker/gpu_worker.py``
-  ``wake_up``), so mmfleet sleeps at level 1. ``mode=wait`` lets running requests finish before the engine pauses
-  (``pause_scheduler``); a request sent to a sleeping engine waits in its queue until the wake (only
-  ``pause_generation`` refuses new ones), so a sleeping pod is taken out of routing first. ``/wake_up`` answers ``{"status": "awake"}`` once every tag is back;
-  ``vllm:engine_sleep_state{sleep_state}`` and ``vllm:sleep_mode_operation_duration_seconds{operation}``
-  (``entrypoints/serve/dev/sleep/metrics.py``) report it.
+  (``serve/middleware/authenticate.py`` guards ``/v1`` and the like). Level 1 copies the weights to CPU memory and drops
+  the KV cache; level 2 drops both (``v1/engine/core.py`` ``sleep``); ``/wake_up`` restores the weights only after level
+  1 (after level 2, buffers: ``v1/worker/gpu_worker.py`` ``wake_up``), so mmfleet sleeps at level 1. ``mode=wait`` lets
+  running requests finish before the engine pauses (``pause_scheduler``); a request sent to a sleeping engine waits in
+  its queue until the wake (only ``pause_generation`` refuses new ones), so a sleeping pod is taken out of routing
+  first. ``/wake_up`` answers ``{"status": "awake"}`` once every tag is back; ``vllm:engine_sleep_state{sleep_state}``
+  and ``vllm:sleep_mode_operation_duration_seconds{operation}`` (``entrypoints/serve/dev/sleep/metrics.py``) report it.
+  The API server refuses a LoadBalancer with warm standby and an HTTPRoute passes ``/v1`` only, since ``--api-key``
+  guards none of the development routes; the fleet's NetworkPolicy keeps them within the namespace and the operator's.
 """
 
 from __future__ import annotations
