@@ -192,6 +192,19 @@ def fleet_at_zero(
         targets.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def at_zero(
+    cluster: Cluster,
+    api: Any,
+    namespace: str,
+    zero_operator: tuple[OperatorProcess, PrometheusServer],
+    tmp_path: Path,
+) -> Iterator[AtZero]:
+    _, server = zero_operator
+    with fleet_at_zero(cluster, api, namespace, server, tmp_path) as zero:
+        yield zero
+
+
 def hold(routed: RoutedPool, seed: int) -> tuple[threading.Thread, list[Answer]]:
     """A request sent to the pool in the background (waiting up to the picker's TTL and 30 s more); its answer is
     appended to the list once it comes."""
@@ -202,29 +215,21 @@ def hold(routed: RoutedPool, seed: int) -> tuple[threading.Thread, list[Answer]]
     return sent, answers
 
 
-def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replica_serves_it(
-    cluster: Cluster,
-    api: Any,
-    namespace: str,
-    zero_operator: tuple[OperatorProcess, PrometheusServer],
-    tmp_path: Path,
-) -> None:
-    _, server = zero_operator
-    with fleet_at_zero(cluster, api, namespace, server, tmp_path) as zero:
-        fleet, routed, selector = zero.fleet, zero.routed, zero.selector
-        # A request to the empty pool is held by the picker; its held count brings one replica back.
-        sent, answers = hold(routed, 26)
-        wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
-        up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
-        assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
-        new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
-        _serve(routed, new)
-        sent.join(routed.ttl + 40)
-        assert answers, "the held request got no answer"
-        (answer,) = answers
-        assert answer.status == 200, (answer, routed.why())
-        assert answer.endpoint == routed.endpoint(next(iter(new))), answer
-        assert answer.seconds < routed.ttl, "answered by the new replica, not by the picker's TTL"
+def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replica_serves_it(at_zero: AtZero) -> None:
+    fleet, routed, selector = at_zero.fleet, at_zero.routed, at_zero.selector
+    # A request to the empty pool is held by the picker; its held count brings one replica back.
+    sent, answers = hold(routed, 26)
+    wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
+    up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
+    assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
+    new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
+    _serve(routed, new)
+    sent.join(routed.ttl + 40)
+    assert answers, "the held request got no answer"
+    (answer,) = answers
+    assert answer.status == 200, (answer, routed.why())
+    assert answer.endpoint == routed.endpoint(next(iter(new))), answer
+    assert answer.seconds < routed.ttl, "answered by the new replica, not by the picker's TTL"
 
 
 # What EPP v1.5.0 answers for a request whose TTL ran out in flow control's queue: the request's context has the TTL
@@ -247,33 +252,25 @@ def evicted_by_ttl(metrics: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
-def test_a_request_held_past_the_ttl_gets_the_endpoint_pickers_error(
-    cluster: Cluster,
-    api: Any,
-    namespace: str,
-    zero_operator: tuple[OperatorProcess, PrometheusServer],
-    tmp_path: Path,
-) -> None:
+def test_a_request_held_past_the_ttl_gets_the_endpoint_pickers_error(at_zero: AtZero) -> None:
     """The request wakes the fleet, but the new replica's server never answers (its pod is Ready, nothing listens at
     its IP: a replica slower than the TTL): the picker, finding no replica with fresh metrics, holds the request for its
     TTL, then refuses it; the client gets that refusal then, not a hang and not a server's answer."""
-    _, server = zero_operator
-    with fleet_at_zero(cluster, api, namespace, server, tmp_path) as zero:
-        fleet, routed = zero.fleet, zero.routed
-        sent, answers = hold(routed, 27)
-        wait_for(lambda: replicas(fleet) >= 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
-        new = wait_for(lambda: ready_pods(fleet, zero.selector, replicas(fleet)), 30, "the new replicas Ready")
-        for ip in new:  # the pod's IP exists (connections to it are refused), and no server is started there
-            if ip not in routed.network.pods:
-                routed.network.add_pod(ip)
-        assert not any(listening(routed, ip) for ip in new), new
-        sent.join(routed.ttl + 40)
-        assert answers, f"the held request got no answer within the TTL ({routed.ttl:g}s) and 40 s"
-        (answer,) = answers
-        assert (answer.status, answer.body) == (EXPIRED_STATUS, EXPIRED_BODY), (answer, routed.why())
-        assert routed.ttl - 1 <= answer.seconds < routed.ttl + 10, (answer, routed.ttl)
-        assert answer.endpoint == "", f"served by {answer.endpoint}, not refused by the picker"
-        assert evicted_by_ttl(routed.picker_metrics()) == 1, routed.why()
+    fleet, routed = at_zero.fleet, at_zero.routed
+    sent, answers = hold(routed, 27)
+    wait_for(lambda: replicas(fleet) >= 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
+    new = wait_for(lambda: ready_pods(fleet, at_zero.selector, replicas(fleet)), 30, "the new replicas Ready")
+    for ip in new:  # the pod's IP exists (connections to it are refused), and no server is started there
+        if ip not in routed.network.pods:
+            routed.network.add_pod(ip)
+    assert not any(listening(routed, ip) for ip in new), new
+    sent.join(routed.ttl + 40)
+    assert answers, f"the held request got no answer within the TTL ({routed.ttl:g}s) and 40 s"
+    (answer,) = answers
+    assert (answer.status, answer.body) == (EXPIRED_STATUS, EXPIRED_BODY), (answer, routed.why())
+    assert routed.ttl - 1 <= answer.seconds < routed.ttl + 10, (answer, routed.ttl)
+    assert answer.endpoint == "", f"served by {answer.endpoint}, not refused by the picker"
+    assert evicted_by_ttl(routed.picker_metrics()) == 1, routed.why()
 
 
 def _serve(routed: RoutedPool, pods: dict[str, str]) -> None:
