@@ -13,6 +13,12 @@
   requests (the engine does it, as its ``Router`` says). With no Ready pod a request is held at the gateway until
   one is Ready.
 - GPU time counts from the moment a pod holds its GPUs, Ready or not, until it releases them.
+- Warm standby (``standby`` > 0, as ``spec.autoscaling.warmStandby`` with ``mmfleet.autoscaler.standby``): the
+  Deployment runs ``desired`` serving pods and ``standby`` more. A Ready pod beyond the serving count is put to sleep:
+  it gets no new request, finishes what it holds (``/sleep?mode=wait``; phase ``sleeping``), then is ``asleep``,
+  holding its GPUs. A scale-up wakes asleep pods first: ``waking`` for ``wake`` seconds (the phase of its own that
+  a GPU measurement would fit), then Ready, serving again; new pods replace them and go to sleep once Ready. A
+  scale-down puts the youngest Ready pods to sleep and deletes asleep pods first (their deletion cost is lowest).
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import numpy as np
 
 from mmfleet_lab.twin.engine import Engine
 
-Phase = Literal["unschedulable", "starting", "ready", "draining", "gone"]
+Phase = Literal["unschedulable", "starting", "ready", "draining", "gone", "sleeping", "asleep", "waking"]
+# Phases of a warm-standby pod out of routing (only with standby > 0).
+RESTING: tuple[Phase, ...] = ("sleeping", "asleep", "waking")
 
 
 @dataclass
@@ -40,6 +48,7 @@ class Pod:
     ready_at: float | None = None  # when it is (or will be) Ready
     released: float | None = None  # GPUs freed at
     rid: int | None = None  # the engine replica serving it, once Ready
+    awake_at: float | None = None  # when a waking pod serves again
 
 
 class Fleet:
@@ -53,15 +62,18 @@ class Fleet:
         initial: int,
         gpus_per_replica: int = 1,
         gpus_available: int | None = None,
+        standby: int = 0,
+        wake: float = 0.0,
     ) -> None:
         self.engine = engine
         self.cold_start = cold_start
+        self.standby, self.wake = standby, wake
         self.gpus_per_replica = gpus_per_replica
         self.slots = math.inf if gpus_available is None else gpus_available // gpus_per_replica
         self.pods: list[Pod] = []
         self.desired = 0
         self.held = np.zeros(0, dtype=np.int64)  # requests waiting at the gateway for a Ready pod
-        for _ in range(initial):  # the run starts with a warm fleet, its pods created one cold start ago
+        for _ in range(initial + standby):  # the run starts with a warm fleet, its pods created one cold start ago
             pod = self._new_pod(0.0)
             if pod.phase == "starting":
                 pod.created, pod.ready_at = -cold_start, 0.0
@@ -74,21 +86,27 @@ class Fleet:
 
     def measured_cold_start(self) -> float | None:
         """The median creation -> Ready of the Ready pods, as the operator measures it (``cycle.count_pods``)."""
-        spans = [p.ready_at - p.created for p in self.pods if p.phase == "ready" and p.ready_at is not None]
+        spans = [p.ready_at - p.created for p in self.pods if p.phase in ("ready", *RESTING) and p.ready_at is not None]
         return statistics.median(spans) if spans else None
 
     def _holding(self) -> int:
-        return sum(1 for p in self.pods if p.phase in ("starting", "ready", "draining"))
+        return sum(1 for p in self.pods if p.phase in ("starting", "ready", "draining", *RESTING))
 
     def live(self) -> list[Pod]:
         """Pods that count towards the Deployment's replicas (not draining, not gone)."""
-        return [p for p in self.pods if p.phase in ("unschedulable", "starting", "ready")]
+        return [p for p in self.pods if p.phase in ("unschedulable", "starting", "ready", *RESTING)]
 
     def next_event(self) -> float:
-        """The next time a starting pod becomes Ready."""
-        return min(
-            (p.ready_at for p in self.pods if p.phase == "starting" and p.ready_at is not None), default=math.inf
-        )
+        """The next time a starting pod becomes Ready, or a waking one serves."""
+        starts = (p.ready_at for p in self.pods if p.phase == "starting" and p.ready_at is not None)
+        wakes = (p.awake_at for p in self.pods if p.phase == "waking" and p.awake_at is not None)
+        return min((*starts, *wakes), default=math.inf)
+
+    def starting_for_serving(self) -> int:
+        """The starting pods the serving count can still use, as the operator counts them
+        (``standby.active_count``): with standby the others are its replacements."""
+        starting = self.count("starting")
+        return starting if not self.standby else min(starting, max(0, self.desired - self.count("ready")))
 
     # ---------------------------------------------------------------- scaling
     def _new_pod(self, t: float) -> Pod:
@@ -104,8 +122,12 @@ class Fleet:
             pod.ready_at = t + self.cold_start
 
     def scale(self, desired: int, t: float) -> None:
-        """Set the Deployment's replicas at time ``t``."""
+        """Set the Deployment's replicas at time ``t`` (with standby: the serving ones; the Deployment has
+        ``standby`` more)."""
         self.desired = desired
+        if self.standby:
+            self._tend(t)
+            desired += self.standby
         live = self.live()
         if desired > len(live):
             for _ in range(desired - len(live)):
@@ -113,6 +135,8 @@ class Fleet:
         elif desired < len(live):
 
             def rank(p: Pod) -> tuple[int, float]:
+                if p.phase == "asleep":
+                    return (-1, -p.created)
                 if p.phase == "unschedulable":
                     return (0, -p.created)
                 if p.phase == "starting":
@@ -120,15 +144,31 @@ class Fleet:
                 return (2, -(p.ready_at or 0.0))
 
             for pod in sorted(live, key=rank)[: len(live) - desired]:
-                if pod.phase == "ready":
+                if pod.phase in ("ready", "sleeping", "waking"):
                     pod.phase = "draining"
-                elif pod.phase == "starting":
+                elif pod.phase in ("asleep", "starting"):
                     pod.phase = "gone"
                     pod.released = t
                 else:
                     pod.phase = "gone"
             self._schedule_pending(t)
         self.transitions(t)
+
+    def _tend(self, t: float) -> None:
+        """Warm standby: bring the serving pods (Ready or waking) to ``desired``, waking asleep pods first and putting
+        the youngest Ready ones beyond it to sleep."""
+        serving = self.count("ready") + self.count("waking")
+        if serving < self.desired:
+            # One still finishing its requests before it sleeps is awake: it serves again at once.
+            for pod in [p for p in self.pods if p.phase == "sleeping"][: self.desired - serving]:
+                pod.phase = "ready"
+                serving += 1
+            for pod in [p for p in self.pods if p.phase == "asleep"][: self.desired - serving]:
+                pod.phase, pod.awake_at = "waking", t + self.wake
+        elif serving > self.desired:
+            ready = sorted((p for p in self.pods if p.phase == "ready"), key=lambda p: -(p.ready_at or 0.0))
+            for pod in ready[: serving - self.desired]:
+                pod.phase = "sleeping"
 
     def _schedule_pending(self, t: float) -> None:
         for pod in self.pods:
@@ -141,13 +181,21 @@ class Fleet:
             if pod.phase == "starting" and pod.ready_at is not None and pod.ready_at <= t + 1e-9:
                 pod.phase = "ready"
                 pod.rid = self.engine.add_replica()
-        out = self.engine.outstanding() if any(p.phase == "draining" for p in self.pods) else None
+            elif pod.phase == "waking" and pod.awake_at is not None and pod.awake_at <= t + 1e-9:
+                pod.phase = "ready"
+        if self.standby:
+            self._tend(t)
+        out = self.engine.outstanding() if any(p.phase in ("draining", "sleeping") for p in self.pods) else None
         freed = False
         for pod in self.pods:
-            if pod.phase == "draining" and out is not None and pod.rid is not None and out[pod.rid] == 0:
+            if out is None or pod.rid is None or out[pod.rid] != 0:
+                continue
+            if pod.phase == "draining":
                 pod.phase = "gone"
                 pod.released = t
                 freed = True
+            elif pod.phase == "sleeping":
+                pod.phase = "asleep"
         if freed:
             self._schedule_pending(t)
 
@@ -168,8 +216,9 @@ class Fleet:
         self.engine.run(t0, t1, idx, eligible)
 
     def scrape_targets(self) -> list[Pod]:
-        """Pods Prometheus scrapes: those serving /metrics (Ready or draining)."""
-        return [p for p in self.pods if p.phase in ("ready", "draining") and p.rid is not None]
+        """Pods Prometheus scrapes: those serving /metrics (Ready or draining; with standby, one finishing its
+        requests before it sleeps; the operator leaves the series of pods out of routing out of its count)."""
+        return [p for p in self.pods if p.phase in ("ready", "draining", "sleeping") and p.rid is not None]
 
     # ---------------------------------------------------------------- accounting
     def gpu_seconds(self, horizon: float) -> tuple[float, float]:

@@ -50,6 +50,8 @@ def simulate(
     start: float = 0.0,
     timeout: float = CLIENT_TIMEOUT_S,
     engine: EngineFactory = CompiledEngine,
+    standby: int = 0,
+    wake: float = 0.0,
 ) -> RunResult:
     """Run ``policy`` on a fleet serving ``scenario`` and return what happened.
 
@@ -63,7 +65,8 @@ def simulate(
     engine is deterministic (``engine`` builds it; tests pass the reference engine). After
     ``scenario.duration`` in-flight requests may finish for up to ``TAIL_S`` s; GPU time is counted
     up to the duration only. A request not finished ``timeout`` s after its arrival is abandoned by
-    its client (``Engine.run``). Requests abandoned or never finished have latency ``np.inf``.
+    its client (``Engine.run``). Requests abandoned or never finished have latency ``np.inf``. ``standby``: replicas
+    kept asleep beside the policy's (``spec.autoscaling.warmStandby``), woken in ``wake`` s (``twin.fleet``).
     """
     req = scenario.requests
     horizon = float(scenario.duration)
@@ -72,7 +75,13 @@ def simulate(
     initial = min_replicas if initial_replicas is None else initial_replicas
     initial = clamp_replicas(initial, min_replicas, max_replicas)
     pods = Fleet(
-        eng, cold_start=cold_start, initial=initial, gpus_per_replica=gpus_per_replica, gpus_available=gpus_available
+        eng,
+        cold_start=cold_start,
+        initial=initial,
+        gpus_per_replica=gpus_per_replica,
+        gpus_available=gpus_available,
+        standby=standby,
+        wake=wake,
     )
     prom = Prometheus()
     picker_held = (
@@ -107,7 +116,7 @@ def simulate(
             prom, t, slo_metric=slo.metric, slo_percentile=slo.percentile, slo_window=window,
             rate_window=rate_window, up=up,
         )  # fmt: skip
-        ready, starting, unschedulable = pods.count("ready"), pods.count("starting"), pods.count("unschedulable")
+        ready, starting, unschedulable = pods.count("ready"), pods.starting_for_serving(), pods.count("unschedulable")
         if isinstance(policy, Shipped):
             assert inference is not None
             seen = cycle.Seen(
