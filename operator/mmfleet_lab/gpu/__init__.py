@@ -1,0 +1,1 @@
+"""Measurements made on a lent GPU machine with the standard library only (copied there alone)."""
