@@ -31,7 +31,7 @@ from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 from kubernetes.dynamic.resource import Resource
 
 from mmfleet.api import API_VERSION, KIND
-from mmfleet.render import FIELD_MANAGER
+from mmfleet.render import FIELD_MANAGER, STANDBY_ANNOTATION
 
 Obj = dict[str, Any]
 # (apiVersion, kind, namespace, name) of one object.
@@ -333,19 +333,30 @@ class Kube:
         when autoscaling) would then reset the field to 1. Applied, the field is owned by
         ``manager`` even when the value does not change (checked on kube-apiserver 1.34).
         """
-        body = {
-            "apiVersion": "autoscaling/v1",
-            "kind": "Scale",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": replicas},
-        }
+        scale = self._resource("apps/v1", "Deployment").subresources["scale"]
+        body = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": name, "namespace": namespace}}
+        self._apply_as(manager, scale, {**body, "spec": {"replicas": replicas}}, f"to {replicas}")
+
+    def scale_with_standby(self, namespace: str, name: str, replicas: int, standby: int) -> None:
+        """Set a Deployment's replicas and the count of them that are warm standby (its
+        ``mmfleet.io/standby-replicas`` annotation; 0 removes it) in one server-side apply, as the scaler: the two
+        never disagree, whatever fails between two reconciles."""
+        annotations = {STANDBY_ANNOTATION: str(standby)} if standby else {}
+        meta = {"name": name, "namespace": namespace, "annotations": annotations}
+        body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {"replicas": replicas}}
+        what = f"to {replicas} ({standby} warm standby)"
+        self._apply_as(AUTOSCALER_FIELD_MANAGER, self._resource("apps/v1", "Deployment"), body, what)
+
+    def _apply_as(self, manager: str, resource: Resource, body: Obj, what: str) -> None:
+        """Server-side apply of the replicas of the Deployment ``body`` names, as ``manager``, taking them over."""
+        meta = body["metadata"]
         self._count()
-        with self._errors(f"scale Deployment {namespace}/{name} to {replicas}"):
+        with self._errors(f"scale Deployment {meta['namespace']}/{meta['name']} {what}"):
             response = self.dynamic.patch(
-                self._resource("apps/v1", "Deployment").subresources["scale"],
+                resource,
                 body=body,
-                name=name,
-                namespace=namespace,
+                name=meta["name"],
+                namespace=meta["namespace"],
                 content_type="application/apply-patch+yaml",
                 field_manager=manager,
                 force_conflicts=True,

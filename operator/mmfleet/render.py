@@ -57,7 +57,8 @@ SHM_GI_PER_GPU = 2
 # With warm standby, the Service and the InferencePool select pods labelled so; the operator sets it to "false" on a
 # pod it puts to sleep (autoscaler.standby).
 SERVING_LABEL = "mmfleet.io/serving"
-# How many of the Deployment's replicas are warm standby, as last applied: the autoscaler's replicas are the rest.
+# How many of the Deployment's replicas are warm standby, written with them (kube.Kube.scale_with_standby): the
+# autoscaler's replicas are the rest.
 STANDBY_ANNOTATION = "mmfleet.io/standby-replicas"
 
 
@@ -450,10 +451,12 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
     }
     if not spec.autoscaled:
         deployment_spec["replicas"] = spec.replicas
-    meta = _metadata(inference, inference.metadata.name)
-    if spec.standby is not None:
-        meta["annotations"] = {STANDBY_ANNOTATION: str(spec.standby.replicas)}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": deployment_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(inference, inference.metadata.name),
+        "spec": deployment_spec,
+    }
 
 
 def _container_security(backend: Backend) -> Manifest:

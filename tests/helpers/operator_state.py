@@ -55,6 +55,8 @@ class RecordingKube(Kube):
         self.got: list[tuple[str, str]] = []
         self.scaled: list[int] = []
         self.marked: list[tuple[str, dict[str, str], dict[str, str | None]]] = []
+        self.kept_annotations: dict[str, str] = {}  # the Deployment's, from the scaler's own applies
+        self.scaled_with_standby: list[tuple[int, int]] = []
         self.ready = True
 
     def apply(self, manifest: Body, manager: str = "mmfleet") -> Body:
@@ -65,6 +67,8 @@ class RecordingKube(Kube):
                 raise RefusedError(*self.refuse)
         self.applied.append(manifest)
         meta = {**manifest["metadata"], "uid": f"uid-{manifest['kind']}", "generation": 1}
+        if manifest["kind"] == "Deployment" and self.kept_annotations:  # set by another field manager, kept
+            meta["annotations"] = {**(meta.get("annotations") or {}), **self.kept_annotations}
         replicas = manifest.get("spec", {}).get("replicas", 1)
         ready = {"replicas": replicas, "readyReplicas": replicas if self.ready else 0, "updatedReplicas": replicas}
         return {**manifest, "metadata": meta, "status": ready}
@@ -81,6 +85,9 @@ class RecordingKube(Kube):
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
         self.scaled.append(replicas)
+
+    def scale_with_standby(self, namespace: str, name: str, replicas: int, standby: int) -> None:
+        self.scaled_with_standby.append((replicas, standby))
 
     def mark_pod(self, namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str | None]) -> None:
         self.marked.append((name, labels, annotations))

@@ -414,8 +414,8 @@ class AutoscalingSpec(Model):
         default=None,
         description=(
             "Keep this many more replicas started and put to sleep (vLLM sleep mode): a scale-up wakes them in "
-            "seconds, out of routing until awake. vllm only. Sleeping replicas hold their GPUs "
-            "(docs/autoscaling.md, Warm standby)."
+            "seconds, out of routing until awake. vllm with routing.mode inferencePool only. Sleeping replicas hold "
+            "their GPUs (docs/autoscaling.md, Warm standby)."
         ),
     )
     capacity_per_replica: float | None = Field(
@@ -782,6 +782,13 @@ class MultimodalInferenceSpec(Model):
                     ".autoscaling.warmStandby",
                 ),
                 cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.warmStandby) || "
+                    "(has(self.routing) && has(self.routing.mode) && self.routing.mode == 'inferencePool')",
+                    "autoscaling.warmStandby needs spec.routing.mode inferencePool: a Service balances connections, "
+                    "and a kept-alive one would go on sending to a sleeping pod, whose engine queues requests",
+                    ".autoscaling.warmStandby",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -884,6 +891,13 @@ class MultimodalInferenceSpec(Model):
                 raise ValueError(
                     f"autoscaling.warmStandby: set, but spec.backend.name is {self.backend.name}, which has no sleep "
                     "mode (accepted: backend.name vllm, or no warmStandby)"
+                )
+            if self.routing.mode != "inferencePool":
+                raise ValueError(
+                    f"autoscaling.warmStandby: set, but spec.routing.mode is {self.routing.mode}: a Service balances "
+                    "connections, and a kept-alive one would go on sending requests to a pod put to sleep, where "
+                    "vllm queues them until it wakes; the endpoint picker chooses a pod per request (accepted: "
+                    "routing.mode inferencePool, or no warmStandby)"
                 )
             if self.service.type == "LoadBalancer":
                 raise ValueError(

@@ -20,10 +20,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Literal
 
 from mmfleet.api import StandbyStatus, duration_text
-from mmfleet.autoscaler.cycle import Pods
+from mmfleet.autoscaler.cycle import Pods, count_pods, should_report
 from mmfleet.render import SERVING_LABEL
 
 SLEEP_ANNOTATION = "mmfleet.io/sleep"
@@ -94,16 +95,30 @@ def serving_pods(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [pod for pod in pods if not resting(pod)]
 
 
-def reporting_resting(pods: Iterable[dict[str, Any]]) -> int:
-    """Ready pods out of routing: Prometheus scrapes them too (their series are zeros), so the count of pods reporting
-    series holds them beside the serving ones."""
-    return sum(1 for pod in pods if resting(pod) and view(pod).healthy)
+def reporting_resting(pods: Iterable[dict[str, Any]], now: datetime) -> int:
+    """Ready pods out of routing that Prometheus has had a scrape interval to find: it scrapes them too (their series
+    are zeros), so the count of pods reporting series holds them beside the serving ones."""
+    return should_report(count_pods(pod for pod in pods if resting(pod) and view(pod).healthy), now)
 
 
-def active_count(pods: Pods, target: int) -> Pods:
-    """``pods`` of the serving ones, with the starting pods the target can still use: the Deployment's other starting
-    pods are the standby's replacements, no capacity for the SLO."""
-    return replace(pods, starting=min(pods.starting, max(0, target - pods.ready)))
+def active_count(pods: Pods, target: int, waking: int = 0) -> Pods:
+    """``pods`` of the serving ones, with the starting and the unschedulable pods the target can still use beside
+    those Ready and ``waking``: the Deployment's others are the standby's replacements, neither capacity coming nor a
+    reason to stop growing (a replacement left Pending must not keep the other sleeping pods from being woken)."""
+    free = max(0, target - pods.ready - waking)
+    starting = min(pods.starting, free)
+    unschedulable = min(pods.unschedulable, free - starting)
+    return replace(
+        pods,
+        starting=starting,
+        unschedulable=unschedulable,
+        why_unschedulable=pods.why_unschedulable if unschedulable else "",
+    )
+
+
+def waking(pods: Iterable[dict[str, Any]], busy: Mapping[str, Intent]) -> int:
+    """Pods being woken (or queued to be): the serving count's, though not in routing yet."""
+    return sum(1 for v in map(view, pods) if v.live and v.serving is False and "wake" in (v.state, busy.get(v.name)))
 
 
 def plan(
@@ -123,7 +138,7 @@ def plan(
     if serving is None:
         return Plan(wake=tuple(sorted(out, key=lambda v: v.created)), label=label)
     now_serving = [v for v in idle if v.serving is not False]
-    coming = sum(1 for intent in busy.values() if intent == "wake")
+    coming = sum(1 for v in views if v.live and busy.get(v.name) == "wake")  # a pod gone mid-wake brings nothing
     need = serving - len(now_serving) - coming
     if need > 0:
         # A wake cut short (a restart of the operator) is tried again like a sleeping pod's.

@@ -195,13 +195,9 @@ def _decide_fleet(
             # With warm standby the Deployment runs the autoscaler's replicas and the standby's (as last applied).
             spare = status.standby_replicas(view.deployment)
             current = max(0, replicas - spare)
-            counted, signals = _serving_view(view, current, spare, readings.signals.get(view.key))
-            refused, why = status.refused_pods(view.deployment)
-            if refused:  # pods a quota refused never exist; like unschedulable ones, they stop growth
-                why = counted.why_unschedulable or why
-                counted = dataclasses.replace(
-                    counted, unschedulable=counted.unschedulable + refused, why_unschedulable=why
-                )
+            with record.standby.lock:
+                wakes = standby.waking(view.pods, record.standby.busy)
+            counted, signals = _serving_view(view, current, spare, wakes, readings.signals.get(view.key), now)
             seen = cycle.Seen(current, counted, signals, readings.outage)
             memory = record.scaling or cycle.Memory()
             outcome = cycle.decide(
@@ -221,15 +217,11 @@ def _decide_fleet(
                 kube.scale(meta.namespace, meta.name, target)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
             scaling = dataclasses.replace(outcome.scaling(), replicas=target)
-            if inference.spec.standby is not None or any(standby.resting(pod) for pod in view.pods):
-                # Standby turned off: every sleeping pod is woken (serving None).
-                serving = outcome.replicas if inference.spec.standby is not None else None
-                args = (op, record, view.key, view.body, inference, view.pods, serving, target)
-                shown = fleet_standby.tend(*args)
-                if inference.spec.standby is not None:
-                    scaling = dataclasses.replace(scaling, standby=shown)
             previous = last_status(record, view.body)
             deployment, pods = children(view.key, meta.uid)
+            if inference.spec.standby is not None:  # planned on the pods as they are now: a wake may have ended
+                args = (op, record, view.key, view.body, inference, pods, outcome.replicas, target)
+                scaling = dataclasses.replace(scaling, standby=fleet_standby.tend(*args))
             observed = status.Observed(
                 deployment=deployment or view.deployment,
                 pod_problems=status.pod_problems(pods),
@@ -254,18 +246,25 @@ def _decide_fleet(
 
 
 def _serving_view(
-    view: FleetView, current: int, spare: int, signals: metrics.Signals | None
+    view: FleetView, current: int, spare: int, waking: int, signals: metrics.Signals | None, now: datetime
 ) -> tuple[cycle.Pods, metrics.Signals | None]:
-    """The pods and signals the policy decides on: without the pods out of routing (warm standby), whose series are
-    zeros that Prometheus still scrapes, and with the starting pods the autoscaler's ``current`` can use. Cold starts
-    are measured on every pod, so a woken one's is not counted twice."""
+    """The pods and signals the policy decides on. Pods a quota refused never exist; like unschedulable ones, they
+    stop growth. With warm standby: without the pods out of routing, whose series are zeros that Prometheus still
+    scrapes, and with the starting and unschedulable pods the autoscaler's ``current`` can use beside the Ready and
+    the ``waking`` ones (the rest are the standby's replacements); cold starts are measured on every pod, so a woken
+    one's is not counted twice."""
     serving = standby.serving_pods(view.pods)
+    counted = cycle.count_pods(serving)
+    refused, why = status.refused_pods(view.deployment)
+    if refused:
+        why = counted.why_unschedulable or why
+        counted = dataclasses.replace(counted, unschedulable=counted.unschedulable + refused, why_unschedulable=why)
     if len(serving) == len(view.pods) and not spare:
-        return cycle.count_pods(view.pods), signals
+        return counted, signals
     every = cycle.count_pods(view.pods)
-    counted = standby.active_count(cycle.count_pods(serving), current)
+    counted = standby.active_count(counted, current, waking)
     counted = dataclasses.replace(counted, starts=every.starts, cold_start=every.cold_start)
-    resting = standby.reporting_resting(view.pods)
+    resting = standby.reporting_resting(view.pods, now)
     if signals is not None and signals.reporting is not None and resting:
         signals = dataclasses.replace(signals, reporting=max(0, signals.reporting - resting))
     return counted, signals
@@ -328,9 +327,9 @@ async def autoscale_forever(op: Operator, indexes: Mapping[str, Any]) -> None:
             await asyncio.sleep(max(0.0, config.autoscale_interval - (time.monotonic() - started)))
     finally:  # on cancellation at shutdown: never wait for a cycle on the event loop
         pool.shutdown(wait=False, cancel_futures=True)
-        if op.standby_pool is not None:  # sleeps and wakes not started yet are dropped; a pod's annotation says
-            op.standby_pool.shutdown(wait=False, cancel_futures=True)  # where it was, for the next leader
-            op.standby_pool = None
+        for standby_pool in op.standby_pools or ():  # sleeps and wakes not started yet are dropped; a pod's
+            standby_pool.shutdown(wait=False, cancel_futures=True)  # annotation says where it was, for the next leader
+        op.standby_pools = None
         if prometheus is not None:
             prometheus.close()
 

@@ -17,7 +17,9 @@ from opentelemetry.trace import Span
 
 from mmfleet import metrics_export, render, routing, status, telemetry
 from mmfleet.api import DegradedReason, MultimodalInference, seconds
+from mmfleet.autoscaler import standby
 from mmfleet.handlers import discovery
+from mmfleet.handlers import standby as fleet_standby
 from mmfleet.handlers.children import (
     OPTIONAL_BY_KIND,
     deployment_pods,
@@ -46,7 +48,7 @@ from mmfleet.handlers.records import (
     write_status,
 )
 from mmfleet.kube import KindNotServedError, NamespaceTerminatingError, RefusedError, RetryableError
-from mmfleet.render import SERVING_LABEL, SpecError
+from mmfleet.render import SERVING_LABEL, STANDBY_ANNOTATION, SpecError
 from mmfleet.validation import PolicyDeniedError
 
 # A failed reconcile is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
@@ -209,6 +211,11 @@ def _apply(
                 _check_volumes_kept(inference, child, applied)
         if deployment is not None and inference.spec.autoscaled:
             deployment = _clamp_replicas(op, inference, deployment, live)
+        if inference.spec.standby is None and any(standby.resting(pod) for pod in seen.pods):
+            # Warm standby turned off (or autoscaling, whose loop no longer tends the fleet): every sleeping pod is
+            # woken, whatever else the reconcile does.
+            replicas = int((deployment or live or {}).get("spec", {}).get("replicas") or 0)
+            fleet_standby.tend(op, record, key, body, inference, seen.pods, None, replicas)
         # A spec changed since this process applied one: what it no longer asks for goes. After a restart, nothing
         # is known to have changed (the first reconcile of each fleet would cost a read per optional child).
         if record.reconciled is not None and record.reconciled != generation:
@@ -312,19 +319,21 @@ def _routing_seen(op: Operator, inference: MultimodalInference) -> status.Routin
 
 def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body, live: Body | None) -> Body:
     """With autoscaling on, the Deployment's replicas belong to the scaler; keep them within bounds. A change of the
-    warm standby (its count on the Deployment's annotation, just applied) changes them by as much, so the scaler's own
-    replicas stay what they were."""
+    warm standby moves them by as much, written with the new count in one apply, so the scaler's own replicas stay
+    what they were and a failed call is redone from what the Deployment says."""
     had = deployment.get("spec", {}).get("replicas", (live or {}).get("spec", {}).get("replicas"))
-    before, after = status.standby_replicas(live), status.standby_replicas(deployment)
-    if had is not None:
-        moved = max(0, int(had) - before) + after
-        deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": moved}}
-    desired = status.desired_replicas(inference, deployment)
-    if had != desired:
-        meta = inference.metadata
+    before = status.standby_replicas(deployment)
+    after = inference.spec.standby.replicas if inference.spec.standby is not None else 0
+    current = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": had}} if had is not None else deployment
+    desired = status.desired_replicas(inference, current) - before + after
+    meta = inference.metadata
+    if before != after:
+        op.get_kube().scale_with_standby(meta.namespace, meta.name, desired, after)
+        annotations = {**(deployment.get("metadata", {}).get("annotations") or {}), STANDBY_ANNOTATION: str(after)}
+        deployment = {**deployment, "metadata": {**deployment.get("metadata", {}), "annotations": annotations}}
+    elif had != desired:
         op.get_kube().scale(meta.namespace, meta.name, desired)
-        deployment = {**deployment, "spec": {**deployment.get("spec", {}), "replicas": desired}}
-    return deployment
+    return {**deployment, "spec": {**deployment.get("spec", {}), "replicas": desired}}
 
 
 def _label_serving(op: Operator, inference: MultimodalInference, pods: list[Body]) -> None:

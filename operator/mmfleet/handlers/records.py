@@ -72,7 +72,8 @@ class StandbyMemory:
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy: dict[str, Intent] = field(default_factory=dict)  # pod -> the call queued or under way
     wakes: deque[float] = field(default_factory=lambda: deque(maxlen=WAKES_KEPT))
-    problem: str | None = None
+    problem: str | None = None  # as the status shows it, with its tries
+    failure: str | None = None  # the last failure without them: a Warning event when it changes
     # A pod whose call failed is left alone until time.monotonic() passes its entry, twice as long each time.
     retry_at: dict[str, float] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
@@ -170,8 +171,8 @@ class Operator:
     autoscaler: asyncio.Task[None] | None = None
     # time.monotonic() when the autoscaling loop last finished a cycle (or started), for the liveness probe.
     autoscaler_cycled: float = -math.inf
-    # The threads that put warm-standby pods to sleep and wake them (mmfleet.handlers.standby).
-    standby_pool: ThreadPoolExecutor | None = None
+    # The threads that put warm-standby pods to sleep, and those that wake them (mmfleet.handlers.standby).
+    standby_pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
 
     def get_kube(self) -> Kube:
         if self.kube is None:

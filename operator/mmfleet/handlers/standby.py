@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -72,15 +73,30 @@ def tend(
             memory.busy[pod.name] = "wake"
         shown = standby.status(pods, memory.wakes, memory.problem)
     if not plan.empty:
-        pool = op.standby_pool = op.standby_pool or ThreadPoolExecutor(WORKERS, thread_name_prefix="standby")
+        sleeps, wakes = _pools(op)
         port = backends.get(inference.spec.backend.name).port
         for pod in plan.label:
-            pool.submit(op.in_kopf_context().run, _label, op, key, pod)
+            sleeps.submit(op.in_kopf_context().run, _label, op, key, pod)
         for pod in plan.sleep:
-            pool.submit(op.in_kopf_context().run, _sleep, op, record, key, body, pod, port)
+            sleeps.submit(op.in_kopf_context().run, _sleep, op, record, key, body, pod, port)
         for pod in plan.wake:
-            pool.submit(op.in_kopf_context().run, _wake, op, record, key, body, pod, port)
+            wakes.submit(op.in_kopf_context().run, _wake, op, record, key, body, pod, port)
     return shown
+
+
+_POOLS_LOCK = threading.Lock()
+
+
+def _pools(op: Operator) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    """The threads of sleeps (and labels) and, apart, those of wakes: a wake never waits behind the sleeps of a
+    scale-down, which each wait for their pod's running requests."""
+    with _POOLS_LOCK:
+        if op.standby_pools is None:
+            op.standby_pools = (
+                ThreadPoolExecutor(WORKERS, thread_name_prefix="standby-sleep"),
+                ThreadPoolExecutor(WORKERS, thread_name_prefix="standby-wake"),
+            )
+        return op.standby_pools
 
 
 def _url(pod: PodView, port: int, path: str) -> str:
@@ -180,9 +196,12 @@ def _done(record: FleetRecord, key: Key, body: Body, pod: PodView, problem: str 
             failures = memory.failures[pod.name] = memory.failures.get(pod.name, 0) + 1
             backoff = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
             memory.retry_at[pod.name] = time.monotonic() + backoff
-            problem += f" (tried {failures} time{'s' if failures > 1 else ''}; next in {duration_text(backoff)})"
-        new = problem is not None and problem != memory.problem
+        new = problem is not None and problem != memory.failure
+        memory.failure = problem
+        if problem is not None:
+            tries = memory.failures[pod.name]
+            problem += f" (tried {tries} time{'s' if tries > 1 else ''}; next in {duration_text(backoff)})"
         memory.problem = problem
-    if new and problem is not None:
+    if new and problem is not None:  # once per new failure, not per try
         log.warning("warm standby of %s/%s: %s", key[0], key[1], problem)
         kopf_event(body, "Warning", FAILED_EVENT, problem)

@@ -102,11 +102,16 @@ class Fleet:
         wakes = (p.awake_at for p in self.pods if p.phase == "waking" and p.awake_at is not None)
         return min((*starts, *wakes), default=math.inf)
 
-    def starting_for_serving(self) -> int:
-        """The starting pods the serving count can still use, as the operator counts them
-        (``standby.active_count``): with standby the others are its replacements."""
-        starting = self.count("starting")
-        return starting if not self.standby else min(starting, max(0, self.desired - self.count("ready")))
+    def serving_counts(self) -> tuple[int, int, int]:
+        """(Ready, starting, unschedulable) pods as the operator counts them for the policy
+        (``standby.active_count``): with standby, only the starting and Pending ones the serving count can still
+        use; the others are its replacements."""
+        ready, starting, unschedulable = self.count("ready"), self.count("starting"), self.count("unschedulable")
+        if not self.standby:
+            return ready, starting, unschedulable
+        free = max(0, self.desired - ready - self.count("waking"))
+        starting = min(starting, free)
+        return ready, starting, min(unschedulable, free - starting)
 
     # ---------------------------------------------------------------- scaling
     def _new_pod(self, t: float) -> Pod:
@@ -135,13 +140,15 @@ class Fleet:
         elif desired < len(live):
 
             def rank(p: Pod) -> tuple[int, float]:
-                if p.phase == "asleep":
-                    return (-1, -p.created)
+                # A ReplicaSet deletes Pending pods, then not-Ready ones, then Ready ones of the lowest deletion cost
+                # (an asleep pod's), then the most recently Ready.
                 if p.phase == "unschedulable":
                     return (0, -p.created)
                 if p.phase == "starting":
                     return (1, -p.created)
-                return (2, -(p.ready_at or 0.0))
+                if p.phase == "asleep":
+                    return (2, -p.created)
+                return (3, -(p.ready_at or 0.0))
 
             for pod in sorted(live, key=rank)[: len(live) - desired]:
                 if pod.phase in ("ready", "sleeping", "waking"):
@@ -159,10 +166,6 @@ class Fleet:
         the youngest Ready ones beyond it to sleep."""
         serving = self.count("ready") + self.count("waking")
         if serving < self.desired:
-            # One still finishing its requests before it sleeps is awake: it serves again at once.
-            for pod in [p for p in self.pods if p.phase == "sleeping"][: self.desired - serving]:
-                pod.phase = "ready"
-                serving += 1
             for pod in [p for p in self.pods if p.phase == "asleep"][: self.desired - serving]:
                 pod.phase, pod.awake_at = "waking", t + self.wake
         elif serving > self.desired:

@@ -116,7 +116,7 @@ def simulate(
             prom, t, slo_metric=slo.metric, slo_percentile=slo.percentile, slo_window=window,
             rate_window=rate_window, up=up,
         )  # fmt: skip
-        ready, starting, unschedulable = pods.count("ready"), pods.starting_for_serving(), pods.count("unschedulable")
+        ready, starting, unschedulable = pods.serving_counts()
         if isinstance(policy, Shipped):
             assert inference is not None
             seen = cycle.Seen(

@@ -31,8 +31,8 @@ def test_a_scale_up_wakes_an_asleep_pod_in_its_wake_time_and_a_new_pod_takes_its
     fleet = standby_fleet()
     fleet.scale(2, 10.0)
     assert (fleet.count("waking"), fleet.count("starting")) == (1, 1)
-    # As the operator counts it (standby.active_count): one starting pod in the slot the waking one fills.
-    assert fleet.starting_for_serving() == 1
+    # As the operator counts it (standby.active_count): the waking pod fills the slot, the new one is its replacement.
+    assert fleet.serving_counts() == (1, 0, 0)
     fleet.transitions(10.0 + WAKE)
     assert fleet.count("ready") == 2 and fleet.eligible().size == 2, "serving after the wake, not a cold start"
     fleet.transitions(10.0 + COLD_START)
@@ -58,3 +58,20 @@ def test_a_step_is_served_after_the_wake_time_with_standby_and_after_a_cold_star
     without = run(steady(1.0, 100.0), Script([(10.0, 2)]), 100.0, initial_replicas=1)
     assert int(np.argmax(with_standby.ready >= 2)) == 10 + WAKE
     assert int(np.argmax(without.ready >= 2)) == 10 + COLD_START
+
+
+def test_a_replacement_left_pending_does_not_keep_the_other_sleeping_pods_from_waking() -> None:
+    req = Requests(np.zeros(4), np.full(4, 500), np.full(4, 200), np.zeros(4))
+    engine = CompiledEngine(H200_QWEN25VL7B, Workload.build(req, H200_QWEN25VL7B))
+    fleet = Fleet(engine, cold_start=COLD_START, initial=1, standby=2, wake=WAKE, gpus_available=3)
+    fleet.scale(2, 10.0)  # one woken; its replacement finds no free GPU
+    assert fleet.count("unschedulable") == 1 and fleet.serving_counts()[2] == 0, "no reason to stop growing"
+    fleet.scale(3, 11.0)
+    assert fleet.count("waking") == 2
+
+
+def test_a_scale_down_deletes_pending_pods_before_asleep_ones() -> None:
+    fleet = standby_fleet(serving=1, standby=1)
+    fleet.scale(2, 10.0)  # one waking, one starting
+    fleet.scale(1, 11.0)
+    assert fleet.count("starting") == 0 and fleet.count("gone") == 1

@@ -4,6 +4,7 @@ in routing and the rest asleep."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ SLO = {"target": "2s"}
 
 def standby_fleet(standby: dict[str, Any] | None = None, **spec: Any) -> MultimodalInference:
     autoscaling = {"slo": SLO, "warmStandby": standby if standby is not None else {}}
+    spec.setdefault("routing", {"mode": "inferencePool"})
     return MultimodalInference.model_validate(spec_doc(autoscaling=autoscaling, **spec))
 
 
@@ -64,6 +66,11 @@ def test_tensorrt_llm_has_no_sleep_mode_and_the_error_names_the_field() -> None:
         standby_fleet(backend={"name": "tensorrt-llm"})
 
 
+def test_a_service_would_keep_sending_kept_alive_connections_to_a_sleeping_pod_and_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"autoscaling.warmStandby: set, but spec.routing.mode is service"):
+        standby_fleet(routing={"mode": "service"})
+
+
 def test_a_load_balancer_would_expose_the_development_endpoints_and_is_refused() -> None:
     with pytest.raises(ValidationError, match=r"autoscaling.warmStandby: set, but spec.service.type is LoadBalancer"):
         standby_fleet(service={"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]}, cloud="eks")
@@ -94,15 +101,13 @@ def test_the_server_runs_with_sleep_mode_and_its_development_endpoints() -> None
 
 
 def test_requests_reach_only_pods_labelled_serving_and_new_pods_start_serving() -> None:
-    for routing in ("service", "inferencePool"):
-        rendered = children(standby_fleet(routing={"mode": routing}))
-        template = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
-        assert template[SERVING_LABEL] == "true"
-        # The Deployment's selector is immutable and stays the fleet's: a sleeping pod is still its own.
-        assert SERVING_LABEL not in rendered["Deployment"]["spec"]["selector"]["matchLabels"]
-        assert rendered["Service"]["spec"]["selector"][SERVING_LABEL] == "true"
-    pool = children(standby_fleet(routing={"mode": "inferencePool"}))["InferencePool"]
-    assert pool["spec"]["selector"]["matchLabels"][SERVING_LABEL] == "true"
+    rendered = children(standby_fleet())
+    template = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert template[SERVING_LABEL] == "true"
+    # The Deployment's selector is immutable and stays the fleet's: a sleeping pod is still its own.
+    assert SERVING_LABEL not in rendered["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert rendered["Service"]["spec"]["selector"][SERVING_LABEL] == "true"
+    assert rendered["InferencePool"]["spec"]["selector"]["matchLabels"][SERVING_LABEL] == "true"
 
 
 def test_the_operator_may_reach_the_serving_port_to_put_pods_to_sleep() -> None:
@@ -119,10 +124,11 @@ def test_a_gateway_passes_only_the_openai_api_to_servers_with_development_endpoi
     assert children(plain)["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["path"]["value"] == "/"
 
 
-def test_the_deployment_says_how_many_of_its_replicas_are_standby() -> None:
-    deployment = children(standby_fleet({"replicas": 2}))["Deployment"]
-    assert deployment["metadata"]["annotations"][STANDBY_ANNOTATION] == "2"
-    assert status_module.standby_replicas(deployment) == 2
+def test_the_deployment_says_how_many_of_its_replicas_are_standby_as_the_scaler_wrote_them() -> None:
+    # Not rendered (the reconcile's apply would change it apart from the replicas): written with them.
+    assert "annotations" not in children(standby_fleet({"replicas": 2}))["Deployment"]["metadata"]
+    assert status_module.standby_replicas(live(3, 2)) == 2
+    assert status_module.standby_replicas(live(3, None)) == 0
 
 
 def test_without_standby_nothing_changes() -> None:
@@ -201,6 +207,10 @@ def test_the_autoscaler_counts_only_serving_pods_and_the_starting_ones_it_can_us
     # Two starting pods but a target of 2 with one Ready: one of them is the standby's replacement.
     assert active_count(Pods(ready=1, starting=2), target=2).starting == 1
     assert active_count(Pods(ready=3, starting=2), target=2).starting == 0
+    # A pod being woken fills its slot: the Pending replacement is neither capacity nor a reason to stop growing.
+    assert (
+        active_count(Pods(ready=1, unschedulable=1, why_unschedulable="no GPU"), target=2, waking=1).unschedulable == 0
+    )
 
 
 def test_status_shows_sleeping_and_serving_pods_and_the_median_wake() -> None:
@@ -216,6 +226,7 @@ def test_status_shows_sleeping_and_serving_pods_and_the_median_wake() -> None:
 def standby_body(standby: int | None = 1, max_replicas: int = 8) -> dict[str, Any]:
     body = fleet_body(autoscaling=True)
     body["spec"]["autoscaling"]["maxReplicas"] = max_replicas
+    body["spec"]["routing"] = {"mode": "inferencePool"}
     if standby is not None:
         body["spec"]["autoscaling"]["warmStandby"] = {"replicas": standby}
     return body
@@ -237,20 +248,30 @@ def live(replicas: int, standby: int | None) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "replicas", "scaled"),
+    ("before", "after", "replicas", "written"),
     [
-        (None, 1, 2, [3]),  # turned on: two serving replicas stay two, one more to sleep
-        (1, 2, 3, [4]),  # one more standby
-        (2, None, 4, [2]),  # turned off: the two serving ones remain
+        (None, 1, 2, [(3, 1)]),  # turned on: two serving replicas stay two, one more to sleep
+        (1, 2, 3, [(4, 2)]),  # one more standby
+        (2, None, 4, [(2, 0)]),  # turned off: the two serving ones remain
         (1, 1, 9, []),  # maxReplicas 8 serving and one asleep: within bounds, left alone
     ],
 )
-def test_a_change_of_standby_moves_the_deployment_by_as_much_and_never_fights_the_autoscaler_at_its_maximum(
-    before: int | None, after: int | None, replicas: int, scaled: list[int]
+def test_a_change_of_standby_moves_the_deployment_by_as_much_in_one_write_and_never_fights_the_autoscaler(
+    before: int | None, after: int | None, replicas: int, written: list[tuple[int, int]]
 ) -> None:
+    """The replicas and the standby count are written together: a retry after a failed call starts from what the
+    Deployment says, never moves it twice."""
     kube = RecordingKube()
-    reconcile_once(operator(kube), standby_body(after), deployment=live(replicas, before))
-    assert kube.scaled == scaled
+    kube.kept_annotations = {} if before is None else {STANDBY_ANNOTATION: str(before)}
+    body = standby_body(after)
+    reconcile_once(operator(kube), body, deployment=live(replicas, before))
+    assert (kube.scaled_with_standby, kube.scaled) == (written, [])
+    if written:  # the write went through: the next reconcile finds both moved and leaves them
+        kube.kept_annotations = {STANDBY_ANNOTATION: str(written[0][1])} if written[0][1] else {}
+        again = RecordingKube()
+        again.kept_annotations = kube.kept_annotations
+        reconcile_once(operator(again), body, deployment=live(written[0][0], after))
+        assert (again.scaled_with_standby, again.scaled) == ([], [])
 
 
 def test_pods_from_before_standby_are_labelled_serving_before_the_selectors_change() -> None:
@@ -289,5 +310,6 @@ def test_a_fleet_with_its_standby_asleep_is_ready_and_counts_its_serving_replica
 def test_the_sleeping_pods_series_do_not_count_as_serving_pods_reporting() -> None:
     pods = [pod("a", 1), pod("b", 2, serving="false", state="asleep")]
     view = autoscale.FleetView(KEY, standby_body(1), live(2, 1), pods)
-    counted, signals = autoscale._serving_view(view, 1, 1, Signals(running=3.0, reporting=2))
+    later = datetime(2026, 12, 5, 2, 0, tzinfo=UTC)  # both pods Ready long enough to have been scraped
+    counted, signals = autoscale._serving_view(view, 1, 1, 0, Signals(running=3.0, reporting=2), later)
     assert (counted.ready, signals.reporting if signals else None) == (1, 1)
