@@ -661,8 +661,10 @@ def stale(fleet: dict[str, Any], deployment: dict[str, Any]) -> str:
     replicas = have.get("replicas")
     if autoscaling is None and replicas != want["replicas"]:
         differ.append(f"replicas {replicas} instead of {want['replicas']}")
-    if autoscaling is not None and not autoscaling.min_replicas <= (replicas or 0) <= autoscaling.max_replicas:
-        differ.append(f"replicas {replicas} outside {autoscaling.min_replicas}-{autoscaling.max_replicas}")
+    spare = inference.spec.standby.replicas if inference.spec.standby is not None else 0  # warm standby's, beside
+    low, high = (autoscaling.min_replicas + spare, autoscaling.max_replicas + spare) if autoscaling else (0, 0)
+    if autoscaling is not None and not low <= (replicas or 0) <= high:
+        differ.append(f"replicas {replicas} outside {low}-{high}")
     return "; ".join(differ)
 
 
@@ -688,7 +690,9 @@ def judge(fleet: dict[str, Any], deployments: list[Any], pods: list[Any], failed
     differ = stale(fleet, deployments[0])
     if differ:
         return "children not from the fleet's generation", f"generation {generation}: {differ}"
-    want = min(int(deployments[0]["spec"].get("replicas") or 0), QUOTA_PODS)
+    # The endpoint picker's pod (routing mode inferencePool) takes one of the namespace's pods.
+    picker = 1 if (fleet.get("spec") or {}).get("routing", {}).get("mode") == "inferencePool" else 0
+    want = min(int(deployments[0]["spec"].get("replicas") or 0), QUOTA_PODS - picker)
     if len(pods) < want:
         return "", f"{len(pods)} of {want} pods created"
     return SERVED, f"{ready.get('reason')}: {message}"

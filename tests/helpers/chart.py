@@ -285,7 +285,8 @@ def _route_and_return(api: Any, namespace: str) -> None:
 def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """What a user does next, so the run reaches the operator's other API calls: routing mode inferencePool and back
     (its objects made, then pruned), a PodMonitor turned off (pruned),
-    an autoscaled fleet's minimum raised (the scale subresource), a backend switched (the stale ConfigMap pruned),
+    an autoscaled fleet's minimum raised (the scale subresource), then a warm standby (its pods labelled), a backend
+    switched (the stale ConfigMap pruned),
     a shared model cache whose claim is missing (read, to say why), a fleet an upgrade finds with the finalizer an
     earlier version added (removed)."""
     namespace, _ = fleets["minimal.yaml"]
@@ -309,6 +310,13 @@ def _exercise(api: Any, installed: Installed, fleets: dict[str, tuple[str, dict[
     namespace, _ = fleets["qwen-vl-eks.yaml"]
     Fleet(api, namespace).patch("qwen-vl", {"autoscaling": {"minReplicas": 2}})
     Fleet(api, namespace).wait_ready("qwen-vl", replicas=2, timeout=90)
+    # Warm standby turned on: the serving pods labelled before the selectors change (pods patch), the standby's
+    # replica written with the replicas (the Deployment, as the scaler).
+    apps = client.AppsV1Api(api)
+    Fleet(api, namespace).patch(
+        "qwen-vl", {"routing": {"mode": "inferencePool"}, "autoscaling": {"minReplicas": 2, "warmStandby": {}}}
+    )
+    wait_for(lambda: apps.read_namespaced_deployment("qwen-vl", namespace).spec.replicas == 3, 90, "standby's replica")
 
     namespace, _ = fleets["llama-vision-trtllm-aks.yaml"]
     core = client.CoreV1Api(api)

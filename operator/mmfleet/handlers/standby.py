@@ -125,8 +125,8 @@ def _failed(error: BaseException) -> str:
 def _label(op: Operator, key: Key, pod: PodView) -> None:
     try:
         op.get_kube().mark_pod(key[0], pod.name, {SERVING_LABEL: "true"}, {})
-    except Exception:  # the next cycle labels it again
-        log.exception("labelling pod %s/%s as serving failed", key[0], pod.name)
+    except Exception as error:  # the next cycle labels it again
+        log.warning("labelling pod %s/%s as serving failed: %s", key[0], pod.name, _failed(error))
 
 
 def _sleep(op: Operator, record: FleetRecord, key: Key, body: Body, pod: PodView, port: int) -> None:
@@ -153,8 +153,10 @@ def _back_in_routing_if_awake(op: Operator, key: Key, pod: PodView, port: int) -
     try:
         if _call(_url(pod, port, "/is_sleeping"), PROBE_TIMEOUT, "GET").get("is_sleeping") is False:
             op.get_kube().mark_pod(key[0], pod.name, {SERVING_LABEL: "true"}, {SLEEP_ANNOTATION: None})
-    except Exception:
-        log.exception("pod %s/%s: after a failed sleep, it could not be asked whether it sleeps", key[0], pod.name)
+    except Exception as error:  # it stays out of routing; the next try finishes the sleep or finds it awake
+        log.warning(
+            "pod %s/%s: after a failed sleep, asking whether it sleeps failed too: %s", key[0], pod.name, _failed(error)
+        )
 
 
 def _wake(op: Operator, record: FleetRecord, key: Key, body: Body, pod: PodView, port: int) -> None:
@@ -173,8 +175,8 @@ def _wake(op: Operator, record: FleetRecord, key: Key, body: Body, pod: PodView,
         _done(record, key, body, pod, f"pod {pod.name}: POST /wake_up failed: {_failed(error)}; it stays asleep")
         try:
             kube.mark_pod(key[0], pod.name, {}, {SLEEP_ANNOTATION: "asleep"})
-        except Exception:
-            log.exception("marking pod %s/%s asleep again failed", key[0], pod.name)
+        except Exception as error:
+            log.warning("marking pod %s/%s asleep again failed: %s", key[0], pod.name, _failed(error))
     else:
         with record.standby.lock:
             record.standby.wakes.append(took)
