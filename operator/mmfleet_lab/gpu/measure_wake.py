@@ -1,7 +1,8 @@
 """Wake time against cold start on a GPU host: vLLM 0.33's sleep levels 1 and 2 (issue 26, warm standby).
 
-Run on the GPU machine, where ``../shared/calibration/real-vllm-recipe.md`` brings vLLM 0.33 and the model of
-``real-vllm-h200-mm``; it needs the standard library only, so it is copied there alone::
+Run on the GPU machine, where vLLM 0.33.0 is installed (the released wheel and its resolved dependencies,
+carried there when the host has no package index) with a Qwen2.5-VL-7B config and ``--load-format dummy``. It
+needs the standard library only, so it is copied there alone::
 
     VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 python3 measure_wake.py --out wake.csv --cycles 5 -- \\
         python3 -m vllm.entrypoints.cli.main serve model --served-model-name qwen --load-format dummy \\
