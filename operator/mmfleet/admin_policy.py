@@ -5,8 +5,8 @@ only create MultimodalInferences could run any image, mount any Secret or claim 
 role, tolerate every taint and open a load balancer to the world (docs/security.md). The policy is part of the
 operator's settings (the chart's ``policy`` value, ``MMFLEET_POLICY``), owned by whoever installs the operator, not
 by authors. Every default is closed except the images mmfleet itself pins: a fleet that names a Secret, a claim, an
-identity, a toleration, a node label, another namespace's Gateway or a load balancer is refused until the admin
-allows it.
+identity, a toleration, a node label, another namespace's Gateway, a load balancer or a warm standby (which turns on
+vLLM's unauthenticated development endpoints) is refused until the admin allows it.
 
 Names are matched with shell-style globs (``fnmatch``: ``*`` matches any run of characters, ``/`` included).
 Secrets, claims and identities are allowed per namespace, as ``<namespace glob>/<name glob>``: a Secret is a
@@ -123,6 +123,15 @@ class AdminPolicy(Model):
             "(spec.routing.gateway.namespace), letting their pods reach its servers; its own is always allowed."
         ),
     )
+    warm_standby_namespaces: list[Glob] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Namespace globs where a fleet may keep a warm standby (spec.autoscaling.warmStandby): its servers then "
+            "run vLLM's development endpoints (/sleep, /wake_up, /collective_rpc), unguarded by any API key, for "
+            "whoever reaches their port. Default none."
+        ),
+    )
     load_balancer: LoadBalancerPolicy = Field(
         default_factory=LoadBalancerPolicy, description="Whether and from where a fleet may have a load balancer."
     )
@@ -232,6 +241,14 @@ def refusals(inference: MultimodalInference, policy: AdminPolicy) -> list[str]:
     if other is not None and other != namespace and not _matches(other, policy.gateway_namespaces):
         field, shown = "spec.routing.gateway.namespace", f" (not the fleet's own, {namespace})"
         found.append(_refusal(field, other, "gatewayNamespaces", policy.gateway_namespaces, shown))
+    # A sleeping server is paused and woken through endpoints with no API key in front (docs/security.md).
+    if spec.standby is not None and not _matches(namespace, policy.warm_standby_namespaces):
+        found.append(
+            f"spec.autoscaling.warmStandby: {{replicas: {spec.standby.replicas}}} in namespace {namespace!r} is not "
+            f"allowed by the operator's policy: {SETTING}.warmStandbyNamespaces is "
+            f"{_list(policy.warm_standby_namespaces)} (it turns on vLLM's development endpoints, which no API key "
+            "guards); remove warmStandby or ask the cluster admin to add the namespace"
+        )
     balancer = policy.load_balancer
     if spec.service.type == "LoadBalancer":
         if not balancer.allowed:

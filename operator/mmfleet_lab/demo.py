@@ -82,6 +82,8 @@ def examples_policy(namespace: str = NAMESPACE) -> str:
     policy: dict[str, Any] = yaml.safe_load((_examples_dir() / "admin" / "policy.yaml").read_text())["policy"]
     for setting in ("secrets", "claims", "identities"):
         policy[setting] = [f"{namespace}/{grant.partition('/')[2]}" for grant in policy.get(setting, [])]
+    if policy.get("warmStandbyNamespaces"):
+        policy["warmStandbyNamespaces"] = [namespace]
     return json.dumps(policy)
 
 

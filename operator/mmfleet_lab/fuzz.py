@@ -241,7 +241,8 @@ def _nested(depth: int) -> dict[str, Any]:
 # refusals have tests of their own (tests/unit/operator/test_admin_policy.py, test_least_privilege).
 OPEN_POLICY = json.dumps({
     "images": ["*"], "secrets": ["*/*"], "claims": ["*/*"], "identities": ["*/*"], "tolerationKeys": ["*"],
-    "nodeLabelKeys": ["*"], "gatewayNamespaces": ["*"], "loadBalancer": {"allowed": True},
+    "nodeLabelKeys": ["*"], "gatewayNamespaces": ["*"], "warmStandbyNamespaces": ["*"],
+    "loadBalancer": {"allowed": True},
 })  # fmt: skip
 
 

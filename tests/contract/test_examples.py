@@ -53,5 +53,5 @@ def test_the_examples_admin_policy_serves_every_example_and_the_shipped_policy_r
         "qwen-vl-routed.yaml": ["spec.routing.gateway.namespace"],
         "qwen-vl-scale-to-zero.yaml": [],
         "qwen-vl-shared-cache.yaml": ["spec.model.credentialsSecret", "spec.modelCache.claimName"],
-        "qwen-vl-warm-standby.yaml": [],
+        "qwen-vl-warm-standby.yaml": ["spec.autoscaling.warmStandby"],
     }

@@ -239,3 +239,27 @@ def test_parse_without_a_policy_checks_none_and_with_one_raises_policy_denied() 
     with pytest.raises(PolicyDeniedError) as raised:
         parse(document, AdminPolicy())
     assert len(raised.value.problems) == 9
+
+
+def standby(namespace: str = NAMESPACE) -> MultimodalInference:
+    spec = {
+        "model": {"name": "m"},
+        "routing": {"mode": "inferencePool"},
+        "autoscaling": {"slo": {"target": "2s"}, "warmStandby": {"replicas": 2}},
+    }
+    return inference(spec, namespace=namespace)
+
+
+def test_a_warm_standby_is_refused_by_default_naming_the_field_and_the_setting() -> None:
+    """Its servers run vLLM's development endpoints, which no API key guards: the admin opts in per namespace."""
+    assert refusals(standby(), AdminPolicy()) == [
+        "spec.autoscaling.warmStandby: {replicas: 2} in namespace 'team-a' is not allowed by the operator's policy: "
+        "policy.warmStandbyNamespaces is [] (nothing) (it turns on vLLM's development endpoints, which no API key "
+        "guards); remove warmStandby or ask the cluster admin to add the namespace"
+    ]
+
+
+def test_a_warm_standby_is_served_only_in_the_namespaces_the_admin_names() -> None:
+    policy = AdminPolicy.model_validate({"warmStandbyNamespaces": ["team-*"]})
+    assert refusals(standby(), policy) == []
+    assert fields(refusals(standby(namespace="payments"), policy)) == ["spec.autoscaling.warmStandby"]

@@ -19,7 +19,15 @@ from mmfleet.autoscaler.standby import SLEEP_ANNOTATION, active_count, plan, ser
 from mmfleet.handlers import autoscale, records
 from mmfleet.handlers import standby as fleet_standby
 from mmfleet.render import SERVING_LABEL, STANDBY_ANNOTATION
-from tests.helpers.operator_state import KEY, FakePrometheus, RecordingKube, fleet_body, operator, reconcile_once
+from tests.helpers.operator_state import (
+    KEY,
+    FakePrometheus,
+    RecordingKube,
+    fleet_body,
+    operator,
+    reconcile_once,
+    refused_ready,
+)
 from tests.helpers.repo import spec_doc
 
 SLO = {"target": "2s"}
@@ -223,6 +231,9 @@ def test_status_shows_sleeping_and_serving_pods_and_the_median_wake() -> None:
 # --- the operator: the Deployment's replicas, status, the signals ------------------------------------
 
 
+ALLOWED = {"warmStandbyNamespaces": ["*"]}  # the admin's opt-in (mmfleet.admin_policy)
+
+
 def standby_body(standby: int | None = 1, max_replicas: int = 8) -> dict[str, Any]:
     body = fleet_body(autoscaling=True)
     body["spec"]["autoscaling"]["maxReplicas"] = max_replicas
@@ -264,26 +275,37 @@ def test_a_change_of_standby_moves_the_deployment_by_as_much_in_one_write_and_ne
     kube = RecordingKube()
     kube.kept_annotations = {} if before is None else {STANDBY_ANNOTATION: str(before)}
     body = standby_body(after)
-    reconcile_once(operator(kube), body, deployment=live(replicas, before))
+    reconcile_once(operator(kube, policy=ALLOWED), body, deployment=live(replicas, before))
     assert (kube.scaled_with_standby, kube.scaled) == (written, [])
     if written:  # the write went through: the next reconcile finds both moved and leaves them
         kube.kept_annotations = {STANDBY_ANNOTATION: str(written[0][1])} if written[0][1] else {}
         again = RecordingKube()
         again.kept_annotations = kube.kept_annotations
-        reconcile_once(operator(again), body, deployment=live(written[0][0], after))
+        reconcile_once(operator(again, policy=ALLOWED), body, deployment=live(written[0][0], after))
         assert (again.scaled_with_standby, again.scaled) == ([], [])
 
 
 def test_pods_from_before_standby_are_labelled_serving_before_the_selectors_change() -> None:
     kube = RecordingKube()
     old = [pod("a", 1, serving=None), pod("b", 2, serving=None), pod("c", 3, serving="false", state="asleep")]
-    reconcile_once(operator(kube), standby_body(1), deployment=live(2, None), pods=old)
+    reconcile_once(operator(kube, policy=ALLOWED), standby_body(1), deployment=live(2, None), pods=old)
     labelled = [(name, labels) for name, labels, _ in kube.marked]
     assert labelled == [("a", {SERVING_LABEL: "true"}), ("b", {SERVING_LABEL: "true"})]
 
 
+def test_a_standby_the_admin_has_not_allowed_is_refused_naming_the_setting_and_nothing_is_applied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(records, "kopf_event", lambda *_: None)
+    body = standby_body(1)
+    body["metadata"]["generation"] = 1
+    ready = refused_ready(body)
+    assert (ready["status"], ready["reason"]) == ("False", "PolicyDenied")
+    assert "policy.warmStandbyNamespaces" in ready["message"]
+
+
 def cycle_once(kube: RecordingKube, body: dict[str, Any], deployment: dict[str, Any], pods: list[Any]) -> Any:
-    op = operator(kube)
+    op = operator(kube, policy=ALLOWED)
     reconcile_once(op, body, deployment=deployment, pods=pods)
     view = autoscale.FleetView(KEY, body, deployment, pods)
     signals = Signals(latency=0.5, request_rate=2.0, waiting=0.0, running=1.0, kv_cache_usage=0.2, reporting=2)
