@@ -30,7 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 HEALTH_TIMEOUT = 900.0  # vLLM started in 100-148 s on an H200 with dummy weights (real-vllm-h200)
@@ -81,19 +81,25 @@ def _wait_healthy(base: str, server: subprocess.Popen[bytes], timeout: float) ->
     raise SystemExit(f"/health did not answer 200 within {timeout:.0f} s")
 
 
-def measure(base: str, model: str, cycles: int, server: subprocess.Popen[bytes]) -> list[tuple[str, int, int, float]]:
-    rows = [
-        ("cold_start", 0, 0, _wait_healthy(base, server, HEALTH_TIMEOUT)),
-        ("first_request", 0, 0, _ttft(base, model)),
-    ]
+Row = Callable[[str, int, int, float], None]
+
+
+def measure(base: str, model: str, cycles: int, server: subprocess.Popen[bytes], row: Row) -> None:
+    """Each phase's time, handed to ``row`` as soon as it is taken. A call the server refuses ends that level (its
+    answer printed), not the run: the rows of the other level still count."""
+    row("cold_start", 0, 0, _wait_healthy(base, server, HEALTH_TIMEOUT))
+    row("first_request", 0, 0, _ttft(base, model))
     for level in (1, 2):
-        for cycle in range(1, cycles + 1):
-            rows.append(("sleep", level, cycle, _post(f"{base}/sleep?level={level}&mode=wait")))
-            rows.append(("wake", level, cycle, _post(f"{base}/wake_up")))
-            if level == 2:
-                rows.append(("reload", level, cycle, _post(f"{base}/collective_rpc", {"method": "reload_weights"})))
-            rows.append(("first_request", level, cycle, _ttft(base, model)))
-    return rows
+        try:
+            for cycle in range(1, cycles + 1):
+                row("sleep", level, cycle, _post(f"{base}/sleep?level={level}&mode=wait"))
+                row("wake", level, cycle, _post(f"{base}/wake_up"))
+                if level == 2:
+                    row("reload", level, cycle, _post(f"{base}/collective_rpc", {"method": "reload_weights"}))
+                row("first_request", level, cycle, _ttft(base, model))
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode(errors="replace")[:500]
+            print(f"level {level}: {error.url} answered {error.code}: {detail}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,21 +114,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("the server's command is missing (after --)")
     base = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(command)
-    try:
-        rows = measure(base, args.model, args.cycles, server)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
     with args.out.open("w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["phase", "level", "cycle", "seconds"])
-        writer.writerows((phase, level, cycle, f"{seconds:.4f}") for phase, level, cycle, seconds in rows)
-    for phase, level, cycle, seconds in rows:
-        print(f"{phase:14s} level {level} cycle {cycle}: {seconds:8.3f} s")
+
+        def row(phase: str, level: int, cycle: int, seconds: float) -> None:
+            writer.writerow((phase, level, cycle, f"{seconds:.4f}"))
+            out.flush()  # a run cut short keeps what it measured
+            print(f"{phase:14s} level {level} cycle {cycle}: {seconds:8.3f} s", flush=True)
+
+        server = subprocess.Popen(command)
+        try:
+            measure(base, args.model, args.cycles, server, row)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
     return 0
 
 

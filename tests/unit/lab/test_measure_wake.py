@@ -26,6 +26,8 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         calls.write(self.path + "\n"); calls.flush()
+        if self.path == "/collective_rpc" and sys.argv[3:] == ["refuse-rpc"]:
+            self.send_response(500); self.send_header("content-length", "0"); self.end_headers(); return
         if self.path.startswith("/v1/"):
             self._ok(b'data: {"choices": []}\n\ndata: [DONE]\n\n')
         else:
@@ -60,3 +62,16 @@ def test_it_times_the_cold_start_then_each_level_in_order_and_writes_one_row_eac
         "/sleep?level=1&mode=wait", "/wake_up", "/v1/chat/completions",
         "/sleep?level=2&mode=wait", "/wake_up", "/collective_rpc", "/v1/chat/completions",
     ]  # fmt: skip
+
+
+def test_a_call_the_server_refuses_ends_its_level_and_keeps_every_row_taken(tmp_path: Path) -> None:
+    """vLLM 0.33 refuses reload_weights with dummy weights: the level-1 rows, taken before, must survive it."""
+    port, out, calls = free_port(), tmp_path / "wake.csv", tmp_path / "calls.txt"
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    argv = ["--out", str(out), "--cycles", "2", "--port", str(port), "--", sys.executable, str(script), str(port)]
+    assert measure_wake.main([*argv, str(calls), "refuse-rpc"]) == 0
+    rows = [(r["phase"], r["level"], r["cycle"]) for r in csv.DictReader(out.open())]
+    assert len(rows) == 2 + 2 * 3 + 2, rows
+    assert rows[-3:] == [("first_request", "1", "2"), ("sleep", "2", "1"), ("wake", "2", "1")]
+    assert calls.read_text().split()[-1] == "/collective_rpc", "nothing is asked after the refusal at level 2"
