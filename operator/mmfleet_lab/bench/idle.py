@@ -16,7 +16,10 @@ Rows (each with ``minReplicas`` 0 and the same ``maxReplicas``, cold start and S
 - ``knative-zero``: Knative's KPA with scale to zero on, on the time-averaged concurrency its queue-proxy reports,
   its activator's buffered requests reported at once, the time to zero swept (``scale-to-zero-pod-retention-period``
   over the 30 s grace period);
-- ``always-on``: the shipped autoscaler with ``minReplicas: 1``, for what going to zero saves.
+- ``always-on``: the shipped autoscaler with ``minReplicas: 1``, for what going to zero saves;
+- ``mmfleet+standby``: the shipped autoscaler with ``minReplicas: 0`` and ``warmStandby.replicas: 1``, woken in
+  ``WAKE`` s (vLLM 0.33's level-1 wake, measured on an H200: ``docs/twin.md``), for what a sleeping replica buys and
+  costs when the fleet idles.
 
 Tuning, a rule fixed before any run: each baseline's knob from ``SWEEP`` on the training days (seed 0), the setting
 with the fewest GPU-hours among those whose violation-minutes are within ``TUNE_SLACK`` of the fewest any setting
@@ -45,7 +48,7 @@ from mmfleet_lab.bench.baselines.keda import KedaPolicy
 from mmfleet_lab.bench.baselines.knative import KpaPolicy
 from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import Role
-from mmfleet_lab.twin import H200_QWEN25VL7B, Scenario, Shipped, simulate, traffic
+from mmfleet_lab.twin import H200_QWEN25VL7B, H200_QWEN25VL7B_WAKE_S, Scenario, Shipped, simulate, traffic
 from mmfleet_lab.twin.policy import Policy
 from mmfleet_lab.twin.scenarios import REFERENCE_SLO, SERVEGEN_TOKENS, traces_dir
 
@@ -60,7 +63,9 @@ IDLE_GAP = 600.0  # a request after this long without one is a first request aft
 SWEEP = (30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 2400.0, 3600.0)  # s: KEDA's cooldownPeriod, Knative's time to zero
 TUNE_SLACK = 1.1
 SEEDS = (0, 1, 2)
-ROWS = ("mmfleet", "keda-zero", "knative-zero", "always-on")
+ROWS = ("mmfleet", "keda-zero", "knative-zero", "always-on", "mmfleet+standby")
+STANDBY = 1  # the mmfleet+standby row's warmStandby.replicas
+WAKE = H200_QWEN25VL7B_WAKE_S  # s, its sleeping replica's wake (measured on an H200)
 Progress = Callable[[str], None]
 
 
@@ -84,6 +89,8 @@ def policy(row: str, knob: float | None = None) -> tuple[Policy | Shipped, int]:
         return Shipped(), 0
     if row == "always-on":
         return Shipped(name="always-on"), 1
+    if row == "mmfleet+standby":
+        return Shipped(name=row), 0
     assert knob is not None, f"{row} needs its tuned setting"
     if row == "keda-zero":
         keda = KedaPolicy(
@@ -117,7 +124,8 @@ def run(row: str, day: str, seed: int, knob: float | None = None, directory: Pat
     started = time.monotonic()
     result = simulate(
         scn, chosen, params=H200_QWEN25VL7B, cold_start=COLD_START, slo=SLO, min_replicas=low,
-        max_replicas=MAX_REPLICAS, initial_replicas=1, seed=seed,
+        max_replicas=MAX_REPLICAS, initial_replicas=1, seed=seed, standby=STANDBY if row == "mmfleet+standby" else 0,
+        wake=WAKE,
     )  # fmt: skip
     e2e = result.e2e
     verdicts = slo_metrics.windows(result.arrival, e2e, seconds(SLO.target), SLO.percentile, WINDOW, origin=0.0)
@@ -177,7 +185,8 @@ def day_table(rows: Sequence[Row]) -> str:
         if not group:
             continue
         knob = group[0].knob
-        setting = "auto" if name == "mmfleet" else ("minReplicas 1" if knob is None else f"{knob:g} s to zero")
+        fixed = {"mmfleet": "auto", "always-on": "minReplicas 1", "mmfleet+standby": f"auto, {STANDBY} asleep"}
+        setting = fixed[name] if knob is None else f"{knob:g} s to zero"
         body.append([
             name, setting, str(len(group)), spread_values([r.gpu_hours for r in group], lambda v: num(v, 2)),
             spread_values([r.violation_minutes for r in group], lambda v: num(v, 1)),
@@ -251,13 +260,20 @@ def main(docs: Path, progress: Progress, seeds: Sequence[int], workers: int) -> 
         "held requests, its `cooldownPeriod` swept; `knative-zero` is Knative's KPA on the time-averaged "
         "concurrency its queue-proxy reports (request rate × mean latency over the minute), its activator's "
         "buffered requests reported at once, and the time to zero after its 60 s stable window empties swept; "
-        "`always-on` is the shipped autoscaler with `minReplicas: 1`. Each "
+        "`always-on` is the shipped autoscaler with `minReplicas: 1`; `mmfleet+standby` is `mmfleet` with "
+        f"`warmStandby.replicas: {STANDBY}`, a sleeping replica woken in {WAKE:g} s (vLLM 0.33's level-1 wake as "
+        "measured on an H200, docs/twin.md; its GPU counted while it sleeps). Each "
         f"baseline's setting: from {', '.join(f'{k:g}' for k in SWEEP)} s on the training days (seed 0), the fewest "
         f"GPU-hours among the settings within {TUNE_SLACK:g}× the fewest violation-minutes (a rule fixed before any "
         f"run): frozen {', '.join(f'{k} {v:g} s' for k, v in picked.items())}. 'First request after idle' is the e2e "
         f"of each request that came {IDLE_GAP / 60:.0f} minutes or more after the one before. Cells give the mean "
-        "and the range over the seeds.\n\n" + text + "\n\n" + "\n".join(lines) + "\n\nThe sweep (training days, "
-        "seed 0):\n\n" + table(["baseline", "setting (s)", "day", "GPU-h", "violation-min"], sweep_rows) + "\n"
+        "and the range over the seeds. `mmfleet+standby`'s sleeping replica holds its GPU all day, the fleet's idle "
+        "hours included, so it is no way to save GPU-hours on such days; what it buys is the first request after "
+        "idle served within an autoscaler cycle (15 s, the picker's held request read at its next scrape) and a "
+        "wake of its coming, instead of a cold start.\n\n" + text + "\n\n" + "\n".join(lines) + "\n\nThe sweep "
+        "(training days, seed 0):\n\n"
+        + table(["baseline", "setting (s)", "day", "GPU-h", "violation-min"], sweep_rows)
+        + "\n"
     )
     write_section(docs, "idle", "Scale to zero on days with idle gaps (digital twin)", body)
     return 0

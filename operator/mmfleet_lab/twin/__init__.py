@@ -6,7 +6,14 @@ the API server would show), and ``capacity_at_slo`` gives one replica's sustaina
 (the oracle's mu_SLO).
 """
 
-from mmfleet_lab.twin.replica import H100_QWEN25VL7B, H200_QWEN25VL7B, PROFILES, ReplicaParams, derive_profile
+from mmfleet_lab.twin.replica import (
+    H100_QWEN25VL7B,
+    H200_QWEN25VL7B,
+    H200_QWEN25VL7B_WAKE_S,
+    PROFILES,
+    ReplicaParams,
+    derive_profile,
+)
 from mmfleet_lab.twin.scenarios import NAMES as SCENARIOS
 from mmfleet_lab.twin.scenarios import scenario
 from mmfleet_lab.twin.shipped import Shipped
@@ -16,6 +23,7 @@ from mmfleet_lab.twin.types import Requests, RunResult, Scenario
 __all__ = [
     "H100_QWEN25VL7B",
     "H200_QWEN25VL7B",
+    "H200_QWEN25VL7B_WAKE_S",
     "PROFILES",
     "SCENARIOS",
     "ReplicaParams",

@@ -8,7 +8,7 @@ import pytest
 from mmfleet_lab.bench import idle
 from mmfleet_lab.bench.baselines.keda import KedaPolicy
 from mmfleet_lab.bench.baselines.knative import KpaPolicy
-from mmfleet_lab.twin import Shipped
+from mmfleet_lab.twin import H200_QWEN25VL7B_WAKE_S, Shipped
 from mmfleet_lab.twin.policy import LabObservation
 
 
@@ -45,6 +45,9 @@ def test_every_row_may_go_to_zero_but_the_reference() -> None:
     assert isinstance(keda, KedaPolicy) and keda.min_replica_count == 0 and keda.cooldown_period == 300.0
     kpa, _ = idle.policy("knative-zero", 300.0)
     assert isinstance(kpa, KpaPolicy) and kpa.scale_to_zero_grace == 300.0
+    standby, low = idle.policy("mmfleet+standby")
+    assert isinstance(standby, Shipped) and low == 0, "the shipped autoscaler, its sleeping replica besides"
+    assert idle.WAKE == H200_QWEN25VL7B_WAKE_S, "woken in the wake measured on the H200"
 
 
 def _at_zero(held: float) -> LabObservation:
@@ -75,3 +78,13 @@ def test_the_goal_needs_fewer_gpu_hours_beyond_the_seeds_spread_and_no_more_viol
     assert knative.endswith("the goal is met")
     worse = [*rows[:2], measured("keda-zero", day, 30.0, 0.5), rows[3]]
     assert idle.verdicts(worse)[0].endswith("not met (more violation-minutes)")
+
+
+def test_the_day_table_names_each_rows_setting() -> None:
+    rows = [
+        idle.Row(name, "d", 0, knob, 1.0, 0.0, 1.0, 0.0, 0.5, 1.0, 0, 0.0)
+        for name, knob in (("mmfleet", None), ("keda-zero", 600.0), ("always-on", None), ("mmfleet+standby", None))
+    ]
+    text = idle.day_table(rows)
+    for setting in ("| auto ", "| 600 s to zero", "| minReplicas 1", "| auto, 1 asleep"):
+        assert setting in text, setting
