@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from mmfleet import config, telemetry
+from mmfleet.admin_policy import AdminPolicy
 from mmfleet.api import ReadyReason
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet.handlers import records
@@ -251,6 +252,11 @@ def test_the_base_is_cluster_wide_and_its_operator_refuses_fleets_in_the_system_
     for namespace in SYSTEM_NAMESPACES:
         assert served_in(config, namespace).startswith(f"{ReadyReason.POLICY_DENIED}: metadata.namespace: ")
     assert served_in(config, "team-a") == "applied"
+
+
+def test_the_base_ships_the_closed_default_policy(base: list[Obj], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base spells the policy out for an overlay to patch; it must be the one the operator defaults to."""
+    assert environment_config(operator_container(base)["env"], monkeypatch).policy == AdminPolicy()
 
 
 def test_every_env_var_is_one_the_operator_reads(base: list[Obj]) -> None:

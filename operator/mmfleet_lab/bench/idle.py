@@ -83,22 +83,22 @@ def day_scenario(day: str, seed: int, directory: Path | None = None) -> Scenario
     return Scenario(name=f"gentd {day}", requests=req, duration=DAY)
 
 
-def policy(row: str, knob: float | None = None) -> tuple[Policy | Shipped, int]:
-    """A row's policy with ``knob`` (its swept setting), and the fleet's minReplicas."""
+def policy(row: str, knob: float | None = None) -> tuple[Policy | Shipped, int, int]:
+    """A row's policy with ``knob`` (its swept setting), the fleet's minReplicas and its replicas kept asleep."""
     if row == "mmfleet":
-        return Shipped(), 0
+        return Shipped(), 0, 0
     if row == "always-on":
-        return Shipped(name="always-on"), 1
+        return Shipped(name="always-on"), 1, 0
     if row == "mmfleet+standby":
-        return Shipped(name=row), 0
+        return Shipped(name=row), 0, STANDBY
     assert knob is not None, f"{row} needs its tuned setting"
     if row == "keda-zero":
         keda = KedaPolicy(
             metric="running+waiting", min_replica_count=0, held_trigger=True, keep_alive=True, cooldown_period=knob
         )
-        return replace(keda, name="keda-zero"), 0
+        return replace(keda, name="keda-zero"), 0, 0
     if row == "knative-zero":
-        return KpaPolicy(name="knative-zero", scale_to_zero_grace=knob, concurrency="averaged"), 0
+        return KpaPolicy(name="knative-zero", scale_to_zero_grace=knob, concurrency="averaged"), 0, 0
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
 
 
@@ -120,12 +120,11 @@ class Row:
 
 def run(row: str, day: str, seed: int, knob: float | None = None, directory: Path | None = None) -> Row:
     scn = day_scenario(day, seed, directory)
-    chosen, low = policy(row, knob)
+    chosen, low, standby = policy(row, knob)
     started = time.monotonic()
     result = simulate(
         scn, chosen, params=H200_QWEN25VL7B, cold_start=COLD_START, slo=SLO, min_replicas=low,
-        max_replicas=MAX_REPLICAS, initial_replicas=1, seed=seed, standby=STANDBY if row == "mmfleet+standby" else 0,
-        wake=WAKE,
+        max_replicas=MAX_REPLICAS, initial_replicas=1, seed=seed, standby=standby, wake=WAKE,
     )  # fmt: skip
     e2e = result.e2e
     verdicts = slo_metrics.windows(result.arrival, e2e, seconds(SLO.target), SLO.percentile, WINDOW, origin=0.0)
@@ -269,8 +268,8 @@ def main(docs: Path, progress: Progress, seeds: Sequence[int], workers: int) -> 
         f"of each request that came {IDLE_GAP / 60:.0f} minutes or more after the one before. Cells give the mean "
         "and the range over the seeds. `mmfleet+standby`'s sleeping replica holds its GPU all day, the fleet's idle "
         "hours included, so it is no way to save GPU-hours on such days; what it buys is the first request after "
-        "idle served within an autoscaler cycle (15 s, the picker's held request read at its next scrape) and a "
-        "wake of its coming, instead of a cold start.\n\n" + text + "\n\n" + "\n".join(lines) + "\n\nThe sweep "
+        "idle served after a scrape of the picker's held request, the next autoscaler cycle (15 s each) and a "
+        "wake, instead of a cold start.\n\n" + text + "\n\n" + "\n".join(lines) + "\n\nThe sweep "
         "(training days, seed 0):\n\n"
         + table(["baseline", "setting (s)", "day", "GPU-h", "violation-min"], sweep_rows)
         + "\n"

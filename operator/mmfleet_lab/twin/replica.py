@@ -189,10 +189,10 @@ def derive_profile(
 
 
 H200_QWEN25VL7B: Final = ReplicaParams(name="h200-qwen2.5-vl-7b")
-# vLLM 0.33.0's wake from sleep level 1 for this model on one H200 (POST /wake_up: 16.5 GiB of weights copied back
-# from pinned CPU memory, the 108.9 GiB KV cache mapped again), s: the median of the three wakes measured for this
-# project (tests/data/vllm_h200_sleep_wake_0.33.0.csv, 1.06-1.08 s). The twin's ``wake`` (twin.fleet) for it;
-# tests/unit/lab/test_twin_wake.py holds it to the data.
+# vLLM 0.33.0's wake from sleep level 1 for this model on one H200 (POST /wake_up: the 16.5 GiB level 1 kept, weights
+# and buffers, copied back from pinned CPU memory, and the 108.9 GiB KV cache mapped again), s: the median of the
+# three wakes measured for this project (tests/data/vllm_h200_sleep_wake_0.33.0.csv, 1.06-1.08 s). The twin's
+# ``wake`` (twin.fleet) for it; tests/unit/lab/test_twin_wake.py holds it to the data.
 H200_QWEN25VL7B_WAKE_S: Final = 1.07
 # DERIVED: datasheet figures (not read in this work, from general knowledge; treat as ASSUMED):
 # H200 SXM 4.8 TB/s vs H100 SXM 3.35 TB/s HBM; the same 989 TFLOP/s dense bf16 and 132 SMs; 80 GB

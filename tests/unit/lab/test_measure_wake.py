@@ -64,13 +64,13 @@ def test_it_times_the_cold_start_then_each_level_in_order_and_writes_one_row_eac
     ]  # fmt: skip
 
 
-def test_a_call_the_server_refuses_ends_its_level_and_keeps_every_row_taken(tmp_path: Path) -> None:
+def test_a_call_the_server_refuses_ends_the_run_as_a_failure_and_keeps_every_row_taken(tmp_path: Path) -> None:
     """vLLM 0.33 refuses reload_weights with dummy weights: the level-1 rows, taken before, must survive it."""
     port, out, calls = free_port(), tmp_path / "wake.csv", tmp_path / "calls.txt"
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     argv = ["--out", str(out), "--cycles", "2", "--port", str(port), "--", sys.executable, str(script), str(port)]
-    assert measure_wake.main([*argv, str(calls), "refuse-rpc"]) == 0
+    assert measure_wake.main([*argv, str(calls), "refuse-rpc"]) == 1
     rows = [(r["phase"], r["level"], r["cycle"]) for r in csv.DictReader(out.open())]
     assert len(rows) == 2 + 2 * 3 + 2, rows
     assert rows[-3:] == [("first_request", "1", "2"), ("sleep", "2", "1"), ("wake", "2", "1")]
