@@ -37,6 +37,8 @@ class Observation:
     running: float | None = None  # sum of num_requests_running over pods
     kv_cache_usage: float | None = None  # mean over ready pods, 0..1
     reporting: int | None = None  # pods whose series were read; None when not known (the twin)
+    asleep: int = 0  # warm-standby pods asleep, which a scale-up wakes before it starts any
+    wake: float | None = None  # seconds, the fleet's measured wake; None until a wake was measured
 
     @property
     def metrics_available(self) -> bool:

@@ -136,6 +136,8 @@ class Pods:
     cold_start: float | None = None  # median creation -> Ready of the Ready pods, s
     ready_since: tuple[datetime, ...] = ()  # when each Ready pod turned Ready, where the kubelet said
     starts: tuple[PodStart, ...] = ()  # the Ready pods' cold starts, phase by phase
+    asleep: int = 0  # with warm standby: pods asleep, out of routing, none of the counts above
+    wake: float | None = None  # with warm standby: the median of the fleet's measured wakes, s
 
 
 def _time(text: str | None) -> datetime | None:
@@ -497,6 +499,8 @@ def decide(
             kv_cache_usage=signals.kv_cache_usage,
             # pods too newly Ready to have been scraped count as reporting: only a scrape that misses pods is partial
             reporting=None if signals.reporting is None else signals.reporting + pods.ready - expected,
+            asleep=pods.asleep,
+            wake=pods.wake,
         )
         down_window = policy.down_window(observation)
         if pods.ready:

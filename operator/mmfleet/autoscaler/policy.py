@@ -23,6 +23,8 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
 - feedback: when the observed percentile is over target although the Ready count has not changed
   for a whole latency window, the queue is not draining and the replicas are busy, at least
   ready × observed / target;
+- a warm standby's replicas asleep come in a wake, not L: the serving replicas are sized for the forecast over a
+  wake plus one interval, and with those asleep for the forecast over L (the wake once the fleet has measured one);
 - pods still starting are capacity on the way: every number above is an absolute replica count,
   set as the Deployment's replicas, which already include them, so nothing is asked for twice;
 - up at once; down only to the highest recommendation of the last max(300 s, L): the HPA's default
@@ -128,6 +130,7 @@ class Sizing:
     feedback: int | None
     draining: bool  # the queue is shorter than a latency window ago
     probe: float  # the capacity's factor over the learned μ_SLO (``SloState.probe``)
+    standing_in: int = 0  # replicas asleep counted for the demand beyond a wake (warm standby)
 
 
 def _v(value: float) -> str:
@@ -348,14 +351,19 @@ class SloPolicy:
             level = state.level if dt is None else _ewma(state.level, demand, dt, FAST_WINDOW)
         samples = (*((t, v) for t, v in state.demand if t > obs.time - RISE_WINDOW), (obs.time, demand))
         slope, spread = robust_trend(tuple(s for s in samples if s[0] > obs.time - TREND_WINDOW))
-        horizon = obs.cold_start + self.interval
-        # not extrapolated beyond the span it was fitted on
-        growth = max(0.0, slope) * min(horizon, TREND_WINDOW)
         upper = max(demand, level + QUANTILE_Z * spread)
-        # At most doubling the demand, as the backlog and the latency feedback at most double the fleet
-        # (docs/autoscaling.md, Design notes).
-        rise = min(rise_quantile(samples, horizon, obs.slo_percentile), MAX_RISE)
-        forecast = max(upper + min(growth, TREND_CAP * upper), demand * (1.0 + rise))  # what capacity is sized for
+
+        def forecast_over(horizon: float) -> float:
+            """What capacity is sized for, to serve until pods asked for now serve ``horizon`` from now."""
+            # not extrapolated beyond the span it was fitted on
+            growth = max(0.0, slope) * min(horizon, TREND_WINDOW)
+            # At most doubling the demand, as the backlog and the latency feedback at most double the fleet
+            # (docs/autoscaling.md, Design notes).
+            rise = min(rise_quantile(samples, horizon, obs.slo_percentile), MAX_RISE)
+            return max(upper + min(growth, TREND_CAP * upper), demand * (1.0 + rise))
+
+        horizon = obs.cold_start + self.interval
+        forecast = forecast_over(horizon)
 
         # The last latency window of (time, ready, waiting): rates and the percentile average over
         # such a window, so they describe the fleet as it was across it.
@@ -391,6 +399,7 @@ class SloPolicy:
         probe, knee_seen = state.probe, state.knee_seen
         capacity: float | None = None
         backlog = 0.0
+        standing_in = 0
         feedforward: int | None = None
         needed = obs.current  # nothing to size with yet: only the feedback below may move it
         known = max(learned or 0.0, self.capacity_per_replica or 0.0)
@@ -423,6 +432,12 @@ class SloPolicy:
             # serve the queue they hold, while arrivals need ``sized`` of their own (docs/autoscaling.md, Design notes).
             drain = min(backlog / (capacity * self.drain_time), BACKLOG_RATIO * sized, float(obs.ready))
             feedforward = math.ceil(sized + drain - 1e-9)
+            if obs.asleep and obs.wake is not None and obs.wake < obs.cold_start:
+                # A warm standby: the first replicas asked for serve a wake from now, the rest a cold start. Serving
+                # replicas for what comes within a wake, and with the asleep ones for what comes within L.
+                soon = math.ceil(forecast_over(obs.wake + self.interval) / capacity + drain - 1e-9)
+                standing_in = min(obs.asleep, max(0, feedforward - soon))
+                feedforward -= standing_in
             needed = feedforward
 
         # Latency feedback, for what the model misses. Only on a fleet that has not changed for a whole
@@ -449,7 +464,9 @@ class SloPolicy:
             knee_seen=knee_seen,
             history=history,
         )
-        sizing = Sizing(demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe)
+        sizing = Sizing(
+            demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe, standing_in
+        )
         return state, sizing
 
     def _reason(
@@ -469,6 +486,8 @@ class SloPolicy:
             parts.append(f"demand {_v(sz.demand)} req/s, capacity per replica not learned yet")
         if sz.backlog > 0:
             parts.append(f"{sz.backlog:.0f} requests queued by then")
+        if sz.standing_in:
+            parts.append(f"{sz.standing_in} replicas of it asleep (woken in {duration_text(obs.wake or 0.0)})")
         if sz.feedback is not None and (sz.feedforward is None or sz.feedback > sz.feedforward):
             parts.append(f"latency feedback on {obs.ready} ready")
         parts.append(f"needs {sz.needed}")

@@ -153,12 +153,18 @@ def plan(
     return Plan(sleep=(*extra, *unfinished), label=tuple(v for v in label if v not in extra))
 
 
+def asleep(pods: Iterable[dict[str, Any]]) -> int:
+    """The pods asleep and out of routing, which a scale-up can wake."""
+    return sum(1 for v in map(view, pods) if v.healthy and v.serving is False and v.state == "asleep")
+
+
 def status(pods: Iterable[dict[str, Any]], wakes: Iterable[float], problem: str | None) -> StandbyStatus:
     """What the fleet's status shows of its standby."""
+    pods = list(pods)
     views = [view(pod) for pod in pods]
     times = list(wakes)
     return StandbyStatus(
-        asleep=sum(1 for v in views if v.healthy and v.serving is False and v.state == "asleep"),
+        asleep=asleep(pods),
         serving=sum(1 for v in views if v.healthy and v.serving is not False),
         wake=duration_text(statistics.median(times)) if times else None,
         wakes=len(times) or None,

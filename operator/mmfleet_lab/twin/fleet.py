@@ -68,6 +68,7 @@ class Fleet:
         self.engine = engine
         self.cold_start = cold_start
         self.standby, self.wake = standby, wake
+        self.woken = 0  # wakes begun: the operator knows a fleet's wake time once it has woken a pod
         self.gpus_per_replica = gpus_per_replica
         self.slots = math.inf if gpus_available is None else gpus_available // gpus_per_replica
         self.pods: list[Pod] = []
@@ -101,6 +102,10 @@ class Fleet:
         starts = (p.ready_at for p in self.pods if p.phase == "starting" and p.ready_at is not None)
         wakes = (p.awake_at for p in self.pods if p.phase == "waking" and p.awake_at is not None)
         return min((*starts, *wakes), default=math.inf)
+
+    def measured_wake(self) -> float | None:
+        """The wake time as the operator has it: measured once a pod has been woken."""
+        return self.wake if self.woken else None
 
     def serving_counts(self) -> tuple[int, int, int]:
         """(Ready, starting, unschedulable) pods as the operator counts them for the policy
@@ -168,6 +173,7 @@ class Fleet:
         if serving < self.desired:
             for pod in [p for p in self.pods if p.phase == "asleep"][: self.desired - serving]:
                 pod.phase, pod.awake_at = "waking", t + self.wake
+                self.woken += 1
         elif serving > self.desired:
             ready = sorted((p for p in self.pods if p.phase == "ready"), key=lambda p: -(p.ready_at or 0.0))
             for pod in ready[: serving - self.desired]:

@@ -121,7 +121,14 @@ def simulate(
             assert inference is not None
             seen = cycle.Seen(
                 pods.desired,
-                cycle.Pods(ready, starting, unschedulable, cold_start=pods.measured_cold_start()),
+                cycle.Pods(
+                    ready,
+                    starting,
+                    unschedulable,
+                    cold_start=pods.measured_cold_start(),
+                    asleep=pods.count("asleep"),
+                    wake=pods.measured_wake(),
+                ),
                 signals(view, picker_held if policy.picker_held else 0.0, picker_held if min_replicas == 0 else None)
                 if up
                 else None,

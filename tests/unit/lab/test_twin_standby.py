@@ -75,3 +75,10 @@ def test_a_scale_down_deletes_pending_pods_before_asleep_ones() -> None:
     fleet.scale(2, 10.0)  # one waking, one starting
     fleet.scale(1, 11.0)
     assert fleet.count("starting") == 0 and fleet.count("gone") == 1
+
+
+def test_the_policy_is_told_the_wake_only_once_the_fleet_has_woken_a_pod_as_the_operator_measures_it() -> None:
+    fleet = standby_fleet()
+    assert fleet.measured_wake() is None
+    fleet.scale(2, 10.0)
+    assert fleet.measured_wake() == WAKE

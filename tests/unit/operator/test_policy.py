@@ -471,3 +471,33 @@ def test_what_is_learned_online_only_raises_a_profiled_capacity() -> None:
     assert higher.replicas == 4 and f"at {2 * MU:g} req/s per replica" in higher.reason  # 8 μ over 2 μ each
     lower = profiled.decide(o, SloState(learned_capacity=MU / 2))  # a lower online estimate is not believed
     assert f"at {MU:g} req/s per replica" in lower.reason and lower.replicas >= 8
+
+
+# ---------------------------------------------------------------- warm standby: the lead of a wake
+
+
+def ramped(policy: Policy, **kw: Any) -> Decision:
+    """The decision after five minutes of demand rising 0.05 req/s each second, the fleet following."""
+    state, decision = policy.initial_state(), None
+    current = 5
+    for i in range(21):
+        demand = 8.0 + 0.05 * 15.0 * i
+        o = obs(time=15.0 * i, arrival_rate=demand, request_rate=demand, current=current, ready=current, **kw)
+        decision = policy.decide(o, state)
+        state, current = decision.state, decision.replicas
+    assert decision is not None
+    return decision
+
+
+def test_replicas_asleep_stand_in_for_what_a_cold_start_would_have_to_bring_ahead() -> None:
+    """Serving replicas for the demand within a wake; with those asleep, for the demand within the cold start."""
+    without = ramped(UNCAPPED).replicas
+    standby = ramped(UNCAPPED, asleep=2, wake=1.0).replicas
+    demand_now = 8.0 + 0.05 * 300.0
+    assert without - 2 <= standby < without, "up to the replicas asleep fewer serving, as they come in a second"
+    assert standby >= math.ceil(demand_now / MU), "never fewer than today's demand needs"
+    assert f"{without - standby} replicas of it asleep (woken in 1s)" in ramped(UNCAPPED, asleep=2, wake=1.0).reason
+
+
+def test_a_standby_whose_wake_is_not_measured_yet_changes_nothing() -> None:
+    assert ramped(UNCAPPED, asleep=2).replicas == ramped(UNCAPPED).replicas

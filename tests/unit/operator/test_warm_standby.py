@@ -15,7 +15,7 @@ from mmfleet import status as status_module
 from mmfleet.api import MultimodalInference
 from mmfleet.autoscaler.cycle import Pods
 from mmfleet.autoscaler.metrics import Signals
-from mmfleet.autoscaler.standby import SLEEP_ANNOTATION, active_count, plan, serving_pods, status
+from mmfleet.autoscaler.standby import SLEEP_ANNOTATION, active_count, asleep, plan, serving_pods, status
 from mmfleet.handlers import autoscale, records
 from mmfleet.handlers import standby as fleet_standby
 from mmfleet.render import SERVING_LABEL, STANDBY_ANNOTATION
@@ -335,3 +335,13 @@ def test_the_sleeping_pods_series_do_not_count_as_serving_pods_reporting() -> No
     later = datetime(2026, 12, 5, 2, 0, tzinfo=UTC)  # both pods Ready long enough to have been scraped
     counted, signals = autoscale._serving_view(view, 1, 1, 0, Signals(running=3.0, reporting=2), later)
     assert (counted.ready, signals.reporting if signals else None) == (1, 1)
+
+
+def test_only_healthy_pods_asleep_and_out_of_routing_count_as_what_a_scale_up_can_wake() -> None:
+    pods = [
+        pod("a", 1, serving="false", state="asleep"),
+        pod("b", 2, serving="false", state="sleeping"),
+        pod("c", 3, serving="true"),
+        pod("d", 4, serving="false", state="waking"),
+    ]
+    assert asleep(pods) == 1
