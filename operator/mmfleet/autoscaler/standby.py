@@ -153,20 +153,30 @@ def plan(
     return Plan(sleep=(*extra, *unfinished), label=tuple(v for v in label if v not in extra))
 
 
+def _asleep(v: PodView) -> bool:
+    return v.healthy and v.serving is False and v.state == "asleep"
+
+
 def asleep(pods: Iterable[dict[str, Any]]) -> int:
     """The pods asleep and out of routing, which a scale-up can wake."""
-    return sum(1 for v in map(view, pods) if v.healthy and v.serving is False and v.state == "asleep")
+    return sum(1 for pod in pods if _asleep(view(pod)))
+
+
+def median_wake(wakes: Iterable[float]) -> float | None:
+    """The fleet's wake time, s: the median of its measured wakes; None before its first."""
+    times = list(wakes)
+    return statistics.median(times) if times else None
 
 
 def status(pods: Iterable[dict[str, Any]], wakes: Iterable[float], problem: str | None) -> StandbyStatus:
     """What the fleet's status shows of its standby."""
-    pods = list(pods)
     views = [view(pod) for pod in pods]
     times = list(wakes)
+    wake = median_wake(times)
     return StandbyStatus(
-        asleep=asleep(pods),
+        asleep=sum(1 for v in views if _asleep(v)),
         serving=sum(1 for v in views if v.healthy and v.serving is not False),
-        wake=duration_text(statistics.median(times)) if times else None,
+        wake=None if wake is None else duration_text(wake),
         wakes=len(times) or None,
         problem=problem,
     )

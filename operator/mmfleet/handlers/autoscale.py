@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -198,10 +197,9 @@ def _decide_fleet(
             current = max(0, replicas - spare)
             with record.standby.lock:
                 wakes = standby.waking(view.pods, record.standby.busy)
-                woken = list(record.standby.wakes)
+                wake = standby.median_wake(record.standby.wakes)
             counted, signals = _serving_view(view, current, spare, wakes, readings.signals.get(view.key), now)
             if spare:  # the policy plans with the wake for the replicas asleep (autoscaler.policy)
-                wake = statistics.median(woken) if woken else None
                 counted = dataclasses.replace(counted, asleep=standby.asleep(view.pods), wake=wake)
             seen = cycle.Seen(current, counted, signals, readings.outage)
             memory = record.scaling or cycle.Memory()

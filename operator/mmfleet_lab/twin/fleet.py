@@ -68,7 +68,7 @@ class Fleet:
         self.engine = engine
         self.cold_start = cold_start
         self.standby, self.wake = standby, wake
-        self.woken = 0  # wakes begun: the operator knows a fleet's wake time once it has woken a pod
+        self.woken = False  # the operator knows a fleet's wake time once it has woken a pod
         self.gpus_per_replica = gpus_per_replica
         self.slots = math.inf if gpus_available is None else gpus_available // gpus_per_replica
         self.pods: list[Pod] = []
@@ -173,7 +173,7 @@ class Fleet:
         if serving < self.desired:
             for pod in [p for p in self.pods if p.phase == "asleep"][: self.desired - serving]:
                 pod.phase, pod.awake_at = "waking", t + self.wake
-                self.woken += 1
+                self.woken = True
         elif serving > self.desired:
             ready = sorted((p for p in self.pods if p.phase == "ready"), key=lambda p: -(p.ready_at or 0.0))
             for pod in ready[: serving - self.desired]:

@@ -345,3 +345,29 @@ def test_only_healthy_pods_asleep_and_out_of_routing_count_as_what_a_scale_up_ca
         pod("d", 4, serving="false", state="waking"),
     ]
     assert asleep(pods) == 1
+
+
+def test_the_policy_is_told_the_pods_asleep_and_the_median_of_the_fleets_measured_wakes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(records, "kopf_event", lambda *_: None)
+    monkeypatch.setattr(fleet_standby, "tend", lambda *args: status(args[5], [], None))
+    seen: list[Any] = []
+    decide = autoscale.cycle.decide
+    monkeypatch.setattr(
+        autoscale.cycle, "decide", lambda inference, s, *a, **k: seen.append(s) or decide(inference, s, *a, **k)
+    )
+    kube = RecordingKube()
+    op = operator(kube, policy=ALLOWED)
+    body, deployment = standby_body(2), live(3, 2)
+    pods = [pod("a", 1), pod("b", 2, serving="false", state="asleep"), pod("c", 3, serving="false", state="sleeping")]
+    reconcile_once(op, body, deployment=deployment, pods=pods)
+    record = op.find(KEY, body["metadata"]["uid"])
+    assert record is not None
+    record.standby.wakes.extend([1.0, 1.2, 5.0])
+    view = autoscale.FleetView(KEY, body, deployment, pods)
+    signals = Signals(latency=0.5, request_rate=2.0, waiting=0.0, running=1.0, kv_cache_usage=0.2, reporting=1)
+    with ThreadPoolExecutor(1) as pool:
+        autoscale.autoscale(op, [view], FakePrometheus(signals), pool, lambda *_: (deployment, pods))
+    [told] = seen
+    assert (told.pods.asleep, told.pods.wake) == (1, 1.2), "only the pod asleep can be woken; the median wake"
