@@ -45,6 +45,9 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   20 minutes, at most 1.5 times it, reached after about 8), so the fleet shrinks until its replicas show what they
   can do; the first time it comes near, the probe ends (for the operator's life: its memory is not kept across a
   restart). The probe sizes scale-ups too while it runs. A profiled μ_SLO is the user's word and is not probed;
+- replicas too idle to have tested a learned μ_SLO (under ``MIN_HELD`` request in flight each on average over the
+  rate window, none waiting) are neither grown on it nor held up by it on the way down: a near-empty model's learned
+  μ_SLO is what arrived; a request waiting, more in flight, or the latency feedback still grows the fleet;
 - silence is not zero: a missing metric holds the current count; unschedulable pods stop growth;
 - no single sample decides much: growth per cycle is capped as the HPA's default scale-up policy
   caps it (the larger of 4 pods and 100 % per 15 s: kubernetes/kubernetes
@@ -93,6 +96,10 @@ KNEE_QUEUE = 0.5
 PROBE_TIME = 1200.0  # s, time constant of the probe's growth above the learned μ_SLO while the knee has not been seen
 PROBE_MAX = 1.5  # the probe assumes at most this times the learned μ_SLO
 CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated replicas missing the target serve
+# Replicas holding fewer requests in flight than this each on average over the rate window, none waiting, are idle
+# most of the time: a batching server is far from its knee there, and a μ_SLO learned from such replicas is their
+# arrivals, not what they can serve, so the forecast does not size the fleet on it (docs/autoscaling.md, Design notes).
+MIN_HELD = 1.0
 
 Samples = tuple[tuple[float, float], ...]
 
@@ -131,6 +138,8 @@ class Sizing:
     draining: bool  # the queue is shorter than a latency window ago
     probe: float  # the capacity's factor over the learned μ_SLO (``SloState.probe``)
     standing_in: int = 0  # replicas asleep counted for the demand beyond a wake (warm standby)
+    sparse: bool = False  # the replicas are too idle to have tested the learned μ_SLO (``MIN_HELD``)
+    untested: bool = False  # so the forecast, which asked for more than the fleet, was not followed
 
 
 def _v(value: float) -> str:
@@ -289,9 +298,10 @@ class SloPolicy:
             desired = current
         else:
             floor = max(n for _, n in recs)
-            if sizing.capacity:
+            if sizing.capacity and not sizing.sparse:
                 # Not below what demand may rise to, at the SLO's percentile, within the reversal horizon: a pod
-                # released and ordered again inside it costs a cold start (docs/autoscaling.md, Design notes).
+                # released and ordered again inside it costs a cold start (docs/autoscaling.md, Design notes). Not
+                # on a μ_SLO that replicas too idle to test it taught.
                 rise = min(rise_quantile(state.demand, REVERSAL_WINDOWS * window, obs.slo_percentile), MAX_RISE)
                 floor = max(floor, math.ceil(sizing.demand * (1.0 + rise) / sizing.capacity - 1e-9))
             paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
@@ -400,6 +410,7 @@ class SloPolicy:
         capacity: float | None = None
         backlog = 0.0
         standing_in = 0
+        sparse = untested = False
         feedforward: int | None = None
         needed = obs.current  # nothing to size with yet: only the feedback below may move it
         known = max(learned or 0.0, self.capacity_per_replica or 0.0)
@@ -438,6 +449,11 @@ class SloPolicy:
                 soon = math.ceil(forecast_over(obs.wake + self.interval) / capacity + drain - 1e-9)
                 standing_in = min(obs.asleep, max(0, feedforward - soon))
                 feedforward -= standing_in
+            held = statistics.fmean(v for _, v in inflights)  # requests in flight over the rate window: Little's L
+            sparse = self.capacity_per_replica is None and obs.running is not None and obs.ready > 0
+            sparse = sparse and obs.waiting <= 0 and held < MIN_HELD * obs.ready
+            if sparse and feedforward > obs.current:
+                feedforward, standing_in, untested = obs.current, 0, True
             needed = feedforward
 
         # Latency feedback, for what the model misses. Only on a fleet that has not changed for a whole
@@ -465,8 +481,9 @@ class SloPolicy:
             history=history,
         )
         sizing = Sizing(
-            demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe, standing_in
-        )
+            demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe, standing_in,
+            sparse, untested,
+        )  # fmt: skip
         return state, sizing
 
     def _reason(
@@ -488,6 +505,8 @@ class SloPolicy:
             parts.append(f"{sz.backlog:.0f} requests queued by then")
         if sz.standing_in:
             parts.append(f"{sz.standing_in} replicas of it asleep (woken in {duration_text(obs.wake or 0.0)})")
+        if sz.untested:
+            parts.append(f"its replicas hold under {MIN_HELD:g} request in flight each, too few to test that capacity")
         if sz.feedback is not None and (sz.feedforward is None or sz.feedback > sz.feedforward):
             parts.append(f"latency feedback on {obs.ready} ready")
         parts.append(f"needs {sz.needed}")

@@ -45,9 +45,10 @@ def obs(**kw: Any) -> Observation:
         "arrival_rate": 8.0,
         "latency": 1.0,
         "waiting": 0.0,
-        "running": 8.0,
     }
     base.update(kw)
+    if "running" not in kw and base["arrival_rate"] is not None and base["latency"] is not None:
+        base["running"] = base["arrival_rate"] * base["latency"]  # Little's law, as a real fleet would show
     return Observation(**base)
 
 
@@ -288,6 +289,29 @@ def test_an_oversized_fleet_that_never_comes_near_its_knee_probes_down() -> None
     assert decisions[-1].replicas <= 10, decisions[-1].reason
     assert "the fleet has not come near its knee" in decisions[-1].reason
     assert all(b.replicas <= a.replicas for a, b in itertools.pairwise(decisions)), "no scale-up while it probes"
+
+
+def test_a_near_empty_fleet_is_not_sized_on_the_capacity_its_idle_replicas_showed() -> None:
+    # One replica seen serving 0.05 req/s (all that came), rarely a request in flight: that is its arrivals, not its
+    # capacity. A burst to 0.15 req/s, under one request in flight on average and none waiting, is served by it.
+    quiet = {"ready": 1, "current": 1, "request_rate": 0.05, "latency": 0.3, "running": 0.0, "slo_target": 10.0}
+    state, _ = steady(SloPolicy(), 600, arrival_rate=0.05, **quiet)
+    assert state.learned_capacity == pytest.approx(0.05)
+    burst = obs(time=600.0, arrival_rate=0.15, **quiet)
+    d = SloPolicy().decide(burst, state)
+    assert d.replicas == 1, d.reason
+    assert "hold under 1 request in flight each" in d.reason
+    # A request waiting is the replica at a limit of its own: the forecast sizes the fleet again.
+    assert SloPolicy().decide(replace(burst, waiting=1.0), state).replicas > 1
+    # So are two requests in flight over a rate window, and a profiled capacity, the user's word, not what arrived.
+    _, busier = steady(SloPolicy(), 90, time=600.0, state=state, arrival_rate=0.15, **{**quiet, "running": 2.0})
+    assert max(d.replicas for d in busier) > 1
+    assert SloPolicy(capacity_per_replica=0.05).decide(burst, state).replicas > 1
+    # Once grown (by the feedback, say), the untested capacity does not hold the fleet up on the way down.
+    state, ds = steady(
+        SloPolicy(), 900, time=600.0, state=state, arrival_rate=0.05, **{**quiet, "ready": 3, "current": 3}
+    )
+    assert ds[-1].replicas < 3, ds[-1].reason
 
 
 def test_the_probe_ends_when_the_fleet_comes_near_its_knee_and_does_not_start_again() -> None:
