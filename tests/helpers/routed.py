@@ -208,6 +208,12 @@ def api_server(cluster: Cluster) -> str:
     return server
 
 
+def picker_listening(routed: RoutedPool) -> bool:
+    """The picker's log says its ext_proc gRPC server listens (``runnable/grpc.go``: "gRPC server listening")."""
+    lines = routed.picker_log.read_text(errors="replace").splitlines() if routed.picker_log.exists() else []
+    return any("gRPC server listening" in line and '"ext-proc"' in line for line in lines)
+
+
 def serves_all(routed: RoutedPool) -> bool:
     """Distinct requests reach every replica (the picker has them all, with metrics)."""
     rng = random.Random()  # new questions at each try: a question asked before goes where it went
@@ -251,6 +257,8 @@ def serve_pool(
         standin = [str(ensure_gateway_standin()), "--listen", f"unix:{routed.gateway_socket}"]
         network.run(network.gateway, [*standin, "--ext-proc", "127.0.0.1:9002"], logs / "gateway.log")
         wait_for(routed.gateway_socket.exists, 30, "the stand-in's socket")
+        # With no replica to serve through it, nothing else shows the picker is up before a test's first request.
+        wait_for(lambda: picker_listening(routed), 60, lambda: f"the picker's ext_proc port\n{routed.why()}")
         if pods:
             wait_for(
                 lambda: serves_all(routed), 60, lambda: f"every replica serving through the picker\n{routed.why()}"
