@@ -307,6 +307,9 @@ def test_a_near_empty_fleet_is_not_sized_on_the_capacity_its_idle_replicas_showe
     _, busier = steady(SloPolicy(), 90, time=600.0, state=state, arrival_rate=0.15, **{**quiet, "running": 2.0})
     assert max(d.replicas for d in busier) > 1
     assert SloPolicy(capacity_per_replica=0.05).decide(burst, state).replicas > 1
+    # The latency feedback is not the forecast: a steady replica over target is grown whatever it holds.
+    late = SloPolicy().decide(replace(burst, latency=20.0), state)
+    assert late.replicas == 2 and "latency feedback on 1 ready" in late.reason, late.reason
     # Once grown (by the feedback, say), the untested capacity does not hold the fleet up on the way down.
     state, ds = steady(
         SloPolicy(), 900, time=600.0, state=state, arrival_rate=0.05, **{**quiet, "ready": 3, "current": 3}
