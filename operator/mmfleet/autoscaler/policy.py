@@ -450,8 +450,8 @@ class SloPolicy:
                 standing_in = min(obs.asleep, max(0, feedforward - soon))
                 feedforward -= standing_in
             held = statistics.fmean(v for _, v in inflights)  # requests in flight over the rate window: Little's L
-            sparse = self.capacity_per_replica is None and obs.running is not None and obs.ready > 0
-            sparse = sparse and obs.waiting <= 0 and held < MIN_HELD * obs.ready
+            measured = obs.running is not None and obs.ready > 0 and obs.waiting <= 0
+            sparse = self.capacity_per_replica is None and measured and held < MIN_HELD * obs.ready
             if sparse and feedforward > obs.current:
                 feedforward, standing_in, untested = obs.current, 0, True
             needed = feedforward
