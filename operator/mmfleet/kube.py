@@ -397,6 +397,15 @@ class Kube:
             )
         _json(response)
 
+    def pod_log(self, namespace: str, name: str, container: str, limit_bytes: int) -> str:
+        """The first ``limit_bytes`` of a container's log, as its node keeps it."""
+        self._count()
+        with self._errors(f"read the log of pod {namespace}/{name}", refusals=False):
+            text: str = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
+                name, namespace, container=container, limit_bytes=limit_bytes, _request_timeout=REQUEST_TIMEOUT
+            )
+        return text
+
     def provider_ids(self) -> list[str]:
         nodes = self.list_objects("v1", "Node")
         return [n.get("spec", {}).get("providerID") or "" for n in nodes]

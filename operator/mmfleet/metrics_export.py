@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import astuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -27,8 +28,9 @@ from prometheus_client import (
 )
 
 from mmfleet.api import MultimodalInference, seconds
-from mmfleet.autoscaler.cycle import CAUSES, PHASES, Outcome, Seen
+from mmfleet.autoscaler.cycle import CAUSES, PHASES, SERVER_PHASES, Outcome, Seen
 from mmfleet.autoscaler.metrics import FLEET_LABELS, Readings
+from mmfleet.backends import ServerStartup
 
 Key = tuple[str, str]
 
@@ -109,8 +111,9 @@ WAKE_PHASE = "wake"
 # Each Ready pod's cold start, once, whole and by phase (autoscaler.cycle.PHASES): where a new replica's time goes.
 COLD_START_PHASES = Histogram(
     "mmfleet_fleet_cold_start_phase_seconds",
-    "Each new replica's time from creation to Ready (phase total), and in each phase Kubernetes timestamps; with "
-    "warm standby, each wake of a sleeping replica (phase wake).",
+    "Each new replica's time from creation to Ready (phase total), in each phase Kubernetes timestamps, and within "
+    "ready what its server logged (weights, engine, compile); with warm standby, each wake of a sleeping replica "
+    "(phase wake).",
     [*FLEET_LABELS, "phase"],
     buckets=(1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 1200),
     registry=REGISTRY,
@@ -197,6 +200,13 @@ def record_decision(
                 COLD_START_PHASES.labels(*key, phase).observe(took)
 
 
+def record_server_startup(key: Key, startup: ServerStartup) -> None:
+    """What a new replica's server logged about its start (read once per pod): inside its ``ready`` phase."""
+    for phase, took in zip(SERVER_PHASES, astuple(startup), strict=True):
+        if took is not None:
+            COLD_START_PHASES.labels(*key, phase).observe(took)
+
+
 def record_wake(key: Key, seconds: float) -> None:
     """A sleeping replica woken (warm standby): how long vLLM's /wake_up took, beside the cold starts it saves."""
     COLD_START_PHASES.labels(*key, WAKE_PHASE).observe(seconds)
@@ -210,7 +220,7 @@ def forget_others(keep: set[Key]) -> None:
             gauge.remove(*key)
         for counter, labels in (
             (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed")),
-            (COLD_START_PHASES, ("total", *PHASES, WAKE_PHASE)),
+            (COLD_START_PHASES, ("total", *PHASES, *SERVER_PHASES, WAKE_PHASE)),
         ):  # fmt: skip
             for label in labels:
                 counter.remove(*key, label)

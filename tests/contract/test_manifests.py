@@ -68,6 +68,7 @@ EXPECTED_RULES: set[tuple[str, str, str]] = (
     | _triples("monitoring.coreos.com", ["podmonitors"], ["get", "list", "watch", "create", "patch", "delete"])
     | _triples("", ["pods"], ["list", "watch"])  # index fleet_pods
     | _triples("", ["pods"], ["patch"])  # kube.Kube.mark_pod: warm standby takes a sleeping pod out of routing
+    | _triples("", ["pods/log"], ["get"])  # kube.Kube.pod_log: where each new replica's start went
     | _triples("inference.networking.k8s.io", ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"])
     | _triples("gateway.networking.k8s.io", ["httproutes"], ["get", "list", "watch", "create", "patch", "delete"])
     | _triples("rbac.authorization.k8s.io", ["rolebindings"], ["get", "list", "watch", "create", "patch", "delete"])

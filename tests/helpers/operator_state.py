@@ -58,6 +58,8 @@ class RecordingKube(Kube):
         self.kept_annotations: dict[str, str] = {}  # the Deployment's, from the scaler's own applies
         self.scaled_with_standby: list[tuple[int, int]] = []
         self.ready = True
+        self.logs: dict[str, str | Exception] = {}  # each pod's server log, or what reading it raises
+        self.logs_read: list[str] = []
 
     def apply(self, manifest: Body, manager: str = "mmfleet") -> Body:
         if manifest["kind"] == "Deployment":
@@ -91,6 +93,13 @@ class RecordingKube(Kube):
 
     def mark_pod(self, namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str | None]) -> None:
         self.marked.append((name, labels, annotations))
+
+    def pod_log(self, namespace: str, name: str, container: str, limit_bytes: int) -> str:
+        self.logs_read.append(name)
+        found = self.logs.get(name, "")
+        if isinstance(found, Exception):
+            raise found
+        return found
 
     def patch_status(self, namespace: str, name: str, status: Body) -> None:
         self.written.append(status)

@@ -38,8 +38,10 @@ def test_stage_templates_are_kwok_stages_with_their_source(file: str) -> None:
     assert yaml.safe_load(text)["metadata"]["name"] == file.removesuffix(".yaml")
 
 
-def test_kwok_config_has_the_stages_and_the_ready_delay() -> None:
-    stages = list(yaml.safe_load_all(kwok_config("7s")))
+def test_kwok_config_has_the_stages_the_ready_delay_and_the_server_log(tmp_path: Path) -> None:
+    *stages, logs = yaml.safe_load_all(kwok_config("7s", tmp_path / "server.log"))
+    assert logs["kind"] == "ClusterLogs"
+    assert logs["spec"]["logs"] == [{"containers": ["server"], "logsFile": str(tmp_path / "server.log")}]
     assert [s["metadata"]["name"] for s in stages] == [
         "node-initialize",
         "node-heartbeat-with-lease",
@@ -71,10 +73,12 @@ def test_node_labels_satisfy_the_cloud_profiles_gpu_affinity(pool: NodePool) -> 
         assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
 
 
-def test_provider_ids_and_addresses_are_unique_across_pools() -> None:
+def test_provider_ids_and_host_names_are_unique_across_pools_and_every_kubelet_is_kwoks_on_loopback() -> None:
     nodes = node_manifests([NodePool(count=3), NodePool(count=2, name="more")])
     assert len({n["spec"]["providerID"] for n in nodes}) == 5
-    assert len({n["status"]["addresses"][0]["address"] for n in nodes}) == 5
+    addresses = [{a["type"]: a["address"] for a in n["status"]["addresses"]} for n in nodes]
+    assert len({a["Hostname"] for a in addresses}) == 5
+    assert {a["InternalIP"] for a in addresses} == {"127.0.0.1"}, "the API server reaches kwok there for logs"
 
 
 def test_pool_syntax() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from mmfleet.api import seconds
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube
+from mmfleet_lab.cluster.cluster import Cluster
 from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
@@ -58,6 +59,23 @@ def replicas(fleet: Fleet, name: str) -> int:
     return count
 
 
+SERVER_LOG = Path(__file__).parents[1] / "data" / "vllm_h200_server_start_0.33.0.log"
+
+
+def as_node_keeps_it(log: str) -> str:
+    """A container's log in the CRI format a node's runtime writes (and the kubelet API reads)."""
+    return "".join(f"2026-12-02T18:11:20.000000000Z stdout F {line}\n" for line in log.splitlines())
+
+
+@pytest.fixture
+def logging_as_vllm(cluster: Cluster) -> Iterator[None]:
+    """Every pod's server container logs as the real vLLM 0.33 server did on an H200 (kwok's kubelet API serves it)."""
+    cluster.server_log.write_text(as_node_keeps_it(SERVER_LOG.read_text()))
+    yield
+    cluster.server_log.write_text("")
+
+
+@pytest.mark.usefixtures("logging_as_vllm")
 def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     api: Any, fleet: Fleet, scraped: tuple[PrometheusServer, FakePods]
 ) -> None:
@@ -93,6 +111,8 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     cold = status["coldStart"]
     assert cold["pods"] >= 1 and seconds(cold["total"]) >= 2.0, cold
     assert seconds(cold["initialized"]) >= 2.0 and seconds(cold["ready"]) == 0.0, cold
+    # Within ready, what the server logged, read through the API server (`kubectl logs`): weights, engine, compile.
+    assert (cold["weights"], cold["engine"], cold["compile"]) == ("3.56s", "72.9s", "22.6s"), cold
     slo_met = fleet.condition("hot", "SLOMet")
     assert (slo_met["status"], slo_met["reason"]) == ("False", "TargetMissed")
     assert fleet.condition("hot", "MetricsAvailable")["status"] == "True"

@@ -124,6 +124,12 @@ installer's explicit choice (docs/operator.md, "Where the operator acts"):
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, patch]
+# Each new replica's server log is read once, its first 256 KiB, for where its start went
+# (status.coldStart weights, engine and compile; handlers.autoscale._server_startups). Without it the
+# ready phase stays whole.
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 # A shared model cache's claim is read, never written, to say why it cannot serve every replica
 # (status.shared_cache_problem).
 - apiGroups: [""]

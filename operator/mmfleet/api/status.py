@@ -86,6 +86,22 @@ class ColdStartStatus(StatusModel):
         max_length=_SHORT,
         description="Container running to Ready: weights loaded, kernels compiled, the readiness probe passed.",
     )
+    weights: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="Within ready, from the server's log (vLLM): the weights loaded onto the GPUs.",
+    )
+    engine: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="Within ready, from the server's log (vLLM), after the weights: memory profiled, KV cache "
+        "allocated, kernels compiled and warmed up (CUDA graphs captured).",
+    )
+    compile: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="Within engine, from the server's log (vLLM): torch.compile (short with a warm compile cache).",
+    )
     pods: int | None = Field(default=None, ge=0, description="Ready pods the medians are over.")
 
 

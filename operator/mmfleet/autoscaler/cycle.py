@@ -16,7 +16,8 @@ hands it here; nothing in this module does I/O, so every rule below is unit-test
   policy sees a latency of 0, so an idle fleet can return to ``minReplicas`` once its window passes;
 - the cold start L the policy plans with is measured on the fleet's own pods (creation to Ready),
   with a configured default until one of them has been Ready; each Ready pod's way there is split into the phases
-  Kubernetes timestamps (``PHASES``), shown in status and observed once per pod by the operator's metrics;
+  Kubernetes timestamps (``PHASES``), and the last of them by what the server logged (``SERVER_PHASES``), shown in
+  status and observed once per pod by the operator's metrics;
 - a fleet with minReplicas 0 lets its last replica go once it has been idle (no request finished, in flight or held
   by its endpoint picker) for the wait ``autoscaler.idle`` sets, and comes back to one replica in the first cycle
   that reads a request held by the picker, the only sign of demand with no server; the policy sizes the live fleet
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
 
@@ -50,6 +51,7 @@ from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.idle import IdleMemory, IdleRule, idle_rule
 from mmfleet.autoscaler.metrics import RATE_WINDOW, SIGNALS, Signals
 from mmfleet.autoscaler.policy import SloPolicy
+from mmfleet.backends import ServerStartup
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
 ATTAINMENT_WINDOW = 3600.0  # s
@@ -78,16 +80,19 @@ SCRAPE_GRACE = 60.0  # s
 # network, volumes, init containers); its containers running (images pulled, containers created); Ready (weights
 # loaded, kernels compiled, the readiness probe passed).
 PHASES = ("scheduled", "initialized", "started", "ready")
+# Inside ``ready``, what the server's own log says (backends.ServerStartup, read once per pod by the loop).
+SERVER_PHASES = tuple(f.name for f in fields(ServerStartup))
 
 
 @dataclass(frozen=True)
 class PodStart:
     """One Ready pod's cold start: the whole, and seconds per phase of ``PHASES`` (None where Kubernetes recorded no
-    time for its end, or one out of order: its time then counts in the next phase)."""
+    time for its end, or one out of order: its time then counts in the next phase), then of ``SERVER_PHASES``."""
 
     pod: str
     total: float
     phases: tuple[float | None, ...]
+    server: ServerStartup = field(default_factory=ServerStartup)
 
 
 @dataclass(frozen=True)
@@ -95,23 +100,23 @@ class ColdStart:
     """The medians of the Ready pods' cold starts, per phase; what status shows."""
 
     total: float
-    phases: tuple[float | None, ...]
+    phases: tuple[float | None, ...]  # PHASES, then SERVER_PHASES
     pods: int
 
     @classmethod
     def of(cls, starts: tuple[PodStart, ...]) -> ColdStart | None:
         if not starts:
             return None
-        columns: list[list[float]] = [[] for _ in PHASES]
+        columns: list[list[float]] = [[] for _ in (*PHASES, *SERVER_PHASES)]
         for start in starts:
-            for column, value in zip(columns, start.phases, strict=True):
+            for column, value in zip(columns, (*start.phases, *astuple(start.server)), strict=True):
                 if value is not None:
                     column.append(value)
         phases = tuple(statistics.median(c) if c else None for c in columns)
         return cls(statistics.median(s.total for s in starts), phases, len(starts))
 
     def status(self) -> ColdStartStatus:
-        phases = zip(PHASES, self.phases, strict=True)
+        phases = zip((*PHASES, *SERVER_PHASES), self.phases, strict=True)
         texts = {name: None if value is None else duration_text(value) for name, value in phases}
         return ColdStartStatus.model_validate({"total": duration_text(self.total), **texts, "pods": self.pods})
 
@@ -216,6 +221,12 @@ def count_pods(pods: Iterable[dict[str, Any]]) -> Pods:
             starting += 1
     cold_start = statistics.median(s.total for s in starts) if starts else None
     return Pods(ready, starting, unschedulable, why, cold_start, tuple(ready_since), tuple(starts))
+
+
+def with_server(pods: Pods, startups: dict[str, ServerStartup]) -> Pods:
+    """``pods`` with what each Ready pod's server logged about its start, by pod name, where it was read."""
+    starts = tuple(replace(s, server=startups.get(s.pod, s.server)) for s in pods.starts)
+    return replace(pods, starts=starts)
 
 
 def should_report(pods: Pods, now: datetime) -> int:

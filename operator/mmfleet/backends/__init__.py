@@ -70,6 +70,16 @@ class OwnedFlag:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class ServerStartup:
+    """Where a server's own start went, seconds, from its log (None: not said): what Kubernetes sees as one phase,
+    the container running to Ready. ``compile`` is part of ``engine``."""
+
+    weights: float | None = None  # the model's weights loaded onto the GPUs
+    engine: float | None = None  # the engine set up after: memory profiled, KV cache allocated, kernels warmed up
+    compile: float | None = None  # of which compiling (torch.compile), short when the compile cache is warm
+
+
 class Backend(Protocol):
     name: str
     version: str
@@ -95,6 +105,9 @@ class Backend(Protocol):
 
     def drain_args(self, seconds: int) -> list[str]:
         """Flags that make SIGTERM finish in-flight requests for up to ``seconds``; empty if unsupported."""
+
+    def startup(self, log: str) -> ServerStartup:
+        """Where the server's start went, from the beginning of its log; nothing where the log does not say."""
 
 
 # The pod's own namespace and name from the downward API, for OTEL_RESOURCE_ATTRIBUTES to reference as $(VAR).

@@ -74,7 +74,7 @@ from typing import Any
 
 import yaml
 
-from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, otel_env
+from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
 
 VERSION = "1.3.0rc29"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
@@ -204,6 +204,10 @@ class TensorRtLlmBackend:
     def drain_args(self, seconds: int) -> list[str]:
         """None: trtllm-serve has no drain-on-SIGTERM flag; the preStop hook waits on the metrics instead."""
         return []
+
+    def startup(self, log: str) -> ServerStartup:
+        """Not read: the container's time to Ready stays one phase."""
+        return ServerStartup()
 
 
 BACKEND = TensorRtLlmBackend()

@@ -109,14 +109,21 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   and ``vllm:sleep_mode_operation_duration_seconds{operation}`` (``entrypoints/serve/dev/sleep/metrics.py``) report it.
   The API server refuses a LoadBalancer with warm standby and an HTTPRoute passes ``/v1`` only, since ``--api-key``
   guards none of the development routes; the fleet's NetworkPolicy keeps them within the namespace and the operator's.
+- Startup in the log (``startup()``): each GPU worker logs "Model loading took %s GiB memory and %.6f seconds"
+  (``v1/worker/gpu_model_runner.py`` ``load_model``, ``v1/worker/gpu/model_runner.py``), and each engine core "init
+  engine (profile, create kv cache, warmup model) took %.2f s", with " (compilation: %.2f s" after it when anything was
+  compiled, the encoder's share spelled out after a dash when it compiled too (``v1/engine/core.py``
+  ``_initialize_kv_caches``). Workers and engines start side by side, so the slowest counts.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 
 from mmfleet.api import Attention
-from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, otel_env
+from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
 
 VERSION = "0.33.0"
 IMAGE = f"vllm/vllm-openai:v{VERSION}"
@@ -283,6 +290,23 @@ class VllmBackend:
     def drain_args(self, seconds: int) -> list[str]:
         """Let in-flight requests finish for up to ``seconds`` after SIGTERM (0 aborts them)."""
         return ["--shutdown-timeout", str(seconds)]
+
+    def startup(self, log: str) -> ServerStartup:
+        return ServerStartup(
+            weights=_slowest(_WEIGHTS_LOADED.findall(log)),
+            engine=_slowest(engine for engine, _ in _ENGINE_READY.findall(log)),
+            compile=_slowest(compiled for _, compiled in _ENGINE_READY.findall(log) if compiled),
+        )
+
+
+_WEIGHTS_LOADED = re.compile(r"Model loading took \S+ GiB memory and ([0-9.]+) seconds")
+_ENGINE_READY = re.compile(
+    r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s(?: \(compilation: ([0-9.]+) s)?"
+)
+
+
+def _slowest(seconds: Iterable[str]) -> float | None:
+    return max((float(s) for s in seconds), default=None)
 
 
 BACKEND = VllmBackend()

@@ -20,17 +20,20 @@ from datetime import datetime
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from mmfleet import metrics_export, status, telemetry
+from mmfleet import backends, metrics_export, status, telemetry
 from mmfleet.api import MultimodalInference, seconds
 from mmfleet.autoscaler import cycle, metrics, standby
+from mmfleet.backends import ServerStartup
 from mmfleet.handlers import standby as fleet_standby
 from mmfleet.handlers.children import INDEXES, fleet_children
 from mmfleet.handlers.discovery import resolve_cloud
 from mmfleet.handlers.records import (
     Body,
+    FleetRecord,
     Key,
     Operator,
     kopf_event,
@@ -41,8 +44,12 @@ from mmfleet.handlers.records import (
     utc_now,
     write_status,
 )
-from mmfleet.render import SpecError
+from mmfleet.kube import RetryableError, error_text
+from mmfleet.render import CONTAINER, SpecError
 
+# A server logs its start first: this much of the beginning of its log holds it (vLLM's is about 20 KiB) and
+# leaves out the requests it has logged since.
+SERVER_LOG_BYTES = 256 * 1024
 # The liveness probe fails when no cycle has finished for this many intervals, plus STALL_MARGIN seconds.
 STALL_INTERVALS = 3
 STALL_MARGIN = 30.0
@@ -199,6 +206,7 @@ def _decide_fleet(
                 wakes = standby.waking(view.pods, record.standby.busy)
                 wake = standby.median_wake(record.standby.wakes)
             counted, signals = _serving_view(view, current, spare, wakes, readings.signals.get(view.key), now)
+            counted = cycle.with_server(counted, _server_startups(op, record, view.key, inference, counted))
             if spare:  # the policy plans with the wake for the replicas asleep (autoscaler.policy)
                 counted = dataclasses.replace(counted, asleep=standby.asleep(view.pods), wake=wake)
             seen = cycle.Seen(current, counted, signals, readings.outage)
@@ -246,6 +254,30 @@ def _decide_fleet(
         span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
     return outcome.scaled, wrote
+
+
+def _server_startups(
+    op: Operator, record: FleetRecord, key: Key, inference: MultimodalInference, pods: cycle.Pods
+) -> dict[str, ServerStartup]:
+    """What each Ready pod's server logged about its start: its log read once per pod, the first time it is seen
+    Ready (the server logs it before it serves), observed then by the operator's metrics. A read that fails (the
+    operator's RBAC without pods/log, a node that keeps no log) leaves that pod's start as Kubernetes saw it."""
+    known = record.server_startups
+    ready = {start.pod for start in pods.starts}
+    for gone in set(known) - ready:
+        del known[gone]
+    backend = backends.get(inference.spec.backend.name)
+    for name in sorted(ready - set(known)):
+        try:
+            text = op.get_kube().pod_log(key[0], name, CONTAINER, SERVER_LOG_BYTES)
+        except (ApiException, RetryableError) as error:
+            log.info("pod %s/%s: its server's log was not read (%s): its ready phase stays whole", key[0], name,
+                     error_text(error))  # fmt: skip
+            known[name] = ServerStartup()
+            continue
+        known[name] = backend.startup(text)
+        metrics_export.record_server_startup(key, known[name])
+    return dict(known)
 
 
 def _serving_view(

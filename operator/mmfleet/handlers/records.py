@@ -28,6 +28,7 @@ from mmfleet import render, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
 from mmfleet.autoscaler.standby import WAKES_KEPT, Intent
+from mmfleet.backends import ServerStartup
 from mmfleet.config import OperatorConfig
 from mmfleet.kube import Kube
 from mmfleet.leader import own_namespace
@@ -119,6 +120,8 @@ class FleetRecord:
     tracing: status.TracingSeen | None = None
     # With warm standby: its sleeps and wakes under way and done (mmfleet.handlers.standby).
     standby: StandbyMemory = field(default_factory=StandbyMemory)
+    # What each Ready pod's server logged about its start, by pod name, read once per pod by the autoscaler's cycle.
+    server_startups: dict[str, ServerStartup] = field(default_factory=dict)
 
     def needs_apply(self, generation: int | None) -> bool:
         return self.reconciled is None or self.reconciled != (generation or 0) or self.drifted or self.failed()

@@ -5,7 +5,8 @@ own) can coexist. Layout, by default under ``~/.cache/mmfleet/clusters/`` (``$MM
 
 - ``<name>.json``: the state file (ports, pids, paths); ``down`` and ``env`` find the cluster by it,
   also when ``up`` was given another ``state_dir``.
-- ``<name>/``: the state dir: ``kubeconfig`` (admin), ``pki/``, ``etcd/`` data, ``kwok.yaml`` stages,
+- ``<name>/``: the state dir: ``kubeconfig`` (admin), ``pki/``, ``etcd/`` data, ``kwok.yaml`` stages and logs,
+  ``server.log`` (what ``kubectl logs`` shows of every pod's server container),
   ``prometheus/`` (configuration, TSDB, file_sd targets) and ``logs/<component>.log``. ``down`` deletes
   it (only a dir holding the ``.mmfleet-cluster`` marker ``up`` writes); a failed ``up`` keeps it for its logs.
 
@@ -101,6 +102,12 @@ class Cluster:
     def audit_log(self) -> Path:
         """kube-apiserver's audit log: one JSON event per line, for requests of ServiceAccounts (AUDIT_POLICY)."""
         return self.logs_dir / "audit.log"
+
+    @property
+    def server_log(self) -> Path:
+        """What `kubectl logs` answers for every pod's ``server`` container (kwok's ClusterLogs), in the CRI log
+        format a node's runtime writes; empty until a test writes a server's log there."""
+        return self.state_dir / "server.log"
 
     @property
     def pids(self) -> dict[str, int]:
@@ -277,9 +284,9 @@ def _start(
         path.write_text(yaml.safe_dump(_kubeconfig(name, server, pki.ca.cert, component, client), sort_keys=False))
         path.chmod(0o600)
         kubeconfigs[component] = path
-    (state / "kwok.yaml").write_text(kwok_config(pod_ready_delay))
-
     cluster = Cluster(name, state, kubeconfigs["admin"], server, pod_ready_delay)
+    cluster.server_log.touch()
+    (state / "kwok.yaml").write_text(kwok_config(pod_ready_delay, cluster.server_log))
     if scrape_interval:
         prometheus.prepare(state, scrape_interval)
         url = f"http://127.0.0.1:{prom_port}"
@@ -426,6 +433,8 @@ def _apiserver_args(pki: Pki, etcd_port: int, port: int, audit_policy: Path, aud
         # the ``kubernetes`` Service, which Endpoints validation rejects (loopback), and log errors forever.
         "--endpoint-reconciler-type=none",
         "--profiling=false",
+        # kwok's kubelet API for `kubectl logs`: on loopback (nodes.KUBELET_ADDRESS), not at the node's name.
+        "--kubelet-preferred-address-types=InternalIP",
         # Image volumes (an oci:// model source) as Kubernetes 1.35 serves them by default (pkg/features).
         "--feature-gates=ImageVolume=true",
         # On SIGTERM, drain ordinary requests, then close the HTTP server within 2s; by default it waits
@@ -477,7 +486,10 @@ def _kwok_args(state: Path, kubeconfig: Path, port: int) -> list[str]:
         f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
         f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         f"--cidr={POD_CIDR}",
-        f"--server-address=127.0.0.1:{port}",  # only for /healthz; nothing else is served
+        # /healthz, and the kubelet API the API server proxies `kubectl logs` to: every node's address is loopback
+        # (nodes.KUBELET_ADDRESS) and its daemonEndpoints port this one (--node-port); the logs come from SERVER_LOG.
+        f"--server-address=127.0.0.1:{port}",
+        f"--node-port={port}",
     ]
 
 

@@ -5,7 +5,8 @@ selects, so a rendered fleet schedules here as it would on EKS, AKS or ACK; ``pr
 from ``provider_id`` so ``clouds.detect`` recognises the cloud.
 
 Nodes are created with their status in the POST (the API server keeps status on Node create),
-and kwok's node-initialize stage keeps the capacity, allocatable and addresses given here.
+and kwok's node-initialize stage keeps the capacity, allocatable and addresses given here, adding the port of
+its kubelet API.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from mmfleet.api import PROFILE_NAMES, GpuType, ProfileName
 from mmfleet.clouds import GPU_RESOURCE
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # kwok runs with --manage-nodes-with-annotation-selector=<this>=fake
+# Every node's kubelet API is kwok's server on loopback (its port in each node's daemonEndpoints), so the API server
+# reaches it for `kubectl logs` (cluster._kwok_args, --kubelet-preferred-address-types=InternalIP).
+KUBELET_ADDRESS = "127.0.0.1"
 POOL_LABEL = "mmfleet.io/pool"
 GPU_TAINT = {"key": GPU_RESOURCE, "effect": "NoSchedule"}
 
@@ -114,7 +118,6 @@ def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:
             name = f"{pool.pool_name}-{i}"
             index = per_cloud[pool.cloud]
             per_cloud[pool.cloud] += 1
-            ip = f"10.1.{len(nodes) // 250}.{len(nodes) % 250 + 1}"
             spec: dict[str, Any] = {}
             if node_provider_id := provider_id(pool.cloud, index):
                 spec["providerID"] = node_provider_id
@@ -141,7 +144,10 @@ def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:
                     "status": {
                         "capacity": dict(resources),
                         "allocatable": dict(resources),
-                        "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+                        "addresses": [
+                            {"type": "InternalIP", "address": KUBELET_ADDRESS},
+                            {"type": "Hostname", "address": name},
+                        ],
                     },
                 }
             )

@@ -13,13 +13,20 @@ source), the same source the binary is built from; the only change, made here, i
   ``"30s"``, per pod) or else the cluster's default delay.
 - pod-complete: Job-owned pods succeed once running (there is no container to exit).
 - pod-delete: deletes terminating pods, since no kubelet will confirm the deletion.
+
+Beside them a ClusterLogs: kwok's kubelet API answers `kubectl logs` for every pod's server container from one file
+(``Cluster.server_log``), so the operator's read of a server's log goes through the API server as on a real node.
 """
 
 from __future__ import annotations
 
 from importlib.resources import files
+from pathlib import Path
+
+import yaml
 
 from mmfleet.api import seconds
+from mmfleet.render import CONTAINER
 
 READY_DELAY_ANNOTATION = "mmfleet.io/ready-delay"
 
@@ -59,7 +66,14 @@ def _with_ready_delay(stage: str, default_ms: int) -> str:
     return head + delay + sep + tail
 
 
-def kwok_config(pod_ready_delay: str) -> str:
-    """The multi-document YAML for ``kwok --config``."""
+def kwok_config(pod_ready_delay: str, server_log: Path) -> str:
+    """The multi-document YAML for ``kwok --config``: the stages, and ``server_log`` as every pod's server log."""
     delay = ready_delay_ms(pod_ready_delay)
-    return "---\n".join(_with_ready_delay(stage(f), delay) if f == "pod-ready.yaml" else stage(f) for f in STAGE_FILES)
+    stages = [_with_ready_delay(stage(f), delay) if f == "pod-ready.yaml" else stage(f) for f in STAGE_FILES]
+    logs = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "ClusterLogs",
+        "metadata": {"name": "server-log"},
+        "spec": {"logs": [{"containers": [CONTAINER], "logsFile": str(server_log)}]},
+    }
+    return "---\n".join([*stages, yaml.safe_dump(logs, sort_keys=False)])

@@ -1,16 +1,25 @@
 """A new replica's cold start, phase by phase, from the timestamps Kubernetes records: what status shows, what the
-operator's metrics observe once per pod, and the whole the autoscaler plans with."""
+operator's metrics observe once per pod, and the whole the autoscaler plans with; within the last phase, what the
+server's own log says."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from mmfleet import metrics_export
-from mmfleet.autoscaler.cycle import PHASES, ColdStart, Memory, Pods, Seen, count_pods, decide
+from mmfleet.autoscaler.cycle import PHASES, ColdStart, Memory, Pods, Seen, count_pods, decide, with_server
 from mmfleet.autoscaler.metrics import Signals
+from mmfleet.backends import ServerStartup, tensorrt_llm, vllm
+from mmfleet.handlers import autoscale
+from mmfleet.handlers.records import FleetRecord
 from mmfleet.status import Observed, compute_status
+from mmfleet.validation import parse
 from tests.helpers.autoscaler import INTERVAL, T0, fleet
+from tests.helpers.operator_state import KEY, RecordingKube, fleet_body, operator
 
 CREATED = "2026-12-01T00:00:00Z"
 
@@ -42,7 +51,7 @@ def test_each_ready_pod_is_split_into_the_phases_kubernetes_timestamps() -> None
     summary = ColdStart.of(pods.starts)
     assert summary is not None
     # The median of each phase, not the phases of the median pod.
-    assert (summary.total, summary.phases, summary.pods) == (140, (3, 2, 40, 85), 3)
+    assert (summary.total, summary.phases, summary.pods) == (140, (3, 2, 40, 85, None, None, None), 3)
     assert pods.cold_start == 140, "the autoscaler's lead time is still the median of the whole"
 
 
@@ -99,5 +108,73 @@ def test_each_pod_is_observed_once_by_the_operators_histogram() -> None:
         assert count("total") - before["total"] == 2, "a and b, once each, whatever the number of cycles"
         assert count("ready") - before["ready"] == 2
         assert count("started") - before["started"] == 1, "b's container start was not recorded"
+    finally:
+        metrics_export.forget_others(set())
+
+
+SERVER_LOG = Path(__file__).parents[2] / "data" / "vllm_h200_server_start_0.33.0.log"
+
+
+def test_vllms_own_log_splits_its_ready_phase_into_weights_engine_and_compile() -> None:
+    # The real server's start (Qwen2.5-VL-7B's config on an H200): weights in 3.6 s, then 72.9 s to set up the
+    # engine, 22.6 s of it compiling.
+    assert vllm.BACKEND.startup(SERVER_LOG.read_text()) == ServerStartup(weights=3.56183, engine=72.91, compile=22.56)
+    # Tensor parallel: each worker loads its shard and logs it; the slowest is the phase. An encoder compiled too:
+    # the total comes first, its shares after (v1/engine/core.py's three wordings).
+    workers = (
+        "(Worker_TP0 pid=7) INFO [gpu_model_runner.py:5089] Model loading took 7.9 GiB memory and 4.200000 seconds\n"
+        "(Worker_TP1 pid=8) INFO [gpu_model_runner.py:5089] Model loading took 7.9 GiB memory and 5.000000 seconds\n"
+        "(EngineCore pid=6) INFO [core.py:396] init engine (profile, create kv cache, warmup model) took 80.00 s "
+        "(compilation: 30.00 s — language_model: 20.00 s, encoder: 10.00 s)\n"
+    )
+    assert vllm.BACKEND.startup(workers) == ServerStartup(weights=5.0, engine=80.0, compile=30.0)
+    nothing_compiled = "init engine (profile, create kv cache, warmup model) took 45.68 s\n"
+    assert vllm.BACKEND.startup(nothing_compiled) == ServerStartup(engine=45.68)
+    assert vllm.BACKEND.startup("") == ServerStartup()
+    assert tensorrt_llm.BACKEND.startup(SERVER_LOG.read_text()) == ServerStartup(), "not read for TensorRT-LLM"
+
+
+def test_status_shows_the_medians_of_what_the_servers_logged_within_ready() -> None:
+    pods = [pod("a", 2, 5, 45, 140), pod("b", 4, 6, 65, 150), pod("c", 3, 3, 40, 120)]
+    logged = {"a": ServerStartup(3.0, 70.0, 25.0), "b": ServerStartup(5.0, 60.0, 5.0), "c": ServerStartup()}
+    counted = with_server(count_pods(pods), logged)
+    signals = Signals(latency=0.5, request_rate=1.0, waiting=0.0, running=1.0, kv_cache_usage=0.1)
+    outcome = decide(fleet(), Seen(3, counted, signals), Memory(), T0, interval=INTERVAL, default_cold_start=120)
+    shown = outcome.scaling().cold_start
+    assert shown is not None
+    # c's log said nothing: the medians are a's and b's.
+    assert (shown.ready, shown.weights, shown.engine, shown.compile) == ("85s", "4s", "65s", "15s")
+
+
+def _read_cycle(kube: RecordingKube, op: Any, record: FleetRecord, pods: list[dict[str, Any]]) -> Pods:
+    counted = count_pods(pods)
+    return with_server(
+        counted, autoscale._server_startups(op, record, KEY, parse(fleet_body(autoscaling=True)), counted)
+    )
+
+
+def test_each_ready_pods_log_is_read_once_and_a_failed_read_leaves_its_ready_phase_whole() -> None:
+    kube = RecordingKube()
+    kube.logs = {"a": SERVER_LOG.read_text(), "b": ApiException(status=403, reason="Forbidden")}
+    op, record = operator(kube), FleetRecord(uid="u-1")
+    labels = {"namespace": KEY[0], "mmfleet_io_inference": KEY[1]}
+
+    def count(phase: str) -> float:
+        found = metrics_export.REGISTRY.get_sample_value(
+            "mmfleet_fleet_cold_start_phase_seconds_count", {**labels, "phase": phase}
+        )
+        return found or 0.0
+
+    before = count("weights")
+    try:
+        first = _read_cycle(kube, op, record, [pod("a", 2, 5, 45, 140), pod("b", 4, 6, 65, 150)])
+        again = _read_cycle(kube, op, record, [pod("a", 2, 5, 45, 140), pod("b", 4, 6, 65, 150)])
+        assert sorted(kube.logs_read) == ["a", "b"], "once per pod, the refused one too: no read every cycle"
+        by_pod = {s.pod: s.server for s in again.starts}
+        assert by_pod == {"a": ServerStartup(3.56183, 72.91, 22.56), "b": ServerStartup()}
+        assert first.starts == again.starts
+        assert count("weights") - before == 1, "a's start observed once by the operator's histogram"
+        _read_cycle(kube, op, record, [pod("c", 2, 5, 45, 140)])
+        assert set(record.server_startups) == {"c"}, "pods gone are forgotten"
     finally:
         metrics_export.forget_others(set())
