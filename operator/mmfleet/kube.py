@@ -40,6 +40,8 @@ log = logging.getLogger("mmfleet")
 AUTOSCALER_FIELD_MANAGER = "mmfleet-autoscaler"
 # (connect, read) seconds for one request. A reconcile makes a handful; a list of every node is the largest read.
 REQUEST_TIMEOUT = (5.0, 30.0)
+# A log comes from the node through the API server; the autoscaler's cycle does not wait on a slow one for long.
+LOG_TIMEOUT = (2.0, 5.0)
 # Reads of get_each in flight at once, for all callers: at most a reconcile's children for each of a few workers.
 LOOKUP_THREADS = 16
 
@@ -398,13 +400,20 @@ class Kube:
         _json(response)
 
     def pod_log(self, namespace: str, name: str, container: str, limit_bytes: int) -> str:
-        """The first ``limit_bytes`` of a container's log, as its node keeps it."""
+        """The first ``limit_bytes`` of a container's log, as its node keeps it; a character cut at the limit (or
+        not UTF-8) is replaced, not an error."""
         self._count()
         with self._errors(f"read the log of pod {namespace}/{name}", refusals=False):
-            text: str = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
-                name, namespace, container=container, limit_bytes=limit_bytes, _request_timeout=REQUEST_TIMEOUT
+            response = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
+                name,
+                namespace,
+                container=container,
+                limit_bytes=limit_bytes,
+                _preload_content=False,
+                _request_timeout=LOG_TIMEOUT,
             )
-        return text
+            body: bytes = response.data
+        return body.decode("utf-8", errors="replace")
 
     def provider_ids(self) -> list[str]:
         nodes = self.list_objects("v1", "Node")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from mmfleet.api import seconds
+from mmfleet.handlers.autoscale import SERVER_LOG_BYTES
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER, Kube
 from mmfleet_lab.cluster.cluster import Cluster
 from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
@@ -69,8 +70,11 @@ def as_node_keeps_it(log: str) -> str:
 
 @pytest.fixture
 def logging_as_vllm(cluster: Cluster) -> Iterator[None]:
-    """Every pod's server container logs as the real vLLM 0.33 server did on an H200 (kwok's kubelet API serves it)."""
-    cluster.server_log.write_text(as_node_keeps_it(SERVER_LOG.read_text()))
+    """Every pod's server container logs as the real vLLM 0.33 server did on an H200 (kwok's kubelet API serves it),
+    then a progress bar long enough that the operator's read (SERVER_LOG_BYTES) ends inside one of its characters."""
+    start = SERVER_LOG.read_text()
+    filler = SERVER_LOG_BYTES - 1 - len((start if start.endswith("\n") else start + "\n").encode())
+    cluster.server_log.write_text(as_node_keeps_it(start + "x" * filler + "\u2588" * 8 + "\n"))
     yield
     cluster.server_log.write_text("")
 

@@ -93,6 +93,8 @@ class Backend(Protocol):
     writable_paths: tuple[str, ...]
     metrics: MetricNames
     owned_flags: tuple[OwnedFlag, ...]
+    # Whether ``startup`` reads anything from the server's log: if not, the operator does not fetch it.
+    start_in_log: bool
 
     def command(self, ctx: ServerContext) -> list[str]:
         """The container command and arguments, extraArgs excluded."""
@@ -107,7 +109,8 @@ class Backend(Protocol):
         """Flags that make SIGTERM finish in-flight requests for up to ``seconds``; empty if unsupported."""
 
     def startup(self, log: str) -> ServerStartup:
-        """Where the server's start went, from the beginning of its log; nothing where the log does not say."""
+        """Where the server's start went, from the beginning of its log (up to where it serves); nothing where the
+        log does not say."""
 
 
 # The pod's own namespace and name from the downward API, for OTEL_RESOURCE_ATTRIBUTES to reference as $(VAR).

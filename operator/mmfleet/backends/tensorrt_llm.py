@@ -96,6 +96,7 @@ class TensorRtLlmBackend:
     # The NGC image has no non-root user of its own (containers.md); see the module docstring.
     run_as_user: int | None = RUN_AS_USER
     writable_paths: tuple[str, ...] = ("/tmp",)
+    start_in_log = False
     metrics = MetricNames(
         e2e="trtllm_e2e_request_latency_seconds",
         ttft="trtllm_time_to_first_token_seconds",
@@ -206,7 +207,7 @@ class TensorRtLlmBackend:
         return []
 
     def startup(self, log: str) -> ServerStartup:
-        """Not read: the container's time to Ready stays one phase."""
+        """Not read (``start_in_log``): the container's time to Ready stays one phase."""
         return ServerStartup()
 
 

@@ -113,7 +113,8 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   (``v1/worker/gpu_model_runner.py`` ``load_model``, ``v1/worker/gpu/model_runner.py``), and each engine core "init
   engine (profile, create kv cache, warmup model) took %.2f s", with " (compilation: %.2f s" after it when anything was
   compiled, the encoder's share spelled out after a dash when it compiled too (``v1/engine/core.py``
-  ``_initialize_kv_caches``). Workers and engines start side by side, so the slowest counts.
+  ``_initialize_kv_caches``), each line as the logger writes it, ``[file.py:line] message``. Workers and engines
+  start side by side, so the slowest counts. Only the log before uvicorn's "Application startup complete." is read.
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class VllmBackend:
     health_path = "/health"  # 503 once the engine is dead (entrypoints/serve/instrumentator/health.py)
     run_as_user: int | None = IMAGE_UID
     writable_paths: tuple[str, ...] = ()
+    start_in_log = True
     metrics = MetricNames(
         e2e="vllm:e2e_request_latency_seconds",
         ttft="vllm:time_to_first_token_seconds",
@@ -292,17 +294,24 @@ class VllmBackend:
         return ["--shutdown-timeout", str(seconds)]
 
     def startup(self, log: str) -> ServerStartup:
+        start = log.split(_SERVING, 1)[0]  # what clients sent afterwards (a logged prompt, say) is not read
+        engines = _ENGINE_READY.findall(start)
         return ServerStartup(
-            weights=_slowest(_WEIGHTS_LOADED.findall(log)),
-            engine=_slowest(engine for engine, _ in _ENGINE_READY.findall(log)),
-            compile=_slowest(compiled for _, compiled in _ENGINE_READY.findall(log) if compiled),
+            weights=_slowest(_WEIGHTS_LOADED.findall(start)),
+            engine=_slowest(engine for engine, _ in engines),
+            compile=_slowest(compiled for _, compiled in engines if compiled),
         )
 
 
-_WEIGHTS_LOADED = re.compile(r"Model loading took \S+ GiB memory and ([0-9.]+) seconds")
-_ENGINE_READY = re.compile(
-    r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s(?: \(compilation: ([0-9.]+) s)?"
+# The lines as vLLM's logger writes them, "[file.py:line] message", so that only its own lines match.
+_WEIGHTS_LOADED = re.compile(
+    r"\[(?:gpu_)?model_runner\.py:\d+\] Model loading took \S+ GiB memory and (\d+\.\d+) seconds"
 )
+_ENGINE_READY = re.compile(
+    r"\[core\.py:\d+\] init engine \(profile, create kv cache, warmup model\) took (\d+\.\d+) s"
+    r"(?: \(compilation: (\d+\.\d+) s)?"
+)
+_SERVING = "Application startup complete."  # uvicorn's, once the API server serves
 
 
 def _slowest(seconds: Iterable[str]) -> float | None:

@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
@@ -47,9 +46,11 @@ from mmfleet.handlers.records import (
 from mmfleet.kube import RetryableError, error_text
 from mmfleet.render import CONTAINER, SpecError
 
-# A server logs its start first: this much of the beginning of its log holds it (vLLM's is about 20 KiB) and
-# leaves out the requests it has logged since.
+# A server logs its start first: this much of the beginning of its log holds it (vLLM's, with a model's download
+# bars, tens of KiB) and leaves out most of the requests it has logged since.
 SERVER_LOG_BYTES = 256 * 1024
+SERVER_LOGS_PER_CYCLE = 4  # per fleet: a cycle never waits on more reads than this
+SERVER_LOG_TRIES = 3  # reads of one pod's log that time out or meet a 5xx before it is left whole
 # The liveness probe fails when no cycle has finished for this many intervals, plus STALL_MARGIN seconds.
 STALL_INTERVALS = 3
 STALL_MARGIN = 30.0
@@ -206,7 +207,7 @@ def _decide_fleet(
                 wakes = standby.waking(view.pods, record.standby.busy)
                 wake = standby.median_wake(record.standby.wakes)
             counted, signals = _serving_view(view, current, spare, wakes, readings.signals.get(view.key), now)
-            counted = cycle.with_server(counted, _server_startups(op, record, view.key, inference, counted))
+            counted = cycle.with_server(counted, record.server_logs.read)
             if spare:  # the policy plans with the wake for the replicas asleep (autoscaler.policy)
                 counted = dataclasses.replace(counted, asleep=standby.asleep(view.pods), wake=wake)
             seen = cycle.Seen(current, counted, signals, readings.outage)
@@ -227,6 +228,7 @@ def _decide_fleet(
             if outcome.scaled or target != replicas:
                 kube.scale(meta.namespace, meta.name, target)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
+            _read_server_logs(op, record, view, inference, counted)  # after the scale: the decision never waits on it
             scaling = dataclasses.replace(outcome.scaling(), replicas=target)
             previous = last_status(record, view.body)
             deployment, pods = children(view.key, meta.uid)
@@ -256,28 +258,39 @@ def _decide_fleet(
     return outcome.scaled, wrote
 
 
-def _server_startups(
-    op: Operator, record: FleetRecord, key: Key, inference: MultimodalInference, pods: cycle.Pods
-) -> dict[str, ServerStartup]:
-    """What each Ready pod's server logged about its start: its log read once per pod, the first time it is seen
-    Ready (the server logs it before it serves), observed then by the operator's metrics. A read that fails (the
-    operator's RBAC without pods/log, a node that keeps no log) leaves that pod's start as Kubernetes saw it."""
-    known = record.server_startups
-    ready = {start.pod for start in pods.starts}
-    for gone in set(known) - ready:
-        del known[gone]
+def _read_server_logs(
+    op: Operator, record: FleetRecord, view: FleetView, inference: MultimodalInference, counted: cycle.Pods
+) -> None:
+    """Read what new Ready pods' servers logged about their start, once per pod, at most ``SERVER_LOGS_PER_CYCLE``
+    a cycle (after an operator restart a large fleet's pods are read over several cycles), and observe it in the
+    operator's metrics. The next cycles show it in status. A read that fails for good (the operator's RBAC without
+    pods/log, a node that keeps no log) or ``SERVER_LOG_TRIES`` times leaves that pod's ready phase whole."""
+    logs = record.server_logs
     backend = backends.get(inference.spec.backend.name)
-    for name in sorted(ready - set(known)):
+    present = {pod.get("metadata", {}).get("name") for pod in view.pods}
+    for gone in (set(logs.read) | set(logs.failures)) - present:
+        logs.read.pop(gone, None)
+        logs.failures.pop(gone, None)
+    if not backend.start_in_log:
+        return
+    namespace = view.key[0]
+    unread = sorted({start.pod for start in counted.starts} - set(logs.read))
+    for name in unread[:SERVER_LOGS_PER_CYCLE]:
         try:
-            text = op.get_kube().pod_log(key[0], name, CONTAINER, SERVER_LOG_BYTES)
-        except (ApiException, RetryableError) as error:
-            log.info("pod %s/%s: its server's log was not read (%s): its ready phase stays whole", key[0], name,
-                     error_text(error))  # fmt: skip
-            known[name] = ServerStartup()
-            continue
-        known[name] = backend.startup(text)
-        metrics_export.record_server_startup(key, known[name])
-    return dict(known)
+            startup = backend.startup(op.get_kube().pod_log(namespace, name, CONTAINER, SERVER_LOG_BYTES))
+        except RetryableError as error:  # a timeout, a 5xx: tried again next cycle, a few times
+            logs.failures[name] = logs.failures.get(name, 0) + 1
+            if logs.failures[name] < SERVER_LOG_TRIES:
+                continue
+            log.info("pod %s/%s: its server's log was not read (%s)", namespace, name, error_text(error))
+            startup = ServerStartup()
+        except Exception as error:  # refused (403 without pods/log, 404) or not readable: the phase stays whole
+            log.info("pod %s/%s: its server's log was not read (%s)", namespace, name, error_text(error))
+            startup = ServerStartup()
+        else:
+            metrics_export.record_server_startup(view.key, startup)
+        logs.read[name] = startup
+        logs.failures.pop(name, None)
 
 
 def _serving_view(

@@ -81,6 +81,15 @@ class StandbyMemory:
 
 
 @dataclass
+class ServerLogs:
+    """What each pod's server logged about its start, by pod name, read once by the autoscaler's cycle; and how many
+    reads of those not read yet failed for a reason that may pass."""
+
+    read: dict[str, ServerStartup] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class FleetRecord:
     """What the operator knows about one fleet (one uid) between reconciles; dropped when the fleet is deleted."""
 
@@ -120,8 +129,8 @@ class FleetRecord:
     tracing: status.TracingSeen | None = None
     # With warm standby: its sleeps and wakes under way and done (mmfleet.handlers.standby).
     standby: StandbyMemory = field(default_factory=StandbyMemory)
-    # What each Ready pod's server logged about its start, by pod name, read once per pod by the autoscaler's cycle.
-    server_startups: dict[str, ServerStartup] = field(default_factory=dict)
+    # What each Ready pod's server logged about its start (autoscale._read_server_logs).
+    server_logs: ServerLogs = field(default_factory=ServerLogs)
 
     def needs_apply(self, generation: int | None) -> bool:
         return self.reconciled is None or self.reconciled != (generation or 0) or self.drifted or self.failed()

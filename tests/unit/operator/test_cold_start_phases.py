@@ -16,6 +16,7 @@ from mmfleet.autoscaler.metrics import Signals
 from mmfleet.backends import ServerStartup, tensorrt_llm, vllm
 from mmfleet.handlers import autoscale
 from mmfleet.handlers.records import FleetRecord
+from mmfleet.kube import RetryableError
 from mmfleet.status import Observed, compute_status
 from mmfleet.validation import parse
 from tests.helpers.autoscaler import INTERVAL, T0, fleet
@@ -128,7 +129,9 @@ def test_vllms_own_log_splits_its_ready_phase_into_weights_engine_and_compile() 
         "(compilation: 30.00 s — language_model: 20.00 s, encoder: 10.00 s)\n"
     )
     assert vllm.BACKEND.startup(workers) == ServerStartup(weights=5.0, engine=80.0, compile=30.0)
-    nothing_compiled = "init engine (profile, create kv cache, warmup model) took 45.68 s\n"
+    nothing_compiled = (
+        "(EngineCore pid=6) INFO [core.py:413] init engine (profile, create kv cache, warmup model) took 45.68 s\n"
+    )
     assert vllm.BACKEND.startup(nothing_compiled) == ServerStartup(engine=45.68)
     assert vllm.BACKEND.startup("") == ServerStartup()
     assert tensorrt_llm.BACKEND.startup(SERVER_LOG.read_text()) == ServerStartup(), "not read for TensorRT-LLM"
@@ -146,14 +149,20 @@ def test_status_shows_the_medians_of_what_the_servers_logged_within_ready() -> N
     assert (shown.ready, shown.weights, shown.engine, shown.compile) == ("85s", "4s", "65s", "15s")
 
 
-def _read_cycle(kube: RecordingKube, op: Any, record: FleetRecord, pods: list[dict[str, Any]]) -> Pods:
-    counted = count_pods(pods)
-    return with_server(
-        counted, autoscale._server_startups(op, record, KEY, parse(fleet_body(autoscaling=True)), counted)
-    )
+def _read_cycle(op: Any, record: FleetRecord, pods: list[dict[str, Any]], backend: str = "vllm") -> Pods:
+    """One cycle's reads of the server logs, then the Ready pods as the next cycle's decision sees them."""
+    body = fleet_body(autoscaling=True)
+    body["spec"]["backend"] = {"name": backend}
+    view = autoscale.FleetView(KEY, body, None, pods)
+    autoscale._read_server_logs(op, record, view, parse(body), count_pods(pods))
+    return with_server(count_pods(pods), record.server_logs.read)
 
 
-def test_each_ready_pods_log_is_read_once_and_a_failed_read_leaves_its_ready_phase_whole() -> None:
+def ready_pods(*names: str) -> list[dict[str, Any]]:
+    return [pod(name, 2, 5, 45, 140) for name in names]
+
+
+def test_each_ready_pods_log_is_read_once_and_a_refused_read_leaves_its_ready_phase_whole() -> None:
     kube = RecordingKube()
     kube.logs = {"a": SERVER_LOG.read_text(), "b": ApiException(status=403, reason="Forbidden")}
     op, record = operator(kube), FleetRecord(uid="u-1")
@@ -167,14 +176,44 @@ def test_each_ready_pods_log_is_read_once_and_a_failed_read_leaves_its_ready_pha
 
     before = count("weights")
     try:
-        first = _read_cycle(kube, op, record, [pod("a", 2, 5, 45, 140), pod("b", 4, 6, 65, 150)])
-        again = _read_cycle(kube, op, record, [pod("a", 2, 5, 45, 140), pod("b", 4, 6, 65, 150)])
+        _read_cycle(op, record, ready_pods("a", "b"))
+        seen = _read_cycle(op, record, ready_pods("a", "b"))
         assert sorted(kube.logs_read) == ["a", "b"], "once per pod, the refused one too: no read every cycle"
-        by_pod = {s.pod: s.server for s in again.starts}
-        assert by_pod == {"a": ServerStartup(3.56183, 72.91, 22.56), "b": ServerStartup()}
-        assert first.starts == again.starts
+        assert {s.pod: s.server for s in seen.starts} == {
+            "a": ServerStartup(3.56183, 72.91, 22.56),
+            "b": ServerStartup(),
+        }
         assert count("weights") - before == 1, "a's start observed once by the operator's histogram"
-        _read_cycle(kube, op, record, [pod("c", 2, 5, 45, 140)])
-        assert set(record.server_startups) == {"c"}, "pods gone are forgotten"
+        _read_cycle(op, record, ready_pods("c"))
+        assert set(record.server_logs.read) == {"c"}, "pods gone are forgotten"
     finally:
         metrics_export.forget_others(set())
+
+
+def test_a_read_that_may_pass_is_tried_again_a_few_times_and_a_cycle_reads_a_few_logs() -> None:
+    kube = RecordingKube()
+    kube.logs = {name: RetryableError("504 Gateway Timeout") for name in "abcdef"}
+    op, record = operator(kube), FleetRecord(uid="u-1")
+    _read_cycle(op, record, ready_pods(*"abcdef"))
+    assert kube.logs_read == list("abcd"), "after an operator restart a large fleet's logs come over several cycles"
+    for _ in range(autoscale.SERVER_LOG_TRIES * 2):
+        _read_cycle(op, record, ready_pods(*"abcdef"))
+    assert kube.logs_read.count("a") == autoscale.SERVER_LOG_TRIES, "then left whole: no retry forever"
+    assert record.server_logs.read["a"] == ServerStartup()
+
+
+def test_tensorrt_llms_log_is_not_fetched() -> None:
+    kube = RecordingKube()
+    record = FleetRecord(uid="u-1")
+    _read_cycle(operator(kube), record, ready_pods("a"), backend="tensorrt-llm")
+    assert kube.logs_read == []
+
+
+def test_only_vllms_own_lines_before_it_serves_are_read() -> None:
+    start = SERVER_LOG.read_text()
+    # A client's prompt, logged later (--enable-log-requests), that quotes the line: not a measurement.
+    prompt = "Received request chatcmpl-1: prompt: '[core.py:405] init engine (profile, create kv cache, warmup model)"
+    later = start + prompt + " took 9999.00 s'\n"
+    assert vllm.BACKEND.startup(later) == vllm.BACKEND.startup(start)
+    quoted = "INFO: user said: init engine (profile, create kv cache, warmup model) took 1.00 s\n"
+    assert vllm.BACKEND.startup(quoted) == ServerStartup(), "not vLLM's logger's line"
