@@ -167,6 +167,9 @@ class Kube:
         self.dynamic = DynamicClient(self.api_client)
         self._resources: dict[tuple[str, str], Resource] = {}
         self._lock = threading.Lock()
+        # The dynamic client's discovery cache is not thread-safe: a search while another thread invalidates or fills
+        # it fails with KeyError 'resources' (seen in the fuzz test's live leg, get_each's threads beside has_api).
+        self._discovery = threading.Lock()
         self._thread = threading.local()
         self.requests = 0
         # get_each's reads; its threads start on first use.
@@ -184,9 +187,12 @@ class Kube:
 
     def _resource(self, api_version: str, kind: str) -> Resource:
         key = (api_version, kind)
-        if key not in self._resources:
-            self._resources[key] = self.dynamic.resources.get(api_version=api_version, kind=kind)
-        return self._resources[key]
+        found = self._resources.get(key)
+        if found is None:
+            with self._discovery:
+                found = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            self._resources[key] = found
+        return found
 
     @contextmanager
     def _errors(self, call: str, refusals: bool = True) -> Iterator[None]:
@@ -423,7 +429,8 @@ class Kube:
         """Whether a kind is served now (e.g. the Prometheus Operator's PodMonitor): asks discovery afresh, so a
         CRD installed or removed since the last look is seen (callers ask every few minutes, not per reconcile)."""
         self._resources.pop((api_version, kind), None)
-        self.dynamic.resources.invalidate_cache()
+        with self._discovery:
+            self.dynamic.resources.invalidate_cache()
         with self._errors(f"discover {kind}", refusals=False):
             try:
                 self._resource(api_version, kind)

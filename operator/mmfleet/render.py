@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,8 +229,9 @@ def server_context(inference: MultimodalInference, cloud: CloudProfile, collecto
     )
 
 
-def _gi(value: int) -> str:
-    return f"{value}Gi"
+def _gi(value: float) -> str:
+    """GiB as a quantity: whole GiB, else MiB rounded up."""
+    return f"{int(value)}Gi" if value == int(value) else f"{math.ceil(value * 1024)}Mi"
 
 
 def _cache_volume(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
@@ -348,13 +350,14 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
     ctx = server_context(inference, cloud, collector)
     files = backend.config_files(ctx)
     gpus = spec.gpu.count
-    shm = _gi(SHM_GI_PER_GPU * gpus)
+    extra = backend.host_extra(inference)
+    shm = _gi(SHM_GI_PER_GPU * gpus + extra.shm_gib)
     memory = (
         str(spec.resources.memory)
         if spec.resources.memory is not None
-        else _gi(MEMORY_GI_PER_GPU * gpus + SHM_GI_PER_GPU * gpus)
+        else _gi(MEMORY_GI_PER_GPU * gpus + extra.memory_gib + SHM_GI_PER_GPU * gpus + extra.shm_gib)
     )
-    cpu = str(spec.resources.cpu) if spec.resources.cpu is not None else str(CPU_PER_GPU * gpus)
+    cpu = str(spec.resources.cpu) if spec.resources.cpu is not None else str(CPU_PER_GPU * gpus + extra.cpu)
 
     volumes: list[Manifest] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},

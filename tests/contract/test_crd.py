@@ -93,7 +93,7 @@ def test_no_field_is_free_form() -> None:
 def test_cross_field_rules_are_cel() -> None:
     rules = [rule for _, node in walk(schema()) for rule in node.get("x-kubernetes-validations", [])]
     messages = " ".join(rule["message"] for rule in rules)
-    for needle in ("minReplicas", "gpu.count", "limitPerPrompt", "Hopper", "kvCacheDtype", "claimName"):
+    for needle in ("minReplicas", "gpu.count", "multimodal", "processorCache", "Hopper", "kvCacheDtype", "claimName"):
         assert needle in messages
 
 

@@ -241,13 +241,113 @@ class ImageLimits(Model):
     audio: int | None = Field(default=None, ge=0, le=64, description="Most audio clips in one prompt.")
 
 
+class ImageSize(Model):
+    """An image's size in pixels."""
+
+    width: int | None = Field(default=None, ge=1, le=65536, description="Width in pixels.")
+    height: int | None = Field(default=None, ge=1, le=65536, description="Height in pixels.")
+
+
+class VideoSize(ImageSize):
+    """A video's frame size and length."""
+
+    frames: int | None = Field(default=None, ge=1, le=65536, description="Frames.")
+
+
+class AudioSize(Model):
+    """An audio clip's length."""
+
+    length: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Length in samples.")
+
+
+class LargestItem(Model):
+    """The largest item of each modality vLLM plans GPU memory for (its profiling run with dummy items): below the
+    model's own maximum, more memory is left for the KV cache, and a larger item is still served by memory the
+    profile did not plan for. Unset fields: the model's maximum."""
+
+    image: ImageSize | None = Field(default=None, description="The largest image.")
+    video: VideoSize | None = Field(default=None, description="The largest video.")
+    audio: AudioSize | None = Field(default=None, description="The longest audio clip.")
+
+
+ProcessorCacheType = Literal["lru", "shm"]
+EncoderTensorParallel = Literal["weights", "data"]
+
+
+class ProcessorCacheSpec(Model):
+    """vLLM's cache of preprocessed multimodal items, so a repeated image is not processed again."""
+
+    size_gi_b: float | None = Field(
+        default=None,
+        alias="sizeGiB",
+        ge=0,
+        le=1024,
+        description="GiB held by each process that keeps it (lru: the API server processes and the engine; shm: one "
+        "shared-memory buffer); 0 turns it off. Default: vLLM's, 4.",
+    )
+    type: ProcessorCacheType | None = Field(
+        default=None,
+        description="lru: a copy in the API server and in the engine; shm: one buffer in /dev/shm that both read "
+        "(one API server process only). Default: vLLM's, lru.",
+    )
+
+
 class MultimodalSpec(Model):
-    """Multimodal input settings."""
+    """Multimodal input settings (vllm only)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.processorCache) || !has(self.processorCache.type) || "
+                    "self.processorCache.type != 'shm' || !has(self.apiServers) || self.apiServers == 1",
+                    "processorCache.type shm works with one API server process (apiServers 1): vLLM 0.33 keeps a "
+                    "cache per process with more",
+                    ".processorCache.type",
+                ),
+            ]
+        }
+    )
 
     limit_per_prompt: ImageLimits | None = Field(
         default=None,
         description="Per-prompt limits on images, videos and audio (vllm only). Unset: the backend default.",
     )
+    largest_item: LargestItem | None = Field(
+        default=None,
+        description="The largest image, video and audio clip vLLM plans GPU memory for (vllm only). Unset: the "
+        "model's maximum.",
+    )
+    processor_cache: ProcessorCacheSpec | None = Field(
+        default=None,
+        description="vLLM's preprocessed-item cache (vllm only); its memory is added to the default memory request.",
+    )
+    encoder_tensor_parallel: EncoderTensorParallel | None = Field(
+        default=None,
+        description="With tensor parallelism: weights splits each encoder layer's weights over the GPUs, data "
+        "splits the images of a batch over them, each GPU holding the whole encoder (models that support it; "
+        "others fall back to weights). Default: vLLM's, weights.",
+    )
+    api_servers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="API server processes; each decodes and preprocesses images on one CPU core. Default: vLLM's, one.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> MultimodalSpec:
+        cache = self.processor_cache
+        if cache is not None and cache.type == "shm" and (self.api_servers or 1) > 1:
+            raise ValueError(
+                f"multimodal.processorCache.type: shm with multimodal.apiServers: {self.api_servers}; vLLM 0.33 "
+                "shares the buffer with one API server process only (with more it keeps a cache per process); "
+                "use lru or one API server"
+            )
+        return self
+
+    def is_set(self) -> bool:
+        return self != MultimodalSpec()
 
 
 class GpuSpec(Model):
@@ -705,6 +805,11 @@ class RoutingSpec(Model):
     )
 
 
+MULTIMODAL_FIELDS = tuple(
+    str(info.alias) for info in MultimodalSpec.model_fields.values()
+)  # on the wire: every one is a vllm setting
+
+
 class MultimodalInferenceSpec(Model):
     """A fleet of inference servers for one multimodal model."""
 
@@ -725,10 +830,12 @@ class MultimodalInferenceSpec(Model):
                     ".parallelism.tensor",
                 ),
                 cel(
-                    "!has(self.multimodal) || !has(self.multimodal.limitPerPrompt) || "
-                    "!has(self.backend) || !has(self.backend.name) || self.backend.name == 'vllm'",
-                    "multimodal.limitPerPrompt is a vllm setting; tensorrt-llm takes no per-prompt limit",
-                    ".multimodal.limitPerPrompt",
+                    "!has(self.multimodal) || !has(self.backend) || !has(self.backend.name) || "
+                    "self.backend.name == 'vllm' || ("
+                    + " && ".join(f"!has(self.multimodal.{f})" for f in MULTIMODAL_FIELDS)
+                    + ")",
+                    "multimodal is a vllm setting; tensorrt-llm takes none of its fields",
+                    ".multimodal",
                 ),
                 cel(
                     "!has(self.backend) || !has(self.backend.attention) || self.backend.attention != 'flash-attn-3' "
@@ -851,10 +958,11 @@ class MultimodalInferenceSpec(Model):
                 f"parallelism.tensor: {tensor} x spec.parallelism.pipeline: {pipeline} "
                 f"must equal spec.gpu.count: {gpus}"
             )
-        if self.multimodal.limit_per_prompt is not None and self.backend.name != "vllm":
+        if self.multimodal.is_set() and self.backend.name != "vllm":
+            names = self.multimodal.model_dump(by_alias=True, exclude_none=True)
+            fields = ", ".join(f"multimodal.{name}" for name in names)
             raise ValueError(
-                f"multimodal.limitPerPrompt: set, but spec.backend.name: {self.backend.name} takes no per-prompt "
-                "limit (only vllm does)"
+                f"{fields}: set, but spec.backend.name: {self.backend.name} takes none of them (vllm settings)"
             )
         if self.api_key_secret is not None and self.backend.name != "vllm":
             raise ValueError(

@@ -80,6 +80,15 @@ class ServerStartup:
     compile: float | None = None  # of which compiling (torch.compile), short when the compile cache is warm
 
 
+@dataclass(frozen=True)
+class HostExtra:
+    """What a fleet's settings add to a replica's default CPU and memory requests, beyond the defaults per GPU."""
+
+    memory_gib: float = 0.0  # in the server's processes
+    shm_gib: float = 0.0  # in /dev/shm (a memory-backed volume, so in the memory request too)
+    cpu: int = 0
+
+
 class Backend(Protocol):
     name: str
     version: str
@@ -107,6 +116,9 @@ class Backend(Protocol):
 
     def drain_args(self, seconds: int) -> list[str]:
         """Flags that make SIGTERM finish in-flight requests for up to ``seconds``; empty if unsupported."""
+
+    def host_extra(self, inference: MultimodalInference) -> HostExtra:
+        """What the fleet's settings hold in CPU memory, /dev/shm and cores beyond the defaults per GPU."""
 
     def startup(self, log: str) -> ServerStartup:
         """Where the server's start went, from the beginning of its log (up to where it serves); nothing where the

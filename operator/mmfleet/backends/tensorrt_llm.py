@@ -74,7 +74,8 @@ from typing import Any
 
 import yaml
 
-from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
+from mmfleet.api import MultimodalInference
+from mmfleet.backends import HostExtra, MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
 
 VERSION = "1.3.0rc29"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
@@ -205,6 +206,10 @@ class TensorRtLlmBackend:
     def drain_args(self, seconds: int) -> list[str]:
         """None: trtllm-serve has no drain-on-SIGTERM flag; the preStop hook waits on the metrics instead."""
         return []
+
+    def host_extra(self, inference: MultimodalInference) -> HostExtra:
+        """Nothing: no setting of this backend holds host memory beyond the defaults."""
+        return HostExtra()
 
     def startup(self, log: str) -> ServerStartup:
         """Not read (``start_in_log``): the container's time to Ready stays one phase."""

@@ -123,8 +123,8 @@ import json
 import re
 from collections.abc import Iterable
 
-from mmfleet.api import Attention
-from mmfleet.backends import MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
+from mmfleet.api import Attention, MultimodalInference, MultimodalSpec, ProcessorCacheSpec
+from mmfleet.backends import HostExtra, MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
 
 VERSION = "0.33.0"
 IMAGE = f"vllm/vllm-openai:v{VERSION}"
@@ -194,6 +194,10 @@ class VllmBackend:
         OwnedFlag("--download-dir", "modelCache"),
         OwnedFlag("--load-format", "model.source"),
         OwnedFlag("--limit-mm-per-prompt", "multimodal.limitPerPrompt"),
+        OwnedFlag("--mm-processor-cache-gb", "multimodal.processorCache.sizeGiB"),
+        OwnedFlag("--mm-processor-cache-type", "multimodal.processorCache.type"),
+        OwnedFlag("--mm-encoder-tp-mode", "multimodal.encoderTensorParallel"),
+        OwnedFlag("--api-server-count", "multimodal.apiServers", aliases=("-asc",)),
         OwnedFlag("--attention-backend", "backend.attention"),
         OwnedFlag("--attention-config", "backend.attention", aliases=("-ac",)),
         OwnedFlag("--otlp-traces-endpoint", "tracing.endpoint"),
@@ -244,11 +248,7 @@ class VllmBackend:
         ]  # fmt: skip
         if model.startswith(STREAMED_SCHEMES):
             args += ["--load-format", "runai_streamer"]
-        limits = spec.multimodal.limit_per_prompt
-        if limits is not None:
-            counts = limits.model_dump(exclude_none=True)
-            if counts:
-                args += ["--limit-mm-per-prompt", json.dumps(counts, separators=(",", ":"))]
+        args += _multimodal_args(spec.multimodal)
         args += _ATTENTION[engine.attention]
         if ctx.tracing_endpoint:
             args += ["--otlp-traces-endpoint", ctx.tracing_endpoint]
@@ -293,6 +293,12 @@ class VllmBackend:
         """Let in-flight requests finish for up to ``seconds`` after SIGTERM (0 aborts them)."""
         return ["--shutdown-timeout", str(seconds)]
 
+    def host_extra(self, inference: MultimodalInference) -> HostExtra:
+        multimodal = inference.spec.multimodal
+        servers = multimodal.api_servers or 1
+        in_processes, in_shm = processor_cache_gib(multimodal)
+        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_HELD_GIB), in_shm, servers - 1)
+
     def startup(self, log: str) -> ServerStartup:
         start = log.split(_SERVING, 1)[0]  # what clients sent afterwards (a logged prompt, say) is not read
         engines = _ENGINE_READY.findall(start)
@@ -301,6 +307,61 @@ class VllmBackend:
             engine=_slowest(engine for engine, _ in engines),
             compile=_slowest(compiled for _, compiled in engines if compiled),
         )
+
+
+def _multimodal_args(multimodal: MultimodalSpec) -> list[str]:
+    args: list[str] = []
+    limits = _limits(multimodal)
+    if limits:
+        args += ["--limit-mm-per-prompt", json.dumps(limits, separators=(",", ":"))]
+    cache = multimodal.processor_cache
+    if cache is not None and cache.size_gi_b is not None:
+        args += ["--mm-processor-cache-gb", f"{cache.size_gi_b:g}"]
+    if cache is not None and cache.type is not None:
+        args += ["--mm-processor-cache-type", cache.type]
+    if multimodal.encoder_tensor_parallel is not None:
+        args += ["--mm-encoder-tp-mode", multimodal.encoder_tensor_parallel]
+    if multimodal.api_servers is not None:
+        args += ["--api-server-count", str(multimodal.api_servers)]
+    return args
+
+
+def _limits(multimodal: MultimodalSpec) -> dict[str, int | dict[str, int]]:
+    """--limit-mm-per-prompt's mixed form: a modality's count alone, or its count (if set) with the largest item's
+    size under vLLM's names (config/multimodal.py ``ImageDummyOptions``, ``VideoDummyOptions``,
+    ``AudioDummyOptions``)."""
+    counts: dict[str, int] = (
+        multimodal.limit_per_prompt.model_dump(exclude_none=True) if multimodal.limit_per_prompt else {}
+    )
+    largest = multimodal.largest_item
+    sizes: dict[str, dict[str, int]] = largest.model_dump(exclude_none=True) if largest else {}
+    limits: dict[str, int | dict[str, int]] = dict(counts)
+    for modality, size in sizes.items():
+        options = {_SIZE_NAMES.get(name, name): value for name, value in size.items()}
+        if options:
+            limits[modality] = {"count": counts[modality], **options} if modality in counts else options
+    return limits
+
+
+_SIZE_NAMES = {"frames": "num_frames"}
+# vLLM's default processor cache, 4 GiB (config/multimodal.py mm_processor_cache_gb), held by the API server process
+# and mirrored in the engine (lru): the default memory per GPU (render.MEMORY_GI_PER_GPU) already holds it.
+DEFAULT_CACHE_GIB = 4.0
+DEFAULT_CACHE_HELD_GIB = 2 * DEFAULT_CACHE_GIB
+
+
+def processor_cache_gib(multimodal: MultimodalSpec) -> tuple[float, float]:
+    """GiB the processor cache holds in the server's processes and in /dev/shm (multimodal/cache/factories.py): with
+    more than one API server process each keeps its own and the engine none ("processor_only"); with one, lru keeps
+    one in the API server and one in the engine, shm one shared buffer in /dev/shm."""
+    cache = multimodal.processor_cache or ProcessorCacheSpec()
+    size = DEFAULT_CACHE_GIB if cache.size_gi_b is None else cache.size_gi_b
+    servers = multimodal.api_servers or 1
+    if servers > 1:
+        return size * servers, 0.0
+    if cache.type == "shm":
+        return 0.0, size
+    return 2 * size, 0.0
 
 
 # The lines as vLLM's logger writes them, "[file.py:line] message", so that only its own lines match.

@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
+from mmfleet import clouds, render
 from mmfleet.api import MultimodalInference
 from mmfleet.backends import ServerContext, clashes, latency_quantile_promql
 from mmfleet.backends.vllm import BACKEND
 from tests.helpers.repo import spec_doc
 
 DOWNLOAD_DIR = "/cache/models"
+EKS = clouds.get("eks")
 
 
 def context(
@@ -110,6 +112,61 @@ def test_limit_per_prompt_is_compact_json_of_the_set_modalities() -> None:
     f = flags(context(multimodal={"limitPerPrompt": {"image": 4, "video": 0}}))
     assert f["--limit-mm-per-prompt"] == '{"image":4,"video":0}'
     assert json.loads(f["--limit-mm-per-prompt"]) == {"image": 4, "video": 0}
+
+
+def test_the_largest_item_joins_its_modalitys_count_under_vllms_names() -> None:
+    mm = {
+        "limitPerPrompt": {"image": 4, "video": 1},
+        "largestItem": {"image": {"width": 1280, "height": 720}, "video": {"frames": 32}, "audio": {"length": 16000}},
+    }
+    limits = json.loads(flags(context(multimodal=mm))["--limit-mm-per-prompt"])
+    # config/multimodal.py: {"image": {"count": 5, "width": 512, "height": 512}}; num_frames for video; a modality
+    # with no count keeps vLLM's (999).
+    assert limits == {
+        "image": {"count": 4, "width": 1280, "height": 720},
+        "video": {"count": 1, "num_frames": 32},
+        "audio": {"length": 16000},
+    }
+
+
+def test_the_processor_cache_encoder_split_and_api_servers_are_vllms_flags() -> None:
+    mm = {"processorCache": {"sizeGiB": 0.5, "type": "lru"}, "encoderTensorParallel": "data", "apiServers": 3}
+    f = flags(context(multimodal=mm))
+    assert (f["--mm-processor-cache-gb"], f["--mm-processor-cache-type"]) == ("0.5", "lru")
+    assert (f["--mm-encoder-tp-mode"], f["--api-server-count"]) == ("data", "3")
+    unset = flags(context())
+    assert not {
+        "--mm-processor-cache-gb",
+        "--mm-processor-cache-type",
+        "--mm-encoder-tp-mode",
+        "--api-server-count",
+    } & set(unset)
+
+
+@pytest.mark.parametrize(
+    ("multimodal", "memory", "shm", "cpu"),
+    [
+        ({}, "34Gi", "2Gi", "4"),  # vLLM's default cache (4 GiB, in the API server and the engine) is in the default
+        ({"processorCache": {"sizeGiB": 16}}, "58Gi", "2Gi", "4"),  # 2 x 16 held, 8 of it in the default
+        ({"processorCache": {"sizeGiB": 6, "type": "shm"}}, "40Gi", "8Gi", "4"),  # one buffer in /dev/shm
+        ({"apiServers": 4}, "42Gi", "2Gi", "7"),  # 4 API processes, a cache each, none in the engine; a core each
+        ({"processorCache": {"sizeGiB": 0.5}}, "34Gi", "2Gi", "4"),
+        ({"processorCache": {"sizeGiB": 5}}, "36Gi", "2Gi", "4"),
+    ],
+)
+def test_the_processor_cache_and_api_servers_are_added_to_the_default_requests(
+    multimodal: dict[str, Any], memory: str, shm: str, cpu: str
+) -> None:
+    deployment = render.build_deployment(MultimodalInference.model_validate(spec_doc(multimodal=multimodal)), EKS)
+    pod = deployment["spec"]["template"]["spec"]
+    requests = pod["containers"][0]["resources"]["requests"]
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert (requests["memory"], dshm["emptyDir"]["sizeLimit"], requests["cpu"]) == (memory, shm, cpu)
+
+
+def test_shm_with_several_api_servers_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"multimodal.processorCache.type: shm with multimodal.apiServers: 2"):
+        MultimodalInference.model_validate(spec_doc(multimodal={"processorCache": {"type": "shm"}, "apiServers": 2}))
 
 
 def test_limit_per_prompt_unset_leaves_vllm_default() -> None:
@@ -241,7 +298,7 @@ def test_disable_log_stats_names_what_it_breaks() -> None:
 
 
 def test_unrelated_flags_pass() -> None:
-    assert clashes(BACKEND, ["--enforce-eager", "--trust-remote-code", "--mm-processor-cache-gb", "8"]) == []
+    assert clashes(BACKEND, ["--enforce-eager", "--trust-remote-code", "--max-logprobs", "8"]) == []
 
 
 def test_e2e_p90_promql() -> None:
