@@ -190,8 +190,8 @@ class Kube:
         found = self._resources.get(key)
         if found is None:
             with self._discovery:
-                found = self.dynamic.resources.get(api_version=api_version, kind=kind)
-            self._resources[key] = found
+                found = self._resources.get(key) or self.dynamic.resources.get(api_version=api_version, kind=kind)
+                self._resources[key] = found
         return found
 
     @contextmanager
@@ -428,8 +428,8 @@ class Kube:
     def has_api(self, api_version: str, kind: str) -> bool:
         """Whether a kind is served now (e.g. the Prometheus Operator's PodMonitor): asks discovery afresh, so a
         CRD installed or removed since the last look is seen (callers ask every few minutes, not per reconcile)."""
-        self._resources.pop((api_version, kind), None)
         with self._discovery:
+            self._resources.pop((api_version, kind), None)
             self.dynamic.resources.invalidate_cache()
         with self._errors(f"discover {kind}", refusals=False):
             try:

@@ -282,13 +282,13 @@ class ProcessorCacheSpec(Model):
         alias="sizeGiB",
         ge=0,
         le=1024,
-        description="GiB held by each process that keeps it (lru: the API server processes and the engine; shm: one "
-        "shared-memory buffer); 0 turns it off. Default: vLLM's, 4.",
+        description="GiB of preprocessed items kept (lru: in the engine; shm: in one shared-memory buffer; with "
+        "several API servers: in each of them); 0 turns it off. Default: vLLM's, 4.",
     )
     type: ProcessorCacheType | None = Field(
         default=None,
-        description="lru: a copy in the API server and in the engine; shm: one buffer in /dev/shm that both read "
-        "(one API server process only). Default: vLLM's, lru.",
+        description="lru: the data in the engine, its index in the API server; shm: one buffer in /dev/shm that both "
+        "read (one API server process only). Default: vLLM's, lru.",
     )
 
 
@@ -340,9 +340,9 @@ class MultimodalSpec(Model):
         cache = self.processor_cache
         if cache is not None and cache.type == "shm" and (self.api_servers or 1) > 1:
             raise ValueError(
-                f"multimodal.processorCache.type: shm with multimodal.apiServers: {self.api_servers}; vLLM 0.33 "
-                "shares the buffer with one API server process only (with more it keeps a cache per process); "
-                "use lru or one API server"
+                f"processorCache.type: shm with multimodal.apiServers: {self.api_servers}; vLLM 0.33 shares the "
+                "buffer with one API server process only (with more it keeps a cache per process); use lru or one "
+                "API server"
             )
         return self
 
@@ -959,10 +959,11 @@ class MultimodalInferenceSpec(Model):
                 f"must equal spec.gpu.count: {gpus}"
             )
         if self.multimodal.is_set() and self.backend.name != "vllm":
-            names = self.multimodal.model_dump(by_alias=True, exclude_none=True)
-            fields = ", ".join(f"multimodal.{name}" for name in names)
+            first, *others = self.multimodal.model_dump(by_alias=True, exclude_none=True)
+            also = f" (nor {', '.join(f'multimodal.{name}' for name in others)})" if others else ""
             raise ValueError(
-                f"{fields}: set, but spec.backend.name: {self.backend.name} takes none of them (vllm settings)"
+                f"multimodal.{first}: set, but spec.backend.name: {self.backend.name} takes no multimodal setting"
+                f"{also}; they are vllm's"
             )
         if self.api_key_secret is not None and self.backend.name != "vllm":
             raise ValueError(

@@ -209,6 +209,16 @@ class VllmBackend:
             reason="it removes every vllm:* metric, which autoscaling and the drain hook read",
         ),
         OwnedFlag("--shutdown-timeout", "(drain)", reason="mmfleet sets it to match the pod's grace period"),
+        # Each replica holds tensor x pipeline GPUs (spec.gpu.count): a data-parallel rank more would find no GPU of
+        # its own, and it would start one API server per rank (entrypoints/cli/serve.py), which the processor cache's
+        # accounting and the shm rule do not count.
+        OwnedFlag(
+            "--data-parallel-size",
+            "replicas",
+            aliases=("-dp",),
+            reason="each replica is one data-parallel rank of tensor x pipeline GPUs (spec.gpu.count); scale with "
+            "spec.replicas or autoscaling instead",
+        ),
         OwnedFlag("--enable-sleep-mode", "autoscaling.warmStandby"),
         # Secrets: an argument is stored in plain text in this resource, the pod spec and kopf's annotations.
         # --api-key (entrypoints/common/cli_args.py) yields to nothing; VLLM_API_KEY is read only without it
@@ -297,7 +307,7 @@ class VllmBackend:
         multimodal = inference.spec.multimodal
         servers = multimodal.api_servers or 1
         in_processes, in_shm = processor_cache_gib(multimodal)
-        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_HELD_GIB), in_shm, servers - 1)
+        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_GIB), in_shm, servers - 1)
 
     def startup(self, log: str) -> ServerStartup:
         start = log.split(_SERVING, 1)[0]  # what clients sent afterwards (a logged prompt, say) is not read
@@ -316,7 +326,7 @@ def _multimodal_args(multimodal: MultimodalSpec) -> list[str]:
         args += ["--limit-mm-per-prompt", json.dumps(limits, separators=(",", ":"))]
     cache = multimodal.processor_cache
     if cache is not None and cache.size_gi_b is not None:
-        args += ["--mm-processor-cache-gb", f"{cache.size_gi_b:g}"]
+        args += ["--mm-processor-cache-gb", repr(cache.size_gi_b)]
     if cache is not None and cache.type is not None:
         args += ["--mm-processor-cache-type", cache.type]
     if multimodal.encoder_tensor_parallel is not None:
@@ -344,16 +354,16 @@ def _limits(multimodal: MultimodalSpec) -> dict[str, int | dict[str, int]]:
 
 
 _SIZE_NAMES = {"frames": "num_frames"}
-# vLLM's default processor cache, 4 GiB (config/multimodal.py mm_processor_cache_gb), held by the API server process
-# and mirrored in the engine (lru): the default memory per GPU (render.MEMORY_GI_PER_GPU) already holds it.
+# vLLM's default processor cache, 4 GiB (config/multimodal.py mm_processor_cache_gb), lru, its data in the engine:
+# the default memory per GPU (render.MEMORY_GI_PER_GPU) already holds it.
 DEFAULT_CACHE_GIB = 4.0
-DEFAULT_CACHE_HELD_GIB = 2 * DEFAULT_CACHE_GIB
 
 
 def processor_cache_gib(multimodal: MultimodalSpec) -> tuple[float, float]:
-    """GiB the processor cache holds in the server's processes and in /dev/shm (multimodal/cache/factories.py): with
-    more than one API server process each keeps its own and the engine none ("processor_only"); with one, lru keeps
-    one in the API server and one in the engine, shm one shared buffer in /dev/shm."""
+    """GiB the processor cache's data takes in the server's processes and in /dev/shm (multimodal/cache/factories.py,
+    lru.py, shm.py): with one API server process, lru keeps the data in the engine (the API server only the items'
+    metadata) and shm in one shared buffer in /dev/shm; with more, each API server process keeps a whole cache of its
+    own and the engine none ("processor_only")."""
     cache = multimodal.processor_cache or ProcessorCacheSpec()
     size = DEFAULT_CACHE_GIB if cache.size_gi_b is None else cache.size_gi_b
     servers = multimodal.api_servers or 1
@@ -361,7 +371,7 @@ def processor_cache_gib(multimodal: MultimodalSpec) -> tuple[float, float]:
         return size * servers, 0.0
     if cache.type == "shm":
         return 0.0, size
-    return 2 * size, 0.0
+    return size, 0.0
 
 
 # The lines as vLLM's logger writes them, "[file.py:line] message", so that only its own lines match.

@@ -7,12 +7,10 @@ Two steps, on two machines:
 - ``check`` (where vLLM 0.33.0 is installed: the GPU host; this step needs vLLM and the standard library only, so the
   file is run there as a script): each command line parsed as ``vllm serve`` parses it (the ``serve`` subcommand's
   own parser, ``validate_parsed_serve_args``), then made into vLLM's engine configuration
-  (``AsyncEngineArgs.from_cli_args(...).create_engine_config()``), with the model replaced by a local model
-  directory (Qwen2.5-VL-7B's config): the checks vLLM makes before it loads anything. The result, per case, is
-  written as JSON (``tests/data/vllm_0.33.0_flags_checked.json``), the parsed multimodal settings included.
-
-``tests/unit/operator/test_vllm_flags_checked.py`` renders the same cases again and fails when a command line differs
-from the one checked, so a flag mmfleet changes is checked again before it lands.
+  (``AsyncEngineArgs.from_cli_args(...).create_engine_config()``, with the API server processes set as
+  ``run_multi_api_server`` sets them), with the model replaced by a local model directory (Qwen2.5-VL-7B's config):
+  the checks vLLM makes before it loads anything. The result, per case, is written as JSON, the parsed multimodal
+  settings included.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-CHECKED = Path(__file__).resolve().parents[3] / "tests" / "data" / "vllm_0.33.0_flags_checked.json"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 QWEN = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"}, "gpu": {"count": 1, "type": "H200"}, "cloud": "eks"}
 # The spec.multimodal knobs (issue 27), each with the fields it renders.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -79,6 +77,7 @@ def check(argv: list[str], model: str) -> dict[str, Any]:
     """One command line through vLLM's own ``serve`` parser and engine configuration; what each said."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     assert argv[:2] == ["vllm", "serve"], argv
@@ -94,8 +93,13 @@ def check(argv: list[str], model: str) -> dict[str, Any]:
         return result
     result["parsed"] = "ok"
     args.model = args.model_tag  # what ServeSubcommand.cmd does first
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    servers = args.api_server_count or 1  # as ServeSubcommand.cmd defaults it with data parallel 1
+    if servers > 1:  # as run_multi_api_server sets them before it makes the engine configuration
+        engine_args._api_process_count = servers
+        engine_args._api_process_rank = -1
     try:
-        config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except BaseException as error:
         result["engine_config"] = f"{type(error).__name__}: {error}"
         result["trace"] = traceback.format_exc(limit=4)[-1500:]
@@ -117,7 +121,7 @@ def main(arguments: list[str] | None = None) -> int:
     top = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     step = top.add_subparsers(dest="step", required=True)
     render_step = step.add_parser("render", help="render the cases' command lines (needs mmfleet)")
-    render_step.add_argument("--examples", type=Path, default=CHECKED.parents[2] / "examples")
+    render_step.add_argument("--examples", type=Path, default=EXAMPLES)
     render_step.add_argument("--out", type=Path, required=True)
     check_step = step.add_parser("check", help="check each command line with vLLM's parser (needs vLLM)")
     check_step.add_argument("--commands", type=Path, required=True)

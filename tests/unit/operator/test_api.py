@@ -89,9 +89,18 @@ def test_flash_attention_3_needs_hopper() -> None:
     parse(spec_doc(backend={"attention": "flash-attn-3"}, gpu={"type": "H100"}))
 
 
-def test_image_limit_only_for_vllm() -> None:
+def test_multimodal_settings_only_for_vllm() -> None:
     lines = problems_of(spec_doc(backend={"name": "tensorrt-llm"}, multimodal={"limitPerPrompt": {"image": 2}}))
-    assert lines[0].startswith("spec.multimodal.limitPerPrompt: set, but spec.backend.name: tensorrt-llm")
+    assert lines == [
+        "spec.multimodal.limitPerPrompt: set, but spec.backend.name: tensorrt-llm takes no multimodal setting; "
+        "they are vllm's"
+    ]
+    several = {"largestItem": {"image": {"width": 640}}, "apiServers": 2}
+    lines = problems_of(spec_doc(backend={"name": "tensorrt-llm"}, multimodal=several))
+    assert lines == [
+        "spec.multimodal.largestItem: set, but spec.backend.name: tensorrt-llm takes no multimodal setting (nor "
+        "multimodal.apiServers); they are vllm's"
+    ]
 
 
 def test_tensorrt_llm_kv_dtype_subset() -> None:

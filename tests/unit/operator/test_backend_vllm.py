@@ -11,6 +11,8 @@ from mmfleet import clouds, render
 from mmfleet.api import MultimodalInference
 from mmfleet.backends import ServerContext, clashes, latency_quantile_promql
 from mmfleet.backends.vllm import BACKEND
+from mmfleet.render import SpecError
+from mmfleet.validation import parse
 from tests.helpers.repo import spec_doc
 
 DOWNLOAD_DIR = "/cache/models"
@@ -146,12 +148,13 @@ def test_the_processor_cache_encoder_split_and_api_servers_are_vllms_flags() -> 
 @pytest.mark.parametrize(
     ("multimodal", "memory", "shm", "cpu"),
     [
-        ({}, "34Gi", "2Gi", "4"),  # vLLM's default cache (4 GiB, in the API server and the engine) is in the default
-        ({"processorCache": {"sizeGiB": 16}}, "58Gi", "2Gi", "4"),  # 2 x 16 held, 8 of it in the default
+        ({}, "34Gi", "2Gi", "4"),  # vLLM's default cache (4 GiB of data in the engine) is in the default
+        ({"processorCache": {"sizeGiB": 16}}, "46Gi", "2Gi", "4"),  # lru: 16 in the engine, 4 of it in the default
         ({"processorCache": {"sizeGiB": 6, "type": "shm"}}, "40Gi", "8Gi", "4"),  # one buffer in /dev/shm
-        ({"apiServers": 4}, "42Gi", "2Gi", "7"),  # 4 API processes, a cache each, none in the engine; a core each
+        ({"processorCache": {"sizeGiB": 2.5, "type": "shm"}}, "37376Mi", "4608Mi", "4"),  # not whole GiB: MiB
+        ({"apiServers": 4}, "46Gi", "2Gi", "7"),  # 4 API processes, a whole cache each, none in the engine; a core each
         ({"processorCache": {"sizeGiB": 0.5}}, "34Gi", "2Gi", "4"),
-        ({"processorCache": {"sizeGiB": 5}}, "36Gi", "2Gi", "4"),
+        ({"processorCache": {"sizeGiB": 5}}, "35Gi", "2Gi", "4"),
     ],
 )
 def test_the_processor_cache_and_api_servers_are_added_to_the_default_requests(
@@ -165,8 +168,12 @@ def test_the_processor_cache_and_api_servers_are_added_to_the_default_requests(
 
 
 def test_shm_with_several_api_servers_is_refused_naming_the_field() -> None:
-    with pytest.raises(ValueError, match=r"multimodal.processorCache.type: shm with multimodal.apiServers: 2"):
-        MultimodalInference.model_validate(spec_doc(multimodal={"processorCache": {"type": "shm"}, "apiServers": 2}))
+    with pytest.raises(SpecError) as caught:
+        parse(spec_doc(multimodal={"processorCache": {"type": "shm"}, "apiServers": 2}))
+    assert caught.value.problems == [
+        "spec.multimodal.processorCache.type: shm with multimodal.apiServers: 2; vLLM 0.33 shares the buffer with one "
+        "API server process only (with more it keeps a cache per process); use lru or one API server"
+    ]
 
 
 def test_limit_per_prompt_unset_leaves_vllm_default() -> None:
