@@ -48,9 +48,21 @@ BROKEN_WAITING_REASONS = frozenset(
     }
 )
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
-WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True", "TracingReady": "False"}
+WARNING_WHEN = {
+    "Degraded": "True",
+    "MetricsAvailable": "False",
+    "ScalingLimited": "True",
+    "TracingReady": "False",
+    "PreprocessingBound": "True",
+}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
-AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = ("ScalingLimited", "SLOMet", "MetricsAvailable", "Idle")
+AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = (
+    "ScalingLimited",
+    "SLOMet",
+    "MetricsAvailable",
+    "Idle",
+    "PreprocessingBound",
+)
 
 
 @dataclass(frozen=True)

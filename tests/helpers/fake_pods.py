@@ -43,6 +43,7 @@ class FakePod:
     waiting: float = 3.0
     running: float = 5.0
     kv_cache_usage: float = 0.2
+    api_cpu: float | None = None  # CPU cores its API server process uses (process_cpu_seconds_total), if exported
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
 
@@ -59,6 +60,8 @@ class FakePod:
             for name in (names.waiting, names.running, names.kv_cache_usage)
         }
         self._labels = labels
+        # prometheus_client's process collector, as the API server's /metrics carries it (no labels).
+        self._cpu = None if self.api_cpu is None else Counter("process_cpu_seconds", "cpu", registry=self.registry)
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
@@ -76,6 +79,8 @@ class FakePod:
         for _ in range(finished):
             self._e2e.labels(**self._labels).observe(self.latency)
         self._done.labels(**self._labels).inc(finished)
+        if self._cpu is not None and self.api_cpu is not None:
+            self._cpu.inc(self.api_cpu * TICK)
         self._set_gauges()
 
 

@@ -7,6 +7,7 @@ subresource, status, events) without the twin; the closed loop with the twin is 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +164,26 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     # GitOps: the spec was never written (its generation did not move).
     assert {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")} == generations
     assert "replicas" not in fleet.get("hot")["spec"]
+
+
+def test_a_fleet_whose_api_servers_cpu_bounds_its_latency_is_preprocessing_bound(
+    fleet: Fleet, scraped: tuple[PrometheusServer, FakePods]
+) -> None:
+    """Real Prometheus reading the servers' process_cpu_seconds_total beside vLLM's series: the busiest API server
+    process past a whole core (its preprocessing thread and the rest), the engines' queues empty, P90 over the target;
+    another fleet's API servers mostly idle."""
+    server, pods = scraped
+    ns = fleet.namespace
+    pods.add(FakePod(ns, "cpu-fake-0", "cpu", rate=5, latency=4.0, waiting=0, running=2, api_cpu=1.2))
+    pods.add(FakePod(ns, "gpu-fake-0", "gpu", rate=5, latency=4.0, waiting=6, running=8, api_cpu=0.3))
+    server.scrape(pods)
+    for name in ("cpu", "gpu"):
+        fleet.create(mmi(name, autoscaling={"minReplicas": 1, "maxReplicas": 1, "slo": SLO}))
+    bound = fleet.wait_condition("cpu", "PreprocessingBound", reason="CpuSaturated", timeout=120)
+    assert bound["status"] == "True"
+    cores = re.search(r"busiest API server process at ([0-9.]+) CPU cores, 0 waiting in the engines", bound["message"])
+    assert cores is not None and float(cores.group(1)) >= 0.9, bound  # rate() still filling its window: 0.9 to 1.2
+    warned = wait_for(lambda: events(fleet, "cpu", "CpuSaturated"), 30, "a Warning event")
+    assert "spec.multimodal.apiServers" in warned[0]
+    other = fleet.wait_condition("gpu", "PreprocessingBound", reason="NotCpuBound", timeout=60)
+    assert other["status"] == "False" and re.search(r"at 0\.[0-3][0-9] CPU cores, 6 waiting", other["message"]), other

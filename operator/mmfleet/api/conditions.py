@@ -17,6 +17,7 @@ ConditionType = Literal[
     "SLOMet",
     "MetricsAvailable",
     "Idle",
+    "PreprocessingBound",
     "TracingReady",
     "RoutingReady",
 ]
@@ -106,6 +107,14 @@ class IdleReason(StrEnum):
     NOT_MEASURED = "NotMeasured"
 
 
+class PreprocessingBoundReason(StrEnum):
+    """Only for an autoscaled vllm fleet: whether the API server's CPU, not the GPU, bounds its latency."""
+
+    CPU_SATURATED = "CpuSaturated"
+    NOT_CPU_BOUND = "NotCpuBound"
+    NOT_MEASURED = "NotMeasured"
+
+
 class TracingReadyReason(StrEnum):
     COLLECTOR_FOUND = "CollectorFound"
     COLLECTOR_NOT_FOUND = "CollectorNotFound"
@@ -132,6 +141,7 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "SLOMet": SloMetReason,
     "MetricsAvailable": MetricsAvailableReason,
     "Idle": IdleReason,
+    "PreprocessingBound": PreprocessingBoundReason,
     "TracingReady": TracingReadyReason,
     "RoutingReady": RoutingReadyReason,
 }

@@ -52,6 +52,10 @@ REPORTING: Final = "reporting"
 # Requests the fleet's endpoint picker holds in flow control, read for fleets that may scale to zero: with no server,
 # the only sign of demand (the picker's PodMonitor labels its series as the servers').
 HELD: Final = "held"
+# The busiest API server process of each vllm fleet, in CPU cores, for PreprocessingBound; never needed to scale. Its
+# /metrics carries prometheus_client's process collector (vLLM exports none with several API server processes).
+API_CPU: Final = "api_cpu"
+API_CPU_SERIES = "process_cpu_seconds_total"
 
 Key = tuple[str, str]
 
@@ -116,6 +120,7 @@ class Signals:
     failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
     held: float | None = None  # requests its endpoint picker holds; None when not asked for, or not read
     held_problem: str | None = None  # why ``held`` could not be read, when it was asked for
+    api_cpu: float | None = None  # CPU cores of its busiest API server process; None when not read (vllm only)
 
 
 class Sent(NamedTuple):
@@ -137,7 +142,7 @@ class Readings:
 
 # A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
 Found = dict[tuple[str, str, str], float | str]
-Query = Signal | Slo | Literal["reporting", "held"]
+Query = Signal | Slo | Literal["reporting", "held", "api_cpu"]
 
 
 def _union(parts: dict[str, str]) -> str:
@@ -191,11 +196,22 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
     backends_used = {t.backend for t in targets}
     queries: dict[Query, str] = {s: signal_query(s, backends_used, rate_window) for s in SIGNALS}
     queries[REPORTING] = reporting_query(backends_used)
+    if "vllm" in backends_used:  # shared by the fleets, so before the SLOs: a flood of those cannot starve it
+        queries[API_CPU] = api_cpu_query(rate_window)
     for slo in dict.fromkeys(t.slo for t in targets):
         queries[slo] = latency_query(slo, {t.backend for t in targets if t.slo == slo})
     if any(t.zero for t in targets):
         queries[HELD] = held_query()
     return queries
+
+
+def api_cpu_query(rate_window: str = RATE_WINDOW) -> str:
+    """Each vllm fleet's busiest API server process, in CPU cores: the servers' own process series (``and`` a vLLM
+    series of the same pod keeps the endpoint picker's process out)."""
+    by = ", ".join(FLEET_LABELS)
+    running = backends.get("vllm").metrics.running
+    cpu = f"rate({API_CPU_SERIES}[{rate_window}]) and on (namespace, pod) {running}"
+    return _union({"vllm": f"max by ({by}) ({cpu})"})
 
 
 def held_query() -> str:
@@ -281,6 +297,7 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
     values = {query: value for query, value in found.items() if isinstance(value, float)}
     latency = values.get(target.slo)
     missing = tuple(names[q] for q in (target.slo, *SIGNALS) if q not in values)
+    cpu = answers.get(API_CPU, {}).get(key)
     return Signals(
         latency=None if latency is None or math.isnan(latency) else latency,
         request_rate=values.get("request_rate"),
@@ -291,6 +308,7 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
         reporting=int(values[REPORTING]) if REPORTING in values and math.isfinite(values[REPORTING]) else None,
         held=held,
         held_problem=held_problem,
+        api_cpu=cpu if isinstance(cpu, float) and math.isfinite(cpu) and cpu >= 0 else None,
     )
 
 
@@ -300,6 +318,8 @@ def describe(query: Query) -> str:
         return f"P{query.percentile:g} of {query.metric} over {query.window}"
     if query == HELD:
         return "requests held by the endpoint picker"
+    if query == API_CPU:
+        return "API server CPU"
     return "pods reporting" if query == REPORTING else query
 
 
@@ -365,8 +385,12 @@ class Prometheus:
             if what not in got or got[what].kind == "silent"
         }
         unreachable = [a.problem for a in got.values() if a.kind == "unreachable" and a.problem]
-        # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it.
-        outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w != HELD]), None)
+        # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it, a
+        # silent API server CPU query leaves PreprocessingBound unmeasured.
+        optional = (HELD, API_CPU)
+        outage = next(
+            iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w not in optional]), None
+        )
         answers = {what: answer.found for what, answer in got.items() if answer.found is not None}
         problems = {**{w: a.problem for w, a in got.items() if a.problem}, **silent}
         if outage is not None:

@@ -35,13 +35,19 @@ def test_fleets_whose_slo_windows_are_spelled_differently_share_one_query() -> N
 
     one, other = fleet("a", "1m"), fleet("b", "60s")
     assert one.slo == other.slo == Slo("e2e", 90, "60s")
-    assert len(build_queries([one, other])) == 6  # four signals, the pods reporting and one latency query
+    # four signals, the pods reporting, the API servers' CPU and one latency query
+    assert len(build_queries([one, other])) == 7
 
 
 def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:
     many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
     queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
-    assert len(queries) == 7  # request rate, waiting, running, KV-cache use, pods reporting, and two SLOs
+    # request rate, waiting, running, KV-cache use, pods reporting, the vllm API servers' CPU, and two SLOs
+    assert len(queries) == 8
+    assert queries["api_cpu"] == (
+        "label_replace(max by (namespace, mmfleet_io_inference) (rate(process_cpu_seconds_total[1m]) and on "
+        '(namespace, pod) vllm:num_requests_running), "mmfleet_backend", "vllm", "", "")'
+    )
     assert queries[E2E_P90] == (
         "label_replace(histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
         '(rate(vllm:e2e_request_latency_seconds_bucket[60s]))), "mmfleet_backend", "vllm", "", "")'
