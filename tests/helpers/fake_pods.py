@@ -21,6 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mmfleet import backends
+from mmfleet.backends import vllm
 from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster import prometheus as prom
 from mmfleet_lab.cluster.process import Proc
@@ -43,7 +44,7 @@ class FakePod:
     waiting: float = 3.0
     running: float = 5.0
     kv_cache_usage: float = 0.2
-    api_cpu: float | None = None  # CPU cores its API server process uses (process_cpu_seconds_total), if exported
+    outside: float = 0.0  # s of each request's latency outside the engine (vllm: e2e less queue and inference time)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
 
@@ -60,11 +61,14 @@ class FakePod:
             for name in (names.waiting, names.running, names.kv_cache_usage)
         }
         self._labels = labels
-        # prometheus_client's process collector, as the API server's /metrics carries it (no labels).
-        self._cpu = None if self.api_cpu is None else Counter("process_cpu_seconds", "cpu", registry=self.registry)
+        # vLLM's engine phases: no time queued, the rest of the latency but ``outside`` running.
+        phases = (vllm.QUEUE_TIME, vllm.INFERENCE_TIME) if self.backend == "vllm" else ()
+        self._phases = [Histogram(name, name, list(labels), registry=self.registry) for name in phases]
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
+        for phase in self._phases:
+            phase.labels(**labels)
 
     def _set_gauges(self) -> None:
         names = backends.get(self.backend).metrics
@@ -78,9 +82,9 @@ class FakePod:
         self._due -= finished
         for _ in range(finished):
             self._e2e.labels(**self._labels).observe(self.latency)
+            for phase, took in zip(self._phases, (0.0, self.latency - self.outside), strict=False):
+                phase.labels(**self._labels).observe(took)
         self._done.labels(**self._labels).inc(finished)
-        if self._cpu is not None and self.api_cpu is not None:
-            self._cpu.inc(self.api_cpu * TICK)
         self._set_gauges()
 
 

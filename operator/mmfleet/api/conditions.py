@@ -108,10 +108,11 @@ class IdleReason(StrEnum):
 
 
 class PreprocessingBoundReason(StrEnum):
-    """Only for an autoscaled vllm fleet: whether the API server's CPU, not the GPU, bounds its latency."""
+    """Only for an autoscaled vllm fleet: whether the time requests spend in the API server, outside the engine,
+    bounds its latency."""
 
-    CPU_SATURATED = "CpuSaturated"
-    NOT_CPU_BOUND = "NotCpuBound"
+    API_SERVER_BOUND = "ApiServerBound"
+    NOT_API_SERVER_BOUND = "NotApiServerBound"
     NOT_MEASURED = "NotMeasured"
 
 
