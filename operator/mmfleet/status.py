@@ -48,21 +48,9 @@ BROKEN_WAITING_REASONS = frozenset(
     }
 )
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
-WARNING_WHEN = {
-    "Degraded": "True",
-    "MetricsAvailable": "False",
-    "ScalingLimited": "True",
-    "TracingReady": "False",
-    "PreprocessingBound": "True",
-}
+WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True", "TracingReady": "False"}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
-AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = (
-    "ScalingLimited",
-    "SLOMet",
-    "MetricsAvailable",
-    "Idle",
-    "PreprocessingBound",
-)
+AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = ("ScalingLimited", "SLOMet", "MetricsAvailable", "Idle")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mmfleet import backends
-from mmfleet.backends import vllm
 from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster import prometheus as prom
 from mmfleet_lab.cluster.process import Proc
@@ -44,7 +43,6 @@ class FakePod:
     waiting: float = 3.0
     running: float = 5.0
     kv_cache_usage: float = 0.2
-    outside: float = 0.0  # s of each request's latency outside the engine (vllm: e2e less queue and inference time)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
 
@@ -61,14 +59,9 @@ class FakePod:
             for name in (names.waiting, names.running, names.kv_cache_usage)
         }
         self._labels = labels
-        # vLLM's engine phases: no time queued, the rest of the latency but ``outside`` running.
-        phases = (vllm.QUEUE_TIME, vllm.INFERENCE_TIME) if self.backend == "vllm" else ()
-        self._phases = [Histogram(name, name, list(labels), registry=self.registry) for name in phases]
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
-        for phase in self._phases:
-            phase.labels(**labels)
 
     def _set_gauges(self) -> None:
         names = backends.get(self.backend).metrics
@@ -82,8 +75,6 @@ class FakePod:
         self._due -= finished
         for _ in range(finished):
             self._e2e.labels(**self._labels).observe(self.latency)
-            for phase, took in zip(self._phases, (0.0, self.latency - self.outside), strict=False):
-                phase.labels(**self._labels).observe(took)
         self._done.labels(**self._labels).inc(finished)
         self._set_gauges()
 

@@ -163,25 +163,3 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     # GitOps: the spec was never written (its generation did not move).
     assert {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")} == generations
     assert "replicas" not in fleet.get("hot")["spec"]
-
-
-def test_a_fleet_whose_requests_wait_outside_the_engine_is_preprocessing_bound(
-    fleet: Fleet, scraped: tuple[PrometheusServer, FakePods]
-) -> None:
-    """Real Prometheus reading vLLM's e2e, queue and inference histograms: one fleet's requests spend 3 s of 4 s
-    outside the engine (in the API server), another's 0.1 s; both miss a 2 s target."""
-    server, pods = scraped
-    ns = fleet.namespace
-    pods.add(FakePod(ns, "api-fake-0", "api", rate=5, latency=4.0, waiting=0, running=2, outside=3.0))
-    pods.add(FakePod(ns, "gpu-fake-0", "gpu", rate=5, latency=4.0, waiting=6, running=8, outside=0.1))
-    server.scrape(pods)
-    for name in ("api", "gpu"):
-        fleet.create(mmi(name, autoscaling={"minReplicas": 1, "maxReplicas": 1, "slo": SLO}))
-    bound = fleet.wait_condition("api", "PreprocessingBound", reason="ApiServerBound", timeout=120)
-    assert bound["status"] == "True"
-    assert "requests spent 3s of their mean 4s outside the engine (75%)" in bound["message"], bound
-    warned = wait_for(lambda: events(fleet, "api", "ApiServerBound"), 30, "a Warning event")
-    assert "spec.multimodal.apiServers" in warned[0]
-    other = fleet.wait_condition("gpu", "PreprocessingBound", reason="NotApiServerBound", timeout=60)
-    assert other["status"] == "False", other
-    assert "requests spent 0.1s of their mean 4s outside the engine (2%)" in other["message"], other

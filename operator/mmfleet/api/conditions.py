@@ -17,7 +17,6 @@ ConditionType = Literal[
     "SLOMet",
     "MetricsAvailable",
     "Idle",
-    "PreprocessingBound",
     "TracingReady",
     "RoutingReady",
 ]
@@ -107,15 +106,6 @@ class IdleReason(StrEnum):
     NOT_MEASURED = "NotMeasured"
 
 
-class PreprocessingBoundReason(StrEnum):
-    """Only for an autoscaled vllm fleet: whether the time requests spend in the API server, outside the engine,
-    bounds its latency."""
-
-    API_SERVER_BOUND = "ApiServerBound"
-    NOT_API_SERVER_BOUND = "NotApiServerBound"
-    NOT_MEASURED = "NotMeasured"
-
-
 class TracingReadyReason(StrEnum):
     COLLECTOR_FOUND = "CollectorFound"
     COLLECTOR_NOT_FOUND = "CollectorNotFound"
@@ -142,7 +132,6 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "SLOMet": SloMetReason,
     "MetricsAvailable": MetricsAvailableReason,
     "Idle": IdleReason,
-    "PreprocessingBound": PreprocessingBoundReason,
     "TracingReady": TracingReadyReason,
     "RoutingReady": RoutingReadyReason,
 }

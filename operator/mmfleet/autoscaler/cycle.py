@@ -37,11 +37,9 @@ from mmfleet import backends
 from mmfleet.api import (
     AutoscalingSpec,
     ColdStartStatus,
-    ConditionType,
     IdleReason,
     MetricsAvailableReason,
     MultimodalInference,
-    PreprocessingBoundReason,
     ScalingLimitedReason,
     SloMetReason,
     SloSpec,
@@ -122,10 +120,6 @@ class ColdStart:
         texts = {name: None if value is None else duration_text(value) for name, value in phases}
         return ColdStartStatus.model_validate({"total": duration_text(self.total), **texts, "pods": self.pods})
 
-
-# PreprocessingBound: the share of the mean e2e spent outside the engine from which the API server bounds the latency.
-# The real vLLM 0.33 server with images (H200 calibration): 2-3% at 2 to 20 req/s, 30% at 40 req/s, past saturation.
-OUTSIDE_SHARE = 0.25
 
 # SLOMet while the signals cannot be used: the fleet holds, and MetricsAvailable says why.
 NOTHING_MEASURED: ConditionRow = (
@@ -595,9 +589,6 @@ def decide(
             reason = f"no request for {duration_text(idleness.idle_for(clock))} ({rule.why}): {seen.current} -> 0"
             replicas = 0
         rows = (_idle_row(idleness, clock, rule, quiet, problem, replicas),)
-    unread = None if unavailable is None else unavailable[3]
-    bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label)
-    rows += () if bound is None else (bound,)
     if replicas != seen.current:
         cause = "scaled_up" if replicas > seen.current else "scaled_down"
     return Outcome(
@@ -610,46 +601,6 @@ def decide(
         idle=idle,
         conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label), *rows),
         new_starts=new_starts,
-    )
-
-
-def _preprocessing_row(
-    inference: MultimodalInference,
-    signals: Signals | None,
-    unread: str | None,
-    latency: float | None,
-    target: float,
-    label: str,
-) -> ConditionRow | None:
-    """PreprocessingBound for a vllm fleet: its latency misses the target and requests spend at least
-    ``OUTSIDE_SHARE`` of their e2e outside the engine, in the API server (vLLM loads and preprocesses images there
-    before the engine sees the request, a queue its waiting count does not show, vLLM #44688). None for other
-    backends."""
-    if inference.spec.backend.name != "vllm":
-        return None
-    kind: ConditionType = "PreprocessingBound"
-    unknown = PreprocessingBoundReason.NOT_MEASURED
-    if signals is None or unread is not None:
-        return (kind, None, unknown, f"not measured: {unread or 'nothing was read this cycle'}")
-    if signals.outside_problem is not None:
-        return (kind, None, unknown, f"not measured: {signals.outside_problem}")
-    if signals.outside is None or signals.e2e_mean is None:
-        return (kind, None, unknown, f"not measured: no request finished over the last {RATE_WINDOW}")
-    share = signals.outside / signals.e2e_mean
-    measured = (
-        f"requests spent {duration_text(signals.outside)} of their mean {duration_text(signals.e2e_mean)} "
-        f"outside the engine ({share:.0%})"
-    )
-    if latency is None or latency <= target or share < OUTSIDE_SHARE:
-        missed = "" if latency is None else f", {label} {duration_text(latency)} (target {duration_text(target)})"
-        return (kind, False, PreprocessingBoundReason.NOT_API_SERVER_BOUND, f"{measured}{missed}")
-    return (
-        kind,
-        True,
-        PreprocessingBoundReason.API_SERVER_BOUND,
-        f"{label} {duration_text(latency)} > target {duration_text(target)}, and {measured}: in the API server, "
-        "loading and preprocessing images, tokenizing, detokenizing and streaming; raise spec.multimodal.apiServers "
-        "and spec.resources.cpu (docs/troubleshooting.md#preprocessingbound-autoscaled-vllm-fleets)",
     )
 
 

@@ -34,7 +34,7 @@ from urllib3.util.retry import Retry
 
 from mmfleet import backends, routing
 from mmfleet.api import BackendName, MultimodalInference, SloMetric, seconds
-from mmfleet.backends import Signal, vllm
+from mmfleet.backends import Signal
 
 # Set on every series by the PodMonitor relabelling (render.build_pod_monitor) and by a plain
 # Prometheus with the kubernetes_sd_configs of docs/autoscaling.md.
@@ -52,11 +52,6 @@ REPORTING: Final = "reporting"
 # Requests the fleet's endpoint picker holds in flow control, read for fleets that may scale to zero: with no server,
 # the only sign of demand (the picker's PodMonitor labels its series as the servers').
 HELD: Final = "held"
-# For PreprocessingBound, never needed to scale: each vllm fleet's mean seconds per request outside the engine (e2e
-# less the engine's queue and inference time, from vLLM's own histograms), and its mean e2e.
-OUTSIDE: Final = "outside"
-E2E_MEAN: Final = "e2e_mean"
-OPTIONAL: tuple[Query, ...] = (HELD, OUTSIDE, E2E_MEAN)  # their silence fails no fleet's scaling
 
 Key = tuple[str, str]
 
@@ -121,9 +116,6 @@ class Signals:
     failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
     held: float | None = None  # requests its endpoint picker holds; None when not asked for, or not read
     held_problem: str | None = None  # why ``held`` could not be read, when it was asked for
-    outside: float | None = None  # mean seconds per request outside the engine over the rate window (vllm only)
-    e2e_mean: float | None = None  # mean e2e per request over the rate window (vllm only)
-    outside_problem: str | None = None  # why ``outside`` could not be read, when it was asked for
 
 
 class Sent(NamedTuple):
@@ -145,7 +137,7 @@ class Readings:
 
 # A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
 Found = dict[tuple[str, str, str], float | str]
-Query = Signal | Slo | Literal["reporting", "held", "outside", "e2e_mean"]
+Query = Signal | Slo | Literal["reporting", "held"]
 
 
 def _union(parts: dict[str, str]) -> str:
@@ -203,24 +195,7 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
         queries[slo] = latency_query(slo, {t.backend for t in targets if t.slo == slo})
     if any(t.zero for t in targets):
         queries[HELD] = held_query()
-    if "vllm" in backends_used:  # last: advisory, it must not take a slot from an SLO in a flood of them
-        queries[OUTSIDE], queries[E2E_MEAN] = outside_queries(rate_window)
     return queries
-
-
-def outside_queries(rate_window: str = RATE_WINDOW) -> tuple[str, str]:
-    """Each vllm fleet's mean seconds per request spent outside the engine (before it queued the request: the API
-    server loading and preprocessing images, tokenizing; after its last token: detokenizing, streaming), and its mean
-    e2e, over the rate window: vLLM times e2e from the request's arrival in the API server, the queue and inference
-    phases in the engine (v1/metrics/stats.py)."""
-    by = ", ".join(FLEET_LABELS)
-
-    def total(series: str) -> str:
-        return f"sum by ({by}) (rate({series}[{rate_window}]))"
-
-    e2e, count = total(f"{vllm.E2E}_sum"), total(f"{vllm.E2E}_count")
-    outside = f"({e2e} - {total(f'{vllm.QUEUE_TIME}_sum')} - {total(f'{vllm.INFERENCE_TIME}_sum')}) / {count}"
-    return _union({"vllm": outside}), _union({"vllm": f"{e2e} / {count}"})
 
 
 def held_query() -> str:
@@ -306,7 +281,6 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
     values = {query: value for query, value in found.items() if isinstance(value, float)}
     latency = values.get(target.slo)
     missing = tuple(names[q] for q in (target.slo, *SIGNALS) if q not in values)
-    outside, e2e_mean, outside_problem = _outside(key, answers, errors)
     return Signals(
         latency=None if latency is None or math.isnan(latency) else latency,
         request_rate=values.get("request_rate"),
@@ -317,35 +291,7 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
         reporting=int(values[REPORTING]) if REPORTING in values and math.isfinite(values[REPORTING]) else None,
         held=held,
         held_problem=held_problem,
-        outside=outside,
-        e2e_mean=e2e_mean,
-        outside_problem=outside_problem,
     )
-
-
-def _outside(
-    key: tuple[str, str, str], answers: dict[Query, Found], errors: dict[Query, str] | None
-) -> tuple[float | None, float | None, str | None]:
-    """A vllm fleet's mean time outside the engine and mean e2e; both None with no problem when no request finished
-    over the rate window (0/0), or None and why."""
-    if key[2] != "vllm":
-        return None, None, None
-    for query in (OUTSIDE, E2E_MEAN):
-        if errors and query in errors:
-            return None, None, errors[query]
-    if OUTSIDE not in answers and E2E_MEAN not in answers:  # not asked (the twin, no vllm fleet)
-        return None, None, None
-    found = [answers.get(query, {}).get(key) for query in (OUTSIDE, E2E_MEAN)]
-    if any(value is None for value in found):
-        return None, None, f"Prometheus has no {vllm.E2E}, {vllm.QUEUE_TIME} or {vllm.INFERENCE_TIME} for the fleet"
-    outside, e2e = found
-    if not isinstance(outside, float) or not isinstance(e2e, float):
-        return None, None, f"Prometheus answered a value that is not a number: {outside!r}, {e2e!r}"
-    if math.isnan(outside) or math.isnan(e2e):
-        return None, None, None
-    if not (math.isfinite(outside) and math.isfinite(e2e) and e2e > 0):
-        return None, None, f"Prometheus answered {outside!r} s outside the engine of a mean e2e of {e2e!r} s"
-    return max(0.0, outside), e2e, None
 
 
 def describe(query: Query) -> str:
@@ -354,8 +300,6 @@ def describe(query: Query) -> str:
         return f"P{query.percentile:g} of {query.metric} over {query.window}"
     if query == HELD:
         return "requests held by the endpoint picker"
-    if query in (OUTSIDE, E2E_MEAN):
-        return "time outside the engine" if query == OUTSIDE else "mean e2e"
     return "pods reporting" if query == REPORTING else query
 
 
@@ -421,11 +365,8 @@ class Prometheus:
             if what not in got or got[what].kind == "silent"
         }
         unreachable = [a.problem for a in got.values() if a.kind == "unreachable" and a.problem]
-        # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it, a
-        # silent one for the time outside the engine leaves PreprocessingBound unmeasured.
-        outage = next(
-            iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w not in OPTIONAL]), None
-        )
+        # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it.
+        outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w != HELD]), None)
         answers = {what: answer.found for what, answer in got.items() if answer.found is not None}
         problems = {**{w: a.problem for w, a in got.items() if a.problem}, **silent}
         if outage is not None:

@@ -156,13 +156,6 @@ def vllm_model_ref(model_ref: str) -> str:
     return model_ref
 
 
-# Histograms from each request's arrival in the API server to its end, and of its engine phases, WAITING and RUNNING
-# (v1/metrics/loggers.py, timed in v1/metrics/stats.py): what is left is time outside the engine.
-E2E = "vllm:e2e_request_latency_seconds"
-QUEUE_TIME = "vllm:request_queue_time_seconds"
-INFERENCE_TIME = "vllm:request_inference_time_seconds"
-
-
 class VllmBackend:
     """vLLM 0.33.0 (the OpenAI-compatible server)."""
 
@@ -176,7 +169,7 @@ class VllmBackend:
     writable_paths: tuple[str, ...] = ()
     start_in_log = True
     metrics = MetricNames(
-        e2e=E2E,
+        e2e="vllm:e2e_request_latency_seconds",
         ttft="vllm:time_to_first_token_seconds",
         itl="vllm:inter_token_latency_seconds",
         requests_finished="vllm:request_success_total",

@@ -35,23 +35,13 @@ def test_fleets_whose_slo_windows_are_spelled_differently_share_one_query() -> N
 
     one, other = fleet("a", "1m"), fleet("b", "60s")
     assert one.slo == other.slo == Slo("e2e", 90, "60s")
-    # four signals, the pods reporting, one latency query, and the time outside the engine and the mean e2e
-    assert len(build_queries([one, other])) == 8
+    assert len(build_queries([one, other])) == 6  # four signals, the pods reporting and one latency query
 
 
 def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:
     many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
     queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
-    # request rate, waiting, running, KV-cache use, pods reporting, two SLOs, and for vllm the time outside the
-    # engine and the mean e2e
-    assert len(queries) == 9
-    rate = "sum by (namespace, mmfleet_io_inference) (rate(vllm:{}[1m]))".format
-    assert queries["outside"] == (
-        f"label_replace(({rate('e2e_request_latency_seconds_sum')} - {rate('request_queue_time_seconds_sum')} - "
-        f"{rate('request_inference_time_seconds_sum')}) / {rate('e2e_request_latency_seconds_count')}, "
-        '"mmfleet_backend", "vllm", "", "")'
-    )
-    assert list(queries)[-2:] == ["outside", "e2e_mean"], "sent last: advisory"
+    assert len(queries) == 7  # request rate, waiting, running, KV-cache use, pods reporting, and two SLOs
     assert queries[E2E_P90] == (
         "label_replace(histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
         '(rate(vllm:e2e_request_latency_seconds_bucket[60s]))), "mmfleet_backend", "vllm", "", "")'
@@ -149,28 +139,3 @@ def test_a_latency_of_nothing_finished_is_none_but_not_missing() -> None:
     nothing = signals_for(target, {k: {} for k in answers})
     assert nothing.missing[0] == "vllm:e2e_request_latency_seconds_bucket"
     assert len(nothing.missing) == 5
-
-
-@pytest.mark.parametrize(
-    ("outside", "e2e", "errors", "read"),
-    [
-        ("3", "4", None, (3.0, 4.0, None)),
-        ("NaN", "NaN", None, (None, None, None)),  # 0/0: no request finished over the window, nothing to say
-        (None, None, None, (None, None, "Prometheus has no vllm:e2e_request_latency_seconds, ")),
-        ("lots", "4", None, (None, None, "Prometheus answered a value that is not a number: 'lots', 4.0")),
-        ("-0.01", "4", None, (0.0, 4.0, None)),  # clocks of two processes: a hair below zero is none
-        ("3", "4", {"outside": "refused: bad_data"}, (None, None, "refused: bad_data")),
-    ],
-)
-def test_the_time_outside_the_engine_is_read_or_says_why_not(
-    outside: str | None, e2e: str | None, errors: dict[str, str] | None, read: tuple[object, object, str | None]
-) -> None:
-    target = Target("ml", "qwen", "vllm", E2E_P90)
-    answers = {q: parse_result([sample("ml", "qwen", "vllm", "1")]) for q in (E2E_P90, *SIGNALS, "reporting")}
-    for query, value in (("outside", outside), ("e2e_mean", e2e)):
-        answers[query] = parse_result([sample("ml", "qwen", "vllm", value)] if value is not None else [])
-    signals = signals_for(target, answers, errors)  # type: ignore[arg-type]
-    assert (signals.outside, signals.e2e_mean) == read[:2]
-    assert (signals.outside_problem or "").startswith(read[2] or ""), signals.outside_problem
-    assert (signals.outside_problem is None) == (read[2] is None)
-    assert signals.failed is None, "an advisory query never fails the fleet's scaling"
