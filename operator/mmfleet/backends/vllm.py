@@ -114,7 +114,8 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   engine (profile, create kv cache, warmup model) took %.2f s", with " (compilation: %.2f s" after it when anything was
   compiled, the encoder's share spelled out after a dash when it compiled too (``v1/engine/core.py``
   ``_initialize_kv_caches``), each line as the logger writes it, ``[file.py:line] message``. Workers and engines
-  start side by side, so the slowest counts. Only the log before uvicorn's "Application startup complete." is read.
+  start side by side, so the slowest counts. Only the log before the API server's "Starting vLLM server on"
+  (``entrypoints/launchers/api_server/entry.py``, logged once the engine is up, whatever uvicorn's log level) is read.
 """
 
 from __future__ import annotations
@@ -382,7 +383,7 @@ _ENGINE_READY = re.compile(
     r"\[core\.py:\d+\] init engine \(profile, create kv cache, warmup model\) took (\d+\.\d+) s"
     r"(?: \(compilation: (\d+\.\d+) s)?"
 )
-_SERVING = "Application startup complete."  # uvicorn's, once the API server serves
+_SERVING = "Starting vLLM server on"  # the API server's, once the engine is up and before it serves
 
 
 def _slowest(seconds: Iterable[str]) -> float | None:
