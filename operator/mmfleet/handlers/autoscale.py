@@ -278,13 +278,10 @@ def _read_server_logs(
     for name in unread[:SERVER_LOGS_PER_CYCLE]:
         try:
             startup = backend.startup(op.get_kube().pod_log(namespace, name, CONTAINER, SERVER_LOG_BYTES))
-        except RetryableError as error:  # a timeout, a 5xx: tried again next cycle, a few times
-            logs.failures[name] = logs.failures.get(name, 0) + 1
-            if logs.failures[name] < SERVER_LOG_TRIES:
-                continue
-            log.info("pod %s/%s: its server's log was not read (%s)", namespace, name, error_text(error))
-            startup = ServerStartup()
         except Exception as error:  # refused (403 without pods/log, 404) or not readable: the phase stays whole
+            tries = logs.failures[name] = logs.failures.get(name, 0) + 1
+            if isinstance(error, RetryableError) and tries < SERVER_LOG_TRIES:  # a timeout, a 5xx: next cycle
+                continue
             log.info("pod %s/%s: its server's log was not read (%s)", namespace, name, error_text(error))
             startup = ServerStartup()
         else:
