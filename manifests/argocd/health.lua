@@ -9,6 +9,8 @@
 --   RoutingReady False: its endpoint picker not ready yet               -> Progressing
 --   RoutingReady False otherwise (its picker's pods failing: CrashLoopBackOff, an image not pulled;
 --                  a CRD the routing mode needs missing)                -> Degraded
+--   EncodeReady False: its encode replicas starting                      -> Progressing
+--   EncodeReady False otherwise (an encode pod failing)                 -> Degraded
 --   Ready condition True (every desired replica ready on the new spec)  -> Healthy
 --   anything else (creating, rolling out, scaling)                      -> Progressing
 --
@@ -32,6 +34,7 @@ end
 local ready = nil
 local degraded = nil
 local routing = nil
+local encode = nil
 if obj.status.conditions ~= nil then
   for _, condition in ipairs(obj.status.conditions) do
     if condition.type == "Ready" then
@@ -40,6 +43,8 @@ if obj.status.conditions ~= nil then
       degraded = condition
     elseif condition.type == "RoutingReady" then
       routing = condition
+    elseif condition.type == "EncodeReady" then
+      encode = condition
     end
   end
 end
@@ -70,6 +75,16 @@ if routing ~= nil and routing.status == "False" then
     hs.status = "Degraded"
   end
   hs.message = message(routing, "Routing not ready")
+  return hs
+end
+
+if encode ~= nil and encode.status == "False" then
+  if encode.reason == "EncodeReplicasNotReady" then
+    hs.status = "Progressing"
+  else
+    hs.status = "Degraded"
+  end
+  hs.message = message(encode, "Encode tier not ready")
   return hs
 end
 

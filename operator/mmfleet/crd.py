@@ -89,6 +89,7 @@ def _printer_columns() -> list[JsonSchema]:
         {"name": "SLO", "type": "string", "jsonPath": ".status.slo.target"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "priority": 1},
         {"name": "Picker", "type": "boolean", "jsonPath": ".status.routing.pickerReady", "priority": 1},
+        {"name": "Encoders", "type": "integer", "jsonPath": ".status.encode.readyReplicas", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -11,11 +11,13 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from mmfleet import backends, clouds, routing
-from mmfleet.api import API_VERSION, KIND, PROFILE_NAMES, Affinity, MultimodalInference, NetworkPeer
-from mmfleet.backends import Backend, ServerContext
+from mmfleet.api import API_VERSION, KIND, PROFILE_NAMES, Affinity, GpuSpec, MultimodalInference, NetworkPeer
+from mmfleet.backends import Backend, EcRole, ServerContext
+from mmfleet.backends.vllm import EC_SIDE_CHANNEL_PORT, encoder_only_unsupported
 from mmfleet.clouds import CloudProfile
 from mmfleet.routing import PickerSettings, RoutingCrds
 
@@ -25,6 +27,19 @@ FIELD_MANAGER = "mmfleet"
 INFERENCE_LABEL = "mmfleet.io/inference"
 COMPONENT = "inference-server"
 CONTAINER = "server"
+# spec.disaggregation.encode: the encode tier's pods, and the sidecar in each serving pod that sends a request's
+# images through them (mmfleet.encode_proxy, run by the server's image from the fleet's ConfigMap).
+ENCODE_COMPONENT = "encoder"
+ENCODE_SUFFIX = "-encode"
+PROXY_CONTAINER = "encode-proxy"
+PROXY_PORT_NAME = "encode-proxy"
+PROXY_PORT = 8001
+PROXY_FILE = "encode_proxy.py"
+# Its program, read once from the package (rendering imports it not: it is an aiohttp server).
+PROXY_SOURCE = resources.files("mmfleet").joinpath(PROXY_FILE).read_text(encoding="utf-8")
+# What it asks: a proxy of a few requests at a time, whose bodies (images inline) it holds while it forwards them.
+PROXY_CPU = "250m"
+PROXY_MEMORY = "512Mi"
 
 CACHE_DIR = "/cache"
 # The shared claim's mount (spec.modelCache.volume shared). HOME stays on the replica's own volume:
@@ -80,9 +95,40 @@ class Placement:
     mount: Manifest | None
 
 
+@dataclass(frozen=True)
+class Tier:
+    """One Deployment of the fleet's servers: the serving tier (every fleet), or the encode tier."""
+
+    name: str
+    selector: dict[str, str]
+    gpu: GpuSpec
+    ec_role: EcRole | None
+
+
 def selector_labels(inference: MultimodalInference) -> dict[str, str]:
     """Stable across spec changes: a Deployment's selector is immutable."""
     return {INFERENCE_LABEL: inference.metadata.name, "app.kubernetes.io/component": COMPONENT}
+
+
+def encode_selector(inference: MultimodalInference) -> dict[str, str]:
+    return {INFERENCE_LABEL: inference.metadata.name, "app.kubernetes.io/component": ENCODE_COMPONENT}
+
+
+def encode_name(inference: MultimodalInference) -> str:
+    return inference.metadata.name + ENCODE_SUFFIX
+
+
+def serving_tier(inference: MultimodalInference) -> Tier:
+    role: EcRole | None = "ec_consumer" if inference.spec.disaggregation.encode is not None else None
+    return Tier(inference.metadata.name, selector_labels(inference), inference.spec.gpu, role)
+
+
+def encode_tier(inference: MultimodalInference) -> Tier | None:
+    encode = inference.spec.disaggregation.encode
+    if encode is None:
+        return None
+    gpu = GpuSpec(count=encode.gpu.count, type=encode.gpu.type or inference.spec.gpu.type)
+    return Tier(encode_name(inference), encode_selector(inference), gpu, "ec_producer")
 
 
 def routed_labels(inference: MultimodalInference) -> dict[str, str]:
@@ -125,7 +171,27 @@ def tracing_endpoint(inference: MultimodalInference, cloud: CloudProfile, collec
 
 def problems(inference: MultimodalInference) -> list[str]:
     """What only the operator can judge; the schema and the models caught the rest."""
-    return _clashes(inference) or _routing_problems(inference) or _oversized(inference)
+    return _clashes(inference) or _routing_problems(inference) or _encode_problems(inference) or _oversized(inference)
+
+
+def _encode_problems(inference: MultimodalInference) -> list[str]:
+    spec = inference.spec
+    if spec.disaggregation.encode is None:
+        return []
+    family = encoder_only_unsupported(spec.model.name)
+    if family is not None:
+        return [
+            f"disaggregation.encode: model.name {spec.model.name} is of a family ({family}) that vLLM "
+            f"{backends.get('vllm').version} cannot run encoder-only (its model class loads the language model "
+            "too); remove disaggregation.encode"
+        ]
+    name = encode_name(inference)
+    if len(name) > 63:
+        return [
+            f"disaggregation.encode needs a name of at most {63 - len(ENCODE_SUFFIX)} characters (the encode tier's "
+            f"Service is {name}); {inference.metadata.name} has {len(inference.metadata.name)}"
+        ]
+    return []
 
 
 def _clashes(inference: MultimodalInference) -> list[str]:
@@ -195,6 +261,13 @@ def _metadata(inference: MultimodalInference, name: str, **extra: Any) -> Manife
     return out
 
 
+def _tier_metadata(inference: MultimodalInference, tier: Tier) -> Manifest:
+    """A tier's child: named after the tier, and labelled with its component."""
+    meta = _metadata(inference, tier.name)
+    meta["labels"] = {**meta["labels"], **tier.selector}
+    return meta
+
+
 def _model_placement(inference: MultimodalInference) -> Placement:
     source = inference.spec.model.resolved_source()
     scheme, rest = source.split("://", 1)
@@ -213,7 +286,9 @@ def _model_placement(inference: MultimodalInference) -> Placement:
     return Placement(model_ref=source, volume=None, mount=None)
 
 
-def server_context(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> ServerContext:
+def server_context(
+    inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None, ec_role: EcRole | None = None
+) -> ServerContext:
     shared = inference.spec.model_cache.volume == "shared"
     cache_dir = SHARED_CACHE_DIR if shared else CACHE_DIR
     return ServerContext(
@@ -226,7 +301,17 @@ def server_context(inference: MultimodalInference, cloud: CloudProfile, collecto
         download_dir=f"{cache_dir}/models",
         shared_cache_dir=SHARED_CACHE_DIR if shared else None,
         cloud=cloud.name,
+        ec_role=ec_role,
     )
+
+
+def config_files(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> dict[str, str]:
+    """The fleet's ConfigMap: the backend's files, and the encode sidecar's program with an encode tier."""
+    ctx = server_context(inference, cloud, collector, serving_tier(inference).ec_role)
+    files = backends.get(inference.spec.backend.name).config_files(ctx)
+    if inference.spec.disaggregation.encode is not None:
+        files = {**files, PROXY_FILE: PROXY_SOURCE}
+    return files
 
 
 def _gi(value: float) -> str:
@@ -234,7 +319,7 @@ def _gi(value: float) -> str:
     return f"{int(value)}Gi" if value == int(value) else f"{math.ceil(value * 1024)}Mi"
 
 
-def _cache_volume(inference: MultimodalInference, cloud: CloudProfile) -> Manifest:
+def _cache_volume(inference: MultimodalInference, cloud: CloudProfile, tier: Tier) -> Manifest:
     cache = inference.spec.model_cache
     # With shared, the replica's own volume holds only HOME and scratch: the node's disk will do.
     if cache.volume != "ephemeral":
@@ -246,7 +331,7 @@ def _cache_volume(inference: MultimodalInference, cloud: CloudProfile) -> Manife
     storage_class = cache.storage_class_name or cloud.storage_class
     if storage_class:
         claim["storageClassName"] = storage_class
-    template = {"metadata": {"labels": selector_labels(inference)}, "spec": claim}
+    template = {"metadata": {"labels": tier.selector}, "spec": claim}
     return {"name": "cache", "ephemeral": {"volumeClaimTemplate": template}}
 
 
@@ -327,10 +412,16 @@ def config_map_name(inference: MultimodalInference) -> str:
 
 def optional_children(inference: MultimodalInference) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of the children a spec may or may not ask for: pruned when it does not."""
+    encode = encode_name(inference)
     return [
         ("v1", "ConfigMap", config_map_name(inference)),
         ("monitoring.coreos.com/v1", "PodMonitor", inference.metadata.name),
         *routing.front_door(inference),
+        ("apps/v1", "Deployment", encode),
+        ("v1", "Service", encode),
+        ("policy/v1", "PodDisruptionBudget", encode),
+        ("networking.k8s.io/v1", "NetworkPolicy", encode),
+        ("monitoring.coreos.com/v1", "PodMonitor", encode),
     ]
 
 
@@ -344,12 +435,20 @@ def build_config_map(inference: MultimodalInference, files: dict[str, str]) -> M
 
 
 def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> Manifest:
+    """The serving tier: every fleet's replicas, which the autoscaler scales."""
+    return _server_deployment(inference, cloud, collector, serving_tier(inference))
+
+
+def _server_deployment(
+    inference: MultimodalInference, cloud: CloudProfile, collector: str | None, tier: Tier
+) -> Manifest:
     spec = inference.spec
     backend = backends.get(spec.backend.name)
     placement = _model_placement(inference)
-    ctx = server_context(inference, cloud, collector)
-    files = backend.config_files(ctx)
-    gpus = spec.gpu.count
+    ctx = server_context(inference, cloud, collector, tier.ec_role)
+    files = config_files(inference, cloud, collector)
+    serving = tier.ec_role != "ec_producer"
+    gpus = tier.gpu.count
     extra = backend.host_extra(inference)
     shm = _gi(SHM_GI_PER_GPU * gpus + extra.shm_gib)
     memory = (
@@ -361,7 +460,7 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
 
     volumes: list[Manifest] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-        _cache_volume(inference, cloud),
+        _cache_volume(inference, cloud, tier),
     ]
     mounts: list[Manifest] = [
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -385,12 +484,16 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
         mounts.append({"name": name, "mountPath": path})
 
     env: list[Manifest] = [{"name": "HOME", "value": CACHE_DIR}, *backend.env(ctx)]
+    ports: list[Manifest] = [{"name": "http", "containerPort": backend.port, "protocol": "TCP"}]
+    if tier.ec_role == "ec_producer":
+        ports.append({"name": "ec-side-channel", "containerPort": EC_SIDE_CHANNEL_PORT, "protocol": "TCP"})
+    image = spec.backend.image or backend.image
     container: Manifest = {
         "name": CONTAINER,
-        "image": spec.backend.image or backend.image,
+        "image": image,
         "command": [*backend.command(ctx), *backend.drain_args(SHUTDOWN_SECONDS), *spec.backend.extra_args],
         "workingDir": CACHE_DIR,
-        "ports": [{"name": "http", "containerPort": backend.port, "protocol": "TCP"}],
+        "ports": ports,
         "env": env,
         "resources": {
             "requests": {"cpu": cpu, "memory": memory, cloud.gpu_resource: str(gpus)},
@@ -405,6 +508,9 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
     }
     if spec.model.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    containers = [container]
+    if tier.ec_role == "ec_consumer":
+        containers.append(_proxy_container(inference, backend, image))
 
     wiring = cloud.identity(spec.identity)
     pod_annotations = {"kubectl.kubernetes.io/default-container": CONTAINER}
@@ -418,7 +524,7 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
         # A Service named like the backend would otherwise inject VLLM_PORT=tcp://..., which vLLM misreads.
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": DRAIN_SECONDS + SHUTDOWN_SECONDS + 10,
-        "containers": [container],
+        "containers": containers,
         "volumes": volumes,
         "tolerations": [*cloud.gpu_tolerations(), *(t.wire() for t in spec.placement.tolerations)],
         "topologySpreadConstraints": [
@@ -427,38 +533,62 @@ def build_deployment(inference: MultimodalInference, cloud: CloudProfile, collec
                 "topologyKey": "kubernetes.io/hostname",
                 # GPUs are scarce: spreading is a preference, never a reason to stay Pending.
                 "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": selector_labels(inference)},
+                "labelSelector": {"matchLabels": tier.selector},
             }
         ],
         "securityContext": _pod_security(backend, shared_cache=spec.model_cache.volume == "shared"),
     }
     if spec.placement.node_selector:
         pod_spec["nodeSelector"] = dict(spec.placement.node_selector)
-    affinity = _merge_affinity(cloud.gpu_node_affinity(spec.gpu), spec.placement.affinity)
+    affinity = _merge_affinity(cloud.gpu_node_affinity(tier.gpu), spec.placement.affinity)
     if affinity:
         pod_spec["affinity"] = affinity
 
+    pod_labels = {**labels(inference), **tier.selector, **(routed_labels(inference) if serving else {})}
     deployment_spec: Manifest = {
-        "selector": {"matchLabels": selector_labels(inference)},
+        "selector": {"matchLabels": tier.selector},
         "revisionHistoryLimit": 3,
         "progressDeadlineSeconds": STARTUP_BUDGET_SECONDS + 600,
         # Never drop serving capacity for a rollout; a surge pod needs one spare replica's GPUs.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {
-            "metadata": {
-                "labels": {**labels(inference), **routed_labels(inference), **wiring.pod_labels},
-                "annotations": pod_annotations,
-            },
+            "metadata": {"labels": {**pod_labels, **wiring.pod_labels}, "annotations": pod_annotations},
             "spec": pod_spec,
         },
     }
-    if not spec.autoscaled:
+    encode = spec.disaggregation.encode
+    if not serving and encode is not None:
+        deployment_spec["replicas"] = encode.replicas
+    elif not spec.autoscaled:
         deployment_spec["replicas"] = spec.replicas
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(inference, inference.metadata.name),
+        "metadata": _tier_metadata(inference, tier),
         "spec": deployment_spec,
+    }
+
+
+def _proxy_container(inference: MultimodalInference, backend: Backend, image: str) -> Manifest:
+    """The sidecar that sends a request's images through the encode tier and the request on to the server beside it
+    (mmfleet.encode_proxy): the server's own image runs it, from the fleet's ConfigMap."""
+    encoder = f"http://{encode_name(inference)}.{inference.metadata.namespace}.svc:{backend.port}"
+    return {
+        "name": PROXY_CONTAINER,
+        "image": image,
+        "command": [
+            *("python3", f"{CONFIG_DIR}/{PROXY_FILE}", "--port", str(PROXY_PORT)),
+            *("--server", f"http://127.0.0.1:{backend.port}", "--encoder", encoder),
+        ],
+        "ports": [{"name": PROXY_PORT_NAME, "containerPort": PROXY_PORT, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": PROXY_CPU, "memory": PROXY_MEMORY},
+            "limits": {"memory": PROXY_MEMORY},
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "readinessProbe": {"tcpSocket": {"port": PROXY_PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
+        "securityContext": {**_container_security(backend), "readOnlyRootFilesystem": True},
     }
 
 
@@ -494,7 +624,9 @@ def build_service(inference: MultimodalInference, cloud: CloudProfile) -> Manife
     spec: Manifest = {
         "type": service_type,
         "selector": routed_labels(inference),
-        "ports": [{"name": "http", "port": backend.port, "targetPort": "http", "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "port": backend.port, "targetPort": serving_port_name(inference), "protocol": "TCP"}
+        ],
     }
     ranges = inference.spec.service.load_balancer_source_ranges
     if service_type == "LoadBalancer" and ranges:
@@ -502,14 +634,42 @@ def build_service(inference: MultimodalInference, cloud: CloudProfile) -> Manife
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
-def build_pod_disruption_budget(inference: MultimodalInference) -> Manifest:
+def serving_port_name(inference: MultimodalInference) -> str:
+    """Where clients' requests enter a serving pod: the server, or the encode sidecar in front of it."""
+    return PROXY_PORT_NAME if inference.spec.disaggregation.encode is not None else "http"
+
+
+def serving_port(inference: MultimodalInference) -> int:
+    if inference.spec.disaggregation.encode is not None:
+        return PROXY_PORT
+    return backends.get(inference.spec.backend.name).port
+
+
+def build_encode_service(inference: MultimodalInference, tier: Tier) -> Manifest:
+    """The encode tier's Service: the serving pods' sidecars send each request's images to it."""
+    port = backends.get(inference.spec.backend.name).port
+    spec: Manifest = {
+        "type": "ClusterIP",
+        "selector": tier.selector,
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _tier_metadata(inference, tier),
+        "spec": spec,
+    }
+
+
+def build_pod_disruption_budget(inference: MultimodalInference, tier: Tier | None = None) -> Manifest:
+    tier = tier or serving_tier(inference)
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(inference, inference.metadata.name),
+        "metadata": _tier_metadata(inference, tier),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": selector_labels(inference)},
+            "selector": {"matchLabels": tier.selector},
             # A crash-looping replica serves nothing; it must not block a node drain.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
@@ -529,7 +689,7 @@ def build_network_policy(
     """
     policy = inference.spec.network_policy
     service = inference.spec.service
-    port = [{"port": "http", "protocol": "TCP"}]
+    port = [{"port": name, "protocol": "TCP"} for name in dict.fromkeys(("http", serving_port_name(inference)))]
 
     def peers(items: list[NetworkPeer]) -> list[Manifest]:
         # exclude_defaults keeps a selector given as {} (every namespace or pod) as {}.
@@ -549,12 +709,42 @@ def build_network_policy(
         rules.append({"ports": port, "from": [operator]})
     if service.type == "LoadBalancer":
         rules.append({"ports": port})
+    if inference.spec.disaggregation.encode is not None:
+        # NIXL's transfers between the tiers open ports of their own choosing (UCX), in either direction.
+        rules.append({"from": [{"podSelector": {"matchLabels": encode_selector(inference)}}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(inference, inference.metadata.name),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(inference)},
+            "policyTypes": ["Ingress"],
+            "ingress": rules,
+        },
+    }
+
+
+def build_encode_network_policy(
+    inference: MultimodalInference, tier: Tier, prometheus_namespace: str | None = None
+) -> Manifest:
+    """The encode pods take requests and NIXL transfers from the fleet's serving pods only (the sidecars call the
+    encode Service; the servers read the outputs on ports NIXL picks), and scrapes on the server's port."""
+    port = [{"port": "http", "protocol": "TCP"}]
+    rules: list[Manifest] = [{"from": [{"podSelector": {"matchLabels": selector_labels(inference)}}]}]
+    scrapers = [
+        p.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+        for p in inference.spec.network_policy.metrics_from
+    ]
+    if prometheus_namespace:
+        scrapers.append({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": prometheus_namespace}}})
+    if scrapers:
+        rules.append({"ports": port, "from": scrapers})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _tier_metadata(inference, tier),
+        "spec": {
+            "podSelector": {"matchLabels": tier.selector},
             "policyTypes": ["Ingress"],
             "ingress": rules,
         },
@@ -583,8 +773,16 @@ def build_pod_monitor(inference: MultimodalInference) -> Manifest:
 SCRAPE_INTERVAL = 15.0
 
 
-def _pod_monitor(meta: Manifest, selector: dict[str, str], port: str, path: str) -> Manifest:
-    """A PodMonitor of the pods ``selector`` picks, their series labelled by fleet, namespace and pod."""
+# The encode pods' series carry the fleet's name in a label of their own: under mmfleet_io_inference their vllm:* series
+# would join the serving replicas' in every query the autoscaler sends.
+ENCODE_FLEET_LABEL = "mmfleet_io_encode"
+
+
+def _pod_monitor(
+    meta: Manifest, selector: dict[str, str], port: str, path: str, fleet_label: str = "mmfleet_io_inference"
+) -> Manifest:
+    """A PodMonitor of the pods ``selector`` picks, their series labelled by fleet (``fleet_label``), namespace and
+    pod."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -599,7 +797,7 @@ def _pod_monitor(meta: Manifest, selector: dict[str, str], port: str, path: str)
                     "relabelings": [
                         {
                             "sourceLabels": ["__meta_kubernetes_pod_label_mmfleet_io_inference"],
-                            "targetLabel": "mmfleet_io_inference",
+                            "targetLabel": fleet_label,
                         },
                         {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
                         {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"},
@@ -655,8 +853,7 @@ def _children(
     routing_crds: RoutingCrds = routing.ALL_SERVED,
     operator_namespace: str | None = None,
 ) -> list[Manifest]:
-    backend = backends.get(inference.spec.backend.name)
-    files = backend.config_files(server_context(inference, profile, collector_endpoint))
+    files = config_files(inference, profile, collector_endpoint)
     children = [build_service_account(inference, profile)]
     if files:
         children.append(build_config_map(inference, files))
@@ -670,6 +867,18 @@ def _children(
     monitored = bool(wants_monitor or (wants_monitor is None and monitoring_crds))
     if monitored:
         children.append(build_pod_monitor(inference))
+    encode = encode_tier(inference)
+    if encode is not None:
+        children += [
+            _server_deployment(inference, profile, collector_endpoint, encode),
+            build_encode_service(inference, encode),
+            build_pod_disruption_budget(inference, encode),
+            build_encode_network_policy(inference, encode, prometheus_namespace),
+        ]
+        if monitored:
+            path = backends.get(inference.spec.backend.name).metrics_path
+            meta = _tier_metadata(inference, encode)
+            children.append(_pod_monitor(meta, encode.selector, "http", path, ENCODE_FLEET_LABEL))
     if inference.spec.routing.mode == "inferencePool" and routing_crds.pool:
         picker = picker or routing.DEFAULT_PICKER
         children += _front_door(inference, profile, collector_endpoint, picker, routing_crds.route, monitored)
@@ -701,7 +910,7 @@ def _front_door(
     meta = {**_metadata(inference, name), "labels": routing.picker_labels(labels(inference))}
     selector = routing.picker_selector(inference, INFERENCE_LABEL)
     config = routing.build_picker_config_map(inference, meta, picker.cold_start)
-    port = backends.get(inference.spec.backend.name).port
+    port = serving_port(inference)
     children = [
         routing.build_picker_service_account(meta),
         config,

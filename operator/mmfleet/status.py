@@ -22,6 +22,7 @@ from mmfleet.api import (
     Condition,
     ConditionType,
     DegradedReason,
+    EncodeReadyReason,
     MultimodalInference,
     MultimodalInferenceStatus,
     Phase,
@@ -271,6 +272,37 @@ def routing_row(inference: MultimodalInference, seen: RoutingSeen) -> ConditionR
 
 
 @dataclass(frozen=True)
+class EncodeSeen:
+    """The encode tier's Deployment (None: not made yet) and why its pods do not start."""
+
+    deployment: dict[str, Any] | None
+    problems: list[PodProblem] = field(default_factory=list)
+
+
+def encode_row(inference: MultimodalInference, seen: EncodeSeen) -> tuple[ConditionRow, dict[str, Any]]:
+    """EncodeReady and status.encode. Without its encode replicas the fleet still serves: each serving replica's
+    sidecar has its server encode the images itself (mmfleet.encode_proxy), slower."""
+    name = render.encode_name(inference)
+    encode = inference.spec.disaggregation.encode
+    desired = encode.replicas if encode is not None else 0
+    dep_status = (seen.deployment or {}).get("status") or {}
+    ready = int(dep_status.get("readyReplicas") or 0)
+    part = {"deployment": name, "replicas": int(dep_status.get("replicas") or 0), "readyReplicas": ready}
+    part["desiredReplicas"] = desired
+    meanwhile = "the serving replicas encode their requests' images themselves meanwhile"
+    if ready < desired and seen.problems:
+        problem = seen.problems[0]
+        detail = f": {problem.message}" if problem.message else ""
+        message = f"encode tier {name}: pod {problem.pod}: {problem.reason}{detail} (kubectl logs {problem.pod}); "
+        return ("EncodeReady", False, EncodeReadyReason.REPLICAS_FAILING, message + meanwhile), part
+    if ready < desired:
+        message = f"encode tier {name}: {ready}/{desired} replicas ready; {meanwhile}"
+        return ("EncodeReady", False, EncodeReadyReason.REPLICAS_NOT_READY, message), part
+    message = f"encode tier {name}: {ready}/{desired} replicas ready"
+    return ("EncodeReady", True, EncodeReadyReason.REPLICAS_READY, message), part
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the operator saw of the children, and, from the autoscaling loop, what its cycle concluded.
 
@@ -291,6 +323,8 @@ class Observed:
     retrying: str | None = None
     # In routing mode inferencePool: what was seen of it; None keeps the previous RoutingReady.
     routing: RoutingSeen | None = None
+    # With spec.disaggregation.encode: what was seen of the encode tier; None keeps the previous EncodeReady.
+    encode: EncodeSeen | None = None
 
 
 @dataclass(frozen=True)
@@ -530,9 +564,10 @@ def compute_status(
 
     tracing = _tracing_part(inference, observed.tracing, condition)
     routed, base["routing"] = _routing_part(inference, observed.routing, condition, previous)
+    encoded, base["encode"] = _encode_part(inference, observed.encode, condition, previous)
 
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
-        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing, *routed]}
+        body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing, *routed, *encoded]}
         return MultimodalInferenceStatus.model_validate({k: v for k, v in body.items() if v is not None})
 
     deployment = observed.deployment
@@ -651,6 +686,23 @@ def _routing_part(
     row = routing_row(inference, seen)
     part = {"pool": inference.metadata.name, "picker": routing.picker_name(inference), "pickerReady": seen.picker_ready}
     return [condition(*row)], part if seen.crds.pool else None
+
+
+def _encode_part(
+    inference: MultimodalInference,
+    seen: EncodeSeen | None,
+    condition: Conditions,
+    previous: MultimodalInferenceStatus | None,
+) -> tuple[list[Condition], dict[str, Any] | None]:
+    """EncodeReady and status.encode with spec.disaggregation.encode, from what was seen, else as last written."""
+    if inference.spec.disaggregation.encode is None:
+        return [], None
+    if seen is None:
+        kept = condition.kept(("EncodeReady",))
+        before = previous.encode.model_dump(by_alias=True, exclude_none=True) if previous and previous.encode else None
+        return kept or [condition("EncodeReady", None, EncodeReadyReason.NOT_CHECKED, "not looked at yet")], before
+    row, part = encode_row(inference, seen)
+    return [condition(*row)], part
 
 
 def _invalid_status(

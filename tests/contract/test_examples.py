@@ -49,6 +49,7 @@ def test_the_examples_admin_policy_serves_every_example_and_the_shipped_policy_r
         "llama-vision-trtllm-aks.yaml": ["spec.model.credentialsSecret", "spec.service.type"],
         "minimal.yaml": [],
         "qwen-vl-eks.yaml": ["spec.identity.awsRoleArn", "spec.model.credentialsSecret"],
+        "qwen-vl-encode-tier.yaml": [],
         "qwen-vl-oci-weights.yaml": ["spec.model.source"],
         "qwen-vl-routed.yaml": ["spec.routing.gateway.namespace"],
         "qwen-vl-scale-to-zero.yaml": [],

@@ -348,6 +348,16 @@ def _routed(reason: str) -> Obj:
     }
 
 
+def _encoded(reason: str, ok: str = "False") -> Obj:
+    """A fleet whose serving replicas are ready, with EncodeReady ``ok`` for ``reason``."""
+    conditions = [_condition("Ready", "True"), _condition("Degraded", "False"),
+                  _condition("EncodeReady", ok, "encode tier qwen-encode: ...", reason)]  # fmt: skip
+    return {
+        "metadata": {"generation": 1},
+        "status": {"observedGeneration": 1, "phase": "Ready", "conditions": conditions},
+    }
+
+
 HEALTH_CASES: list[tuple[str, Obj, str]] = [
     ("no status", {"metadata": {"generation": 1}}, "Progressing"),
     (
@@ -410,6 +420,9 @@ HEALTH_CASES: list[tuple[str, Obj, str]] = [
     ("picker crash-looping", _routed("PickerFailing"), "Degraded"),
     ("no InferencePool CRD", _routed("InferencePoolCRDMissing"), "Degraded"),
     ("no Gateway API", _routed("GatewayAPIMissing"), "Degraded"),
+    ("encode tier starting", _encoded("EncodeReplicasNotReady"), "Progressing"),
+    ("encode pod crash-looping", _encoded("EncodeReplicasFailing"), "Degraded"),
+    ("encode tier ready", _encoded("EncodeReplicasReady", "True"), "Healthy"),
 ]
 
 

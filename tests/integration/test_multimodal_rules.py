@@ -1,5 +1,6 @@
-"""The API server (the CRD's CEL rules) and the operator's parser agree on spec.multimodal's cross-field rules:
-vllm settings only, and shm's shared buffer with one API server process only (issue 27)."""
+"""The API server (the CRD's CEL rules) and the operator's parser agree on spec.multimodal's and
+spec.disaggregation.encode's cross-field rules: vllm settings only, shm's shared buffer with one API server process
+only, no encode tier for a text-only fleet or one that scales to zero (issue 27)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,23 @@ def dry_run(cluster: Cluster, text: str) -> subprocess.CompletedProcess[str]:
             "spec.multimodal.processorCache.type",
             "processorCache.type shm works with one API server process",
         ),
+        (
+            "{model: {name: m}, backend: {name: tensorrt-llm}, disaggregation: {encode: {}}}",
+            "spec.disaggregation.encode",
+            "needs vllm's encoder disaggregation",
+        ),
+        (
+            "{model: {name: m}, multimodal: {limitPerPrompt: {image: 0, video: 0, audio: 0}}, "
+            "disaggregation: {encode: {replicas: 2}}}",
+            "spec.disaggregation.encode",
+            "a text-only fleet has nothing to encode",
+        ),
+        (
+            "{model: {name: m}, routing: {mode: inferencePool}, disaggregation: {encode: {}}, "
+            "autoscaling: {minReplicas: 0, slo: {target: 2s}}}",
+            "spec.disaggregation.encode",
+            "the encode tier keeps its replicas",
+        ),
     ],
 )
 def test_what_the_api_server_refuses_the_operator_refuses_too_naming_the_field(
@@ -63,6 +81,11 @@ def test_what_the_api_server_refuses_the_operator_refuses_too_naming_the_field(
         "{model: {name: m}, multimodal: {processorCache: {sizeGiB: 8}, apiServers: 4, encoderTensorParallel: data, "
         "largestItem: {image: {width: 1280, height: 720}, video: {frames: 32}}}}",
         "{model: {name: m}, backend: {name: tensorrt-llm}, multimodal: {}}",
+        "{model: {name: m}, disaggregation: {encode: {replicas: 3, gpu: {count: 2, type: L4}, cacheGiB: 0.5}}}",
+        "{model: {name: m}, multimodal: {limitPerPrompt: {image: 0, video: 0}}, disaggregation: {encode: {}}}",
+        "{model: {name: m}, routing: {mode: inferencePool}, disaggregation: {encode: {}}, "
+        "autoscaling: {minReplicas: 0, enabled: false}}",
+        "{model: {name: m}, backend: {name: tensorrt-llm}, disaggregation: {}}",
     ],
 )
 def test_what_the_operator_serves_the_api_server_accepts(

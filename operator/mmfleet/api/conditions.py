@@ -19,6 +19,7 @@ ConditionType = Literal[
     "Idle",
     "TracingReady",
     "RoutingReady",
+    "EncodeReady",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 
@@ -124,6 +125,15 @@ class RoutingReadyReason(StrEnum):
     NOT_CHECKED = "NotChecked"
 
 
+class EncodeReadyReason(StrEnum):
+    """Only with spec.disaggregation.encode."""
+
+    REPLICAS_READY = "EncodeReplicasReady"
+    REPLICAS_NOT_READY = "EncodeReplicasNotReady"
+    REPLICAS_FAILING = "EncodeReplicasFailing"
+    NOT_CHECKED = "NotChecked"
+
+
 REASONS: dict[ConditionType, type[StrEnum]] = {
     "Ready": ReadyReason,
     "Progressing": ProgressingReason,
@@ -134,4 +144,5 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "Idle": IdleReason,
     "TracingReady": TracingReadyReason,
     "RoutingReady": RoutingReadyReason,
+    "EncodeReady": EncodeReadyReason,
 }

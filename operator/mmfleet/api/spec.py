@@ -805,6 +805,43 @@ class RoutingSpec(Model):
     )
 
 
+class EncodeTierSpec(Model):
+    """Vision encoding on pods of its own (vLLM 0.33's encoder disaggregation, the ECCPUConnector over NIXL): encode
+    replicas turn each request's images into encoder outputs, which the serving replicas read instead of running the
+    encoder between their decode steps. A sidecar in each serving pod sends a request's images through this tier first
+    (docs/rendering.md, Encode tier)."""
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Encode replicas. The tier keeps this count; the serving replicas autoscale as before.",
+    )
+    gpu: GpuSpec = Field(
+        default_factory=GpuSpec,
+        description="GPUs per encode replica (tensor-parallel over them). type unset: spec.gpu.type.",
+    )
+    cache_gi_b: float = Field(
+        default=4.0,
+        alias="cacheGiB",
+        gt=0,
+        le=1024,
+        description="GiB of encoder outputs each pod of both tiers keeps in /dev/shm (the connector's ec_cpu_bytes): "
+        "the encode pods hold what they made until a serving pod reads it, the serving pods what they read, for "
+        "reuse. Added to both tiers' memory and /dev/shm.",
+    )
+
+
+class DisaggregationSpec(Model):
+    """Parts of the model's work run on pods of their own."""
+
+    encode: EncodeTierSpec | None = Field(
+        default=None,
+        description="A tier of encode replicas for images, video and audio (vllm only). Unset: each replica encodes "
+        "its own requests' items.",
+    )
+
+
 MULTIMODAL_FIELDS = tuple(
     str(info.alias) for info in MultimodalSpec.model_fields.values()
 )  # on the wire: every one is a vllm setting
@@ -896,6 +933,30 @@ class MultimodalInferenceSpec(Model):
                     ".autoscaling.warmStandby",
                 ),
                 cel(
+                    "!has(self.disaggregation) || !has(self.disaggregation.encode) || !has(self.backend) || "
+                    "!has(self.backend.name) || self.backend.name == 'vllm'",
+                    "disaggregation.encode needs vllm's encoder disaggregation; tensorrt-llm has none",
+                    ".disaggregation.encode",
+                ),
+                cel(
+                    "!has(self.disaggregation) || !has(self.disaggregation.encode) || !has(self.multimodal) || "
+                    "!has(self.multimodal.limitPerPrompt) || !has(self.multimodal.limitPerPrompt.image) || "
+                    "self.multimodal.limitPerPrompt.image > 0 || !has(self.multimodal.limitPerPrompt.video) || "
+                    "self.multimodal.limitPerPrompt.video > 0 || !has(self.multimodal.limitPerPrompt.audio) || "
+                    "self.multimodal.limitPerPrompt.audio > 0",
+                    "disaggregation.encode with multimodal.limitPerPrompt 0 images, videos and audio clips: a "
+                    "text-only fleet has nothing to encode",
+                    ".disaggregation.encode",
+                ),
+                cel(
+                    "!has(self.disaggregation) || !has(self.disaggregation.encode) || !has(self.autoscaling) || "
+                    "!has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0 || "
+                    "(has(self.autoscaling.enabled) && !self.autoscaling.enabled)",
+                    "disaggregation.encode with autoscaling.minReplicas 0: the encode tier keeps its replicas, and "
+                    "their GPUs, while the fleet idles at zero",
+                    ".disaggregation.encode",
+                ),
+                cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
                     "!has(self.model.source) || self.model.source.startsWith('hf://') || "
                     "self.model.source.startsWith('pvc://')",
@@ -928,6 +989,10 @@ class MultimodalInferenceSpec(Model):
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus Operator objects.")
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="How requests reach a replica: a Service, or an InferencePool."
+    )
+    disaggregation: DisaggregationSpec = Field(
+        default_factory=DisaggregationSpec,
+        description="Parts of the model's work on pods of their own: the encode tier (vllm only).",
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="CPU and memory per replica.")
     network_policy: NetworkPolicySpec = Field(
@@ -1014,6 +1079,8 @@ class MultimodalInferenceSpec(Model):
                     "development endpoints (/sleep, /collective_rpc; no API key guards them) to every client "
                     "(accepted: service.type ClusterIP, with routing.mode inferencePool for a gateway)"
                 )
+        if self.disaggregation.encode is not None:
+            self._check_encode_tier()
         if self.backend.attention == "flash-attn-3" and self.gpu.type not in HOPPER_GPUS:
             raise ValueError(
                 f"backend.attention: flash-attn-3 needs a Hopper GPU, but spec.gpu.type is {self.gpu.type or 'unset'} "
@@ -1036,6 +1103,26 @@ class MultimodalInferenceSpec(Model):
                     f"model.source: {self.model.source} is not loadable by tensorrt-llm (accepted: hf://, pvc://)"
                 )
         return self
+
+    def _check_encode_tier(self) -> None:
+        if self.backend.name != "vllm":
+            raise ValueError(
+                f"disaggregation.encode: set, but spec.backend.name is {self.backend.name}, which has no encoder "
+                "disaggregation (accepted: backend.name vllm, or no disaggregation.encode)"
+            )
+        limits = self.multimodal.limit_per_prompt
+        if limits is not None and limits.image == 0 and limits.video == 0 and limits.audio == 0:
+            raise ValueError(
+                "disaggregation.encode: set, but spec.multimodal.limitPerPrompt allows 0 images, videos and audio "
+                "clips: a text-only fleet has nothing to encode (accepted: a limit above 0, or no "
+                "disaggregation.encode)"
+            )
+        if self.autoscaled and self.autoscaling is not None and self.autoscaling.min_replicas == 0:
+            raise ValueError(
+                "disaggregation.encode: set with spec.autoscaling.minReplicas: 0; the encode tier keeps its replicas, "
+                "and their GPUs, while the fleet idles at zero (accepted: minReplicas 1 or more, or no "
+                "disaggregation.encode)"
+            )
 
     @property
     def tensor_parallel(self) -> int:

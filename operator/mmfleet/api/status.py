@@ -134,6 +134,15 @@ class RoutingStatus(StatusModel):
     picker_ready: bool | None = Field(default=None, description="Whether the endpoint picker serves.")
 
 
+class EncodeTierStatus(StatusModel):
+    """spec.disaggregation.encode: the encode tier's Deployment and its replicas."""
+
+    deployment: str | None = Field(default=None, max_length=_SHORT, description="The encode tier's Deployment.")
+    replicas: int | None = Field(default=None, ge=0, description="Encode replicas that exist.")
+    ready_replicas: int | None = Field(default=None, ge=0, description="Encode replicas ready to serve.")
+    desired_replicas: int | None = Field(default=None, ge=0, description="Encode replicas the spec asks for.")
+
+
 class MultimodalInferenceStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -154,6 +163,7 @@ class MultimodalInferenceStatus(StatusModel):
     )
     conditions: list[Condition] = Field(default_factory=list, max_length=16, description="Current conditions.")
     routing: RoutingStatus | None = Field(default=None, description="The InferencePool and its picker, if any.")
+    encode: EncodeTierStatus | None = Field(default=None, description="The encode tier, if any.")
     slo: SloStatus | None = Field(default=None, description="Latency objective as last measured.")
     cold_start: ColdStartStatus | None = Field(
         default=None, description="Autoscaled fleets: how long a new replica took to serve, phase by phase."

@@ -14,6 +14,7 @@ from mmfleet.api import MultimodalInference, SloMetric
 
 # The fleet-level signals besides the SLO latency, as the autoscaler reads them.
 Signal = Literal["request_rate", "waiting", "running", "kv_cache_usage"]
+EcRole = Literal["ec_producer", "ec_consumer"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class ServerContext:
     # The shared claim's mount (spec.modelCache.volume shared), for caches that outlive the pod; else None.
     shared_cache_dir: str | None
     cloud: str = "generic"  # the profile the fleet is rendered for, a resource attribute of its spans
+    # With spec.disaggregation.encode: which side of the encoder-output transfer this pod is (vLLM's ec_role: the
+    # encode tier produces, the serving tier consumes); None without an encode tier.
+    ec_role: EcRole | None = None
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,26 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   and ``vllm:sleep_mode_operation_duration_seconds{operation}`` (``entrypoints/serve/dev/sleep/metrics.py``) report it.
   The API server refuses a LoadBalancer with warm standby and an HTTPRoute passes ``/v1`` only, since ``--api-key``
   guards none of the development routes; the fleet's NetworkPolicy keeps them within the namespace and the operator's.
+- Encoder disaggregation (spec.disaggregation.encode): ``--ec-transfer-config`` (``config/ec_transfer.py``
+  ``ECTransferConfig``: ``ec_connector``, ``ec_role`` ec_producer or ec_consumer, ``ec_connector_extra_config``). The
+  connector is ``ECCPUConnector`` (registered in ``distributed/ec_transfer/ec_connector/factory.py``): it needs
+  ``ec_cpu_bytes`` in the extra config (``cpu/common.py`` ``create_ec_shared_region`` refuses to start without it), a
+  region mapped from ``/dev/shm/vllm_ec_<engine>.mmap`` (``cpu/ec_shared_region.py``), and the V2 model runner
+  (``cpu/connector.py`` raises without it; ``VLLM_USE_V2_MODEL_RUNNER=1``). Between pods it moves the outputs over
+  NIXL, switched on by ``ec_enable_nixl`` in the extra config (``cpu/scheduler/__init__.py``; without it each
+  instance's region is its own). NIXL is not a dependency of the vllm wheel (no ``Requires-Dist``, no extra); the
+  image must carry the ``nixl`` package, which the encode pod imports at start. The producer binds its side channel
+  on ``VLLM_EC_SIDE_CHANNEL_HOST``:``VLLM_EC_SIDE_CHANNEL_PORT`` (``envs.py``, defaults localhost:5601) and announces
+  the same host to consumers as ``peer_host`` (``request_finished``), so it is the pod's IP. A producer that is
+  not also a consumer is encoder-only: ``config/vllm.py`` ``_resolve_mm_encoder_only`` sets ``--mm-encoder-only``
+  itself and refuses a model that is not multimodal, and prefix caching is switched off for it. Each served
+  image request's encoder outputs are announced in the response's top-level ``ec_transfer_params`` (non-streaming
+  only, ``entrypoints/openai/chat_completion/serving.py``), keyed by the item's hash, and a consumer fetches them
+  when the request carries them back in its own ``ec_transfer_params`` (``chat_completion/protocol.py``, passed on in
+  ``SamplingParams.extra_args``); without them, or when a fetch fails and the request still holds its images, the
+  consumer encodes locally (``cpu/scheduler/__init__.py`` ``_admit_item``, ``_fail_or_fallback``). A model family
+  whose model class does not mark its language model (``SupportsMultiModal._mark_language_model``,
+  ``model_executor/models/interfaces.py``) cannot run encoder-only: ``ENCODER_ONLY_UNSUPPORTED``.
 - Startup in the log (``startup()``): each GPU worker logs "Model loading took %s GiB memory and %.6f seconds"
   (``v1/worker/gpu_model_runner.py`` ``load_model``, ``v1/worker/gpu/model_runner.py``), and each engine core "init
   engine (profile, create kv cache, warmup model) took %.2f s", with " (compilation: %.2f s" after it when anything was
@@ -124,8 +144,8 @@ import json
 import re
 from collections.abc import Iterable
 
-from mmfleet.api import Attention, MultimodalInference, MultimodalSpec, ProcessorCacheSpec
-from mmfleet.backends import HostExtra, MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
+from mmfleet.api import Attention, EncodeTierSpec, MultimodalInference, MultimodalSpec, ProcessorCacheSpec
+from mmfleet.backends import EcRole, HostExtra, MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
 
 VERSION = "0.33.0"
 IMAGE = f"vllm/vllm-openai:v{VERSION}"
@@ -221,6 +241,8 @@ class VllmBackend:
             "spec.replicas or autoscaling instead",
         ),
         OwnedFlag("--enable-sleep-mode", "autoscaling.warmStandby"),
+        OwnedFlag("--ec-transfer-config", "disaggregation.encode"),
+        OwnedFlag("--mm-encoder-only", "disaggregation.encode"),
         # Secrets: an argument is stored in plain text in this resource, the pod spec and kopf's annotations.
         # --api-key (entrypoints/common/cli_args.py) yields to nothing; VLLM_API_KEY is read only without it
         # (entrypoints/serve/middleware/register.py). --hf-token is the model's (engine/arg_utils.py).
@@ -242,13 +264,19 @@ class VllmBackend:
         spec = ctx.inference.spec
         engine = spec.backend
         model = vllm_model_ref(ctx.model_ref)
+        encode = spec.disaggregation.encode
+        # An encode replica runs the encoder alone, split over its own GPUs.
+        producer = ctx.ec_role == "ec_producer" and encode is not None
+        tensor, pipeline = (
+            (encode.gpu.count, 1) if producer and encode else (spec.tensor_parallel, spec.parallelism.pipeline)
+        )
         args = [
             "vllm", "serve", model,
             "--host", "0.0.0.0",
             "--port", str(ctx.port),
             "--served-model-name", ctx.inference.served_name,
-            "--tensor-parallel-size", str(spec.tensor_parallel),
-            "--pipeline-parallel-size", str(spec.parallelism.pipeline),
+            "--tensor-parallel-size", str(tensor),
+            "--pipeline-parallel-size", str(pipeline),
             "--max-model-len", str(engine.max_model_len),
             "--max-num-seqs", str(engine.max_num_seqs),
             "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
@@ -263,8 +291,10 @@ class VllmBackend:
         args += _ATTENTION[engine.attention]
         if ctx.tracing_endpoint:
             args += ["--otlp-traces-endpoint", ctx.tracing_endpoint]
-        if spec.standby is not None:
+        if spec.standby is not None and not producer:
             args.append("--enable-sleep-mode")
+        if ctx.ec_role is not None and encode is not None:
+            args += ["--ec-transfer-config", ec_transfer_config(ctx.ec_role, encode)]
         return args
 
     def env(self, ctx: ServerContext) -> list[dict[str, object]]:
@@ -275,9 +305,16 @@ class VllmBackend:
             # does not list (docker/entrypoints/vllm-nonroot-entrypoint.sh does the same).
             {"name": "USER", "value": "vllm"},
         ]
-        if ctx.inference.spec.standby is not None:
+        if ctx.inference.spec.standby is not None and ctx.ec_role != "ec_producer":
             # /sleep and /wake_up are mounted only in development mode (see the module docstring, "Sleep mode").
             env.append({"name": "VLLM_SERVER_DEV_MODE", "value": "1"})
+        if ctx.ec_role is not None:
+            # The ECCPUConnector runs on the V2 model runner only (module docstring, "Encoder disaggregation").
+            env.append({"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "1"})
+        if ctx.ec_role == "ec_producer":
+            # Bound and announced to the serving pods as peer_host: the pod's own address.
+            env.append({"name": "VLLM_EC_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+            env.append({"name": "VLLM_EC_SIDE_CHANNEL_PORT", "value": str(EC_SIDE_CHANNEL_PORT)})
         key = ctx.inference.spec.api_key_secret
         if key is not None:
             # Read by the server only when no --api-key is given (entrypoints/serve/middleware/register.py).
@@ -308,7 +345,9 @@ class VllmBackend:
         multimodal = inference.spec.multimodal
         servers = multimodal.api_servers or 1
         in_processes, in_shm = processor_cache_gib(multimodal)
-        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_GIB), in_shm, servers - 1)
+        encode = inference.spec.disaggregation.encode
+        outputs = encode.cache_gi_b if encode is not None else 0.0  # the connector's region, in /dev/shm on both tiers
+        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_GIB), in_shm + outputs, servers - 1)
 
     def startup(self, log: str) -> ServerStartup:
         start = log.split(_SERVING, 1)[0]  # what clients sent afterwards (a logged prompt, say) is not read
@@ -318,6 +357,28 @@ class VllmBackend:
             engine=_slowest(engine for engine, _ in engines),
             compile=_slowest(compiled for _, compiled in engines if compiled),
         )
+
+
+# The producer's side channel (envs.py VLLM_EC_SIDE_CHANNEL_PORT's default), which consumers connect to.
+EC_SIDE_CHANNEL_PORT = 5601
+EC_CONNECTOR = "ECCPUConnector"
+# Model names (lower case) of the families whose vLLM 0.33 model class does not mark its language model
+# (model_executor/models/: glm4v.py, idefics3.py, keye_vl1_5.py), so an encoder-only instance would load and run all of
+# it: the model names their Hugging Face repositories use.
+ENCODER_ONLY_UNSUPPORTED: tuple[str, ...] = ("glm-4v", "idefics3", "keye-vl-1_5", "keye-vl-1.5")
+
+
+def encoder_only_unsupported(model: str) -> str | None:
+    """The family of ``model`` that vLLM 0.33 cannot run encoder-only, or None."""
+    name = model.lower()
+    return next((family for family in ENCODER_ONLY_UNSUPPORTED if family in name), None)
+
+
+def ec_transfer_config(role: EcRole, encode: EncodeTierSpec) -> str:
+    """``--ec-transfer-config``: the CPU connector, its region's size and NIXL between pods (module docstring)."""
+    extra = {"ec_cpu_bytes": int(encode.cache_gi_b * 2**30), "ec_enable_nixl": True}
+    config = {"ec_connector": EC_CONNECTOR, "ec_role": role, "ec_connector_extra_config": extra}
+    return json.dumps(config, separators=(",", ":"))
 
 
 def _multimodal_args(multimodal: MultimodalSpec) -> list[str]:

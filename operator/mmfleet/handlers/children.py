@@ -21,7 +21,6 @@ from mmfleet.autoscaler.standby import SLEEP_ANNOTATION
 from mmfleet.handlers.records import Body, Fingerprint, Key, operator_of
 from mmfleet.kube import AUTOSCALER_FIELD_MANAGER
 from mmfleet.render import FIELD_MANAGER, INFERENCE_LABEL, SERVING_LABEL, STANDBY_ANNOTATION
-from mmfleet.routing import PICKER_SUFFIX
 
 CHILD_LABELS: dict[str, Any] = {
     INFERENCE_LABEL: kopf.PRESENT,
@@ -292,9 +291,9 @@ def deployment_pods(indexes: Mapping[str, Any], key: Key, deployment: str) -> li
     return [p for p in indexed(indexes, "fleet_pods", key) if p["metadata"].get("deployment") == deployment]
 
 
-def picker_deployment(indexes: Mapping[str, Any], key: Key, uid: str | None) -> Body | None:
-    """The fleet's endpoint picker's Deployment (routing mode inferencePool), controlled by the fleet of ``uid``."""
-    name = key[1] + PICKER_SUFFIX
+def owned_deployment(indexes: Mapping[str, Any], key: Key, uid: str | None, name: str) -> Body | None:
+    """The fleet's Deployment ``name`` besides its servers' (its endpoint picker's, its encode tier's), controlled by
+    the fleet of ``uid``."""
     found = indexed(indexes, "fleet_deployments", key)
     return next(
         (d for d in found if uid and d["metadata"].get("name") == name and d["metadata"].get("controller") == uid), None

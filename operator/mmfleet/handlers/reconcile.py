@@ -27,7 +27,7 @@ from mmfleet.handlers.children import (
     foreign_fields,
     foreign_fields_message,
     foreign_owner,
-    picker_deployment,
+    owned_deployment,
     scaler_owns_replicas,
     taken_over,
 )
@@ -301,6 +301,7 @@ def _observe(
         refused=record.refused,
         retrying=record.retrying,
         routing=_routing_seen(op, inference),
+        encode=_encode_seen(op, inference),
     )
     previous = last_status(record, body)
     write_status(op, record, body, status.compute_status(inference, observed, previous, utc_now()), previous)
@@ -312,9 +313,19 @@ def _routing_seen(op: Operator, inference: MultimodalInference) -> status.Routin
         return None
     meta = inference.metadata
     key = (meta.namespace, meta.name)
-    picker = picker_deployment(op.indexes, key, meta.uid)
+    picker = owned_deployment(op.indexes, key, meta.uid, routing.picker_name(inference))
     pods = deployment_pods(op.indexes, key, routing.picker_name(inference)) if picker is not None else []
     return status.RoutingSeen(discovery.routing_crds(op, inference), picker, status.pod_problems(pods))
+
+
+def _encode_seen(op: Operator, inference: MultimodalInference) -> status.EncodeSeen | None:
+    if inference.spec.disaggregation.encode is None:
+        return None
+    meta = inference.metadata
+    key, name = (meta.namespace, meta.name), render.encode_name(inference)
+    deployment = owned_deployment(op.indexes, key, meta.uid, name)
+    pods = deployment_pods(op.indexes, key, name) if deployment is not None else []
+    return status.EncodeSeen(deployment, status.pod_problems(pods))
 
 
 def _clamp_replicas(op: Operator, inference: MultimodalInference, deployment: Body, live: Body | None) -> Body:

@@ -3,21 +3,34 @@
 Two steps, on two machines:
 
 - ``render`` (here, with mmfleet installed): every vLLM example of ``examples/`` and the spec variants of ``VARIANTS``
-  (the ``spec.multimodal`` knobs), rendered to the container's command line, into one JSON file;
-- ``check`` (where vLLM 0.33.0 is installed: the GPU host; this step needs vLLM and the standard library only, so the
-  file is run there as a script): each command line parsed as ``vllm serve`` parses it (the ``serve`` subcommand's
-  own parser, ``validate_parsed_serve_args``), then made into vLLM's engine configuration
+  (the ``spec.multimodal`` knobs, the encode tier), rendered to the containers' command lines (the serving tier's,
+  and the encode tier's as ``<case>:encode``), into one JSON file;
+- ``check`` (where vLLM 0.33.0 is installed; this step needs vLLM and the standard library only, so the file is run
+  there as a script): each command line parsed as ``vllm serve`` parses it (the ``serve`` subcommand's own parser,
+  ``validate_parsed_serve_args``), then made into vLLM's engine configuration
   (``AsyncEngineArgs.from_cli_args(...).create_engine_config()``, with the API server processes set as
   ``run_multi_api_server`` sets them), with the model replaced by a local model directory (Qwen2.5-VL-7B's config):
   the checks vLLM makes before it loads anything. The result, per case, is written as JSON, the parsed multimodal
-  settings included.
+  and encoder-transfer settings included. On a GPU host, or with ``--no-gpu`` on any Linux machine with a C
+  compiler: vLLM's CUDA platform then stands for an 8-GPU H200 node, and its compiled libraries load against a stub
+  of the CUDA driver entry points they link to (each answers "no device"); no kernel runs in either step.
+
+tests/data/vllm_0.33.0_flags_checked.json is the result, and tests/unit/lab/test_vllm_flags_checked.py fails when
+what mmfleet renders drifts from the command lines it holds:
+``python operator/mmfleet_lab/gpu/check_flags.py render --out flags.json`` (with mmfleet), then
+``python check_flags.py check --no-gpu --commands flags.json --model <dir> --out <file>`` (the file above)
+with vLLM 0.33.0 (``pip install vllm==0.33.0`` in a virtual environment of its own) and the model directory
+``../shared/calibration/real-vllm-h200-mm/model`` (its config files only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -38,6 +51,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "multimodal-shm-cache": {**QWEN, "multimodal": {"processorCache": {"sizeGiB": 2.5, "type": "shm"}}},
     "multimodal-largest-item-alone": {**QWEN, "multimodal": {"largestItem": {"image": {"height": 448}}}},
+    # spec.disaggregation.encode: the serving tier (ec_consumer) and the encode tier (ec_producer, ":encode").
+    "encode-tier": {**QWEN, "disaggregation": {"encode": {"replicas": 2, "gpu": {"count": 1}, "cacheGiB": 2.5}}},
+    "encode-tier-tp2": {
+        **QWEN,
+        "gpu": {"count": 2, "type": "H200"},
+        "multimodal": {"encoderTensorParallel": "data"},
+        "disaggregation": {"encode": {"gpu": {"count": 2}}},
+    },
 }
 
 
@@ -45,7 +66,7 @@ def cases(examples: Path) -> dict[str, list[str]]:
     """Every case's rendered container command (mmfleet's flags, the drain flag, extraArgs), by name."""
     import yaml
 
-    from mmfleet import render
+    from mmfleet import render, routing
     from mmfleet.api import MultimodalInference
 
     specs: dict[str, dict[str, Any]] = {}
@@ -61,15 +82,12 @@ def cases(examples: Path) -> dict[str, list[str]]:
     for name, document in specs.items():
         inference = MultimodalInference.model_validate(document)
         cloud = "generic" if inference.spec.cloud == "auto" else inference.spec.cloud
-        children = render.render(inference, cloud)
-        (server,) = [
-            container
-            for child in children
-            if child["kind"] == "Deployment"
-            for container in child["spec"]["template"]["spec"]["containers"]
-            if container["name"] == render.CONTAINER
-        ]
-        commands[name] = server["command"]
+        for child in render.render(inference, cloud):
+            if child["kind"] != "Deployment" or child["metadata"]["name"].endswith(routing.PICKER_SUFFIX):
+                continue
+            (server,) = [c for c in child["spec"]["template"]["spec"]["containers"] if c["name"] == render.CONTAINER]
+            tier = child["metadata"]["name"] != inference.metadata.name
+            commands[f"{name}:encode" if tier else name] = server["command"]
     return commands
 
 
@@ -113,8 +131,59 @@ def check(argv: list[str], model: str) -> dict[str, Any]:
         "mm_encoder_tp_mode": mm.mm_encoder_tp_mode,
         "api_process_count": config.parallel_config._api_process_count,
         "api_server_count": args.api_server_count,
+        "mm_encoder_only": mm.mm_encoder_only,
     }
+    ec = config.ec_transfer_config
+    if ec is not None:
+        result["ec_transfer"] = {
+            "ec_connector": ec.ec_connector,
+            "ec_role": ec.ec_role,
+            "ec_connector_extra_config": ec.ec_connector_extra_config,
+            "is_encode_only": ec.is_encode_only,
+        }
     return result
+
+
+# The CUDA driver entry points vLLM 0.33's compiled libraries link to (objdump -T on its *.so files, undefined "cu*").
+DRIVER_SYMBOLS = (
+    "cuCtxGetCurrent", "cuCtxSetCurrent", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuDriverGetVersion",
+    "cuGetErrorString", "cuGetProcAddress_v2", "cuMemAddressFree", "cuMemAddressReserve", "cuMemCreate",
+    "cuMemGetAllocationGranularity", "cuMemMap", "cuMemRelease", "cuMemSetAccess", "cuMemUnmap",
+    "cuPointerGetAttribute", "cuTensorMapEncodeTiled",
+)  # fmt: skip
+NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
+STUB_DIR_ENV = "MMFLEET_CUDA_STUB_DIR"
+
+
+def _driver_stub() -> Path:
+    """A libcuda.so.1 whose every entry point answers "no device", built with the machine's C compiler."""
+    folder = Path(tempfile.mkdtemp(prefix="cuda-stub-"))
+    source = folder / "cuda_stub.c"
+    source.write_text("".join(f"int {name}(void) {{ return {NO_DEVICE}; }}\n" for name in DRIVER_SYMBOLS))
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libcuda.so.1"), str(source)], check=True)
+    return folder
+
+
+def _stand_in_for_a_gpu_node() -> None:
+    """vLLM's CUDA platform as on an 8-GPU H200 node (compute capability 9.0), for the configuration's checks."""
+    import torch
+    from vllm import platforms
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+
+    patches: dict[str, Any] = {
+        "get_device_capability": lambda cls, device_id=0: DeviceCapability(9, 0),
+        "get_device_name": lambda cls, device_id=0: "NVIDIA H200",
+        "get_device_total_memory": lambda cls, device_id=0: 150_000_000_000,
+        "device_count": lambda cls: 8,
+        "is_fully_connected": lambda cls, ids: True,
+        "is_cumem_allocator_available": lambda cls: True,  # sleep mode's allocator, there on any CUDA GPU
+    }
+    for name, function in patches.items():
+        setattr(CudaPlatform, name, classmethod(function))
+    torch.cuda.device_count = lambda: 8
+    torch.cuda.is_available = lambda: True
+    platforms.current_platform = CudaPlatform()
 
 
 def main(arguments: list[str] | None = None) -> int:
@@ -127,10 +196,22 @@ def main(arguments: list[str] | None = None) -> int:
     check_step.add_argument("--commands", type=Path, required=True)
     check_step.add_argument("--model", required=True, help="a local model directory standing for every model")
     check_step.add_argument("--out", type=Path, required=True)
+    check_step.add_argument("--no-gpu", action="store_true", help="on a machine with no GPU (see the docstring)")
     args = top.parse_args(arguments)
     if args.step == "render":
         args.out.write_text(json.dumps(cases(args.examples), indent=1) + "\n")
         return 0
+    if args.no_gpu and STUB_DIR_ENV not in os.environ:
+        # The dynamic loader reads LD_LIBRARY_PATH at start: run again with the stub driver on it.
+        stub = _driver_stub()
+        env = {
+            **os.environ,
+            STUB_DIR_ENV: str(stub),
+            "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+        }
+        return subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env, check=False).returncode
+    if args.no_gpu:
+        _stand_in_for_a_gpu_node()
     commands: dict[str, list[str]] = json.loads(args.commands.read_text())
     import vllm
 

@@ -1,0 +1,252 @@
+"""The encode sidecar over real HTTP on loopback: a chat request's images go through the encode tier and come back as
+``ec_transfer_params`` on the request the server gets; anything else, and every failure of the encode tier, reaches the
+server as the client sent it.
+
+The two upstreams answer as vLLM 0.33's OpenAI server does (``entrypoints/openai/chat_completion/serving.py``): the
+encoder's non-streaming response carries ``ec_transfer_params`` at its top level, keyed by the item's hash, with the
+producer's address (``ec_connector/cpu/scheduler`` ``request_finished``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
+
+from mmfleet import encode_proxy, render
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 64}}
+ANNOUNCED = {
+    "9f2c": {
+        "modality": "image",
+        "item_indices": [0],
+        "metadata": {"image_grid_thw": [1, 16, 16]},
+        "peer_host": "10.0.3.7",
+        "peer_port": 5601,
+        "size_bytes": 917504,
+        "shape": [64, 3584],
+    }
+}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def image_request(stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": "qwen",
+        "stream": stream,
+        "max_tokens": 32,
+        "mm_processor_kwargs": {"max_pixels": 200704},
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "What is it?"}, IMAGE]},
+        ],
+    }
+
+
+class Upstream:
+    """One fake vLLM server, recording what reached it."""
+
+    def __init__(self, answer: Handler | None = None) -> None:
+        self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.answer = answer
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append((request.method, request.raw_path, dict(request.headers), body))
+        if self.answer is not None:
+            return await self.answer(request)
+        return web.json_response({"id": "chatcmpl-1", "choices": [{"message": {"content": "a cat"}}]})
+
+
+async def encoder_answer(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"id": "chatcmpl-e", "choices": [], "ec_transfer_params": ANNOUNCED})
+
+
+async def streamed(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for token in ("a", " cat"):
+        await response.write(f"data: {json.dumps({'choices': [{'delta': {'content': token}}]})}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def serve(upstream: Upstream) -> TestServer:
+    app = web.Application(client_max_size=encode_proxy.MAX_REQUEST_BYTES)
+    app.router.add_route("*", "/{path:.*}", upstream.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+def run(
+    server: Upstream,
+    encoder: Upstream | None,
+    send: Callable[[ClientSession, str], Awaitable[Any]],
+    encode_timeout: float = 5.0,
+) -> Any:
+    """Start the upstreams (no encoder: a port nothing listens on) and the sidecar, then ``send`` to the sidecar."""
+
+    async def main() -> Any:
+        upstream = await serve(server)
+        encode = await serve(encoder) if encoder is not None else None
+        encoder_url = str(encode.make_url("")) if encode is not None else "http://127.0.0.1:9"
+        app = encode_proxy.build_app(str(upstream.make_url("")), encoder_url, encode_timeout)
+        proxy = TestServer(app, host="127.0.0.1")
+        await proxy.start_server()
+        try:
+            async with ClientSession() as client:
+                return await send(client, str(proxy.make_url("/")))
+        finally:
+            await proxy.close()
+            await upstream.close()
+            if encode is not None:
+                await encode.close()
+
+    return asyncio.run(main())
+
+
+def post_chat(payload: dict[str, Any], headers: dict[str, str] | None = None) -> Callable[..., Awaitable[Any]]:
+    async def send(client: ClientSession, base: str) -> tuple[int, bytes]:
+        async with client.post(base + "v1/chat/completions", json=payload, headers=headers or {}) as response:
+            return response.status, await response.read()
+
+    return send
+
+
+def test_an_image_request_reaches_the_server_with_the_encode_tiers_outputs() -> None:
+    server, encoder = Upstream(), Upstream(encoder_answer)
+    headers = {"Authorization": "Bearer k-1"}
+    status, body = run(server, encoder, post_chat(image_request(), headers))
+    assert status == 200
+    assert json.loads(body)["choices"][0]["message"]["content"] == "a cat"
+
+    ((method, path, encode_headers, encode_body),) = encoder.seen
+    assert (method, path) == ("POST", "/v1/chat/completions")
+    assert encode_headers["Authorization"] == "Bearer k-1"
+    assert json.loads(encode_body) == {
+        "model": "qwen",
+        "messages": [{"role": "user", "content": [IMAGE]}],
+        "stream": False,  # only a whole response carries ec_transfer_params
+        "max_tokens": 1,
+        "mm_processor_kwargs": {"max_pixels": 200704},  # the item's hash depends on them
+    }
+    ((_, _, served_headers, served_body),) = server.seen
+    assert served_headers["Authorization"] == "Bearer k-1"
+    # The request keeps its image: if the transfer fails, the server encodes it itself.
+    assert json.loads(served_body) == {**image_request(), "ec_transfer_params": ANNOUNCED}
+
+
+def test_a_streamed_answer_comes_back_as_the_server_wrote_it() -> None:
+    server, encoder = Upstream(streamed), Upstream(encoder_answer)
+    status, body = run(server, encoder, post_chat(image_request(stream=True)))
+    assert status == 200
+    assert body.decode().count("data: ") == 3 and body.endswith(b"data: [DONE]\n\n")
+    assert json.loads(server.seen[0][3])["stream"] is True
+
+
+def test_a_text_request_goes_past_the_encode_tier_unchanged() -> None:
+    server, encoder = Upstream(), Upstream(encoder_answer)
+    payload = {"model": "qwen", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    status, _ = run(server, encoder, post_chat(payload))
+    assert status == 200
+    assert encoder.seen == []
+    assert json.loads(server.seen[0][3]) == payload
+
+
+def test_the_server_encodes_when_the_encode_tier_is_down_or_failing() -> None:
+    for encoder in (None, Upstream(lambda _: asyncio.sleep(0, web.json_response({"error": "x"}, status=500)))):
+        server = Upstream()
+        status, _ = run(server, encoder, post_chat(image_request()))
+        assert status == 200
+        assert json.loads(server.seen[0][3]) == image_request()
+
+
+def test_the_server_encodes_when_the_encode_tier_is_slow() -> None:
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(2)
+        return await encoder_answer(request)
+
+    server = Upstream()
+    status, _ = run(server, Upstream(slow), post_chat(image_request()), encode_timeout=0.3)
+    assert status == 200
+    assert "ec_transfer_params" not in json.loads(server.seen[0][3])
+
+
+def test_a_large_inline_image_is_accepted() -> None:
+    payload = image_request()
+    big = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "B" * (4 * 1024 * 1024)}}
+    payload["messages"][1]["content"].append(big)
+    server, encoder = Upstream(), Upstream(encoder_answer)
+    status, _ = run(server, encoder, post_chat(payload))
+    assert status == 200
+    assert json.loads(encoder.seen[0][3])["messages"][0]["content"] == [IMAGE, big]
+
+
+def test_other_paths_pass_through() -> None:
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="vllm:num_requests_running 2\n", headers={"X-Upstream": "yes"})
+
+    server, encoder = Upstream(metrics), Upstream(encoder_answer)
+
+    async def send(client: ClientSession, base: str) -> tuple[int, str, str | None]:
+        async with client.get(base + "metrics?a=1&b=two") as response:
+            return response.status, await response.text(), response.headers.get("X-Upstream")
+
+    assert run(server, encoder, send) == (200, "vllm:num_requests_running 2\n", "yes")
+    assert server.seen[0][:2] == ("GET", "/metrics?a=1&b=two")
+    assert encoder.seen == []
+
+
+def test_the_server_down_is_a_bad_gateway_that_says_so() -> None:
+    async def send(client: ClientSession, base: str) -> tuple[int, Any]:
+        async with client.post(base + "v1/chat/completions", json={"model": "qwen", "messages": []}) as response:
+            return response.status, await response.json()
+
+    async def main() -> tuple[int, Any]:
+        app = encode_proxy.build_app("http://127.0.0.1:9", "http://127.0.0.1:9", 1.0)
+        proxy = TestServer(app, host="127.0.0.1")
+        await proxy.start_server()
+        try:
+            async with ClientSession() as client:
+                return await send(client, str(proxy.make_url("/")))
+        finally:
+            await proxy.close()
+
+    status, body = asyncio.run(main())
+    assert status == 502
+    assert "inference server not reached" in body["error"]["message"]
+
+
+def test_media_items_are_found_in_every_message_in_order() -> None:
+    video = {"type": "video_url", "video_url": {"url": "http://example.com/v.mp4"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    payload = {
+        "messages": [
+            {"role": "user", "content": [IMAGE, {"type": "text", "text": "and"}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [video, audio]},
+            "not a message",
+        ]
+    }
+    assert encode_proxy.media_items(payload) == [IMAGE, video, audio]
+    assert encode_proxy.media_items({"messages": "text"}) == []
+
+
+def test_the_sidecar_runs_alone_as_the_pod_runs_it(tmp_path: Path) -> None:
+    """The pod runs the file from the ConfigMap with the server image's python3: no mmfleet to import."""
+    program = tmp_path / render.PROXY_FILE
+    program.write_text(render.PROXY_SOURCE)
+    result = subprocess.run(
+        [sys.executable, "-I", str(program), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--encoder" in result.stdout
