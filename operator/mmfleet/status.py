@@ -280,26 +280,35 @@ class EncodeSeen:
 
 
 def encode_row(inference: MultimodalInference, seen: EncodeSeen) -> tuple[ConditionRow, dict[str, Any]]:
-    """EncodeReady and status.encode. Without its encode replicas the fleet still serves: each serving replica's
-    sidecar has its server encode the images itself (mmfleet.encode_proxy), slower."""
+    """EncodeReady and status.encode: ready once every replica the spec asks for is ready on the current spec (a
+    rollout stuck on a new pod is not hidden behind the old ones). Without its encode replicas the fleet still serves:
+    each serving replica's sidecar has its server encode the images itself (mmfleet.encode_proxy), slower."""
     name = render.encode_name(inference)
     encode = inference.spec.disaggregation.encode
     desired = encode.replicas if encode is not None else 0
-    dep_status = (seen.deployment or {}).get("status") or {}
-    ready = int(dep_status.get("readyReplicas") or 0)
+    deployment = seen.deployment or {}
+    dep_status = deployment.get("status") or {}
+    ready, updated = int(dep_status.get("readyReplicas") or 0), int(dep_status.get("updatedReplicas") or 0)
+    current = int(dep_status.get("observedGeneration") or 0) >= int(
+        (deployment.get("metadata") or {}).get("generation") or 0
+    )
     part = {"deployment": name, "replicas": int(dep_status.get("replicas") or 0), "readyReplicas": ready}
     part["desiredReplicas"] = desired
+    if seen.deployment is not None and current and ready >= desired and updated >= desired:
+        return (
+            "EncodeReady",
+            True,
+            EncodeReadyReason.REPLICAS_READY,
+            f"encode tier {name}: {ready}/{desired} replicas ready",
+        ), part
     meanwhile = "the serving replicas encode their requests' images themselves meanwhile"
-    if ready < desired and seen.problems:
+    if seen.problems:
         problem = seen.problems[0]
         detail = f": {problem.message}" if problem.message else ""
         message = f"encode tier {name}: pod {problem.pod}: {problem.reason}{detail} (kubectl logs {problem.pod}); "
         return ("EncodeReady", False, EncodeReadyReason.REPLICAS_FAILING, message + meanwhile), part
-    if ready < desired:
-        message = f"encode tier {name}: {ready}/{desired} replicas ready; {meanwhile}"
-        return ("EncodeReady", False, EncodeReadyReason.REPLICAS_NOT_READY, message), part
-    message = f"encode tier {name}: {ready}/{desired} replicas ready"
-    return ("EncodeReady", True, EncodeReadyReason.REPLICAS_READY, message), part
+    message = f"encode tier {name}: {ready}/{desired} replicas ready, {updated} on the current spec; {meanwhile}"
+    return ("EncodeReady", False, EncodeReadyReason.REPLICAS_NOT_READY, message), part
 
 
 @dataclass(frozen=True)

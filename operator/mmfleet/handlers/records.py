@@ -362,9 +362,9 @@ def write_status(
         telemetry.PHASE: new.phase or "",
     }
     # A merge patch keeps what it does not name: status.routing, gone once the fleet is back in routing mode service,
-    # and status.standby, once warm standby is off, are named with null (only they: the replica counts a refused
-    # apply's status leaves out must stay).
-    gone = {"routing", "standby"} & (set(previous.wire()) - set(wire)) if previous is not None else set()
+    # status.standby, once warm standby is off, and status.encode, once the encode tier is, are named with null (only
+    # they: the replica counts a refused apply's status leaves out must stay).
+    gone = {"routing", "standby", "encode"} & (set(previous.wire()) - set(wire)) if previous is not None else set()
     with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
         try:
             op.get_kube().patch_status(meta["namespace"], meta["name"], {**wire, **dict.fromkeys(gone)})

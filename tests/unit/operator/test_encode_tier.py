@@ -198,8 +198,19 @@ def encoded(seen: EncodeSeen | None, previous: Any = None, **spec: Any) -> Any:
     ("seen", "expected", "words"),
     [
         (EncodeSeen(deployment(2, 2)), ("True", "EncodeReplicasReady"), "encode tier qwen-encode: 2/2 replicas ready"),
-        (EncodeSeen(None), ("False", "EncodeReplicasNotReady"), "0/2 replicas ready; the serving replicas encode"),
+        (
+            EncodeSeen(None),
+            ("False", "EncodeReplicasNotReady"),
+            "0/2 replicas ready, 0 on the current spec",
+        ),
         (EncodeSeen(deployment(2, 1)), ("False", "EncodeReplicasNotReady"), "1/2 replicas ready"),
+        # A rollout whose new pod does not come: the old replicas are ready, the spec's are not.
+        (EncodeSeen(deployment(3, 2, updated=1)), ("False", "EncodeReplicasNotReady"), "1 on the current spec"),
+        (
+            EncodeSeen(deployment(3, 2, updated=1), [PodProblem("qwen-encode-8a-y", "Unschedulable", "0/3 nodes")]),
+            ("False", "EncodeReplicasFailing"),
+            "pod qwen-encode-8a-y: Unschedulable: 0/3 nodes",
+        ),
         (
             EncodeSeen(deployment(2, 1), [PodProblem("qwen-encode-7f-x", "CrashLoopBackOff", "back-off 40s")]),
             ("False", "EncodeReplicasFailing"),
