@@ -4,19 +4,22 @@ server beside it.
 vLLM 0.33's encoder disaggregation leaves the routing to whoever is in front (docs/rendering.md, Encode tier): an
 encode-only instance answers a chat request with its items' encoder outputs announced in ``ec_transfer_params``
 (non-streaming responses only), and a consuming instance reads them over NIXL when the request carries them back in
-its own ``ec_transfer_params``. This sidecar does both steps for each chat request that holds an image, a video or an
-audio clip; any other request, and every other path (``/metrics``, ``/health``, ``/v1/models``), goes to the server
-unchanged. The request keeps its items, so when the encode tier fails, times out or is not there yet the server
-encodes them itself (``_fail_or_fallback`` in vLLM's ``ec_connector/cpu/scheduler``): the encode tier only ever
-makes a request faster, never lost.
+its own ``ec_transfer_params``. This sidecar does both steps for each chat request whose last user turn holds an
+image, a video or an audio clip (the earlier turns' items are in the server's prefix cache when the request reaches
+the replica that served them; where they are not, the server encodes them); any other request, and every other path
+(``/metrics``, ``/health``, ``/v1/models``, warm standby's ``/sleep``), goes to the server unchanged. The request
+keeps its items, so when the encode tier fails, times out or is not there yet the server encodes them itself
+(``_fail_or_fallback`` in vLLM's ``ec_connector/cpu/scheduler``): the encode tier only ever makes a request faster,
+never lost.
 
 It runs in each serving pod from the server's own image, its source shipped in the fleet's ConfigMap, so it needs
-the standard library and aiohttp only (a dependency of vllm 0.33, ``aiohttp>=3.14.4``, with its own yarl).
+the standard library and aiohttp only (a dependency of vllm 0.33, ``aiohttp>=3.14.4``, with its yarl and multidict).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import time
@@ -24,15 +27,17 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 LOG = logging.getLogger("mmfleet.encode_proxy")
 CHAT_PATH = "/v1/chat/completions"
-# Chat content parts that carry an item for the encoder (vLLM's entrypoints/chat_utils.py part types).
-MEDIA_PARTS = frozenset({"image_url", "video_url", "audio_url", "input_audio"})
+# Chat content parts that carry an item for the encoder (vLLM 0.33's part types, entrypoints/chat_utils.py).
+MEDIA_PARTS = frozenset({"image_url", "input_image", "video_url", "audio_url", "input_audio"})
 # Request fields that change how the items are processed, and so their hash: the encode request must agree.
 PROCESSING_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
-# Headers not passed on: hop-by-hop (RFC 9110 7.6.1), and those aiohttp writes for the body it sends.
+# Headers not passed on: hop-by-hop (RFC 9110 7.6.1) and those the Connection header names, Expect (aiohttp answers
+# it), and those aiohttp writes for the body it sends on.
 HOP_HEADERS = frozenset(
     {
         "connection",
@@ -43,26 +48,34 @@ HOP_HEADERS = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
+        "proxy-connection",
+        "expect",
         "host",
         "content-length",
     }
 )
-# A chat request with images inline as data URLs can be large; aiohttp's default cap is 1 MiB.
-MAX_REQUEST_BYTES = 256 * 1024 * 1024
+# Passed to the encode tier with the items: the credentials and the trace context (W3C).
+ENCODE_HEADERS = frozenset({"authorization", "traceparent", "tracestate"})
+# A chat request with images inline as data URLs can be large (aiohttp's default cap is 1 MiB); while it is turned into
+# the encode request and back, the sidecar holds about five copies of it, so the large ones take turns.
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+LARGE_REQUEST_BYTES = 4 * 1024 * 1024
+LARGE_AT_ONCE = 4
 SESSION: web.AppKey[ClientSession] = web.AppKey("session", ClientSession)
+LARGE: web.AppKey[asyncio.Semaphore] = web.AppKey("large", asyncio.Semaphore)
 
 
 def media_items(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The chat request's images, videos and audio clips, in the order the server will see them."""
+    """The images, videos and audio clips of the chat request's last user turn, in their order: the items the server
+    has not seen yet (an item's hash is its content's, or its ``uuid`` if it has one, so each part goes whole)."""
     messages = payload.get("messages")
     if not isinstance(messages, list):
         return []
-    items: list[dict[str, Any]] = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            items += [part for part in content if isinstance(part, dict) and part.get("type") in MEDIA_PARTS]
-    return items
+    turns = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    content = turns[-1].get("content") if turns else None
+    if not isinstance(content, list):
+        return []
+    return [part for part in content if isinstance(part, dict) and part.get("type") in MEDIA_PARTS]
 
 
 def encode_request(payload: Mapping[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -78,8 +91,12 @@ def encode_request(payload: Mapping[str, Any], items: list[dict[str, Any]]) -> d
     return request
 
 
-def _passed_on(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name: value for name, value in headers.items() if name.lower() not in HOP_HEADERS}
+def _passed_on(headers: CIMultiDictProxy[str], keep_length: bool = False) -> CIMultiDict[str]:
+    """``headers`` less the hop-by-hop ones (repeated ones kept); with ``keep_length``, Content-Length stays (an answer
+    passed on byte for byte)."""
+    named = {token.strip().lower() for value in headers.getall("Connection", []) for token in value.split(",")}
+    dropped = (HOP_HEADERS | named) - ({"content-length"} if keep_length else set())
+    return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in dropped)
 
 
 class Proxy:
@@ -98,7 +115,7 @@ class Proxy:
         headers: Mapping[str, str],
     ) -> dict[str, Any] | None:
         """The items' ``ec_transfer_params`` from the encode tier, or None (then the server encodes them)."""
-        auth = {name: value for name, value in headers.items() if name.lower() == "authorization"}
+        auth = {name: value for name, value in headers.items() if name.lower() in ENCODE_HEADERS}
         started = time.monotonic()
         try:
             async with session.post(
@@ -125,7 +142,11 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if request.method == "POST" and request.path == CHAT_PATH:
-            body = await self._through_encoder(request, body)
+            if len(body) < LARGE_REQUEST_BYTES:
+                body = await self._through_encoder(request, body)
+            else:
+                async with request.app[LARGE]:
+                    body = await self._through_encoder(request, body)
         return await self._forward(request, body)
 
     async def _through_encoder(self, request: web.Request, body: bytes) -> bytes:
@@ -151,7 +172,9 @@ class Proxy:
             LOG.warning("server not reached: %s", error)
             return web.json_response({"error": {"message": f"inference server not reached: {error}"}}, status=502)
         async with upstream:
-            response = web.StreamResponse(status=upstream.status, headers=_passed_on(upstream.headers))
+            response = web.StreamResponse(
+                status=upstream.status, headers=_passed_on(upstream.headers, keep_length=True)
+            )
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
@@ -162,6 +185,7 @@ class Proxy:
 def build_app(server: str, encoder: str, encode_timeout: float = 60.0) -> web.Application:
     proxy = Proxy(server, encoder, encode_timeout)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    app[LARGE] = asyncio.Semaphore(LARGE_AT_ONCE)
 
     async def session(app: web.Application) -> AsyncIterator[None]:
         # Bodies pass through as the server wrote them (compressed or not); no total timeout on a streamed answer.
@@ -190,9 +214,14 @@ def main(argv: list[str] | None = None) -> None:
         default=60.0,
         help="seconds to wait for the encode tier before the server encodes",
     )
+    parser.add_argument(
+        "--shutdown-seconds", type=float, default=30.0, help="after SIGTERM, how long answers in flight may take"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    web.run_app(build_app(args.server, args.encoder, args.encode_timeout), port=args.port, access_log=None)
+    app = build_app(args.server, args.encoder, args.encode_timeout)
+    # A client that goes away cancels its request, so that the server aborts it, as it would for the client itself.
+    web.run_app(app, port=args.port, access_log=None, handler_cancellation=True, shutdown_timeout=args.shutdown_seconds)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 from mmfleet import backends, clouds, routing
 from mmfleet.api import API_VERSION, KIND, PROFILE_NAMES, Affinity, GpuSpec, MultimodalInference, NetworkPeer
 from mmfleet.backends import Backend, EcRole, ServerContext
-from mmfleet.backends.vllm import EC_SIDE_CHANNEL_PORT, encoder_only_unsupported
+from mmfleet.backends.vllm import EC_SIDE_CHANNEL_PORT
 from mmfleet.clouds import CloudProfile
 from mmfleet.routing import PickerSettings, RoutingCrds
 
@@ -28,18 +28,20 @@ INFERENCE_LABEL = "mmfleet.io/inference"
 COMPONENT = "inference-server"
 CONTAINER = "server"
 # spec.disaggregation.encode: the encode tier's pods, and the sidecar in each serving pod that sends a request's
-# images through them (mmfleet.encode_proxy, run by the server's image from the fleet's ConfigMap).
+# images through them (mmfleet.encode_proxy, run by the server's image from the fleet's ConfigMap). The sidecar takes
+# the serving port (its name and number: the Service, the InferencePool, Prometheus and warm standby reach the pod as
+# before, and a fleet rolling onto the tier keeps serving from old and new pods alike); the server moves beside it.
 ENCODE_COMPONENT = "encoder"
 ENCODE_SUFFIX = "-encode"
 PROXY_CONTAINER = "encode-proxy"
-PROXY_PORT_NAME = "encode-proxy"
-PROXY_PORT = 8001
+SERVER_PORT_NAME = "server"
+SERVER_PORT = 8001
 PROXY_FILE = "encode_proxy.py"
 # Its program, read once from the package (rendering imports it not: it is an aiohttp server).
 PROXY_SOURCE = resources.files("mmfleet").joinpath(PROXY_FILE).read_text(encoding="utf-8")
 # What it asks: a proxy of a few requests at a time, whose bodies (images inline) it holds while it forwards them.
 PROXY_CPU = "250m"
-PROXY_MEMORY = "512Mi"
+PROXY_MEMORY = "1Gi"
 
 CACHE_DIR = "/cache"
 # The shared claim's mount (spec.modelCache.volume shared). HOME stays on the replica's own volume:
@@ -175,21 +177,12 @@ def problems(inference: MultimodalInference) -> list[str]:
 
 
 def _encode_problems(inference: MultimodalInference) -> list[str]:
-    spec = inference.spec
-    if spec.disaggregation.encode is None:
-        return []
-    family = encoder_only_unsupported(spec.model.name)
-    if family is not None:
-        return [
-            f"disaggregation.encode: model.name {spec.model.name} is of a family ({family}) that vLLM "
-            f"{backends.get('vllm').version} cannot run encoder-only (its model class loads the language model "
-            "too); remove disaggregation.encode"
-        ]
     name = encode_name(inference)
-    if len(name) > 63:
+    if inference.spec.disaggregation.encode is not None and len(name) > 63:
         return [
-            f"disaggregation.encode needs a name of at most {63 - len(ENCODE_SUFFIX)} characters (the encode tier's "
-            f"Service is {name}); {inference.metadata.name} has {len(inference.metadata.name)}"
+            f"disaggregation.encode needs a metadata.name of at most {63 - len(ENCODE_SUFFIX)} characters (the encode "
+            f"tier's Service is {name}); {inference.metadata.name} has {len(inference.metadata.name)}: use a shorter "
+            "name, or no disaggregation.encode"
         ]
     return []
 
@@ -294,7 +287,7 @@ def server_context(
     return ServerContext(
         inference=inference,
         model_ref=_model_placement(inference).model_ref,
-        port=backends.get(inference.spec.backend.name).port,
+        port=SERVER_PORT if ec_role == "ec_consumer" else backends.get(inference.spec.backend.name).port,
         config_dir=CONFIG_DIR,
         tracing_endpoint=tracing_endpoint(inference, cloud, collector),
         cache_dir=cache_dir,
@@ -305,11 +298,15 @@ def server_context(
     )
 
 
-def config_files(inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None) -> dict[str, str]:
-    """The fleet's ConfigMap: the backend's files, and the encode sidecar's program with an encode tier."""
+def config_files(
+    inference: MultimodalInference, cloud: CloudProfile, collector: str | None = None, tier: Tier | None = None
+) -> dict[str, str]:
+    """The files of the fleet's ConfigMap a tier's pods read (all of them: the ConfigMap's): the backend's, and the
+    encode sidecar's program in the serving pods of a fleet with an encode tier."""
     ctx = server_context(inference, cloud, collector, serving_tier(inference).ec_role)
     files = backends.get(inference.spec.backend.name).config_files(ctx)
-    if inference.spec.disaggregation.encode is not None:
+    serving = tier is None or tier.ec_role != "ec_producer"
+    if inference.spec.disaggregation.encode is not None and serving:
         files = {**files, PROXY_FILE: PROXY_SOURCE}
     return files
 
@@ -335,9 +332,9 @@ def _cache_volume(inference: MultimodalInference, cloud: CloudProfile, tier: Tie
     return {"name": "cache", "ephemeral": {"volumeClaimTemplate": template}}
 
 
-def _drain_command(backend: Backend) -> list[str]:
-    """Wait until the server reports no running or waiting request, so SIGTERM drops nothing."""
-    url = f"http://127.0.0.1:{backend.port}{backend.metrics_path}"
+def _drain_command(backend: Backend, port: int) -> list[str]:
+    """Wait until the server (on ``port``) reports no running or waiting request, so SIGTERM drops nothing."""
+    url = f"http://127.0.0.1:{port}{backend.metrics_path}"
     busy = (backend.metrics.running, backend.metrics.waiting)
     script = (
         "import time, urllib.request\n"
@@ -357,9 +354,9 @@ def _drain_command(backend: Backend) -> list[str]:
     return ["python3", "-c", script]
 
 
-def _probe(backend: Backend, period: int, failures: int, timeout: int) -> Manifest:
+def _probe(backend: Backend, port: str, period: int, failures: int, timeout: int) -> Manifest:
     return {
-        "httpGet": {"path": backend.health_path, "port": "http"},
+        "httpGet": {"path": backend.health_path, "port": port},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": timeout,
@@ -446,7 +443,7 @@ def _server_deployment(
     backend = backends.get(spec.backend.name)
     placement = _model_placement(inference)
     ctx = server_context(inference, cloud, collector, tier.ec_role)
-    files = config_files(inference, cloud, collector)
+    files = config_files(inference, cloud, collector, tier)
     serving = tier.ec_role != "ec_producer"
     gpus = tier.gpu.count
     extra = backend.host_extra(inference)
@@ -484,7 +481,8 @@ def _server_deployment(
         mounts.append({"name": name, "mountPath": path})
 
     env: list[Manifest] = [{"name": "HOME", "value": CACHE_DIR}, *backend.env(ctx)]
-    ports: list[Manifest] = [{"name": "http", "containerPort": backend.port, "protocol": "TCP"}]
+    port_name = SERVER_PORT_NAME if tier.ec_role == "ec_consumer" else "http"
+    ports: list[Manifest] = [{"name": port_name, "containerPort": ctx.port, "protocol": "TCP"}]
     if tier.ec_role == "ec_producer":
         ports.append({"name": "ec-side-channel", "containerPort": EC_SIDE_CHANNEL_PORT, "protocol": "TCP"})
     image = spec.backend.image or backend.image
@@ -500,10 +498,10 @@ def _server_deployment(
             "limits": {"memory": memory, cloud.gpu_resource: str(gpus)},
         },
         "volumeMounts": mounts,
-        "startupProbe": _probe(backend, period=10, failures=STARTUP_BUDGET_SECONDS // 10, timeout=5),
-        "readinessProbe": _probe(backend, period=5, failures=3, timeout=3),
-        "livenessProbe": _probe(backend, period=15, failures=4, timeout=5),
-        "lifecycle": {"preStop": {"exec": {"command": _drain_command(backend)}}},
+        "startupProbe": _probe(backend, port_name, period=10, failures=STARTUP_BUDGET_SECONDS // 10, timeout=5),
+        "readinessProbe": _probe(backend, port_name, period=5, failures=3, timeout=3),
+        "livenessProbe": _probe(backend, port_name, period=15, failures=4, timeout=5),
+        "lifecycle": {"preStop": {"exec": {"command": _drain_command(backend, ctx.port)}}},
         "securityContext": _container_security(backend),
     }
     if spec.model.credentials_secret:
@@ -571,23 +569,27 @@ def _server_deployment(
 
 def _proxy_container(inference: MultimodalInference, backend: Backend, image: str) -> Manifest:
     """The sidecar that sends a request's images through the encode tier and the request on to the server beside it
-    (mmfleet.encode_proxy): the server's own image runs it, from the fleet's ConfigMap."""
+    (mmfleet.encode_proxy), on the serving port; the server's own image runs it, from the fleet's ConfigMap. It
+    drains as the server does: its preStop waits for the server to finish what it has, then in-flight answers get
+    SHUTDOWN_SECONDS."""
     encoder = f"http://{encode_name(inference)}.{inference.metadata.namespace}.svc:{backend.port}"
     return {
         "name": PROXY_CONTAINER,
         "image": image,
         "command": [
-            *("python3", f"{CONFIG_DIR}/{PROXY_FILE}", "--port", str(PROXY_PORT)),
-            *("--server", f"http://127.0.0.1:{backend.port}", "--encoder", encoder),
+            *("python3", f"{CONFIG_DIR}/{PROXY_FILE}", "--port", str(backend.port)),
+            *("--server", f"http://127.0.0.1:{SERVER_PORT}", "--encoder", encoder),
+            *("--shutdown-seconds", str(SHUTDOWN_SECONDS)),
         ],
-        "ports": [{"name": PROXY_PORT_NAME, "containerPort": PROXY_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": backend.port, "protocol": "TCP"}],
         "resources": {
             "requests": {"cpu": PROXY_CPU, "memory": PROXY_MEMORY},
             "limits": {"memory": PROXY_MEMORY},
         },
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
-        "readinessProbe": {"tcpSocket": {"port": PROXY_PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"exec": {"command": _drain_command(backend, SERVER_PORT)}}},
         "securityContext": {**_container_security(backend), "readOnlyRootFilesystem": True},
     }
 
@@ -624,25 +626,12 @@ def build_service(inference: MultimodalInference, cloud: CloudProfile) -> Manife
     spec: Manifest = {
         "type": service_type,
         "selector": routed_labels(inference),
-        "ports": [
-            {"name": "http", "port": backend.port, "targetPort": serving_port_name(inference), "protocol": "TCP"}
-        ],
+        "ports": [{"name": "http", "port": backend.port, "targetPort": "http", "protocol": "TCP"}],
     }
     ranges = inference.spec.service.load_balancer_source_ranges
     if service_type == "LoadBalancer" and ranges:
         spec["loadBalancerSourceRanges"] = list(ranges)
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
-
-
-def serving_port_name(inference: MultimodalInference) -> str:
-    """Where clients' requests enter a serving pod: the server, or the encode sidecar in front of it."""
-    return PROXY_PORT_NAME if inference.spec.disaggregation.encode is not None else "http"
-
-
-def serving_port(inference: MultimodalInference) -> int:
-    if inference.spec.disaggregation.encode is not None:
-        return PROXY_PORT
-    return backends.get(inference.spec.backend.name).port
 
 
 def build_encode_service(inference: MultimodalInference, tier: Tier) -> Manifest:
@@ -689,7 +678,7 @@ def build_network_policy(
     """
     policy = inference.spec.network_policy
     service = inference.spec.service
-    port = [{"port": name, "protocol": "TCP"} for name in dict.fromkeys(("http", serving_port_name(inference)))]
+    port = [{"port": "http", "protocol": "TCP"}]
 
     def peers(items: list[NetworkPeer]) -> list[Manifest]:
         # exclude_defaults keeps a selector given as {} (every namespace or pod) as {}.
@@ -910,7 +899,7 @@ def _front_door(
     meta = {**_metadata(inference, name), "labels": routing.picker_labels(labels(inference))}
     selector = routing.picker_selector(inference, INFERENCE_LABEL)
     config = routing.build_picker_config_map(inference, meta, picker.cold_start)
-    port = serving_port(inference)
+    port = backends.get(inference.spec.backend.name).port
     children = [
         routing.build_picker_service_account(meta),
         config,

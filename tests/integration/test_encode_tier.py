@@ -1,6 +1,6 @@
 """spec.disaggregation.encode on the lab cluster: both tiers come up (kwok's pods), the encode tier scales without the
 serving one and is kept at its spec, a tier with no node to run on says so while the fleet serves, and taking the tier
-out takes its children and the sidecar away."""
+out takes its children and the sidecar away (the server back on the serving port)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def test_the_encode_tier_comes_up_scales_on_its_own_and_goes(fleet: Fleet) -> No
     assert encode_status(fleet) == {"deployment": ENCODE, "replicas": 2, "readyReplicas": 2, "desiredReplicas": 2}
     assert containers(fleet, NAME) == ["server", "encode-proxy"]
     assert containers(fleet, ENCODE) == ["server"]
-    service = fleet.core.read_namespaced_service(NAME, fleet.namespace)
-    assert service.spec.ports[0].target_port == "encode-proxy"
+    ports = {c.name: [p.name for p in c.ports] for c in fleet.deployment(NAME).spec.template.spec.containers}
+    assert ports == {"server": ["server"], "encode-proxy": ["http"]}  # the sidecar on the serving port
     assert fleet.core.read_namespaced_service(ENCODE, fleet.namespace).spec.selector["app.kubernetes.io/component"] == (
         "encoder"
     )
@@ -80,4 +80,5 @@ def test_the_encode_tier_comes_up_scales_on_its_own_and_goes(fleet: Fleet) -> No
     fleet.wait_ready(NAME)
     assert "encode" not in fleet.status(NAME)
     assert not fleet.condition(NAME, "EncodeReady")
-    assert fleet.core.read_namespaced_service(NAME, fleet.namespace).spec.ports[0].target_port == "http"
+    ports = {c.name: [p.name for p in c.ports] for c in fleet.deployment(NAME).spec.template.spec.containers}
+    assert ports == {"server": ["http"]}

@@ -58,6 +58,12 @@ def dry_run(cluster: Cluster, text: str) -> subprocess.CompletedProcess[str]:
             "spec.disaggregation.encode",
             "the encode tier keeps its replicas",
         ),
+        (
+            "{model: {name: m}, backend: {attention: flash-attn-3}, gpu: {type: H100}, "
+            "disaggregation: {encode: {gpu: {type: L4}}}}",
+            "spec.disaggregation.encode.gpu.type",
+            "flash-attn-3 runs on the encode tier too",
+        ),
     ],
 )
 def test_what_the_api_server_refuses_the_operator_refuses_too_naming_the_field(
@@ -86,6 +92,7 @@ def test_what_the_api_server_refuses_the_operator_refuses_too_naming_the_field(
         "{model: {name: m}, routing: {mode: inferencePool}, disaggregation: {encode: {}}, "
         "autoscaling: {minReplicas: 0, enabled: false}}",
         "{model: {name: m}, backend: {name: tensorrt-llm}, disaggregation: {}}",
+        "{model: {name: m}, backend: {attention: flash-attn-3}, gpu: {type: H100}, disaggregation: {encode: {}}}",
     ],
 )
 def test_what_the_operator_serves_the_api_server_accepts(

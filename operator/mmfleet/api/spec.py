@@ -824,7 +824,7 @@ class EncodeTierSpec(Model):
     cache_gi_b: float = Field(
         default=4.0,
         alias="cacheGiB",
-        gt=0,
+        ge=0.25,
         le=1024,
         description="GiB of encoder outputs each pod of both tiers keeps in /dev/shm (the connector's ec_cpu_bytes): "
         "the encode pods hold what they made until a serving pod reads it, the serving pods what they read, for "
@@ -935,7 +935,8 @@ class MultimodalInferenceSpec(Model):
                 cel(
                     "!has(self.disaggregation) || !has(self.disaggregation.encode) || !has(self.backend) || "
                     "!has(self.backend.name) || self.backend.name == 'vllm'",
-                    "disaggregation.encode needs vllm's encoder disaggregation; tensorrt-llm has none",
+                    "disaggregation.encode needs vllm's encoder disaggregation; tensorrt-llm has none (accepted: "
+                    "backend.name vllm, or no disaggregation.encode)",
                     ".disaggregation.encode",
                 ),
                 cel(
@@ -945,7 +946,7 @@ class MultimodalInferenceSpec(Model):
                     "self.multimodal.limitPerPrompt.video > 0 || !has(self.multimodal.limitPerPrompt.audio) || "
                     "self.multimodal.limitPerPrompt.audio > 0",
                     "disaggregation.encode with multimodal.limitPerPrompt 0 images, videos and audio clips: a "
-                    "text-only fleet has nothing to encode",
+                    "text-only fleet has nothing to encode (accepted: a limit above 0, or no disaggregation.encode)",
                     ".disaggregation.encode",
                 ),
                 cel(
@@ -953,8 +954,18 @@ class MultimodalInferenceSpec(Model):
                     "!has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0 || "
                     "(has(self.autoscaling.enabled) && !self.autoscaling.enabled)",
                     "disaggregation.encode with autoscaling.minReplicas 0: the encode tier keeps its replicas, and "
-                    "their GPUs, while the fleet idles at zero",
+                    "their GPUs, while the fleet idles at zero (accepted: minReplicas 1 or more, or no "
+                    "disaggregation.encode)",
                     ".disaggregation.encode",
+                ),
+                cel(
+                    "!has(self.disaggregation) || !has(self.disaggregation.encode) || "
+                    "!has(self.disaggregation.encode.gpu) || !has(self.disaggregation.encode.gpu.type) || "
+                    "!has(self.backend) || !has(self.backend.attention) || self.backend.attention != 'flash-attn-3' || "
+                    "self.disaggregation.encode.gpu.type in ['H100', 'H200', 'H20', 'GH200']",
+                    "backend.attention flash-attn-3 runs on the encode tier too: disaggregation.encode.gpu.type must "
+                    "be Hopper (H100, H200, H20, GH200), or use auto or flash-attn-2",
+                    ".disaggregation.encode.gpu.type",
                 ),
                 cel(
                     "!has(self.backend) || !has(self.backend.name) || self.backend.name != 'tensorrt-llm' || "
@@ -1122,6 +1133,13 @@ class MultimodalInferenceSpec(Model):
                 "disaggregation.encode: set with spec.autoscaling.minReplicas: 0; the encode tier keeps its replicas, "
                 "and their GPUs, while the fleet idles at zero (accepted: minReplicas 1 or more, or no "
                 "disaggregation.encode)"
+            )
+        encode_gpu = self.disaggregation.encode.gpu.type if self.disaggregation.encode is not None else None
+        if self.backend.attention == "flash-attn-3" and encode_gpu is not None and encode_gpu not in HOPPER_GPUS:
+            raise ValueError(
+                f"disaggregation.encode.gpu.type: {encode_gpu} with spec.backend.attention: flash-attn-3, which runs "
+                f"on the encode tier too and needs a Hopper GPU (accepted: {', '.join(HOPPER_GPUS)}; or attention auto "
+                "or flash-attn-2)"
             )
 
     @property

@@ -126,9 +126,12 @@ Flags, metrics and engine behaviour were read in the released 0.33.0 wheel (``vl
   only, ``entrypoints/openai/chat_completion/serving.py``), keyed by the item's hash, and a consumer fetches them
   when the request carries them back in its own ``ec_transfer_params`` (``chat_completion/protocol.py``, passed on in
   ``SamplingParams.extra_args``); without them, or when a fetch fails and the request still holds its images, the
-  consumer encodes locally (``cpu/scheduler/__init__.py`` ``_admit_item``, ``_fail_or_fallback``). A model family
-  whose model class does not mark its language model (``SupportsMultiModal._mark_language_model``,
-  ``model_executor/models/interfaces.py``) cannot run encoder-only: ``ENCODER_ONLY_UNSUPPORTED``.
+  consumer encodes locally (``cpu/scheduler/__init__.py`` ``_admit_item``, ``_fail_or_fallback``). Encoder-only skips
+  the parts a model class marks as its language model (``SupportsMultiModal._mark_language_model`` or
+  ``_mark_composite_model``, ``model_executor/models/interfaces.py``); a few multimodal classes mark none
+  (``llava_onevision2.py``, ``funasr.py``, ``diffusion_gemma.py``, ``jina_vl.py``, ``colmodernvbert.py``), and an
+  encode replica of theirs loads the whole model. The operator cannot tell a model's class from its name, so it does
+  not refuse them (docs/backends.md).
 - Startup in the log (``startup()``): each GPU worker logs "Model loading took %s GiB memory and %.6f seconds"
   (``v1/worker/gpu_model_runner.py`` ``load_model``, ``v1/worker/gpu/model_runner.py``), and each engine core "init
   engine (profile, create kv cache, warmup model) took %.2f s", with " (compilation: %.2f s" after it when anything was
@@ -362,16 +365,6 @@ class VllmBackend:
 # The producer's side channel (envs.py VLLM_EC_SIDE_CHANNEL_PORT's default), which consumers connect to.
 EC_SIDE_CHANNEL_PORT = 5601
 EC_CONNECTOR = "ECCPUConnector"
-# Model names (lower case) of the families whose vLLM 0.33 model class does not mark its language model
-# (model_executor/models/: glm4v.py, idefics3.py, keye_vl1_5.py), so an encoder-only instance would load and run all of
-# it: the model names their Hugging Face repositories use.
-ENCODER_ONLY_UNSUPPORTED: tuple[str, ...] = ("glm-4v", "idefics3", "keye-vl-1_5", "keye-vl-1.5")
-
-
-def encoder_only_unsupported(model: str) -> str | None:
-    """The family of ``model`` that vLLM 0.33 cannot run encoder-only, or None."""
-    name = model.lower()
-    return next((family for family in ENCODER_ONLY_UNSUPPORTED if family in name), None)
 
 
 def ec_transfer_config(role: EcRole, encode: EncodeTierSpec) -> str:

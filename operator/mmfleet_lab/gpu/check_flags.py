@@ -59,6 +59,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "multimodal": {"encoderTensorParallel": "data"},
         "disaggregation": {"encode": {"gpu": {"count": 2}}},
     },
+    "encode-tier-standby": {
+        **QWEN,
+        "routing": {"mode": "inferencePool"},
+        "autoscaling": {"slo": {"target": "2s"}, "warmStandby": {"replicas": 1}},
+        "disaggregation": {"encode": {}},
+    },
 }
 
 
@@ -116,13 +122,22 @@ def check(argv: list[str], model: str) -> dict[str, Any]:
     if servers > 1:  # as run_multi_api_server sets them before it makes the engine configuration
         engine_args._api_process_count = servers
         engine_args._api_process_rank = -1
+    # The pods of both tiers of an encode tier run the V2 model runner (render: VLLM_USE_V2_MODEL_RUNNER=1).
+    v2 = "--ec-transfer-config" in argv
+    if v2:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     try:
         config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     except BaseException as error:
         result["engine_config"] = f"{type(error).__name__}: {error}"
         result["trace"] = traceback.format_exc(limit=4)[-1500:]
         return result
+    finally:
+        if v2:
+            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
     result["engine_config"] = "ok"
+    # What the V2 model runner (the ECCPUConnector's) would not support in this configuration (config/vllm.py).
+    result["v2_model_runner_unsupported"] = list(config._get_v2_model_runner_unsupported_features())
     mm = config.model_config.multimodal_config
     result["multimodal"] = {
         "limit_per_prompt": {k: vars(v) for k, v in mm.limit_per_prompt.items()},
@@ -209,7 +224,8 @@ def main(arguments: list[str] | None = None) -> int:
             STUB_DIR_ENV: str(stub),
             "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}",
         }
-        return subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env, check=False).returncode
+        again = sys.argv[1:] if arguments is None else arguments
+        return subprocess.run([sys.executable, __file__, *again], env=env, check=False).returncode
     if args.no_gpu:
         _stand_in_for_a_gpu_node()
     commands: dict[str, list[str]] = json.loads(args.commands.read_text())

@@ -50,6 +50,10 @@ def test_vllm_made_the_encode_tier_encoder_only_and_the_serving_tier_its_consume
     assert serving["ec_transfer"]["ec_role"] == "ec_consumer"
     assert serving["ec_transfer"]["is_encode_only"] is False
     assert "ec_transfer" not in checked["cases"]["example:minimal.yaml"]
+    # Both tiers run the V2 model runner (the connector's): nothing in their configurations is one it lacks.
+    tiers = [case for case in checked["cases"].values() if "ec_transfer" in case]
+    assert len(tiers) >= 8
+    assert all(case["v2_model_runner_unsupported"] == [] for case in tiers)
 
 
 def test_vllm_read_the_multimodal_knobs_as_meant(checked: dict[str, Any]) -> None:

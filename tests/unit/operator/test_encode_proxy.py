@@ -10,14 +10,16 @@ producer's address (``ec_connector/cpu/scheduler`` ``request_finished``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession, ClientTimeout, web
 from aiohttp.test_utils import TestServer
 
 from mmfleet import encode_proxy, render
@@ -226,19 +228,113 @@ def test_the_server_down_is_a_bad_gateway_that_says_so() -> None:
     assert "inference server not reached" in body["error"]["message"]
 
 
-def test_media_items_are_found_in_every_message_in_order() -> None:
-    video = {"type": "video_url", "video_url": {"url": "http://example.com/v.mp4"}}
+def test_the_items_sent_are_the_last_user_turns_whole() -> None:
+    """Earlier turns' items are in the server's prefix cache; a part goes whole, its uuid (the item's hash when
+    given) with it."""
+    video = {"type": "video_url", "video_url": {"url": "http://example.com/v.mp4"}, "uuid": "clip-7"}
     audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
     payload = {
         "messages": [
             {"role": "user", "content": [IMAGE, {"type": "text", "text": "and"}]},
             {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": [video, audio]},
+            {"role": "user", "content": [video, {"type": "text", "text": "this?"}, audio]},
             "not a message",
         ]
     }
-    assert encode_proxy.media_items(payload) == [IMAGE, video, audio]
+    assert encode_proxy.media_items(payload) == [video, audio]
+    assert encode_proxy.media_items({"messages": [{"role": "user", "content": "text"}]}) == []
     assert encode_proxy.media_items({"messages": "text"}) == []
+
+
+def test_the_encode_request_keeps_what_the_items_hash_depends_on() -> None:
+    item = {**IMAGE, "uuid": "img-1"}
+    payload = {"model": "qwen", "media_io_kwargs": {"video": {"num_frames": 8}}, "mm_processor_kwargs": {"fps": 2}}
+    assert encode_proxy.encode_request(payload, [item]) == {
+        "model": "qwen",
+        "messages": [{"role": "user", "content": [item]}],
+        "stream": False,
+        "max_tokens": 1,
+        "mm_processor_kwargs": {"fps": 2},
+        "media_io_kwargs": {"video": {"num_frames": 8}},
+    }
+
+
+def test_headers_pass_on_as_a_proxy_should() -> None:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.Response(body=b"0123456789", headers={"X-Part": "a"})
+        response.headers.add("X-Part", "b")
+        return response
+
+    server, encoder = Upstream(answer), Upstream(encoder_answer)
+    sent = {"Authorization": "Bearer k", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    sent |= {"Connection": "keep-alive, X-Hop", "X-Hop": "no", "X-End": "yes"}
+
+    async def send(client: ClientSession, base: str) -> tuple[int, list[str], str | None]:
+        async with client.post(base + "v1/chat/completions", json=image_request(), headers=sent) as response:
+            await response.read()
+            return response.status, response.headers.getall("X-Part"), response.headers.get("Content-Length")
+
+    assert run(server, encoder, send) == (200, ["a", "b"], "10")
+    encode_headers, served_headers = encoder.seen[0][2], server.seen[0][2]
+    assert encode_headers["traceparent"] == sent["traceparent"]  # the encode call joins the request's trace
+    assert "X-End" not in encode_headers  # the encode tier gets credentials and trace context only
+    assert served_headers["X-End"] == "yes"
+    assert "X-Hop" not in served_headers  # named by Connection: hop-by-hop
+
+
+def test_a_request_over_the_cap_is_refused_whole() -> None:
+    payload = image_request()
+    payload["messages"][1]["content"].append({"type": "image_url", "image_url": {"url": "A" * (33 * 1024 * 1024)}})
+    server, encoder = Upstream(), Upstream(encoder_answer)
+    status, _ = run(server, encoder, post_chat(payload))
+    assert status == 413
+    assert server.seen == [] and encoder.seen == []
+
+
+def test_a_client_that_leaves_cancels_its_request_at_the_server(tmp_path: Path) -> None:
+    """Run as the pod runs it (its own process, run_app's settings): the client's going away reaches the server."""
+    program = tmp_path / render.PROXY_FILE
+    program.write_text(render.PROXY_SOURCE)
+
+    async def main() -> bool:
+        left = asyncio.Event()
+
+        async def slow(request: web.Request) -> web.StreamResponse:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                left.set()
+                raise
+            return web.json_response({})
+
+        upstream = await serve(Upstream(slow))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        args = ["--port", str(port), "--server", str(upstream.make_url("")), "--encoder", "http://127.0.0.1:9"]
+        args += ["--shutdown-seconds", "1"]
+        sidecar = await asyncio.create_subprocess_exec(sys.executable, "-I", str(program), *args)
+        try:
+            for _ in range(100):  # until it listens
+                with contextlib.suppress(OSError):
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                await asyncio.sleep(0.1)
+            async with ClientSession() as client:
+                with contextlib.suppress(TimeoutError):
+                    text = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}
+                    await client.post(
+                        f"http://127.0.0.1:{port}/v1/chat/completions", json=text, timeout=ClientTimeout(1)
+                    )
+            await asyncio.wait_for(left.wait(), 10)
+            return left.is_set()
+        finally:
+            sidecar.terminate()
+            await sidecar.wait()
+            await upstream.close()
+
+    assert asyncio.run(main())
 
 
 def test_the_sidecar_runs_alone_as_the_pod_runs_it(tmp_path: Path) -> None:

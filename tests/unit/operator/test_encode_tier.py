@@ -73,26 +73,33 @@ def test_the_serving_tier_consumes_and_its_sidecar_takes_the_clients_requests() 
     serving = got[("Deployment", "qwen")]
     assert "replicas" not in serving["spec"]  # the autoscaler's, as without an encode tier
     pod = containers(serving)
-    assert '"ec_role":"ec_consumer"' in flag(pod["server"]["command"], "--ec-transfer-config")
-    proxy = pod["encode-proxy"]
-    assert proxy["image"] == pod["server"]["image"]  # the server's image runs it: nothing more to pull or pin
+    server, proxy = pod["server"], pod["encode-proxy"]
+    assert '"ec_role":"ec_consumer"' in flag(server["command"], "--ec-transfer-config")
+    # The sidecar takes the serving port, name and number; the server moves beside it, its probes and drain with it.
+    assert proxy["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert server["ports"] == [{"name": "server", "containerPort": 8001, "protocol": "TCP"}]
+    assert flag(server["command"], "--port") == "8001"
+    assert {server[p]["httpGet"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {"server"}
+    assert "127.0.0.1:8001/metrics" in server["lifecycle"]["preStop"]["exec"]["command"][2]
+    # The sidecar drains as the server does: it waits for the server to finish what it has before its SIGTERM.
+    assert proxy["lifecycle"]["preStop"] == server["lifecycle"]["preStop"]
+    assert proxy["image"] == server["image"]  # the server's image runs it: nothing more to pull or pin
     assert proxy["command"] == [
-        "python3",
-        "/etc/mmfleet/encode_proxy.py",
-        "--port",
-        "8001",
-        "--server",
-        "http://127.0.0.1:8000",
-        "--encoder",
-        "http://qwen-encode.ml.svc:8000",
+        *("python3", "/etc/mmfleet/encode_proxy.py", "--port", "8000"),
+        *("--server", "http://127.0.0.1:8001", "--encoder", "http://qwen-encode.ml.svc:8000"),
+        *("--shutdown-seconds", "30"),
     ]
     config = got[("ConfigMap", "qwen-config")]
-    assert config["data"]["encode_proxy.py"] == render.PROXY_SOURCE
-    assert "def media_items" in render.PROXY_SOURCE
+    assert config["data"] == {"encode_proxy.py": render.PROXY_SOURCE}
     checksum = serving["spec"]["template"]["metadata"]["annotations"]["mmfleet.io/config-checksum"]
     assert checksum == render._config_checksum(config["data"])
+    # The encode pods read nothing of the ConfigMap: a new sidecar does not roll their GPUs.
+    encode_pod = got[("Deployment", "qwen-encode")]["spec"]["template"]
+    assert "mmfleet.io/config-checksum" not in encode_pod["metadata"]["annotations"]
+    assert "config" not in {v["name"] for v in encode_pod["spec"]["volumes"]}
+    # Clients, the picker and Prometheus reach the serving port as before: a fleet rolling onto the tier keeps serving.
     service = got[("Service", "qwen")]
-    assert service["spec"]["ports"][0]["targetPort"] == "encode-proxy"
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "inference-server"
     encode_service = got[("Service", "qwen-encode")]
     assert encode_service["spec"]["selector"]["app.kubernetes.io/component"] == "encoder"
@@ -105,10 +112,8 @@ def test_only_the_serving_pods_reach_the_encode_pods() -> None:
     serving_pods = {"podSelector": {"matchLabels": render.selector_labels(parse(spec_doc()))}}
     assert encode_policy["ingress"] == [{"from": [serving_pods]}]
     serving_policy = got[("NetworkPolicy", "qwen")]["spec"]["ingress"]
-    assert serving_policy[0]["ports"] == [
-        {"port": "http", "protocol": "TCP"},
-        {"port": "encode-proxy", "protocol": "TCP"},
-    ]
+    # Clients reach the sidecar's port only, not the server beside it.
+    assert serving_policy[0]["ports"] == [{"port": "http", "protocol": "TCP"}]
     # NIXL's reads between the tiers: every port, from the encode pods only.
     assert {"from": [{"podSelector": {"matchLabels": render.encode_selector(parse(spec_doc()))}}]} in serving_policy
 
@@ -126,11 +131,9 @@ def test_the_encode_pods_series_stay_out_of_the_fleets() -> None:
     )
 
 
-def test_the_inference_pool_sends_to_the_sidecar() -> None:
+def test_the_inference_pool_still_sends_to_the_serving_port() -> None:
     got = children(routing={"mode": "inferencePool"}, disaggregation={"encode": ENCODE})
-    assert got[("InferencePool", "qwen")]["spec"]["targetPorts"] == [{"number": 8001}]
-    plain = children(routing={"mode": "inferencePool"})
-    assert plain[("InferencePool", "qwen")]["spec"]["targetPorts"] == [{"number": 8000}]
+    assert got[("InferencePool", "qwen")]["spec"]["targetPorts"] == [{"number": 8000}]
 
 
 def test_without_an_encode_tier_nothing_changes() -> None:
@@ -165,16 +168,19 @@ def test_the_encode_flags_are_the_operators(flag_name: str) -> None:
     assert "disaggregation.encode" in str(caught.value)
 
 
-@pytest.mark.parametrize(
-    ("model", "family"),
-    [("THUDM/glm-4v-9b", "glm-4v"), ("HuggingFaceM4/Idefics3-8B-Llama3", "idefics3")],
-)
-def test_a_family_vllm_cannot_run_encoder_only_is_refused_naming_the_field(model: str, family: str) -> None:
+def test_flash_attention_3_needs_a_hopper_encode_tier_too() -> None:
+    hopper = {"backend": {"attention": "flash-attn-3"}, "gpu": {"type": "H100"}}
     with pytest.raises(SpecError) as caught:
-        parse(spec_doc(model={"name": model}, disaggregation={"encode": {}}))
-    (problem,) = caught.value.problems
-    assert problem.startswith("disaggregation.encode: model.name") and family in problem
-    parse(spec_doc(model={"name": model}))  # served without an encode tier
+        parse(spec_doc(**hopper, disaggregation={"encode": {"gpu": {"type": "L4"}}}))
+    assert caught.value.problems[0].startswith("spec.disaggregation.encode.gpu.type: L4 with spec.backend.attention")
+    parse(spec_doc(**hopper, disaggregation={"encode": {"gpu": {"type": "H200"}}}))
+    parse(spec_doc(**hopper, disaggregation={"encode": {}}))  # the serving tier's H100
+
+
+def test_a_cache_too_small_for_one_image_is_refused() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse(spec_doc(disaggregation={"encode": {"cacheGiB": 0.0001}}))
+    assert "spec.disaggregation.encode.cacheGiB" in caught.value.problems[0]
 
 
 def test_a_name_too_long_for_the_encode_service_is_refused() -> None:
@@ -182,7 +188,7 @@ def test_a_name_too_long_for_the_encode_service_is_refused() -> None:
     doc["metadata"]["name"] = "q" * 60
     with pytest.raises(SpecError) as caught:
         parse(doc)
-    assert "disaggregation.encode needs a name of at most 56 characters" in caught.value.problems[0]
+    assert "disaggregation.encode needs a metadata.name of at most 56 characters" in caught.value.problems[0]
     doc["metadata"]["name"] = "q" * 56
     parse(doc)
 
