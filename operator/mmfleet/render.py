@@ -311,6 +311,11 @@ def config_files(
     return files
 
 
+def _cores(value: float) -> str:
+    """Cores as a quantity: whole cores, else millicores rounded up."""
+    return str(int(value)) if value == int(value) else f"{math.ceil(value * 1000)}m"
+
+
 def _gi(value: float) -> str:
     """GiB as a quantity: whole GiB, else MiB rounded up."""
     return f"{int(value)}Gi" if value == int(value) else f"{math.ceil(value * 1024)}Mi"
@@ -453,7 +458,7 @@ def _server_deployment(
         if spec.resources.memory is not None
         else _gi(MEMORY_GI_PER_GPU * gpus + extra.memory_gib + SHM_GI_PER_GPU * gpus + extra.shm_gib)
     )
-    cpu = str(spec.resources.cpu) if spec.resources.cpu is not None else str(CPU_PER_GPU * gpus + extra.cpu)
+    cpu = str(spec.resources.cpu) if spec.resources.cpu is not None else _cores(CPU_PER_GPU * gpus + extra.cpu)
 
     volumes: list[Manifest] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},

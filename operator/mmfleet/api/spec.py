@@ -334,6 +334,15 @@ class MultimodalSpec(Model):
         le=64,
         description="API server processes; each decodes and preprocesses images on one CPU core. Default: vLLM's, one.",
     )
+    images_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=10000,
+        description="Images one replica takes per second at its busiest (from a profile, or the rate its "
+        "capacityPerReplica brings); the default CPU request grows by the cores decoding and preprocessing them "
+        "take, for images of largestItem.image's size (default 1280x720) (vllm only; docs/rendering.md, "
+        "Resources). Unset: 4 cores per GPU, as without images.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MultimodalSpec:

@@ -90,7 +90,7 @@ class HostExtra:
 
     memory_gib: float = 0.0  # in the server's processes
     shm_gib: float = 0.0  # in /dev/shm (a memory-backed volume, so in the memory request too)
-    cpu: int = 0
+    cpu: float = 0.0  # cores
 
 
 class Backend(Protocol):

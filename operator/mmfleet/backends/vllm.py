@@ -350,7 +350,8 @@ class VllmBackend:
         in_processes, in_shm = processor_cache_gib(multimodal)
         encode = inference.spec.disaggregation.encode
         outputs = encode.cache_gi_b if encode is not None else 0.0  # the connector's region, in /dev/shm on both tiers
-        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_GIB), in_shm + outputs, servers - 1)
+        cpu = servers - 1 + preprocessing_cores(multimodal)
+        return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_GIB), in_shm + outputs, cpu)
 
     def startup(self, log: str) -> ServerStartup:
         start = log.split(_SERVING, 1)[0]  # what clients sent afterwards (a logged prompt, say) is not read
@@ -427,6 +428,33 @@ def processor_cache_gib(multimodal: MultimodalSpec) -> tuple[float, float]:
     if cache.type == "shm":
         return 0.0, size
     return size, 0.0
+
+
+# One image's decoding (base64, PIL open and RGB) and preprocessing (the Hugging Face processor with the prompt), on one
+# core of the calibration's H200 host, p50, for PNG, the dearer of the two formats measured
+# (../shared/calibration/real-vllm-h200-mm/preprocess_cpu.csv, copied to tests/data): 10.7 ms at 448x448 (0.20
+# megapixels), 40.5 ms at 1280x720 (0.92): a line through both. Both tiers of an encode tier pay it (the serving
+# replicas still build each prompt's placeholders from the image).
+PREPROCESS_MS = 2.4
+PREPROCESS_MS_PER_MEGAPIXEL = 41.4
+DEFAULT_IMAGE = (1280, 720)  # width, height: without largestItem.image
+# The cores are sized to be at most half busy, so an image seldom waits for one.
+PREPROCESS_BUSY = 0.5
+
+
+def preprocessing_ms(pixels: int) -> float:
+    return PREPROCESS_MS + PREPROCESS_MS_PER_MEGAPIXEL * pixels / 1e6
+
+
+def preprocessing_cores(multimodal: MultimodalSpec) -> float:
+    """The cores decoding and preprocessing ``images_per_second`` images of the largest image's size take, at most
+    half busy; 0 without a rate."""
+    if multimodal.images_per_second is None:
+        return 0.0
+    image = multimodal.largest_item.image if multimodal.largest_item is not None else None
+    width = image.width if image is not None and image.width is not None else DEFAULT_IMAGE[0]
+    height = image.height if image is not None and image.height is not None else DEFAULT_IMAGE[1]
+    return multimodal.images_per_second * preprocessing_ms(width * height) / 1000 / PREPROCESS_BUSY
 
 
 # The lines as vLLM's logger writes them, "[file.py:line] message", so that only its own lines match.

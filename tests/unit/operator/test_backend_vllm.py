@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from typing import Any
 
@@ -10,10 +11,10 @@ import pytest
 from mmfleet import clouds, render
 from mmfleet.api import MultimodalInference
 from mmfleet.backends import ServerContext, clashes, latency_quantile_promql
-from mmfleet.backends.vllm import BACKEND
+from mmfleet.backends.vllm import BACKEND, preprocessing_ms
 from mmfleet.render import SpecError
 from mmfleet.validation import parse
-from tests.helpers.repo import spec_doc
+from tests.helpers.repo import ROOT, spec_doc
 
 DOWNLOAD_DIR = "/cache/models"
 EKS = clouds.get("eks")
@@ -334,3 +335,32 @@ def test_identity_and_endpoints() -> None:
 
 def test_drain_args() -> None:
     assert BACKEND.drain_args(90) == ["--shutdown-timeout", "90"]
+
+
+def test_the_cpu_request_grows_with_the_images_a_replica_preprocesses() -> None:
+    """multimodal.imagesPerSecond: cores for decoding and preprocessing, at most half busy, from the calibration's
+    per-image times (PNG, the dearer format), for the largest image's size."""
+
+    def cpu(**multimodal: Any) -> str:
+        deployment = render.build_deployment(MultimodalInference.model_validate(spec_doc(multimodal=multimodal)), EKS)
+        server = deployment["spec"]["template"]["spec"]["containers"][0]
+        return str(server["resources"]["requests"]["cpu"])
+
+    assert cpu() == "4"
+    # 20 images a second of 1280x720, 40.5 ms each: 0.81 cores busy, 1.62 half busy.
+    assert cpu(imagesPerSecond=20) == "5623m"
+    assert cpu(imagesPerSecond=20, largestItem={"image": {"width": 448, "height": 448}}) == "4429m"
+    assert cpu(imagesPerSecond=20, apiServers=2) == "6623m"
+
+
+def test_the_preprocessing_cost_is_the_calibrations() -> None:
+    """The line through the measured points stays within 3% of each PNG measurement, and above each JPEG one."""
+    rows = list(csv.DictReader((ROOT / "tests" / "data" / "vllm_h200_preprocess_cpu.csv").open()))
+    assert len(rows) == 4
+    for row in rows:
+        measured = float(row["decode_ms_p50"]) + float(row["processor_with_text_ms_p50"])
+        model = preprocessing_ms(int(row["w"]) * int(row["h"]))
+        if row["fmt"] == "png":
+            assert model == pytest.approx(measured, rel=0.03), row
+        else:
+            assert model > measured, row
