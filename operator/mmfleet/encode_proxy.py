@@ -12,6 +12,11 @@ keeps its items, so when the encode tier fails, times out or is not there yet th
 (``_fail_or_fallback`` in vLLM's ``ec_connector/cpu/scheduler``): the encode tier only ever makes a request faster,
 never lost.
 
+The server's own latency histograms start when a request reaches it, after the encode tier: the sidecar measures the
+latency clients see, from the request's arrival at the pod (``FRONT_DOOR_E2E``, and ``FRONT_DOOR_TTFT`` to the first
+streamed chunk, which vLLM sends with the first token), and adds those histograms to the server's ``/metrics`` as it
+passes them on, where the autoscaler reads them in place of the server's.
+
 It runs in each serving pod from the server's own image, its source shipped in the fleet's ConfigMap, so it needs
 the standard library and aiohttp only (a dependency of vllm 0.33, ``aiohttp>=3.14.4``, with its yarl and multidict).
 """
@@ -32,6 +37,14 @@ from yarl import URL
 
 LOG = logging.getLogger("mmfleet.encode_proxy")
 CHAT_PATH = "/v1/chat/completions"
+GENERATE_PATHS = frozenset({CHAT_PATH, "/v1/completions"})
+METRICS_PATH = "/metrics"
+# The front door's latency histograms (mmfleet.backends.vllm names them for the autoscaler), on vLLM 0.33's e2e
+# buckets (v1/metrics/buckets.py).
+FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
+FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
+BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+           960.0, 1920.0, 7680.0)  # fmt: skip
 # Chat content parts that carry an item for the encoder (vLLM 0.33's part types, entrypoints/chat_utils.py).
 MEDIA_PARTS = frozenset({"image_url", "input_image", "video_url", "audio_url", "input_audio"})
 # Request fields that change how the items are processed, and so their hash: the encode request must agree.
@@ -63,6 +76,31 @@ LARGE_REQUEST_BYTES = 4 * 1024 * 1024
 LARGE_AT_ONCE = 4
 SESSION: web.AppKey[ClientSession] = web.AppKey("session", ClientSession)
 LARGE: web.AppKey[asyncio.Semaphore] = web.AppKey("large", asyncio.Semaphore)
+
+
+class Histogram:
+    """A Prometheus histogram with no labels, written in the text format (0.0.4): what the standard library can do."""
+
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = BUCKETS) -> None:
+        self.name, self.help_text, self.buckets = name, help_text, buckets
+        self.counts = [0] * len(buckets)
+        self.count, self.total = 0, 0.0
+
+    def observe(self, seconds: float) -> None:
+        for index, bound in enumerate(self.buckets):
+            if seconds <= bound:
+                self.counts[index] += 1
+        self.count += 1
+        self.total += seconds
+
+    def exposition(self) -> str:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        lines += [
+            f'{self.name}_bucket{{le="{bound!r}"}} {n}' for bound, n in zip(self.buckets, self.counts, strict=True)
+        ]
+        lines += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_count {self.count}"]
+        lines.append(f"{self.name}_sum {self.total!r}")
+        return "\n".join(lines) + "\n"
 
 
 def media_items(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -106,6 +144,10 @@ class Proxy:
         self.server = server.rstrip("/")
         self.encoder = encoder.rstrip("/")
         self.encode_timeout = encode_timeout
+        self.e2e = Histogram(FRONT_DOOR_E2E, "Seconds from a request's arrival at the pod to its answer's end.")
+        self.ttft = Histogram(
+            FRONT_DOOR_TTFT, "Seconds from a streamed request's arrival at the pod to its first chunk."
+        )
 
     async def encode(
         self,
@@ -140,14 +182,36 @@ class Proxy:
         return params
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         body = await request.read()
+        if request.method == "GET" and request.path == METRICS_PATH:
+            return await self._metrics(request)
         if request.method == "POST" and request.path == CHAT_PATH:
             if len(body) < LARGE_REQUEST_BYTES:
                 body = await self._through_encoder(request, body)
             else:
                 async with request.app[LARGE]:
                     body = await self._through_encoder(request, body)
-        return await self._forward(request, body)
+        timed = request.method == "POST" and request.path in GENERATE_PATHS
+        return await self._forward(request, body, arrived if timed else None)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """The server's /metrics, as plain text (so the front door's histograms can follow it), and then them."""
+        headers = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
+        try:
+            async with request.app[SESSION].get(self.server + METRICS_PATH, headers=headers) as upstream:
+                text = await upstream.text()
+                status = upstream.status
+        except ClientError as error:
+            return web.json_response({"error": {"message": f"inference server not reached: {error}"}}, status=502)
+        if status == 200:
+            text = (
+                text
+                + ("" if text.endswith("\n") or not text else "\n")
+                + self.e2e.exposition()
+                + self.ttft.exposition()
+            )
+        return web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
 
     async def _through_encoder(self, request: web.Request, body: bytes) -> bytes:
         try:
@@ -162,7 +226,8 @@ class Proxy:
             return body
         return json.dumps({**payload, "ec_transfer_params": params}).encode()
 
-    async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, body: bytes, arrived: float | None = None) -> web.StreamResponse:
+        """The request to the server and its answer back as it comes; ``arrived``: time a generation, from then."""
         session = request.app[SESSION]
         try:
             # raw_path: the path and query as the client encoded them (path_qs would decode %2F to /).
@@ -176,9 +241,16 @@ class Proxy:
                 status=upstream.status, headers=_passed_on(upstream.headers, keep_length=True)
             )
             await response.prepare(request)
+            streamed = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            first = True
             async for chunk in upstream.content.iter_any():
+                if first and streamed and arrived is not None and upstream.status == 200:
+                    self.ttft.observe(time.monotonic() - arrived)
+                first = False
                 await response.write(chunk)
             await response.write_eof()
+            if arrived is not None and upstream.status == 200:
+                self.e2e.observe(time.monotonic() - arrived)
             return response
 
 

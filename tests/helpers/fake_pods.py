@@ -43,6 +43,9 @@ class FakePod:
     waiting: float = 3.0
     running: float = 5.0
     kv_cache_usage: float = 0.2
+    # With an encode tier: the latency its sidecar measures from the request's arrival at the pod (the front door's
+    # histogram, beside the server's).
+    front_door_latency: float | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
 
@@ -59,6 +62,13 @@ class FakePod:
             for name in (names.waiting, names.running, names.kv_cache_usage)
         }
         self._labels = labels
+        front = names.front_door("e2e")
+        self._front = (
+            Histogram(front.removesuffix("_seconds"), "front door", unit="seconds", buckets=E2E_BUCKETS,
+                      registry=self.registry)
+            if front is not None and self.front_door_latency is not None
+            else None
+        )  # fmt: skip
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
@@ -75,6 +85,8 @@ class FakePod:
         self._due -= finished
         for _ in range(finished):
             self._e2e.labels(**self._labels).observe(self.latency)
+            if self._front is not None and self.front_door_latency is not None:
+                self._front.observe(self.front_door_latency)
         self._done.labels(**self._labels).inc(finished)
         self._set_gauges()
 

@@ -30,9 +30,16 @@ class MetricNames:
     kv_cache_usage: str
     # The label the backend puts the served model name in.
     model_label: str = "model_name"
+    # With an encode tier (vLLM), the same latencies measured from a request's arrival at the pod, before the encode
+    # tier, by the sidecar (mmfleet.encode_proxy); a fleet's SLO reads them where its pods export them.
+    front_door_e2e: str | None = None
+    front_door_ttft: str | None = None
 
     def histogram(self, metric: SloMetric) -> str:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
+
+    def front_door(self, metric: SloMetric) -> str | None:
+        return {"e2e": self.front_door_e2e, "ttft": self.front_door_ttft, "itl": None}[metric]
 
     def series(self, signal: Signal) -> str:
         return {
@@ -224,10 +231,21 @@ def _abbreviation(token: str, owned: dict[str, OwnedFlag]) -> OwnedFlag | None:
 def latency_quantile_promql(
     backend: Backend, metric: SloMetric, percentile: float, window: str, by: tuple[str, ...], selector: str = ""
 ) -> str:
-    """P<percentile> of one latency histogram, summed over pods, grouped by ``by``; ``selector``: label matchers."""
-    series = backend.metrics.histogram(metric) + "_bucket" + (f"{{{selector}}}" if selector else "")
+    """P<percentile> of one latency histogram, summed over pods, grouped by ``by``; ``selector``: label matchers.
+
+    Where the backend's pods measure the latency at the pod's front door too (an encode tier's sidecar), that one,
+    for the fleets that export it with a number (no request finished in the window gives none); the server's own for
+    the rest."""
+    matchers = f"{{{selector}}}" if selector else ""
     labels = ", ".join(("le", *by))
-    return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) (rate({series}[{window}])))"
+
+    def quantile(histogram: str) -> str:
+        rate = f"rate({histogram}_bucket{matchers}[{window}])"
+        return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) ({rate}))"
+
+    server = quantile(backend.metrics.histogram(metric))
+    front = backend.metrics.front_door(metric)
+    return server if front is None else f"({quantile(front)} >= 0) or {server}"
 
 
 def signal_promql(backend: Backend, signal: Signal, window: str, by: tuple[str, ...], selector: str = "") -> str:

@@ -161,6 +161,11 @@ S3_COMPATIBLE_SCHEMES: tuple[str, ...] = ("oss://",)
 # (@2cfa5c32): "The image also ships a `vllm` user (UID 2000, GID 0) with HOME /home/vllm" (also
 # docs/deployment/docker.md). Pods run the upstream image as that user; mmfleet builds no vLLM image.
 IMAGE_UID = 2000
+# An encode tier's sidecar measures the latency clients see, from a request's arrival at the pod (the server's own
+# histograms start after the encode tier), and exports these histograms beside the server's (mmfleet.encode_proxy,
+# which names them too: it imports nothing of the operator).
+FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
+FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
 
 # Flags per backend.attention. auto lets vLLM pick (FA3 on Hopper, v1/attention/backends/fa_utils.py).
 _ATTENTION: dict[Attention, tuple[str, ...]] = {
@@ -201,6 +206,8 @@ class VllmBackend:
         waiting="vllm:num_requests_waiting",
         kv_cache_usage="vllm:kv_cache_usage_perc",
         model_label="model_name",
+        front_door_e2e=FRONT_DOOR_E2E,
+        front_door_ttft=FRONT_DOOR_TTFT,
     )
     owned_flags: tuple[OwnedFlag, ...] = (
         OwnedFlag("--model", "model.source"),

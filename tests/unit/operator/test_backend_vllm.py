@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mmfleet import clouds, render
+from mmfleet import clouds, encode_proxy, render
 from mmfleet.api import MultimodalInference
 from mmfleet.backends import ServerContext, clashes, latency_quantile_promql
 from mmfleet.backends.vllm import BACKEND, preprocessing_ms
@@ -310,10 +310,24 @@ def test_unrelated_flags_pass() -> None:
 
 
 def test_e2e_p90_promql() -> None:
+    """The front door's (an encode tier's sidecar) where a fleet's pods export it with a number, else the server's."""
     assert latency_quantile_promql(BACKEND, "e2e", 90, "60s", ("namespace", "mmfleet_io_inference")) == (
+        "(histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
+        "(rate(mmfleet_front_door_e2e_request_latency_seconds_bucket[60s]))) >= 0) or "
         "histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
         "(rate(vllm:e2e_request_latency_seconds_bucket[60s])))"
     )
+    itl = latency_quantile_promql(BACKEND, "itl", 90, "60s", ("namespace",))
+    assert itl == (
+        "histogram_quantile(0.9, sum by (le, namespace) (rate(vllm:inter_token_latency_seconds_bucket[60s])))"
+    )
+
+
+def test_the_sidecar_exports_the_histograms_the_autoscaler_reads() -> None:
+    assert (
+        BACKEND.metrics.front_door("e2e"),
+        BACKEND.metrics.front_door("ttft"),
+    ) == (encode_proxy.FRONT_DOOR_E2E, encode_proxy.FRONT_DOOR_TTFT)
 
 
 def test_metric_names_as_scraped() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from mmfleet import encode_proxy, render
 
@@ -194,18 +195,56 @@ def test_a_large_inline_image_is_accepted() -> None:
 
 
 def test_other_paths_pass_through() -> None:
-    async def metrics(request: web.Request) -> web.StreamResponse:
-        return web.Response(text="vllm:num_requests_running 2\n", headers={"X-Upstream": "yes"})
+    async def models(request: web.Request) -> web.StreamResponse:
+        return web.Response(text='{"data": []}', headers={"X-Upstream": "yes"})
 
-    server, encoder = Upstream(metrics), Upstream(encoder_answer)
+    server, encoder = Upstream(models), Upstream(encoder_answer)
 
     async def send(client: ClientSession, base: str) -> tuple[int, str, str | None]:
-        async with client.get(base + "metrics?a=1&b=two") as response:
+        async with client.get(base + "v1/models?a=1&b=two") as response:
             return response.status, await response.text(), response.headers.get("X-Upstream")
 
-    assert run(server, encoder, send) == (200, "vllm:num_requests_running 2\n", "yes")
-    assert server.seen[0][:2] == ("GET", "/metrics?a=1&b=two")
+    assert run(server, encoder, send) == (200, '{"data": []}', "yes")
+    assert server.seen[0][:2] == ("GET", "/v1/models?a=1&b=two")
     assert encoder.seen == []
+
+
+def test_the_metrics_add_the_latency_clients_see_to_the_servers() -> None:
+    """The encode tier's time is in the front door's histograms, which vLLM's own (from the request's arrival at the
+    server) leave out; the server's exposition is passed on whole, as plain text."""
+
+    async def server_answer(request: web.Request) -> web.StreamResponse:
+        if request.path == "/metrics":
+            return web.Response(text="# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\n")
+        return (
+            await streamed(request)
+            if json.loads(await request.read()).get("stream")
+            else await Upstream().handle(request)
+        )
+
+    async def slow_encoder(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.4)
+        return await encoder_answer(request)
+
+    server, encoder = Upstream(server_answer), Upstream(slow_encoder)
+
+    async def send(client: ClientSession, base: str) -> str:
+        for payload in (image_request(stream=True), image_request()):
+            async with client.post(base + "v1/chat/completions", json=payload) as response:
+                await response.read()
+        headers = {"Accept": "application/openmetrics-text", "Accept-Encoding": "gzip"}
+        async with client.get(base + "metrics", headers=headers) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            return await response.text()
+
+    families = {f.name: f for f in text_string_to_metric_families(run(server, encoder, send))}
+    assert families["vllm:num_requests_running"].samples[0].value == 2
+    e2e = {s.labels.get("le"): s.value for s in families[encode_proxy.FRONT_DOOR_E2E].samples}
+    assert (e2e["0.3"], e2e["0.5"], e2e["+Inf"]) == (0, 2, 2)  # both waited 0.4 s for the encode tier
+    ttft = {s.labels.get("le"): s.value for s in families[encode_proxy.FRONT_DOOR_TTFT].samples}
+    assert (ttft["0.3"], ttft["0.5"], ttft["+Inf"]) == (0, 1, 1)  # the streamed one only
+    metrics_request = server.seen[-1]
+    assert metrics_request[2]["Accept-Encoding"] == "identity"
 
 
 def test_the_server_down_is_a_bad_gateway_that_says_so() -> None:
