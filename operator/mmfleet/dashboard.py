@@ -157,7 +157,9 @@ def panels() -> list[dict[str, Any]]:
         ),
         panel(
             "End-to-end latency from the pods",
-            f"P50, P90 and P99 of the request latency histogram over {RATE_WINDOW}, summed over the fleet's pods.",
+            f"P50, P90 and P99 of the request latency histogram over {RATE_WINDOW}, summed over the fleet's pods: with "
+            "an encode tier, the sidecar's, from the request's arrival at the pod, where it covers most requests (the "
+            "autoscaler's own query).",
             latency,
             unit="s",
         ),

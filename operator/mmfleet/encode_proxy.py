@@ -37,14 +37,30 @@ from yarl import URL
 
 LOG = logging.getLogger("mmfleet.encode_proxy")
 CHAT_PATH = "/v1/chat/completions"
-GENERATE_PATHS = frozenset({CHAT_PATH, "/v1/completions"})
+# The paths on which vLLM 0.33 generates (entrypoints: OpenAI, Anthropic, its own), all timed at the front door.
+GENERATE_PATHS = frozenset(
+    {
+        CHAT_PATH,
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/inference/v1/generate",
+        "/v1/chat/completions/batch",
+    }
+)
 METRICS_PATH = "/metrics"
-# The front door's latency histograms (mmfleet.backends.vllm names them for the autoscaler), on vLLM 0.33's e2e
-# buckets (v1/metrics/buckets.py).
+# The front door's latency histograms (mmfleet.backends.vllm names them for the autoscaler), on vLLM 0.33's own buckets
+# for each (v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS).
 FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
 FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
-BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-           960.0, 1920.0, 7680.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+# A streamed answer's first token is its first "data:" line; a comment (vLLM's --sse-keep-alive-interval sends
+# ": keep-alive") is not one.
+SSE_DATA = b"data:"
+EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
 # Chat content parts that carry an item for the encoder (vLLM 0.33's part types, entrypoints/chat_utils.py).
 MEDIA_PARTS = frozenset({"image_url", "input_image", "video_url", "audio_url", "input_audio"})
 # Request fields that change how the items are processed, and so their hash: the encode request must agree.
@@ -81,7 +97,7 @@ LARGE: web.AppKey[asyncio.Semaphore] = web.AppKey("large", asyncio.Semaphore)
 class Histogram:
     """A Prometheus histogram with no labels, written in the text format (0.0.4): what the standard library can do."""
 
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = BUCKETS) -> None:
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
         self.name, self.help_text, self.buckets = name, help_text, buckets
         self.counts = [0] * len(buckets)
         self.count, self.total = 0, 0.0
@@ -144,9 +160,11 @@ class Proxy:
         self.server = server.rstrip("/")
         self.encoder = encoder.rstrip("/")
         self.encode_timeout = encode_timeout
-        self.e2e = Histogram(FRONT_DOOR_E2E, "Seconds from a request's arrival at the pod to its answer's end.")
+        self.e2e = Histogram(
+            FRONT_DOOR_E2E, "Seconds from a request's arrival at the pod to its answer's end.", E2E_BUCKETS
+        )
         self.ttft = Histogram(
-            FRONT_DOOR_TTFT, "Seconds from a streamed request's arrival at the pod to its first chunk."
+            FRONT_DOOR_TTFT, "Seconds from a streamed request's arrival at the pod to its first token.", TTFT_BUCKETS
         )
 
     async def encode(
@@ -182,8 +200,8 @@ class Proxy:
         return params
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrived = time.monotonic()
         body = await request.read()
+        arrived = time.monotonic()  # as vLLM's own clock, once the request is read
         if request.method == "GET" and request.path == METRICS_PATH:
             return await self._metrics(request)
         if request.method == "POST" and request.path == CHAT_PATH:
@@ -211,7 +229,7 @@ class Proxy:
                 + self.e2e.exposition()
                 + self.ttft.exposition()
             )
-        return web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
+        return web.Response(status=status, body=text.encode(), headers={"Content-Type": EXPOSITION})
 
     async def _through_encoder(self, request: web.Request, body: bytes) -> bytes:
         try:
@@ -241,16 +259,21 @@ class Proxy:
                 status=upstream.status, headers=_passed_on(upstream.headers, keep_length=True)
             )
             await response.prepare(request)
-            streamed = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-            first = True
+            # Timed as vLLM times it: finished generations (200, and the engine's own failures, 5xx), to the last
+            # byte the server sent, not to the client's reading it.
+            timed = arrived is not None and (upstream.status == 200 or upstream.status >= 500)
+            waiting = timed and upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            tail = b""
             async for chunk in upstream.content.iter_any():
-                if first and streamed and arrived is not None and upstream.status == 200:
-                    self.ttft.observe(time.monotonic() - arrived)
-                first = False
+                received = time.monotonic()
+                if waiting and arrived is not None and SSE_DATA in tail + chunk:
+                    self.ttft.observe(received - arrived)
+                    waiting = False
+                tail = chunk[-len(SSE_DATA) :]
                 await response.write(chunk)
-            await response.write_eof()
-            if arrived is not None and upstream.status == 200:
+            if timed and arrived is not None:
                 self.e2e.observe(time.monotonic() - arrived)
+            await response.write_eof()
             return response
 
 

@@ -312,8 +312,9 @@ def config_files(
 
 
 def _cores(value: float) -> str:
-    """Cores as a quantity: whole cores, else millicores rounded up."""
-    return str(int(value)) if value == int(value) else f"{math.ceil(value * 1000)}m"
+    """Cores as a quantity: whole cores, else millicores rounded up (float noise aside)."""
+    millicores = math.ceil(round(value * 1000, 6))
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
 
 
 def _gi(value: float) -> str:
@@ -451,7 +452,7 @@ def _server_deployment(
     files = config_files(inference, cloud, collector, tier)
     serving = tier.ec_role != "ec_producer"
     gpus = tier.gpu.count
-    extra = backend.host_extra(inference)
+    extra = backend.host_extra(inference, tier.ec_role)
     shm = _gi(SHM_GI_PER_GPU * gpus + extra.shm_gib)
     memory = (
         str(spec.resources.memory)

@@ -46,8 +46,10 @@ class FakePod:
     # With an encode tier: the latency its sidecar measures from the request's arrival at the pod (the front door's
     # histogram, beside the server's).
     front_door_latency: float | None = None
+    front_door_share: float = 1.0  # of the finished requests, those the front door timed
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
+    _front_due: float = 0.0
 
     def __post_init__(self) -> None:
         names = backends.get(self.backend).metrics
@@ -85,8 +87,11 @@ class FakePod:
         self._due -= finished
         for _ in range(finished):
             self._e2e.labels(**self._labels).observe(self.latency)
-            if self._front is not None and self.front_door_latency is not None:
+        if self._front is not None and self.front_door_latency is not None:
+            self._front_due += finished * self.front_door_share
+            for _ in range(int(self._front_due)):
                 self._front.observe(self.front_door_latency)
+            self._front_due -= int(self._front_due)
         self._done.labels(**self._labels).inc(finished)
         self._set_gauges()
 

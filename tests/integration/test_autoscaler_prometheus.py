@@ -46,8 +46,12 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     pods.add(FakePod("team-a", "x-1", "x", rate=10, latency=0.7, waiting=4, running=6, kv_cache_usage=0.4))
     pods.add(FakePod("team-b", "y-0", "y", rate=5, latency=3.0, waiting=9, running=2, kv_cache_usage=0.5))
     pods.add(FakePod("team-b", "z-0", "z", backend="tensorrt-llm", rate=4, latency=1.2, waiting=1, running=2))
-    # An encode tier: the server sees 0.7 s, the client 1.2 s (the encode tier's time before the server).
+    # An encode tier: the server sees 0.7 s, the client 1.2 s (the encode tier's time before the server); and two
+    # whose front door timed too few of the requests to stand for them (a rollout's first pod, a TTFT mostly not
+    # streamed), or none.
     pods.add(FakePod("team-b", "e-0", "e", rate=5, latency=0.7, front_door_latency=1.2))
+    pods.add(FakePod("team-b", "f-0", "f", rate=5, latency=0.7, front_door_latency=1.2, front_door_share=0.5))
+    pods.add(FakePod("team-b", "g-0", "g", rate=5, latency=0.7, front_door_latency=1.2, front_door_share=0.0))
     server.scrape(pods)
     targets = [
         Target("team-a", "x", "vllm", E2E_P90),
@@ -55,13 +59,15 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
         Target("team-b", "z", "tensorrt-llm", Slo("e2e", 50, "10s")),
         Target("team-b", "nothing", "vllm", E2E_P90),
         Target("team-b", "e", "vllm", E2E_P90),
+        Target("team-b", "f", "vllm", E2E_P90),
+        Target("team-b", "g", "vllm", E2E_P90),
     ]
     client = Prometheus(server.url, rate_window=RATE_WINDOW)
     read_when_complete(client, targets)
     time.sleep(6)  # until the rate window holds only samples of steady load
     readings = client.read(targets, time.time())
     assert readings.outage is None
-    assert readings.queries == 7  # four signals, the pods reporting and two SLOs, for five fleets on two backends
+    assert readings.queries == 7  # four signals, the pods reporting and two SLOs, for seven fleets on two backends
 
     x, y, z = (readings.signals[t.key] for t in targets[:3])
     # Every request takes 0.7 s, in vLLM's (0.5, 0.8] bucket: P90 interpolates to 0.5 + 0.9 x 0.3.
@@ -73,8 +79,11 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     assert (y.waiting, z.waiting, z.running) == (9, 1, 2)
     assert (x.reporting, y.reporting, z.reporting) == (2, 1, 1), "pods with series, counted per fleet"
     assert z.request_rate == pytest.approx(4, rel=0.25)
-    # The front door's latency where the pods measure it: P90 of 1.2 s in (1.0, 1.5], not the server's 0.77.
+    # The front door's latency where the pods measure it: P90 of 1.2 s in (1.0, 1.5], not the server's 0.77; the
+    # server's where the front door timed half of the requests, or none.
     assert readings.signals[("team-b", "e")].latency == pytest.approx(1.0 + 0.9 * 0.5, abs=0.01)
+    assert readings.signals[("team-b", "f")].latency == pytest.approx(0.77, abs=0.01)
+    assert readings.signals[("team-b", "g")].latency == pytest.approx(0.77, abs=0.01)
 
     nothing = readings.signals[("team-b", "nothing")]
     assert nothing.latency is None

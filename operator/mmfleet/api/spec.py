@@ -337,11 +337,12 @@ class MultimodalSpec(Model):
     images_per_second: float | None = Field(
         default=None,
         gt=0,
-        le=10000,
+        le=1000,
         description="Images one replica takes per second at its busiest (from a profile, or the rate its "
         "capacityPerReplica brings); the default CPU request grows by the cores decoding and preprocessing them "
-        "take, for images of largestItem.image's size (default 1280x720) (vllm only; docs/rendering.md, "
-        "Resources). Unset: 4 cores per GPU, as without images.",
+        "take, for images of largestItem.image's size (default 1280x720), or by the extra apiServers if more "
+        "(vllm only; docs/rendering.md, Resources). An encode tier's replicas take the serving replicas' images at "
+        "their most. Unset: 4 cores per GPU, as without images.",
     )
 
     @model_validator(mode="after")

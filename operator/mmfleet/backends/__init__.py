@@ -128,7 +128,7 @@ class Backend(Protocol):
     def drain_args(self, seconds: int) -> list[str]:
         """Flags that make SIGTERM finish in-flight requests for up to ``seconds``; empty if unsupported."""
 
-    def host_extra(self, inference: MultimodalInference) -> HostExtra:
+    def host_extra(self, inference: MultimodalInference, ec_role: EcRole | None = None) -> HostExtra:
         """What the fleet's settings hold in CPU memory, /dev/shm and cores beyond the defaults per GPU."""
 
     def startup(self, log: str) -> ServerStartup:
@@ -228,14 +228,20 @@ def _abbreviation(token: str, owned: dict[str, OwnedFlag]) -> OwnedFlag | None:
     return next(iter(hits.values())) if len(hits) == 1 else None
 
 
+# The share of a fleet's finished requests (as its servers count them) its front door must have timed in the window for
+# its SLO to be read there.
+FRONT_DOOR_COVERAGE = 0.8
+
+
 def latency_quantile_promql(
     backend: Backend, metric: SloMetric, percentile: float, window: str, by: tuple[str, ...], selector: str = ""
 ) -> str:
     """P<percentile> of one latency histogram, summed over pods, grouped by ``by``; ``selector``: label matchers.
 
-    Where the backend's pods measure the latency at the pod's front door too (an encode tier's sidecar), that one,
-    for the fleets that export it with a number (no request finished in the window gives none); the server's own for
-    the rest."""
+    Where the backend's pods measure the latency at the pod's front door too (an encode tier's sidecar), that one, for
+    the fleets whose front door timed most of what their servers did in the window (``FRONT_DOOR_COVERAGE``: not while
+    a rollout has put the sidecar on a few pods only, nor a TTFT whose requests are mostly not streamed) and gave a
+    number (no request finished gives none); the server's own for the rest."""
     matchers = f"{{{selector}}}" if selector else ""
     labels = ", ".join(("le", *by))
 
@@ -243,9 +249,15 @@ def latency_quantile_promql(
         rate = f"rate({histogram}_bucket{matchers}[{window}])"
         return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) ({rate}))"
 
-    server = quantile(backend.metrics.histogram(metric))
+    def count(histogram: str) -> str:
+        return f"sum by ({', '.join(by)}) (rate({histogram}_count{matchers}[{window}]))"
+
+    own = backend.metrics.histogram(metric)
     front = backend.metrics.front_door(metric)
-    return server if front is None else f"({quantile(front)} >= 0) or {server}"
+    if front is None:
+        return quantile(own)
+    covered = f"{count(front)} >= {FRONT_DOOR_COVERAGE:g} * {count(own)}"
+    return f"(({quantile(front)} >= 0) and on ({', '.join(by)}) ({covered})) or {quantile(own)}"
 
 
 def signal_promql(backend: Backend, signal: Signal, window: str, by: tuple[str, ...], selector: str = "") -> str:

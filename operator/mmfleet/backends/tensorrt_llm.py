@@ -75,7 +75,7 @@ from typing import Any
 import yaml
 
 from mmfleet.api import MultimodalInference
-from mmfleet.backends import HostExtra, MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
+from mmfleet.backends import EcRole, HostExtra, MetricNames, OwnedFlag, ServerContext, ServerStartup, otel_env
 
 VERSION = "1.3.0rc29"
 IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{VERSION}"
@@ -207,7 +207,7 @@ class TensorRtLlmBackend:
         """None: trtllm-serve has no drain-on-SIGTERM flag; the preStop hook waits on the metrics instead."""
         return []
 
-    def host_extra(self, inference: MultimodalInference) -> HostExtra:
+    def host_extra(self, inference: MultimodalInference, ec_role: EcRole | None = None) -> HostExtra:
         """Nothing: no setting of this backend holds host memory beyond the defaults."""
         return HostExtra()
 

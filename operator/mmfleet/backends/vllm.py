@@ -351,13 +351,20 @@ class VllmBackend:
         """Let in-flight requests finish for up to ``seconds`` after SIGTERM (0 aborts them)."""
         return ["--shutdown-timeout", str(seconds)]
 
-    def host_extra(self, inference: MultimodalInference) -> HostExtra:
-        multimodal = inference.spec.multimodal
+    def host_extra(self, inference: MultimodalInference, ec_role: EcRole | None = None) -> HostExtra:
+        spec = inference.spec
+        multimodal = spec.multimodal
         servers = multimodal.api_servers or 1
         in_processes, in_shm = processor_cache_gib(multimodal)
-        encode = inference.spec.disaggregation.encode
+        encode = spec.disaggregation.encode
         outputs = encode.cache_gi_b if encode is not None else 0.0  # the connector's region, in /dev/shm on both tiers
-        cpu = servers - 1 + preprocessing_cores(multimodal)
+        # An encode replica preprocesses for as many serving replicas as there can be, shared by the encode tier.
+        share = 1.0
+        if ec_role == "ec_producer" and encode is not None:
+            serving = spec.autoscaling.max_replicas if spec.autoscaled and spec.autoscaling else spec.replicas
+            share = max(1, serving) / encode.replicas
+        # The extra API server processes' cores are there to preprocess too: counted once.
+        cpu = max(servers - 1, preprocessing_cores(multimodal) * share)
         return HostExtra(max(0.0, in_processes - DEFAULT_CACHE_GIB), in_shm + outputs, cpu)
 
     def startup(self, log: str) -> ServerStartup:

@@ -20,6 +20,7 @@ from mmfleet.autoscaler.metrics import (
     promql_duration,
     signals_for,
 )
+from mmfleet.backends import get, latency_quantile_promql
 from mmfleet.validation import parse
 from tests.helpers.repo import spec_doc
 
@@ -42,13 +43,9 @@ def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets
     many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
     queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
     assert len(queries) == 7  # request rate, waiting, running, KV-cache use, pods reporting, and two SLOs
-    # The latency at the pod's front door where an encode tier's sidecar measures it (with a number), else vLLM's.
-    assert queries[E2E_P90] == (
-        "label_replace((histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
-        "(rate(mmfleet_front_door_e2e_request_latency_seconds_bucket[60s]))) >= 0) or "
-        "histogram_quantile(0.9, sum by (le, namespace, mmfleet_io_inference) "
-        '(rate(vllm:e2e_request_latency_seconds_bucket[60s]))), "mmfleet_backend", "vllm", "", "")'
-    )
+    latency = latency_quantile_promql(get("vllm"), "e2e", 90, "60s", ("namespace", "mmfleet_io_inference"))
+    assert queries[E2E_P90] == f'label_replace({latency}, "mmfleet_backend", "vllm", "", "")'
+    assert "[60s]" in latency
     assert "trtllm_time_to_first_token_seconds_bucket[90s]" in queries[TTFT_P99]
     assert "vllm" not in queries[TTFT_P99], "only the backends of the fleets with that SLO"
     assert queries["waiting"] == (

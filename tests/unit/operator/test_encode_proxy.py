@@ -242,7 +242,7 @@ def test_the_metrics_add_the_latency_clients_see_to_the_servers() -> None:
     e2e = {s.labels.get("le"): s.value for s in families[encode_proxy.FRONT_DOOR_E2E].samples}
     assert (e2e["0.3"], e2e["0.5"], e2e["+Inf"]) == (0, 2, 2)  # both waited 0.4 s for the encode tier
     ttft = {s.labels.get("le"): s.value for s in families[encode_proxy.FRONT_DOOR_TTFT].samples}
-    assert (ttft["0.3"], ttft["0.5"], ttft["+Inf"]) == (0, 1, 1)  # the streamed one only
+    assert (ttft["0.25"], ttft["0.5"], ttft["+Inf"]) == (0, 1, 1)  # the streamed one only, on vLLM's TTFT buckets
     metrics_request = server.seen[-1]
     assert metrics_request[2]["Accept-Encoding"] == "identity"
 
@@ -374,6 +374,37 @@ def test_a_client_that_leaves_cancels_its_request_at_the_server(tmp_path: Path) 
             await upstream.close()
 
     assert asyncio.run(main())
+
+
+def test_a_first_token_is_a_data_line_and_only_generations_are_timed() -> None:
+    """A keep-alive comment (vLLM's --sse-keep-alive-interval) is no token; a refused request (4xx) no latency."""
+
+    async def server_answer(request: web.Request) -> web.StreamResponse:
+        if request.path == "/metrics":
+            return web.Response(text="")
+        payload = json.loads(await request.read())
+        if payload.get("model") != "qwen":
+            return web.json_response({"error": {"message": "no such model"}}, status=404)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": keep-alive\n\n")
+        await asyncio.sleep(0.3)
+        await response.write(b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\n')
+        await response.write_eof()
+        return response
+
+    async def send(client: ClientSession, base: str) -> str:
+        for payload in ({"model": "qwen", "stream": True, "messages": []}, {"model": "other", "messages": []}):
+            async with client.post(base + "v1/chat/completions", json=payload) as response:
+                await response.read()
+        async with client.get(base + "metrics") as response:
+            return await response.text()
+
+    families = {f.name: f for f in text_string_to_metric_families(run(Upstream(server_answer), None, send))}
+    ttft = {s.labels.get("le"): s.value for s in families[encode_proxy.FRONT_DOOR_TTFT].samples}
+    assert (ttft["0.25"], ttft["0.5"]) == (0, 1)  # 0.3 s to the first data line, not the comment's at once
+    e2e = {s.name: s.value for s in families[encode_proxy.FRONT_DOOR_E2E].samples if s.name.endswith("_count")}
+    assert list(e2e.values()) == [1]  # the 404 is not a generation
 
 
 def test_the_sidecar_runs_alone_as_the_pod_runs_it(tmp_path: Path) -> None:

@@ -61,6 +61,17 @@ def test_the_encode_tier_runs_encoder_only_replicas_on_its_own_gpus() -> None:
     assert "'l4'" in values and "h100" not in values
 
 
+def test_an_encode_replica_preprocesses_for_the_serving_replicas_it_serves() -> None:
+    """With multimodal.imagesPerSecond: the serving replicas at their most share the encode replicas."""
+    multimodal = {"imagesPerSecond": 10, "largestItem": {"image": {"width": 1280, "height": 720}}}
+    autoscaled = {"minReplicas": 1, "maxReplicas": 8, "slo": {"target": "2s"}}
+    got = children(multimodal=multimodal, autoscaling=autoscaled, disaggregation={"encode": ENCODE})
+    # 10 images/s x 40.6 ms, half busy: 0.81 cores per serving replica; 8 of them on 2 encode replicas: 3.24 each.
+    serving = containers(got[("Deployment", "qwen")])["server"]["resources"]["requests"]["cpu"]
+    encode = containers(got[("Deployment", "qwen-encode")])["server"]["resources"]["requests"]["cpu"]
+    assert (serving, encode) == ("4812m", "7245m")
+
+
 def test_an_encode_gpu_type_left_out_is_the_serving_tiers() -> None:
     got = children(gpu={"count": 1, "type": "H200"}, disaggregation={"encode": {}})
     encode = got[("Deployment", "qwen-encode")]
