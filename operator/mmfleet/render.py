@@ -180,9 +180,9 @@ def _encode_problems(inference: MultimodalInference) -> list[str]:
     name = encode_name(inference)
     if inference.spec.disaggregation.encode is not None and len(name) > 63:
         return [
-            f"disaggregation.encode needs a metadata.name of at most {63 - len(ENCODE_SUFFIX)} characters (the encode "
-            f"tier's Service is {name}); {inference.metadata.name} has {len(inference.metadata.name)}: use a shorter "
-            "name, or no disaggregation.encode"
+            f"metadata.name: {inference.metadata.name} has {len(inference.metadata.name)} characters; with "
+            f"spec.disaggregation.encode it may have at most {63 - len(ENCODE_SUFFIX)} (the encode tier's Service is "
+            f"{name}, at most 63): use a shorter name, or no disaggregation.encode"
         ]
     return []
 
@@ -884,8 +884,9 @@ def _routing_problems(inference: MultimodalInference) -> list[str]:
     name = inference.metadata.name
     if inference.spec.routing.mode == "inferencePool" and len(name) > routing.NAME_MAX:
         return [
-            f"routing.mode: inferencePool needs a name of at most {routing.NAME_MAX} characters (its endpoint "
-            f"picker's Service is {name}{routing.PICKER_SUFFIX}, at most 63); {name} has {len(name)}"
+            f"metadata.name: {name} has {len(name)} characters; with spec.routing.mode inferencePool it may have at "
+            f"most {routing.NAME_MAX} (its endpoint picker's Service is {name}{routing.PICKER_SUFFIX}, at most 63): "
+            "use a shorter name, or routing.mode service"
         ]
     return []
 

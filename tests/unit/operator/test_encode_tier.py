@@ -199,7 +199,8 @@ def test_a_name_too_long_for_the_encode_service_is_refused() -> None:
     doc["metadata"]["name"] = "q" * 60
     with pytest.raises(SpecError) as caught:
         parse(doc)
-    assert "disaggregation.encode needs a metadata.name of at most 56 characters" in caught.value.problems[0]
+    assert caught.value.problems[0].startswith(f"metadata.name: {'q' * 60} has 60 characters; with spec.disaggregation")
+    assert "may have at most 56" in caught.value.problems[0]
     doc["metadata"]["name"] = "q" * 56
     parse(doc)
 

@@ -154,7 +154,9 @@ def test_a_name_too_long_for_the_pickers_service_is_refused_naming_the_field() -
     """Refused when the spec is parsed, as InvalidSpec, not when the reconcile renders it."""
     doc = spec_doc(routing=POOL)
     doc["metadata"]["name"] = "q" * 61
-    with pytest.raises(SpecError, match=r"routing.mode: inferencePool needs a name of at most 59 characters"):
+    with pytest.raises(
+        SpecError, match=r"^metadata.name: q{61} has 61 characters; with spec.routing.mode inferencePool"
+    ):
         parse(doc)
     doc["metadata"]["name"] = "q" * 59
     assert ("Service", "q" * 59 + "-epp") in rendered(doc)
