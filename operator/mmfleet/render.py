@@ -415,16 +415,23 @@ def config_map_name(inference: MultimodalInference) -> str:
 
 def optional_children(inference: MultimodalInference) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of the children a spec may or may not ask for: pruned when it does not."""
-    encode = encode_name(inference)
     return [
         ("v1", "ConfigMap", config_map_name(inference)),
         ("monitoring.coreos.com/v1", "PodMonitor", inference.metadata.name),
         *routing.front_door(inference),
-        ("apps/v1", "Deployment", encode),
-        ("v1", "Service", encode),
-        ("policy/v1", "PodDisruptionBudget", encode),
-        ("networking.k8s.io/v1", "NetworkPolicy", encode),
-        ("monitoring.coreos.com/v1", "PodMonitor", encode),
+        *encode_children(inference),
+    ]
+
+
+def encode_children(inference: MultimodalInference) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of the encode tier's children."""
+    name = encode_name(inference)
+    return [
+        ("apps/v1", "Deployment", name),
+        ("v1", "Service", name),
+        ("policy/v1", "PodDisruptionBudget", name),
+        ("networking.k8s.io/v1", "NetworkPolicy", name),
+        ("monitoring.coreos.com/v1", "PodMonitor", name),
     ]
 
 

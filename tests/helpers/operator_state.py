@@ -53,6 +53,7 @@ class RecordingKube(Kube):
         self.applied: list[Body] = []
         self.written: list[Body] = []
         self.got: list[tuple[str, str]] = []
+        self.deleted: list[tuple[str, str]] = []
         self.scaled: list[int] = []
         self.marked: list[tuple[str, dict[str, str], dict[str, str | None]]] = []
         self.kept_annotations: dict[str, str] = {}  # the Deployment's, from the scaler's own applies
@@ -81,6 +82,10 @@ class RecordingKube(Kube):
 
     def get_each(self, wanted: Sequence[ObjectRef], cached: bool = False) -> list[Body | None]:
         return [self.get(*ref) for ref in wanted]
+
+    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> None:
+        self.deleted.append((kind, name))
+        self.existing.pop((kind, name), None)
 
     def has_api(self, api_version: str, kind: str) -> bool:
         return False
@@ -144,7 +149,8 @@ class FakePrometheus(metrics.Prometheus):
 
 
 def operator(kube: Kube, **config: Any) -> Operator:
-    return Operator(config=OperatorConfig(**config), kube=kube)
+    """An operator over ``kube`` whose kopf indexes hold nothing yet."""
+    return Operator(config=OperatorConfig(**config), kube=kube, indexes=indexes(None))
 
 
 def reconcile_once(

@@ -446,11 +446,17 @@ def _prune(op: Operator, record: FleetRecord, inference: MultimodalInference, ch
     kube = op.get_kube()
     meta = inference.metadata
     present = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children}
+    # No read for the children of a front door or an encode tier a fleet never had: what this process applied, and for
+    # an encode tier also its Deployment in the index (made before a restart of the operator), say it had one.
     front_door = {(kind, name) for _, kind, name in routing.front_door(inference)}
+    encode = {(kind, name) for _, kind, name in render.encode_children(inference)}
+    had_encode = owned_deployment(op.indexes, (meta.namespace, meta.name), meta.uid, render.encode_name(inference))
     for api_version, kind, name in render.optional_children(inference):
         if (api_version, kind, name) in present:
             continue
-        if (kind, name) in front_door and (kind, name) not in record.owned:  # no read for fleets that never had one
+        if (kind, name) in front_door and (kind, name) not in record.owned:
+            continue
+        if (kind, name) in encode and (kind, name) not in record.owned and had_encode is None:
             continue
         # A kind whose CRD may not be installed: discovery is asked first, as a read would fail without it.
         if kind in OPTIONAL_BY_KIND and not discovery.served(op, api_version, kind):

@@ -13,6 +13,7 @@ from mmfleet.api import MultimodalInference
 from mmfleet.render import SpecError
 from mmfleet.status import EncodeSeen, Observed, PodProblem, compute_status
 from mmfleet.validation import parse
+from tests.helpers.operator_state import RecordingKube, fleet_body, operator, reconcile_once
 from tests.helpers.repo import spec_doc
 from tests.helpers.status import NOW, conditions, deployment
 from tests.helpers.status import inference as status_inference
@@ -261,3 +262,25 @@ def test_without_an_encode_tier_there_is_no_encode_status() -> None:
     status = encoded(EncodeSeen(deployment(2, 2)), disaggregation={})
     assert status.encode is None
     assert "EncodeReady" not in conditions(status)
+
+
+def test_a_fleet_that_never_had_an_encode_tier_reads_none_of_its_children() -> None:
+    """Pruning reads an optional child only where the fleet may have had it: the encode tier's five children would be
+    five more reads per reconcile of every fleet."""
+    kube = RecordingKube()
+    op = operator(kube)
+    assert not reconcile_once(op, fleet_body(generation=2, replicas=1)).retry
+    assert [read for read in kube.got if read[1].endswith("-encode")] == []
+
+
+def test_an_encode_tier_taken_out_is_pruned() -> None:
+    kube = RecordingKube()
+    op = operator(kube)
+    with_tier = fleet_body(generation=2, replicas=1)
+    with_tier["spec"]["disaggregation"] = {"encode": {"replicas": 2}}
+    assert not reconcile_once(op, with_tier).retry
+    owner = [{"uid": with_tier["metadata"]["uid"], "controller": True}]
+    for _, kind, name in render.encode_children(parse(with_tier)):
+        kube.existing[(kind, name)] = {"metadata": {"name": name, "ownerReferences": owner}}
+    assert not reconcile_once(op, fleet_body(generation=3, replicas=1)).retry
+    assert {("Deployment", "qwen-encode"), ("Service", "qwen-encode")} <= set(kube.deleted)
