@@ -68,24 +68,30 @@ if degraded ~= nil and degraded.status == "True" then
   return hs
 end
 
-if routing ~= nil and routing.status == "False" then
-  if routing.reason == "PickerNotReady" then
-    hs.status = "Progressing"
-  else
-    hs.status = "Degraded"
+-- A part of the fleet beside its servers (the endpoint picker, the encode tier) that is not ready: Progressing while
+-- it starts (`starting` is that reason), Degraded otherwise.
+local function part(condition, starting, fallback)
+  if condition == nil or condition.status ~= "False" then
+    return nil
   end
-  hs.message = message(routing, "Routing not ready")
-  return hs
+  local found = {}
+  if condition.reason == starting then
+    found.status = "Progressing"
+  else
+    found.status = "Degraded"
+  end
+  found.message = message(condition, fallback)
+  return found
 end
 
-if encode ~= nil and encode.status == "False" then
-  if encode.reason == "EncodeReplicasNotReady" then
-    hs.status = "Progressing"
-  else
-    hs.status = "Degraded"
-  end
-  hs.message = message(encode, "Encode tier not ready")
-  return hs
+local routed = part(routing, "PickerNotReady", "Routing not ready")
+if routed ~= nil then
+  return routed
+end
+
+local encoded = part(encode, "EncodeReplicasNotReady", "Encode tier not ready")
+if encoded ~= nil then
+  return encoded
 end
 
 if ready ~= nil and ready.status == "True" then

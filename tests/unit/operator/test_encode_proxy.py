@@ -91,18 +91,19 @@ async def serve(upstream: Upstream) -> TestServer:
 
 
 def run(
-    server: Upstream,
+    server: Upstream | None,
     encoder: Upstream | None,
     send: Callable[[ClientSession, str], Awaitable[Any]],
     encode_timeout: float = 5.0,
 ) -> Any:
-    """Start the upstreams (no encoder: a port nothing listens on) and the sidecar, then ``send`` to the sidecar."""
+    """Start the upstreams (one left out: a port nothing listens on) and the sidecar, then ``send`` to the sidecar."""
 
     async def main() -> Any:
-        upstream = await serve(server)
+        upstream = await serve(server) if server is not None else None
         encode = await serve(encoder) if encoder is not None else None
+        server_url = str(upstream.make_url("")) if upstream is not None else "http://127.0.0.1:9"
         encoder_url = str(encode.make_url("")) if encode is not None else "http://127.0.0.1:9"
-        app = encode_proxy.build_app(str(upstream.make_url("")), encoder_url, encode_timeout)
+        app = encode_proxy.build_app(server_url, encoder_url, encode_timeout)
         proxy = TestServer(app, host="127.0.0.1")
         await proxy.start_server()
         try:
@@ -110,9 +111,9 @@ def run(
                 return await send(client, str(proxy.make_url("/")))
         finally:
             await proxy.close()
-            await upstream.close()
-            if encode is not None:
-                await encode.close()
+            for started in (upstream, encode):
+                if started is not None:
+                    await started.close()
 
     return asyncio.run(main())
 
@@ -252,17 +253,7 @@ def test_the_server_down_is_a_bad_gateway_that_says_so() -> None:
         async with client.post(base + "v1/chat/completions", json={"model": "qwen", "messages": []}) as response:
             return response.status, await response.json()
 
-    async def main() -> tuple[int, Any]:
-        app = encode_proxy.build_app("http://127.0.0.1:9", "http://127.0.0.1:9", 1.0)
-        proxy = TestServer(app, host="127.0.0.1")
-        await proxy.start_server()
-        try:
-            async with ClientSession() as client:
-                return await send(client, str(proxy.make_url("/")))
-        finally:
-            await proxy.close()
-
-    status, body = asyncio.run(main())
+    status, body = run(None, None, send, encode_timeout=1.0)
     assert status == 502
     assert "inference server not reached" in body["error"]["message"]
 
