@@ -20,7 +20,7 @@ what mmfleet renders drifts from the command lines it holds:
 ``python operator/mmfleet_lab/gpu/check_flags.py render --out flags.json`` (with mmfleet), then
 ``python check_flags.py check --no-gpu --commands flags.json --model <dir> --out <file>`` (the file above)
 with vLLM 0.33.0 (``pip install vllm==0.33.0`` in a virtual environment of its own) and the model directory
-``../shared/calibration/real-vllm-h200-mm/model`` (its config files only).
+``tests/data/qwen25vl7b_model`` (Qwen2.5-VL-7B's config files, copied from the calibration notes).
 """
 
 from __future__ import annotations
