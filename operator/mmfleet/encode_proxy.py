@@ -15,7 +15,9 @@ never lost.
 The server's own latency histograms start when a request reaches it, after the encode tier: the sidecar measures the
 latency clients see, from the request's arrival at the pod (``FRONT_DOOR_E2E``, and ``FRONT_DOOR_TTFT`` to the first
 streamed chunk, which vLLM sends with the first token), and adds those histograms to the server's ``/metrics`` as it
-passes them on, where the autoscaler reads them in place of the server's.
+passes them on, where the autoscaler reads them in place of the server's. It also times each call to the encode tier
+(``ENCODE_CALL``) and counts the items sent (``ENCODE_ITEMS``): the encode tier's share of TTFT and its demand, on
+which the autoscaler scales that tier.
 
 It runs in each serving pod from the server's own image, its source shipped in the fleet's ConfigMap, so it needs
 the standard library and aiohttp only (a dependency of vllm 0.33, ``aiohttp>=3.14.4``, with its yarl and multidict).
@@ -53,6 +55,11 @@ METRICS_PATH = "/metrics"
 # for each (v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS).
 FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
 FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
+# The calls to the encode tier, as the serving pod waits for them (the HTTP hop, the encode server's preprocessing,
+# queue and encoder): the encode tier's share of TTFT, on the TTFT buckets; and the items sent, its demand. The
+# autoscaler scales the encode tier on both (mmfleet.backends.vllm names them).
+ENCODE_CALL = "mmfleet_encode_call_seconds"
+ENCODE_ITEMS = "mmfleet_encode_items_total"
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                960.0, 1920.0, 7680.0)  # fmt: skip
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -119,6 +126,11 @@ class Histogram:
         return "\n".join(lines) + "\n"
 
 
+def counter_exposition(name: str, help_text: str, value: int) -> str:
+    """A Prometheus counter with no labels, in the text format (0.0.4), named as prometheus_client writes one."""
+    return f"# HELP {name} {help_text}\n# TYPE {name} counter\n{name} {value}\n"
+
+
 def media_items(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The images, videos and audio clips of the chat request's last user turn, in their order: the items the server
     has not seen yet (an item's hash is its content's, or its ``uuid`` if it has one, so each part goes whole)."""
@@ -166,6 +178,10 @@ class Proxy:
         self.ttft = Histogram(
             FRONT_DOOR_TTFT, "Seconds from a streamed request's arrival at the pod to its first token.", TTFT_BUCKETS
         )
+        self.calls = Histogram(
+            ENCODE_CALL, "Seconds a request waited for the encode tier, whatever its answer.", TTFT_BUCKETS
+        )
+        self.items = 0
 
     async def encode(
         self,
@@ -177,6 +193,20 @@ class Proxy:
         """The items' ``ec_transfer_params`` from the encode tier, or None (then the server encodes them)."""
         auth = {name: value for name, value in headers.items() if name.lower() in ENCODE_HEADERS}
         started = time.monotonic()
+        self.items += len(items)
+        try:
+            return await self._encode(session, payload, items, auth, started)
+        finally:
+            self.calls.observe(time.monotonic() - started)
+
+    async def _encode(
+        self,
+        session: ClientSession,
+        payload: Mapping[str, Any],
+        items: list[dict[str, Any]],
+        auth: Mapping[str, str],
+        started: float,
+    ) -> dict[str, Any] | None:
         try:
             async with session.post(
                 self.encoder + CHAT_PATH,
@@ -228,6 +258,10 @@ class Proxy:
                 + ("" if text.endswith("\n") or not text else "\n")
                 + self.e2e.exposition()
                 + self.ttft.exposition()
+                + self.calls.exposition()
+                + counter_exposition(
+                    ENCODE_ITEMS, "Images, videos and audio clips sent to the encode tier.", self.items
+                )
             )
         return web.Response(status=status, body=text.encode(), headers={"Content-Type": EXPOSITION})
 

@@ -569,7 +569,8 @@ def _server_deployment(
     }
     encode = spec.disaggregation.encode
     if not serving and encode is not None:
-        deployment_spec["replicas"] = encode.replicas
+        if spec.encode_autoscaling is None:  # else its autoscaler owns them, as the serving tier's
+            deployment_spec["replicas"] = encode.replicas
     elif not spec.autoscaled:
         deployment_spec["replicas"] = spec.replicas
     return {

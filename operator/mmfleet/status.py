@@ -66,6 +66,17 @@ ConditionRow = tuple[ConditionType, bool | None, str, str]
 
 
 @dataclass(frozen=True)
+class EncodeScaling:
+    """What one autoscaling cycle concluded for the encode tier (``autoscaler.encode.EncodeOutcome``)."""
+
+    replicas: int  # set, or held
+    scaled: bool
+    reason: str
+    latency: float | None  # the percentile of the calls to the tier, None when nothing was measured
+    target: float  # its share of the SLO's target, s
+
+
+@dataclass(frozen=True)
 class Scaling:
     """What one autoscaling cycle concluded (``autoscaler.cycle.Outcome.scaling``), as the status shows it."""
 
@@ -78,6 +89,7 @@ class Scaling:
     conditions: tuple[ConditionRow, ...]
     cold_start: ColdStartStatus | None = None  # the medians of the Ready pods' cold starts, phase by phase
     standby: StandbyStatus | None = None  # with warm standby: what the cycle saw of it
+    encode: EncodeScaling | None = None  # with the encode tier's autoscaling: its decision
 
 
 @dataclass(frozen=True)
@@ -279,13 +291,15 @@ class EncodeSeen:
     problems: list[PodProblem] = field(default_factory=list)
 
 
-def encode_row(inference: MultimodalInference, seen: EncodeSeen) -> tuple[ConditionRow, dict[str, Any]]:
-    """EncodeReady and status.encode: ready once every replica the spec asks for is ready on the current spec (a
-    rollout stuck on a new pod is not hidden behind the old ones). Without its encode replicas the fleet still serves:
-    each serving replica's sidecar has its server encode the images itself (mmfleet.encode_proxy), slower."""
+def encode_row(
+    inference: MultimodalInference, seen: EncodeSeen, scaling: EncodeScaling | None = None
+) -> tuple[ConditionRow, dict[str, Any]]:
+    """EncodeReady and status.encode: ready once every replica the spec (or its autoscaler: ``scaling``) asks for is
+    ready on the current spec (a rollout stuck on a new pod is not hidden behind the old ones). Without its encode
+    replicas the fleet still serves: each serving replica's sidecar has its server encode the images itself
+    (mmfleet.encode_proxy), slower."""
     name = render.encode_name(inference)
-    encode = inference.spec.disaggregation.encode
-    desired = encode.replicas if encode is not None else 0
+    desired = scaling.replicas if scaling is not None else encode_desired_replicas(inference, seen.deployment)
     deployment = seen.deployment or {}
     dep_status = deployment.get("status") or {}
     ready, updated = int(dep_status.get("readyReplicas") or 0), int(dep_status.get("updatedReplicas") or 0)
@@ -389,6 +403,21 @@ def desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] 
     spare = standby_replicas(deployment)
     # A new fleet starts with at least one replica, minReplicas 0 too (Knative's initial scale): it shows it serves.
     return spare + (max(low, 1) if current is None else clamp_replicas(max(0, int(current) - spare), low, high))
+
+
+def encode_desired_replicas(inference: MultimodalInference, deployment: dict[str, Any] | None) -> int:
+    """The encode tier's replicas: its spec's, or with its autoscaling what the scaler last set, within its bounds (a
+    new tier starts from its spec's replicas)."""
+    encode = inference.spec.disaggregation.encode
+    if encode is None:
+        return 0
+    scaling = inference.spec.encode_autoscaling
+    if scaling is None:
+        return encode.replicas
+    current = (deployment or {}).get("spec", {}).get("replicas")
+    return clamp_replicas(
+        encode.replicas if current is None else int(current), scaling.min_replicas, scaling.max_replicas
+    )
 
 
 def truncate(text: str, limit: int) -> str:
@@ -573,7 +602,9 @@ def compute_status(
 
     tracing = _tracing_part(inference, observed.tracing, condition)
     routed, base["routing"] = _routing_part(inference, observed.routing, condition, previous)
-    encoded, base["encode"] = _encode_part(inference, observed.encode, condition, previous)
+    encoded, base["encode"] = _encode_part(
+        inference, observed.encode, condition, previous, observed.scaling.encode if observed.scaling else None
+    )
 
     def status(phase: Phase, conditions: list[Condition], **numbers: int) -> MultimodalInferenceStatus:
         body = {**base, **numbers, "phase": phase, "conditions": [*conditions, *kept, *tracing, *routed, *encoded]}
@@ -702,15 +733,28 @@ def _encode_part(
     seen: EncodeSeen | None,
     condition: Conditions,
     previous: MultimodalInferenceStatus | None,
+    scaling: EncodeScaling | None = None,
 ) -> tuple[list[Condition], dict[str, Any] | None]:
-    """EncodeReady and status.encode with spec.disaggregation.encode, from what was seen, else as last written."""
+    """EncodeReady and status.encode with spec.disaggregation.encode, from what was seen, else as last written; with
+    its autoscaling, the autoscaler's part from its cycle (``scaling``), else as last written while it is on."""
     if inference.spec.disaggregation.encode is None:
         return [], None
+    before = previous.encode.model_dump(by_alias=True, exclude_none=True) if previous and previous.encode else {}
     if seen is None:
         kept = condition.kept(("EncodeReady",))
-        before = previous.encode.model_dump(by_alias=True, exclude_none=True) if previous and previous.encode else None
-        return kept or [condition("EncodeReady", None, EncodeReadyReason.NOT_CHECKED, "not looked at yet")], before
-    row, part = encode_row(inference, seen)
+        return kept or [
+            condition("EncodeReady", None, EncodeReadyReason.NOT_CHECKED, "not looked at yet")
+        ], before or None
+    row, part = encode_row(inference, seen, scaling)
+    if inference.spec.encode_autoscaling is not None:
+        kept_keys = ("latency", "target", "lastScaleReason")
+        part.update({k: before[k] for k in kept_keys if k in before})
+        if scaling is not None:
+            part["latency"] = None if scaling.latency is None else duration_text(scaling.latency)
+            part["target"] = duration_text(scaling.target)
+            if scaling.scaled:
+                part["lastScaleReason"] = truncate(scaling.reason, SCALE_REASON_MAX)
+        part = {k: v for k, v in part.items() if v is not None}
     return [condition(*row)], part
 
 

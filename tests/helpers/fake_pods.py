@@ -47,6 +47,10 @@ class FakePod:
     # histogram, beside the server's).
     front_door_latency: float | None = None
     front_door_share: float = 1.0  # of the finished requests, those the front door timed
+    # With an encode tier's autoscaling: the sidecar's wait for the encode tier per request, and the items it sends.
+    encode_call_latency: float | None = None
+    items_per_request: int = 1
+    encode_pod: bool = False  # an encode tier's pod: its series labelled mmfleet_io_encode, not the fleet's label
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
     _front_due: float = 0.0
@@ -71,6 +75,12 @@ class FakePod:
             if front is not None and self.front_door_latency is not None
             else None
         )  # fmt: skip
+        self._calls: Histogram | None = None
+        self._items: Counter | None = None
+        if self.encode_call_latency is not None and names.encode_call and names.encode_items:
+            self._calls = Histogram(names.encode_call.removesuffix("_seconds"), "calls", unit="seconds",
+                                    buckets=E2E_BUCKETS, registry=self.registry)  # fmt: skip
+            self._items = Counter(names.encode_items.removesuffix("_total"), "items", registry=self.registry)
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
@@ -92,6 +102,10 @@ class FakePod:
             for _ in range(int(self._front_due)):
                 self._front.observe(self.front_door_latency)
             self._front_due -= int(self._front_due)
+        if self._calls is not None and self._items is not None and self.encode_call_latency is not None:
+            for _ in range(finished):
+                self._calls.observe(self.encode_call_latency)
+            self._items.inc(finished * self.items_per_request)
         self._done.labels(**self._labels).inc(finished)
         self._set_gauges()
 
@@ -134,7 +148,11 @@ class FakePods:
 
     def targets(self) -> list[prom.Target]:
         with self._lock:
-            return [prom.Target(self.address, p.namespace, p.name, p.inference) for p in self.pods.values()]
+            return [
+                prom.Target(self.address, p.namespace, p.name, p.inference,
+                            "mmfleet_io_encode" if p.encode_pod else "mmfleet_io_inference")
+                for p in self.pods.values()
+            ]  # fmt: skip
 
     def _finish_requests(self) -> None:
         while not self._stop.wait(TICK):

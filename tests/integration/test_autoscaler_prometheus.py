@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmfleet.autoscaler.metrics import Prometheus, Readings, Slo, Target
+from mmfleet.autoscaler.metrics import EncodeLatency, Prometheus, Readings, Slo, Target
 from tests.helpers.fake_pods import FakePod, FakePods, PrometheusServer, prometheus_scraping
 from tests.helpers.wait import wait_for
 
@@ -94,6 +94,38 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
     )
+    client.close()
+
+
+def test_an_encode_tier_is_read_apart_from_its_fleet(scraped: tuple[PrometheusServer, FakePods]) -> None:
+    """A fleet that scales its encode tier: the serving tier's latency is its servers' own (the encode tier's time is
+    left to that tier), the encode tier's is the sidecars' wait for it, its demand the items they sent (two per
+    request here), its queue its own pods' in items; and the encode pods' series never join the fleet's sums."""
+    server, pods = scraped
+    for i in range(2):
+        pods.add(FakePod("team-c", f"v-{i}", "v", rate=5, latency=0.7, waiting=1, running=2, front_door_latency=1.2,
+                         encode_call_latency=0.4, items_per_request=2))  # fmt: skip
+    pods.add(FakePod("team-c", "v-encode-0", "v", rate=10, latency=0.3, waiting=3, running=1, encode_pod=True))
+    server.scrape(pods)
+    encoded = Target("team-c", "v", "vllm", Slo("e2e", 90, "10s", front_door=False), encode=EncodeLatency(90, "10s"))
+    client = Prometheus(server.url, rate_window=RATE_WINDOW)
+
+    def complete() -> Readings | None:
+        readings = client.read([encoded], time.time())
+        found = readings.encode.get(encoded.key)
+        return readings if found and not found.missing and found.latency is not None else None
+
+    wait_for(complete, 30, "the encode tier's series in Prometheus", interval=0.5)
+    time.sleep(6)  # until the rate window holds only samples of steady load
+    readings = client.read([encoded], time.time())
+    assert readings.outage is None
+    fleet, tier = readings.signals[encoded.key], readings.encode[encoded.key]
+    assert fleet.latency == pytest.approx(0.77, abs=0.01)  # the servers' 0.7 s, not the front door's 1.2 s
+    assert (fleet.waiting, fleet.running, fleet.reporting) == (2, 4, 2)  # the encode pod's 3 and 1 are not the fleet's
+    assert tier.latency == pytest.approx(0.3 + 0.9 * 0.2, abs=0.005)  # 0.4 s sits in (0.3, 0.5]
+    assert tier.request_rate == pytest.approx(20, rel=0.25)  # two pods at 5 requests/s, two items each
+    assert (tier.waiting, tier.running) == (pytest.approx(6, rel=0.05), pytest.approx(2, rel=0.05))  # in items
+    assert tier.reporting == 1
     client.close()
 
 

@@ -1,6 +1,7 @@
 """The API server (the CRD's CEL rules) and the operator's parser agree on spec.multimodal's and
 spec.disaggregation.encode's cross-field rules: vllm settings only, shm's shared buffer with one API server process
-only, no encode tier for a text-only fleet or one that scales to zero (issue 27)."""
+only, no encode tier for a text-only fleet or one that scales to zero, an encode tier autoscaled only on a share of
+an SLO on ttft or e2e (issue 27)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,17 @@ def dry_run(cluster: Cluster, text: str) -> subprocess.CompletedProcess[str]:
             "spec.disaggregation.encode.gpu.type",
             "flash-attn-3 runs on the encode tier too",
         ),
+        (
+            "{model: {name: m}, disaggregation: {encode: {autoscaling: {maxReplicas: 4}}}}",
+            "spec.disaggregation.encode.autoscaling",
+            "needs spec.autoscaling enabled with an SLO on ttft or e2e",
+        ),
+        (
+            "{model: {name: m}, autoscaling: {slo: {metric: itl, target: 50ms}}, "
+            "disaggregation: {encode: {autoscaling: {share: 0.3}}}}",
+            "spec.disaggregation.encode.autoscaling",
+            "an SLO on ttft or e2e",
+        ),
     ],
 )
 def test_what_the_api_server_refuses_the_operator_refuses_too_naming_the_field(
@@ -93,6 +105,9 @@ def test_what_the_api_server_refuses_the_operator_refuses_too_naming_the_field(
         "autoscaling: {minReplicas: 0, enabled: false}}",
         "{model: {name: m}, backend: {name: tensorrt-llm}, disaggregation: {}}",
         "{model: {name: m}, backend: {attention: flash-attn-3}, gpu: {type: H100}, disaggregation: {encode: {}}}",
+        "{model: {name: m}, autoscaling: {slo: {metric: ttft, target: 1s}}, "
+        "disaggregation: {encode: {replicas: 2, autoscaling: {minReplicas: 2, maxReplicas: 6, share: 0.3}}}}",
+        "{model: {name: m}, autoscaling: {slo: {target: 8s}}, disaggregation: {encode: {autoscaling: {}}}}",
     ],
 )
 def test_what_the_operator_serves_the_api_server_accepts(

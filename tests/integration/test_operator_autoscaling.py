@@ -163,3 +163,45 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     # GitOps: the spec was never written (its generation did not move).
     assert {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")} == generations
     assert "replicas" not in fleet.get("hot")["spec"]
+
+
+def test_the_encode_tier_scales_on_its_share_and_the_serving_tier_on_the_rest(
+    fleet: Fleet, scraped: tuple[PrometheusServer, FakePods]
+) -> None:
+    """spec.disaggregation.encode.autoscaling: the serving pod's server answers within the serving tier's part of the
+    SLO (P90 0.77 s against 1.5 s of 2 s), its sidecar waits 1.2 s for the encode tier against that tier's 0.5 s: the
+    encode tier grows on its own, the serving tier stays, and status says what each tier saw."""
+    server, pods = scraped
+    ns = fleet.namespace
+    pods.add(FakePod(ns, "epd-fake-0", "epd", rate=5, latency=0.7, waiting=0, running=2, front_door_latency=1.9,
+                     encode_call_latency=1.2))  # fmt: skip
+    for i in range(3):  # as many as the encode tier will have Ready: its queue stands at 4 requests each
+        pods.add(FakePod(ns, f"epd-encode-fake-{i}", "epd", rate=5, latency=0.3, waiting=4, running=1, encode_pod=True))
+    server.scrape(pods)
+    encode = {"replicas": 1, "autoscaling": {"maxReplicas": 3, "share": 0.25}}
+    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "slo": SLO}
+    fleet.create(mmi("epd", cloud="eks", gpu={"type": "H100"}, autoscaling=autoscaling,
+                     disaggregation={"encode": encode}))  # fmt: skip
+
+    grown = wait_for(lambda: events(fleet, "epd", "EncodeScaledUp"), 150, "an EncodeScaledUp event (after warm-up)")
+    assert grown[0].startswith("P90 1.45s > target 0.5s, demand "), grown  # 1.2 s in (1.0, 1.5]
+    assert " items/s, " in grown[0] and "latency feedback on 1 ready" in grown[0], grown
+    assert grown[0].endswith(": 1 -> 2 (encode tier: 25% of 2s)"), grown
+    wait_for(lambda: replicas(fleet, "epd-encode") == 3, 90, "the encode tier at its maxReplicas 3")
+    part = wait_for(lambda: (fleet.status("epd").get("encode") or {}).get("readyReplicas") == 3
+                    and fleet.status("epd")["encode"], 60, "3 encode replicas ready in status")  # fmt: skip
+    assert (part["desiredReplicas"], part["latency"], part["target"]) == (3, "1.45s", "0.5s")
+    assert ": 2 -> 3" in part["lastScaleReason"]
+    fleet.wait_condition("epd", "EncodeReady", status="True", reason="EncodeReplicasReady")
+    # The serving tier, held to its part on its servers' own histogram, neither grew nor missed it.
+    assert replicas(fleet, "epd") == 1 and not events(fleet, "epd", "ScaledUp")
+    slo_met = fleet.condition("epd", "SLOMet")
+    assert (slo_met["status"], slo_met["reason"]) == ("True", "TargetMet")
+    assert "P90 0.77s <= target 1.5s (the serving tier's part of 2s; the encode tier has 25%" in slo_met["message"]
+    # The encode tier's replicas are the autoscaler's, set through the scale subresource.
+    owners = [
+        (f.manager, f.subresource)
+        for f in fleet.deployment("epd-encode").metadata.managed_fields
+        if "f:replicas" in (f.fields_v1 or {}).get("f:spec", {})
+    ]
+    assert owners == [(AUTOSCALER_FIELD_MANAGER, "scale")]

@@ -815,6 +815,41 @@ class RoutingSpec(Model):
     )
 
 
+class EncodeAutoscalingSpec(Model):
+    """The encode tier scaled on its own signal: the images its serving replicas send it, and how long they wait for
+    it, against its share of the SLO's target (docs/autoscaling.md, The encode tier)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.minReplicas) ? self.minReplicas : 1) <= (has(self.maxReplicas) ? self.maxReplicas : 8)",
+                    "minReplicas must not exceed maxReplicas",
+                    ".minReplicas",
+                ),
+            ]
+        }
+    )
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest encode replicas.")
+    max_replicas: int = Field(default=8, ge=1, le=1000, description="Most encode replicas.")
+    share: float = Field(
+        default=0.25,
+        ge=0.05,
+        le=0.9,
+        description=(
+            "Share of spec.autoscaling.slo.target the encode tier may take at the SLO's percentile, as the serving "
+            "pods time their calls to it; the serving tier is held to the rest, on its servers' own latency."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> EncodeAutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas: {self.min_replicas} exceeds maxReplicas: {self.max_replicas}")
+        return self
+
+
 class EncodeTierSpec(Model):
     """Vision encoding on pods of its own (vLLM 0.33's encoder disaggregation, the ECCPUConnector over NIXL): encode
     replicas turn each request's images into encoder outputs, which the serving replicas read instead of running the
@@ -825,7 +860,14 @@ class EncodeTierSpec(Model):
         default=1,
         ge=1,
         le=1000,
-        description="Encode replicas. The tier keeps this count; the serving replicas autoscale as before.",
+        description="Encode replicas, without autoscaling (with it, the count the tier starts from).",
+    )
+    autoscaling: EncodeAutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "Scale the encode tier on its own signal, within these bounds (needs spec.autoscaling with an SLO on "
+            "ttft or e2e). Unset: it keeps replicas."
+        ),
     )
     gpu: GpuSpec = Field(
         default_factory=GpuSpec,
@@ -967,6 +1009,16 @@ class MultimodalInferenceSpec(Model):
                     "their GPUs, while the fleet idles at zero (accepted: minReplicas 1 or more, or no "
                     "disaggregation.encode)",
                     ".disaggregation.encode",
+                ),
+                cel(
+                    "!has(self.disaggregation) || !has(self.disaggregation.encode) || "
+                    "!has(self.disaggregation.encode.autoscaling) || (has(self.autoscaling) && "
+                    "(!has(self.autoscaling.enabled) || self.autoscaling.enabled) && has(self.autoscaling.slo) && "
+                    "(!has(self.autoscaling.slo.metric) || self.autoscaling.slo.metric != 'itl'))",
+                    "disaggregation.encode.autoscaling needs spec.autoscaling enabled with an SLO on ttft or e2e: the "
+                    "encode tier takes its share of that target (accepted: slo.metric ttft or e2e, or no "
+                    "disaggregation.encode.autoscaling)",
+                    ".disaggregation.encode.autoscaling",
                 ),
                 cel(
                     "!has(self.disaggregation) || !has(self.disaggregation.encode) || "
@@ -1144,7 +1196,18 @@ class MultimodalInferenceSpec(Model):
                 "and their GPUs, while the fleet idles at zero (accepted: minReplicas 1 or more, or no "
                 "disaggregation.encode)"
             )
-        encode_gpu = self.disaggregation.encode.gpu.type if self.disaggregation.encode is not None else None
+        encode = self.disaggregation.encode
+        assert encode is not None
+        if encode.autoscaling is not None:
+            slo = self.autoscaling.slo if self.autoscaled and self.autoscaling is not None else None
+            if slo is None or slo.metric == "itl":
+                found = "autoscaling off" if slo is None else "slo.metric itl"
+                raise ValueError(
+                    f"disaggregation.encode.autoscaling: set, but spec has {found}; the encode tier takes its share of "
+                    "an SLO on ttft or e2e (accepted: spec.autoscaling enabled with slo.metric ttft or e2e, or no "
+                    "disaggregation.encode.autoscaling)"
+                )
+        encode_gpu = encode.gpu.type
         if self.backend.attention == "flash-attn-3" and encode_gpu is not None and encode_gpu not in HOPPER_GPUS:
             raise ValueError(
                 f"disaggregation.encode.gpu.type: {encode_gpu} with spec.backend.attention: flash-attn-3, which runs "
@@ -1159,6 +1222,12 @@ class MultimodalInferenceSpec(Model):
     @property
     def autoscaled(self) -> bool:
         return self.autoscaling is not None and self.autoscaling.enabled
+
+    @property
+    def encode_autoscaling(self) -> EncodeAutoscalingSpec | None:
+        """The encode tier's own autoscaling, when it is on (it is read only with the fleet's)."""
+        encode = self.disaggregation.encode
+        return encode.autoscaling if encode is not None and self.autoscaled else None
 
     @property
     def standby(self) -> WarmStandbySpec | None:

@@ -140,7 +140,22 @@ class EncodeTierStatus(StatusModel):
     deployment: str | None = Field(default=None, max_length=_SHORT, description="The encode tier's Deployment.")
     replicas: int | None = Field(default=None, ge=0, description="Encode replicas that exist.")
     ready_replicas: int | None = Field(default=None, ge=0, description="Encode replicas ready to serve.")
-    desired_replicas: int | None = Field(default=None, ge=0, description="Encode replicas the spec asks for.")
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="Encode replicas the spec asks for, or its autoscaler."
+    )
+    latency: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="With its autoscaling: the SLO's percentile of the serving pods' calls to the tier, e.g. 120ms.",
+    )
+    target: str | None = Field(
+        default=None,
+        max_length=_SHORT,
+        description="With its autoscaling: what that percentile must stay under, its share of the SLO's target.",
+    )
+    last_scale_reason: str | None = Field(
+        default=None, max_length=SCALE_REASON_MAX, description="With its autoscaling: the last decision, and why."
+    )
 
 
 class MultimodalInferenceStatus(StatusModel):

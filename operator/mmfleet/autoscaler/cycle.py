@@ -325,6 +325,15 @@ def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> S
     )
 
 
+def serving_target(inference: MultimodalInference) -> float:
+    """Seconds the serving tier's percentile may take: the SLO's target, less the encode tier's share when that tier
+    scales on its own (``autoscaler.encode``)."""
+    autoscaling = inference.spec.autoscaling
+    assert autoscaling is not None and autoscaling.slo is not None
+    scaling = inference.spec.encode_autoscaling
+    return seconds(autoscaling.slo.target) * (1.0 if scaling is None else 1.0 - scaling.share)
+
+
 def implausible(signals: Signals, pods: Pods, inference: MultimodalInference) -> list[str]:
     """The samples no healthy fleet produces (NaN, infinite, negative, beyond what its pods could), quoted."""
     autoscaling = inference.spec.autoscaling
@@ -447,8 +456,15 @@ def decide(
     )
     clock = now.timestamp()
     lead = default_cold_start if cold_start is None else cold_start
-    target = seconds(slo.target)
+    target = serving_target(inference)
     label = f"P{slo.percentile:g}"
+    encode = inference.spec.encode_autoscaling
+    of_target = (
+        f"target {slo.target}"
+        if encode is None
+        else f"target {duration_text(target)} (the serving tier's part of {slo.target}; the encode tier has "
+        f"{encode.share:.0%}: status.encode)"
+    )
     rule = _idle_rule(autoscaling, memory, lead)
     if rule is None:  # never goes to zero (now): nothing of its idleness is kept for a later minReplicas 0
         memory = replace(memory, idle=IdleMemory())
@@ -564,7 +580,7 @@ def decide(
                 "SLOMet",
                 met,
                 SloMetReason.TARGET_MET if met else SloMetReason.TARGET_MISSED,
-                f"{label} {duration_text(latency)} {op} target {slo.target} over the last {slo.window}",
+                f"{label} {duration_text(latency)} {op} {of_target} over the last {slo.window}",
             )
         elif idle:
             slo_met = ("SLOMet", True, SloMetReason.NO_REQUESTS, f"no requests over the last {slo.window}")

@@ -52,6 +52,13 @@ REPORTING: Final = "reporting"
 # Requests the fleet's endpoint picker holds in flow control, read for fleets that may scale to zero: with no server,
 # the only sign of demand (the picker's PodMonitor labels its series as the servers').
 HELD: Final = "held"
+SHARED: tuple[Query, ...] = (*SIGNALS, REPORTING)  # the queries every fleet needs: silence there is an outage
+# The encode tier's signals, read for fleets that scale it (spec.disaggregation.encode.autoscaling): the items the
+# serving pods' sidecars sent it and their calls (counted at the serving pods, under the fleet's label), and its own
+# pods' queue, running requests and count (its PodMonitor labels them mmfleet_io_encode, kept out of the fleet's sums).
+EncodeQuery = Literal["encode_items", "encode_calls", "encode_waiting", "encode_running", "encode_reporting"]
+ENCODE_QUERIES: tuple[EncodeQuery, ...] = get_args(EncodeQuery)
+ENCODE_LABEL = "mmfleet_io_encode"
 
 Key = tuple[str, str]
 
@@ -69,6 +76,15 @@ class Slo:
     metric: SloMetric
     percentile: float
     window: str  # a spec duration; ``Target.of`` writes it as PromQL does, so 60s and 1m are one query
+    front_door: bool = True  # False: the servers' own histogram only (the serving tier's part of an encode tier's)
+
+
+@dataclass(frozen=True)
+class EncodeLatency:
+    """The percentile of the sidecars' calls to the encode tier over the SLO's window; fleets that agree share one."""
+
+    percentile: float
+    window: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class Target:
     backend: BackendName
     slo: Slo
     zero: bool = False  # may scale to zero: its picker's held requests are read too
+    encode: EncodeLatency | None = None  # scales its encode tier: that tier's signals are read too
 
     @property
     def key(self) -> Key:
@@ -93,8 +110,16 @@ class Target:
         slo = autoscaling.slo
         meta = inference.metadata
         window = promql_duration(slo.window)
-        slo_read = Slo(slo.metric, slo.percentile, window)
-        return cls(meta.namespace, meta.name, inference.spec.backend.name, slo_read, autoscaling.idle_after is not None)
+        encode = inference.spec.encode_autoscaling
+        slo_read = Slo(slo.metric, slo.percentile, window, front_door=encode is None)
+        return cls(
+            meta.namespace,
+            meta.name,
+            inference.spec.backend.name,
+            slo_read,
+            autoscaling.idle_after is not None,
+            None if encode is None else EncodeLatency(slo.percentile, window),
+        )
 
 
 @dataclass(frozen=True)
@@ -130,6 +155,9 @@ class Readings:
     """One cycle's answers: signals per fleet, or why Prometheus gave none (``outage``)."""
 
     signals: dict[Key, Signals] = field(default_factory=dict)
+    encode: dict[Key, Signals] = field(
+        default_factory=dict
+    )  # the encode tiers scaled on their own (``encode_signals``)
     outage: str | None = None
     queries: int = 0  # queries sent; one still waiting for a free connection when the read ended is not
     latencies: tuple[Sent, ...] = ()  # each query sent, the failed ones included
@@ -137,7 +165,7 @@ class Readings:
 
 # A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
 Found = dict[tuple[str, str, str], float | str]
-Query = Signal | Slo | Literal["reporting", "held"]
+Query = Signal | Slo | Literal["reporting", "held"] | EncodeQuery | EncodeLatency
 
 
 def _union(parts: dict[str, str]) -> str:
@@ -153,7 +181,7 @@ def latency_query(slo: Slo, backend_names: Iterable[str], selector: str = "") ->
     return _union(
         {
             name: backends.latency_quantile_promql(
-                backends.get(name), slo.metric, slo.percentile, window, FLEET_LABELS, selector
+                backends.get(name), slo.metric, slo.percentile, window, FLEET_LABELS, selector, slo.front_door
             )
             for name in backend_names
         }
@@ -195,7 +223,47 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
         queries[slo] = latency_query(slo, {t.backend for t in targets if t.slo == slo})
     if any(t.zero for t in targets):
         queries[HELD] = held_query()
+    for latency in dict.fromkeys(t.encode for t in targets if t.encode is not None):
+        queries[latency] = encode_latency_query(latency)
+    if any(t.encode is not None for t in targets):
+        queries.update({what: encode_query(what, rate_window) for what in ENCODE_QUERIES})
     return queries
+
+
+def _vllm(query: str) -> str:
+    """Only vLLM has an encode tier: its queries are tagged as the fleets' other vLLM series are."""
+    return _union({"vllm": query})
+
+
+def encode_latency_query(latency: EncodeLatency, selector: str = "") -> str:
+    """The percentile of every encode-scaled fleet's sidecar calls to its encode tier."""
+    names = backends.get("vllm").metrics
+    assert names.encode_call is not None
+    matchers = f"{{{selector}}}" if selector else ""
+    window = promql_duration(latency.window)
+    return _vllm(
+        backends.histogram_quantile_promql(names.encode_call, latency.percentile, window, FLEET_LABELS, matchers)
+    )
+
+
+def encode_query(what: EncodeQuery, rate_window: str = RATE_WINDOW) -> str:
+    """One encode-tier signal of every fleet: the sidecars' counters under the fleet's label, the encode pods' gauges
+    under theirs, relabelled to the fleet's so one fleet's answers share a key."""
+    names = backends.get("vllm").metrics
+    assert names.encode_call is not None and names.encode_items is not None
+    by = ", ".join(FLEET_LABELS)
+    own = f"namespace, {ENCODE_LABEL}"
+    encode_pods = f'{{{ENCODE_LABEL}!=""}}'
+    tier = {
+        "encode_items": f"sum by ({by}) (rate({names.encode_items}[{rate_window}]))",
+        "encode_calls": f"sum by ({by}) (rate({names.encode_call}_count[{rate_window}]))",
+        "encode_waiting": f"sum by ({own}) ({names.waiting}{encode_pods})",
+        "encode_running": f"sum by ({own}) ({names.running}{encode_pods})",
+        "encode_reporting": f"count by ({own}) (count by ({own}, pod) ({names.running}{encode_pods}))",
+    }[what]
+    if what in ("encode_items", "encode_calls"):
+        return _vllm(tier)
+    return _vllm(f'label_replace({tier}, "mmfleet_io_inference", "$1", "{ENCODE_LABEL}", "(.+)")')
 
 
 def held_query() -> str:
@@ -294,10 +362,54 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
     )
 
 
+def encode_signals(target: Target, answers: dict[Query, Found], errors: dict[Query, str] | None = None) -> Signals:
+    """One fleet's encode tier as the policy reads a tier: the latency is its sidecars' calls to it, the rate the items
+    they sent (images/s, its demand), and its pods' queue and running requests in items too (each of its requests
+    holds a request's items: the ratio of items to calls sent), so the policy's units agree."""
+    assert target.encode is not None
+    needed: tuple[Query, ...] = (target.encode, *ENCODE_QUERIES)
+    for query in needed:
+        if errors and query in errors:
+            return Signals(failed=errors[query])
+    names = backends.get("vllm").metrics
+    series: dict[Query, str] = {
+        target.encode: f"{names.encode_call}_bucket",
+        "encode_items": str(names.encode_items),
+        "encode_calls": f"{names.encode_call}_count",
+        "encode_waiting": f"{names.waiting}{{{ENCODE_LABEL}}}",
+        "encode_running": f"{names.running}{{{ENCODE_LABEL}}}",
+        "encode_reporting": f"{names.running}{{{ENCODE_LABEL}}} pods",
+    }
+    key = (target.namespace, target.name, target.backend)
+    found = {query: answers.get(query, {}).get(key) for query in needed}
+    malformed = [f"{series[q]} = {v!r}" for q, v in found.items() if isinstance(v, str)]
+    if malformed:
+        return Signals(failed=f"Prometheus answered a value that is not a number: {', '.join(malformed)}")
+    values = {query: value for query, value in found.items() if isinstance(value, float)}
+    latency, items, calls = values.get(target.encode), values.get("encode_items"), values.get("encode_calls")
+    per_call = items / calls if items is not None and calls and math.isfinite(items / calls) else 1.0
+
+    def in_items(query: EncodeQuery) -> float | None:
+        value = values.get(query)
+        return None if value is None else value * per_call
+
+    reporting = values.get("encode_reporting")
+    return Signals(
+        latency=None if latency is None or math.isnan(latency) else latency,
+        request_rate=items,
+        waiting=in_items("encode_waiting"),
+        running=in_items("encode_running"),
+        missing=tuple(series[q] for q in needed if q not in values and q != "encode_reporting"),
+        reporting=int(reporting) if reporting is not None and math.isfinite(reporting) else None,
+    )
+
+
 def describe(query: Query) -> str:
     """A query as the fleets' owners know it: "P97.3 of ttft over 60s", "waiting", "pods reporting"."""
     if isinstance(query, Slo):
         return f"P{query.percentile:g} of {query.metric} over {query.window}"
+    if isinstance(query, EncodeLatency):
+        return f"P{query.percentile:g} of the calls to the encode tier over {query.window}"
     if query == HELD:
         return "requests held by the endpoint picker"
     return "pods reporting" if query == REPORTING else query
@@ -365,8 +477,8 @@ class Prometheus:
             if what not in got or got[what].kind == "silent"
         }
         unreachable = [a.problem for a in got.values() if a.kind == "unreachable" and a.problem]
-        # Only the queries every fleet needs: a silent latency or held query fails the fleets that asked for it.
-        outage = next(iter(unreachable + [p for w, p in silent.items() if not isinstance(w, Slo) and w != HELD]), None)
+        # Only the queries every fleet needs: a silent latency, held or encode query fails the fleets that asked for it.
+        outage = next(iter(unreachable + [p for w, p in silent.items() if w in SHARED]), None)
         answers = {what: answer.found for what, answer in got.items() if answer.found is not None}
         problems = {**{w: a.problem for w, a in got.items() if a.problem}, **silent}
         if outage is not None:
@@ -374,7 +486,8 @@ class Prometheus:
             at_zero = {t.key: _held_only(t, answers, problems) for t in targets if t.zero}
             return Readings(at_zero, outage=outage, queries=len(sent), latencies=latencies)
         signals = {t.key: signals_for(t, answers, problems) for t in targets}
-        return Readings(signals, queries=len(sent), latencies=latencies)
+        encode = {t.key: encode_signals(t, answers, problems) for t in targets if t.encode is not None}
+        return Readings(signals, encode, queries=len(sent), latencies=latencies)
 
     def _send(self, what: Query, query: str, at: float, deadline: float, started: dict[Query, float]) -> _Answer | None:
         """One query, on a pool thread, given what is left of the read's deadline; None if none is left."""

@@ -34,6 +34,10 @@ class MetricNames:
     # tier, by the sidecar (mmfleet.encode_proxy); a fleet's SLO reads them where its pods export them.
     front_door_e2e: str | None = None
     front_door_ttft: str | None = None
+    # And the sidecar's calls to the encode tier (a histogram of seconds) and the items it sent (a counter): what the
+    # encode tier's autoscaling reads.
+    encode_call: str | None = None
+    encode_items: str | None = None
 
     def histogram(self, metric: SloMetric) -> str:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]
@@ -233,28 +237,41 @@ def _abbreviation(token: str, owned: dict[str, OwnedFlag]) -> OwnedFlag | None:
 FRONT_DOOR_COVERAGE = 0.8
 
 
+def histogram_quantile_promql(
+    histogram: str, percentile: float, window: str, by: tuple[str, ...], matchers: str
+) -> str:
+    """P<percentile> of a histogram summed over pods, grouped by ``by``."""
+    rate = f"rate({histogram}_bucket{matchers}[{window}])"
+    return f"histogram_quantile({percentile / 100:g}, sum by ({', '.join(('le', *by))}) ({rate}))"
+
+
 def latency_quantile_promql(
-    backend: Backend, metric: SloMetric, percentile: float, window: str, by: tuple[str, ...], selector: str = ""
+    backend: Backend,
+    metric: SloMetric,
+    percentile: float,
+    window: str,
+    by: tuple[str, ...],
+    selector: str = "",
+    front_door: bool = True,
 ) -> str:
     """P<percentile> of one latency histogram, summed over pods, grouped by ``by``; ``selector``: label matchers.
 
     Where the backend's pods measure the latency at the pod's front door too (an encode tier's sidecar), that one, for
     the fleets whose front door timed most of what their servers did in the window (``FRONT_DOOR_COVERAGE``: not while
     a rollout has put the sidecar on a few pods only, nor a TTFT whose requests are mostly not streamed) and gave a
-    number (no request finished gives none); the server's own for the rest."""
+    number (no request finished gives none); the server's own for the rest. ``front_door`` False: the server's own
+    only (the serving tier's part, when the encode tier is scaled on its own share)."""
     matchers = f"{{{selector}}}" if selector else ""
-    labels = ", ".join(("le", *by))
 
     def quantile(histogram: str) -> str:
-        rate = f"rate({histogram}_bucket{matchers}[{window}])"
-        return f"histogram_quantile({percentile / 100:g}, sum by ({labels}) ({rate}))"
+        return histogram_quantile_promql(histogram, percentile, window, by, matchers)
 
     def count(histogram: str) -> str:
         return f"sum by ({', '.join(by)}) (rate({histogram}_count{matchers}[{window}]))"
 
     own = backend.metrics.histogram(metric)
     front = backend.metrics.front_door(metric)
-    if front is None:
+    if front is None or not front_door:
         return quantile(own)
     covered = f"{count(front)} >= {FRONT_DOOR_COVERAGE:g} * {count(own)}"
     return f"(({quantile(front)} >= 0) and on ({', '.join(by)}) ({covered})) or {quantile(own)}"

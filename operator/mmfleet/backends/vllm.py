@@ -166,6 +166,9 @@ IMAGE_UID = 2000
 # which names them too: it imports nothing of the operator).
 FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
 FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
+# And it times its calls to the encode tier and counts the items sent: that tier's autoscaling signals.
+ENCODE_CALL = "mmfleet_encode_call_seconds"
+ENCODE_ITEMS = "mmfleet_encode_items_total"
 
 # Flags per backend.attention. auto lets vLLM pick (FA3 on Hopper, v1/attention/backends/fa_utils.py).
 _ATTENTION: dict[Attention, tuple[str, ...]] = {
@@ -208,6 +211,8 @@ class VllmBackend:
         model_label="model_name",
         front_door_e2e=FRONT_DOOR_E2E,
         front_door_ttft=FRONT_DOOR_TTFT,
+        encode_call=ENCODE_CALL,
+        encode_items=ENCODE_ITEMS,
     )
     owned_flags: tuple[OwnedFlag, ...] = (
         OwnedFlag("--model", "model.source"),

@@ -23,12 +23,12 @@ import kopf
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from mmfleet import backends, metrics_export, status, telemetry
+from mmfleet import backends, metrics_export, render, status, telemetry
 from mmfleet.api import MultimodalInference, seconds
-from mmfleet.autoscaler import cycle, metrics, standby
+from mmfleet.autoscaler import cycle, encode, metrics, standby
 from mmfleet.backends import ServerStartup
 from mmfleet.handlers import standby as fleet_standby
-from mmfleet.handlers.children import INDEXES, fleet_children
+from mmfleet.handlers.children import INDEXES, deployment_pods, fleet_children, owned_deployment
 from mmfleet.handlers.discovery import resolve_cloud
 from mmfleet.handlers.records import (
     Body,
@@ -64,6 +64,8 @@ class FleetView:
     body: Body
     deployment: Body | None
     pods: list[Body]
+    encode: Body | None = None  # with spec.disaggregation.encode: the encode tier's Deployment
+    encode_pods: list[Body] = dataclasses.field(default_factory=list)
 
 
 def autoscaled_fleets(indexes: Mapping[str, Any]) -> list[FleetView]:
@@ -74,7 +76,16 @@ def autoscaled_fleets(indexes: Mapping[str, Any]) -> list[FleetView]:
         body = next(iter(found), None)
         if body is None or body["metadata"].get("deletionTimestamp") or not body.get("spec", {}).get("autoscaling"):
             continue
-        views.append(FleetView(key, body, *fleet_children(indexes, key, body["metadata"].get("uid"))))
+        uid = body["metadata"].get("uid")
+        view = FleetView(key, body, *fleet_children(indexes, key, uid))
+        encode_spec = (body.get("spec", {}).get("disaggregation") or {}).get("encode")
+        if encode_spec is not None:
+            name = key[1] + render.ENCODE_SUFFIX
+            tier = owned_deployment(indexes, key, uid, name)
+            view = dataclasses.replace(
+                view, encode=tier, encode_pods=deployment_pods(indexes, key, name) if tier else []
+            )
+        views.append(view)
     return views
 
 
@@ -229,7 +240,9 @@ def _decide_fleet(
                 kube.scale(meta.namespace, meta.name, target)
                 log.info("scaled %s/%s: %s", meta.namespace, meta.name, outcome.reason)
             _read_server_logs(op, record, view, inference, counted)  # after the scale: the decision never waits on it
-            scaling = dataclasses.replace(outcome.scaling(), replicas=target)
+            lead = outcome.memory.cold_start if outcome.memory.cold_start is not None else config.default_cold_start
+            scaled_encode = _scale_encode(op, record, view, inference, readings, now, lead)
+            scaling = dataclasses.replace(outcome.scaling(), replicas=target, encode=scaled_encode)
             previous = last_status(record, view.body)
             deployment, pods = children(view.key, meta.uid)
             if inference.spec.standby is not None:  # planned on the pods as they are now: a wake may have ended
@@ -243,6 +256,9 @@ def _decide_fleet(
                 cache_problem=record.cache_problem,
                 tracing=record.tracing,
                 retrying=record.retrying,
+                encode=None
+                if view.encode is None
+                else status.EncodeSeen(view.encode, status.pod_problems(view.encode_pods)),
             )
             wrote = write_status(
                 op, record, view.body, status.compute_status(inference, observed, previous, now), previous
@@ -256,6 +272,43 @@ def _decide_fleet(
         span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
     return outcome.scaled, wrote
+
+
+def _scale_encode(
+    op: Operator,
+    record: FleetRecord,
+    view: FleetView,
+    inference: MultimodalInference,
+    readings: metrics.Readings,
+    now: datetime,
+    fleet_cold_start: float,
+) -> status.EncodeScaling | None:
+    """With its autoscaling on, one cycle for the fleet's encode tier (``autoscaler.encode``): decide, scale its
+    Deployment, post the event. Its cold start is its own pods' once measured, the serving tier's until then."""
+    replicas = (view.encode or {}).get("spec", {}).get("replicas")
+    if inference.spec.encode_autoscaling is None or replicas is None:
+        record.encode_scaling = None  # turned off, or its Deployment not made yet: start afresh
+        return None
+    pods = cycle.count_pods(view.encode_pods)
+    outcome = encode.decide_encode(
+        inference,
+        int(replicas),
+        pods,
+        readings.encode.get(view.key),
+        readings.outage,
+        record.encode_scaling or encode.EncodeMemory(),
+        now.timestamp(),
+        interval=op.config.autoscale_interval,
+        cold_start=pods.cold_start if pods.cold_start is not None else fleet_cold_start,
+    )
+    record.encode_scaling = outcome.memory
+    if outcome.scaled:
+        meta = inference.metadata
+        op.get_kube().scale(meta.namespace, render.encode_name(inference), outcome.replicas)
+        log.info("scaled the encode tier of %s/%s: %s", meta.namespace, meta.name, outcome.reason)
+        event = "EncodeScaledUp" if outcome.replicas > outcome.current else "EncodeScaledDown"
+        kopf_event(view.body, "Normal", event, outcome.reason)
+    return status.EncodeScaling(outcome.replicas, outcome.scaled, outcome.reason, outcome.latency, outcome.target)
 
 
 def _read_server_logs(

@@ -201,6 +201,8 @@ def _apply(
         span.set_attributes({telemetry.CLOUD: cloud, telemetry.BACKEND: backend, telemetry.CHILDREN: len(children)})
         _claim_names(op, record, inference, children)
         _hand_over_replicas(op, inference, live)
+        live_encode = _encode_deployment(op, inference)
+        _hand_over_encode_replicas(op, inference, live_encode)
         _label_serving(op, inference, seen.pods)
         for child in children:
             applied = _apply_child(op, child, body)
@@ -209,6 +211,8 @@ def _apply(
             if child["kind"] == "Deployment" and child["metadata"]["name"] == inference.metadata.name:
                 deployment = applied
                 _check_volumes_kept(inference, child, applied)
+            elif child["kind"] == "Deployment" and child["metadata"]["name"] == render.encode_name(inference):
+                _clamp_encode_replicas(op, inference, applied, live_encode)
         if deployment is not None and inference.spec.autoscaled:
             deployment = _clamp_replicas(op, inference, deployment, live)
         if inference.spec.standby is None and any(standby.resting(pod) for pod in seen.pods):
@@ -322,9 +326,8 @@ def _encode_seen(op: Operator, inference: MultimodalInference) -> status.EncodeS
     if inference.spec.disaggregation.encode is None:
         return None
     meta = inference.metadata
-    key, name = (meta.namespace, meta.name), render.encode_name(inference)
-    deployment = owned_deployment(op.indexes, key, meta.uid, name)
-    pods = deployment_pods(op.indexes, key, name) if deployment is not None else []
+    deployment = _encode_deployment(op, inference)
+    pods = deployment_pods(op.indexes, (meta.namespace, meta.name), render.encode_name(inference)) if deployment else []
     return status.EncodeSeen(deployment, status.pod_problems(pods))
 
 
@@ -368,6 +371,31 @@ def _hand_over_replicas(op: Operator, inference: MultimodalInference, live: Body
         return
     meta = inference.metadata
     op.get_kube().scale(meta.namespace, meta.name, status.desired_replicas(inference, live))
+
+
+def _encode_deployment(op: Operator, inference: MultimodalInference) -> Body | None:
+    if inference.spec.disaggregation.encode is None:
+        return None
+    meta = inference.metadata
+    return owned_deployment(op.indexes, (meta.namespace, meta.name), meta.uid, render.encode_name(inference))
+
+
+def _hand_over_encode_replicas(op: Operator, inference: MultimodalInference, live: Body | None) -> None:
+    """``_hand_over_replicas`` for the encode tier, once its autoscaling is turned on."""
+    if live is None or inference.spec.encode_autoscaling is None or scaler_owns_replicas(live):
+        return
+    meta = inference.metadata
+    op.get_kube().scale(meta.namespace, render.encode_name(inference), status.encode_desired_replicas(inference, live))
+
+
+def _clamp_encode_replicas(op: Operator, inference: MultimodalInference, applied: Body, live: Body | None) -> None:
+    """With its autoscaling on, the encode tier's replicas belong to the scaler: within its bounds, and a new tier
+    from spec.disaggregation.encode.replicas (its Deployment was made without replicas, so with one)."""
+    if inference.spec.encode_autoscaling is None:
+        return
+    desired = status.encode_desired_replicas(inference, live)
+    if applied.get("spec", {}).get("replicas") != desired:
+        op.get_kube().scale(inference.metadata.namespace, render.encode_name(inference), desired)
 
 
 def _refusal(error: RefusedError) -> str:

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from mmfleet import render, status, telemetry
 from mmfleet.api import CONDITION_TYPES, MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler import cycle
+from mmfleet.autoscaler.encode import EncodeMemory
 from mmfleet.autoscaler.standby import WAKES_KEPT, Intent
 from mmfleet.backends import ServerStartup
 from mmfleet.config import OperatorConfig
@@ -123,6 +124,7 @@ class FleetRecord:
     first_status_due: float = -math.inf
     # The autoscaler's memory (policy state, attainment, cold start).
     scaling: cycle.Memory | None = None
+    encode_scaling: EncodeMemory | None = None  # with the encode tier's autoscaling: what its cycles learned
     # Why the shared model cache's claim cannot serve the fleet, and where its spans go, as the last reconcile saw
     # them: the autoscaler's status writes carry them rather than look again every cycle.
     cache_problem: tuple[str, str] | None = None

@@ -43,6 +43,7 @@ class Target:
     namespace: str
     pod: str
     inference: str
+    label: str = "mmfleet_io_inference"  # mmfleet_io_encode for an encode tier's pod, as its PodMonitor labels it
 
 
 def interval_ms(text: str) -> int:
@@ -149,7 +150,7 @@ def target_groups(targets: Sequence[Target]) -> list[dict[str, Any]]:
                 "__metrics_path__": f"/pods/{t.namespace}/{t.pod}/metrics",
                 "namespace": t.namespace,
                 "pod": t.pod,
-                "mmfleet_io_inference": t.inference,
+                t.label: t.inference,
             },
         }
         for t in targets

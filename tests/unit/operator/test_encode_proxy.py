@@ -244,6 +244,10 @@ def test_the_metrics_add_the_latency_clients_see_to_the_servers() -> None:
     assert (e2e["0.3"], e2e["0.5"], e2e["+Inf"]) == (0, 2, 2)  # both waited 0.4 s for the encode tier
     ttft = {s.labels.get("le"): s.value for s in families[encode_proxy.FRONT_DOOR_TTFT].samples}
     assert (ttft["0.25"], ttft["0.5"], ttft["+Inf"]) == (0, 1, 1)  # the streamed one only, on vLLM's TTFT buckets
+    # the encode tier's own signals: each call's wait, and the items sent (one image per request)
+    calls = {s.labels.get("le"): s.value for s in families[encode_proxy.ENCODE_CALL].samples if "le" in s.labels}
+    assert (calls["0.25"], calls["0.5"], calls["+Inf"]) == (0, 2, 2)
+    assert families[encode_proxy.ENCODE_ITEMS.removesuffix("_total")].samples[0].value == 2
     metrics_request = server.seen[-1]
     assert metrics_request[2]["Accept-Encoding"] == "identity"
 
