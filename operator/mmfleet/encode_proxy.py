@@ -55,11 +55,14 @@ METRICS_PATH = "/metrics"
 # for each (v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS).
 FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
 FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
-# The calls to the encode tier, as the serving pod waits for them (the HTTP hop, the encode server's preprocessing,
-# queue and encoder): the encode tier's share of TTFT, on the TTFT buckets; and the items sent, its demand. The
-# autoscaler scales the encode tier on both (mmfleet.backends.vllm names them).
+# What a request with items waits at the sidecar before it goes on to the server (its turn among large ones, the
+# rewrite, and the call to the encode tier: the hop, the encode server's preprocessing, queue and encoder), on the
+# TTFT buckets: the encode tier's share of TTFT; the items sent, its demand; and the calls that brought no encoder
+# outputs (an error, a timeout, none announced), after which the server encodes the items itself. The autoscaler scales
+# the encode tier on them (mmfleet.backends.vllm names them).
 ENCODE_CALL = "mmfleet_encode_call_seconds"
 ENCODE_ITEMS = "mmfleet_encode_items_total"
+ENCODE_FAILURES = "mmfleet_encode_failures_total"
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                960.0, 1920.0, 7680.0)  # fmt: skip
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -179,9 +182,9 @@ class Proxy:
             FRONT_DOOR_TTFT, "Seconds from a streamed request's arrival at the pod to its first token.", TTFT_BUCKETS
         )
         self.calls = Histogram(
-            ENCODE_CALL, "Seconds a request waited for the encode tier, whatever its answer.", TTFT_BUCKETS
+            ENCODE_CALL, "Seconds a request with items waited at the sidecar for the encode tier.", TTFT_BUCKETS
         )
-        self.items = 0
+        self.items = self.failures = 0
 
     async def encode(
         self,
@@ -194,10 +197,9 @@ class Proxy:
         auth = {name: value for name, value in headers.items() if name.lower() in ENCODE_HEADERS}
         started = time.monotonic()
         self.items += len(items)
-        try:
-            return await self._encode(session, payload, items, auth, started)
-        finally:
-            self.calls.observe(time.monotonic() - started)
+        params = await self._encode(session, payload, items, auth, started)
+        self.failures += params is None
+        return params
 
     async def _encode(
         self,
@@ -236,10 +238,10 @@ class Proxy:
             return await self._metrics(request)
         if request.method == "POST" and request.path == CHAT_PATH:
             if len(body) < LARGE_REQUEST_BYTES:
-                body = await self._through_encoder(request, body)
+                body = await self._through_encoder(request, body, arrived)
             else:
                 async with request.app[LARGE]:
-                    body = await self._through_encoder(request, body)
+                    body = await self._through_encoder(request, body, arrived)
         timed = request.method == "POST" and request.path in GENERATE_PATHS
         return await self._forward(request, body, arrived if timed else None)
 
@@ -262,10 +264,15 @@ class Proxy:
                 + counter_exposition(
                     ENCODE_ITEMS, "Images, videos and audio clips sent to the encode tier.", self.items
                 )
+                + counter_exposition(
+                    ENCODE_FAILURES, "Calls to the encode tier that brought no encoder outputs.", self.failures
+                )
             )
         return web.Response(status=status, body=text.encode(), headers={"Content-Type": EXPOSITION})
 
-    async def _through_encoder(self, request: web.Request, body: bytes) -> bytes:
+    async def _through_encoder(self, request: web.Request, body: bytes, arrived: float) -> bytes:
+        """The request with its items' encoder outputs announced, or as it came; a request with items is timed from
+        its arrival (``ENCODE_CALL``)."""
         try:
             payload = json.loads(body)
         except ValueError:
@@ -274,9 +281,9 @@ class Proxy:
         if not items:
             return body
         params = await self.encode(request.app[SESSION], payload, items, request.headers)
-        if params is None:
-            return body
-        return json.dumps({**payload, "ec_transfer_params": params}).encode()
+        body = body if params is None else json.dumps({**payload, "ec_transfer_params": params}).encode()
+        self.calls.observe(time.monotonic() - arrived)
+        return body
 
     async def _forward(self, request: web.Request, body: bytes, arrived: float | None = None) -> web.StreamResponse:
         """The request to the server and its answer back as it comes; ``arrived``: time a generation, from then."""

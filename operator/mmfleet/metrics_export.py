@@ -95,7 +95,10 @@ STARTING = _gauge("mmfleet_fleet_starting_replicas", "The fleet's pods not Ready
 UNSCHEDULABLE = _gauge("mmfleet_fleet_unschedulable_replicas", "The fleet's pods the scheduler cannot place.")
 MIN_REPLICAS = _gauge("mmfleet_fleet_min_replicas", "spec.autoscaling.minReplicas.")
 MAX_REPLICAS = _gauge("mmfleet_fleet_max_replicas", "spec.autoscaling.maxReplicas.")
-SLO_TARGET = _gauge("mmfleet_fleet_slo_target_seconds", "spec.autoscaling.slo.target.")
+SLO_TARGET = _gauge(
+    "mmfleet_fleet_slo_target_seconds",
+    "spec.autoscaling.slo.target (the serving tier's part of it when the encode tier scales on its own share).",
+)
 SLO_PERCENTILE = _gauge("mmfleet_fleet_slo_percentile", "spec.autoscaling.slo.percentile, e.g. 90.")
 SLO_OBSERVED = _gauge(
     "mmfleet_fleet_slo_observed_seconds", "The SLO percentile the autoscaler last read; NaN when nothing was measured."
@@ -179,7 +182,7 @@ def record_decision(
         UNSCHEDULABLE: seen.pods.unschedulable,
         MIN_REPLICAS: autoscaling.min_replicas,
         MAX_REPLICAS: autoscaling.max_replicas,
-        SLO_TARGET: seconds(slo.target),
+        SLO_TARGET: inference.spec.serving_slo_target or seconds(slo.target),
         SLO_PERCENTILE: slo.percentile,
         SLO_OBSERVED: math.nan if outcome.latency is None else outcome.latency,
         ATTAINMENT: math.nan if (attained := outcome.scaling().attainment) is None else attained,
@@ -192,7 +195,9 @@ def record_decision(
     if outcome.scaled:
         SCALE_EVENTS.labels(*key, "up" if outcome.replicas > outcome.current else "down").inc()
     if outcome.latency is not None:
-        SLO_EVALUATIONS.labels(*key, "met" if outcome.latency <= seconds(slo.target) else "missed").inc()
+        SLO_EVALUATIONS.labels(
+            *key, "met" if outcome.latency <= (inference.spec.serving_slo_target or 0.0) else "missed"
+        ).inc()
     for start in outcome.new_starts:
         COLD_START_PHASES.labels(*key, "total").observe(start.total)
         for phase, took in zip(PHASES, start.phases, strict=True):

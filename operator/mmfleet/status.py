@@ -49,9 +49,23 @@ BROKEN_WAITING_REASONS = frozenset(
     }
 )
 # Condition transitions a person should hear about, as Warning events: the status that is bad news.
-WARNING_WHEN = {"Degraded": "True", "MetricsAvailable": "False", "ScalingLimited": "True", "TracingReady": "False"}
+WARNING_WHEN = {
+    "Degraded": "True",
+    "MetricsAvailable": "False",
+    "ScalingLimited": "True",
+    "TracingReady": "False",
+    "PreprocessingBound": "True",
+    "EncodeMetricsAvailable": "False",
+}
 # Conditions the autoscaler owns; compute_status carries them over untouched.
-AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = ("ScalingLimited", "SLOMet", "MetricsAvailable", "Idle")
+AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = (
+    "ScalingLimited",
+    "SLOMet",
+    "MetricsAvailable",
+    "Idle",
+    "PreprocessingBound",
+    "EncodeMetricsAvailable",
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,7 @@ class EncodeScaling:
     reason: str
     latency: float | None  # the percentile of the calls to the tier, None when nothing was measured
     target: float  # its share of the SLO's target, s
+    metrics: ConditionRow  # EncodeMetricsAvailable
 
 
 @dataclass(frozen=True)
@@ -526,7 +541,8 @@ def _scaling_part(
             "lastScaleTime": previous.last_scale_time,
             "lastScaleReason": previous.last_scale_reason,
         }
-        return fields, condition.kept(AUTOSCALER_CONDITIONS)
+        kept = condition.kept(AUTOSCALER_CONDITIONS)
+        return fields, [c for c in kept if c.type != "EncodeMetricsAvailable" or inference.spec.encode_autoscaling]
     previous = previous or MultimodalInferenceStatus()
     now = condition.now
     last = previous.slo or SloStatus()
@@ -536,7 +552,10 @@ def _scaling_part(
     fields = {
         "slo": SloStatus(
             observed=last.observed,
-            target=slo.target,
+            # the serving tier's part when the encode tier scales on its own share: what ``observed`` is held to
+            target=slo.target
+            if inference.spec.encode_autoscaling is None
+            else duration_text(inference.spec.serving_slo_target or 0.0),
             attainment=scaling.attainment,
             last_evaluated=last.last_evaluated,
         ),
@@ -747,14 +766,14 @@ def _encode_part(
         ], before or None
     row, part = encode_row(inference, seen, scaling)
     if inference.spec.encode_autoscaling is not None:
-        kept_keys = ("latency", "target", "lastScaleReason")
-        part.update({k: before[k] for k in kept_keys if k in before})
+        # The autoscaler's fields, as last written while no cycle measured them (latency: the last percentile).
+        part.update({k: before[k] for k in ("latency", "target", "lastScaleReason") if k in before})
         if scaling is not None:
-            part["latency"] = None if scaling.latency is None else duration_text(scaling.latency)
             part["target"] = duration_text(scaling.target)
+            if scaling.latency is not None:
+                part["latency"] = duration_text(scaling.latency)
             if scaling.scaled:
                 part["lastScaleReason"] = truncate(scaling.reason, SCALE_REASON_MAX)
-        part = {k: v for k, v in part.items() if v is not None}
     return [condition(*row)], part
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mmfleet import backends
+from mmfleet.backends import vllm
 from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster import prometheus as prom
 from mmfleet_lab.cluster.process import Proc
@@ -51,6 +52,11 @@ class FakePod:
     encode_call_latency: float | None = None
     items_per_request: int = 1
     encode_pod: bool = False  # an encode tier's pod: its series labelled mmfleet_io_encode, not the fleet's label
+    # vLLM's time to first token, and its engine phases before it: none queued, the rest but ``outside`` in prefill;
+    # and the API server process's CPU cores (prometheus_client's process collector). For PreprocessingBound.
+    ttft: float | None = None
+    outside: float = 0.0
+    api_cpu: float | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
     _front_due: float = 0.0
@@ -81,9 +87,15 @@ class FakePod:
             self._calls = Histogram(names.encode_call.removesuffix("_seconds"), "calls", unit="seconds",
                                     buckets=E2E_BUCKETS, registry=self.registry)  # fmt: skip
             self._items = Counter(names.encode_items.removesuffix("_total"), "items", registry=self.registry)
+        phases = (vllm.TTFT, vllm.QUEUE_TIME, vllm.PREFILL_TIME) if self.ttft is not None else ()
+        self._phases = [Histogram(name.removesuffix("_seconds"), name, list(labels), unit="seconds",
+                                  registry=self.registry) for name in phases]  # fmt: skip
+        self._cpu = Counter("process_cpu_seconds", "cpu", registry=self.registry) if self.api_cpu is not None else None
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
+        for phase in self._phases:
+            phase.labels(**labels)
 
     def _set_gauges(self) -> None:
         names = backends.get(self.backend).metrics
@@ -106,6 +118,12 @@ class FakePod:
             for _ in range(finished):
                 self._calls.observe(self.encode_call_latency)
             self._items.inc(finished * self.items_per_request)
+        if self.ttft is not None:
+            for _ in range(finished):
+                for phase, took in zip(self._phases, (self.ttft, 0.0, self.ttft - self.outside), strict=True):
+                    phase.labels(**self._labels).observe(took)
+        if self._cpu is not None and self.api_cpu is not None:
+            self._cpu.inc(self.api_cpu * TICK)
         self._done.labels(**self._labels).inc(finished)
         self._set_gauges()
 

@@ -55,6 +55,10 @@ class RecordingKube(Kube):
         self.got: list[tuple[str, str]] = []
         self.deleted: list[tuple[str, str]] = []
         self.scaled: list[int] = []
+        self.scaled_names: list[tuple[str, int]] = []  # (Deployment, replicas) of each scale
+        self.live_replicas: dict[
+            str, int
+        ] = {}  # a Deployment's replicas set by the scaler: an apply without them keeps
         self.marked: list[tuple[str, dict[str, str], dict[str, str | None]]] = []
         self.kept_annotations: dict[str, str] = {}  # the Deployment's, from the scaler's own applies
         self.scaled_with_standby: list[tuple[int, int]] = []
@@ -72,8 +76,11 @@ class RecordingKube(Kube):
         meta = {**manifest["metadata"], "uid": f"uid-{manifest['kind']}", "generation": 1}
         if manifest["kind"] == "Deployment" and self.kept_annotations:  # set by another field manager, kept
             meta["annotations"] = {**(meta.get("annotations") or {}), **self.kept_annotations}
-        replicas = manifest.get("spec", {}).get("replicas", 1)
+        kept = self.live_replicas.get(manifest["metadata"]["name"])
+        replicas = manifest.get("spec", {}).get("replicas", kept or 1)
         ready = {"replicas": replicas, "readyReplicas": replicas if self.ready else 0, "updatedReplicas": replicas}
+        if kept is not None and "replicas" not in manifest.get("spec", {}):
+            return {**manifest, "metadata": meta, "status": ready, "spec": {**manifest["spec"], "replicas": kept}}
         return {**manifest, "metadata": meta, "status": ready}
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Body | None:
@@ -92,6 +99,7 @@ class RecordingKube(Kube):
 
     def scale(self, namespace: str, name: str, replicas: int, manager: str = "") -> None:
         self.scaled.append(replicas)
+        self.scaled_names.append((name, replicas))
 
     def scale_with_standby(self, namespace: str, name: str, replicas: int, standby: int) -> None:
         self.scaled_with_standby.append((replicas, standby))

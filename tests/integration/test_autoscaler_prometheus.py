@@ -67,7 +67,8 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     time.sleep(6)  # until the rate window holds only samples of steady load
     readings = client.read(targets, time.time())
     assert readings.outage is None
-    assert readings.queries == 7  # four signals, the pods reporting and two SLOs, for seven fleets on two backends
+    # four signals, the pods reporting, two SLOs and PreprocessingBound's four, for seven fleets on two backends
+    assert readings.queries == 11
 
     x, y, z = (readings.signals[t.key] for t in targets[:3])
     # Every request takes 0.7 s, in vLLM's (0.5, 0.8] bucket: P90 interpolates to 0.5 + 0.9 x 0.3.

@@ -7,6 +7,7 @@ subresource, status, events) without the twin; the closed loop with the twin is 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,7 +180,8 @@ def test_the_encode_tier_scales_on_its_share_and_the_serving_tier_on_the_rest(
         pods.add(FakePod(ns, f"epd-encode-fake-{i}", "epd", rate=5, latency=0.3, waiting=4, running=1, encode_pod=True))
     server.scrape(pods)
     encode = {"replicas": 1, "autoscaling": {"maxReplicas": 3, "share": 0.25}}
-    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "slo": SLO}
+    # A profiled capacity far above the 5 req/s it serves: the serving tier needs its one replica.
+    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "slo": SLO, "capacityPerReplica": 50}
     fleet.create(mmi("epd", cloud="eks", gpu={"type": "H100"}, autoscaling=autoscaling,
                      disaggregation={"encode": encode}))  # fmt: skip
 
@@ -194,7 +196,7 @@ def test_the_encode_tier_scales_on_its_share_and_the_serving_tier_on_the_rest(
     assert ": 2 -> 3" in part["lastScaleReason"]
     fleet.wait_condition("epd", "EncodeReady", status="True", reason="EncodeReplicasReady")
     # The serving tier, held to its part on its servers' own histogram, neither grew nor missed it.
-    assert replicas(fleet, "epd") == 1 and not events(fleet, "epd", "ScaledUp")
+    assert replicas(fleet, "epd") == 1 and not events(fleet, "epd", "ScaledUp"), events(fleet, "epd", "ScaledUp")
     slo_met = fleet.condition("epd", "SLOMet")
     assert (slo_met["status"], slo_met["reason"]) == ("True", "TargetMet")
     assert "P90 0.77s <= target 1.5s (the serving tier's part of 2s; the encode tier has 25%" in slo_met["message"]
@@ -205,3 +207,31 @@ def test_the_encode_tier_scales_on_its_share_and_the_serving_tier_on_the_rest(
         if "f:replicas" in (f.fields_v1 or {}).get("f:spec", {})
     ]
     assert owners == [(AUTOSCALER_FIELD_MANAGER, "scale")]
+
+
+def test_a_fleet_whose_api_server_holds_its_requests_is_preprocessing_bound(
+    fleet: Fleet, scraped: tuple[PrometheusServer, FakePods]
+) -> None:
+    """A real Prometheus reading vLLM's TTFT, queue and prefill histograms and the API server process's CPU: three
+    fleets miss a 2 s target. One's requests spend 2.5 s of their 3 s to first token before the engine takes them,
+    with no engine queue and its API server at 0.97 cores: preprocessing-bound. Another's engines queue requests (the
+    GPUs bound it), a third's API server has CPU to spare."""
+    server, pods = scraped
+    ns = fleet.namespace
+    common = {"rate": 5, "latency": 4.0, "running": 2, "ttft": 3.0}
+    pods.add(FakePod(ns, "api-fake-0", "api", waiting=0, outside=2.5, api_cpu=0.97, **common))
+    pods.add(FakePod(ns, "gpu-fake-0", "gpu", waiting=6, outside=0.1, api_cpu=0.97, **common))
+    pods.add(FakePod(ns, "spare-fake-0", "spare", waiting=0, outside=2.5, api_cpu=0.4, **common))
+    server.scrape(pods)
+    for name in ("api", "gpu", "spare"):
+        fleet.create(mmi(name, autoscaling={"minReplicas": 1, "maxReplicas": 1, "slo": SLO}))
+    bound = fleet.wait_condition("api", "PreprocessingBound", reason="ApiServerBound", timeout=120)
+    assert bound["status"] == "True"
+    assert "2.5s of the mean time to first token, 3s, before the engine took the request (83%)" in bound["message"]
+    assert re.search(r"the busiest API server process at 0\.9\d CPU cores", bound["message"]), bound
+    warned = wait_for(lambda: events(fleet, "api", "ApiServerBound"), 30, "a Warning event")
+    assert "spec.multimodal.apiServers" in warned[0]
+    queued = fleet.wait_condition("gpu", "PreprocessingBound", reason="NotApiServerBound", timeout=60)
+    assert queued["status"] == "False" and "(at most 6 waiting): the GPUs bound the latency" in queued["message"]
+    spare = fleet.wait_condition("spare", "PreprocessingBound", reason="NotApiServerBound", timeout=60)
+    assert spare["status"] == "False" and re.search(r"at 0\.[34]\d CPU cores: it has CPU to spare", spare["message"])

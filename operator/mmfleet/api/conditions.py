@@ -17,9 +17,11 @@ ConditionType = Literal[
     "SLOMet",
     "MetricsAvailable",
     "Idle",
+    "PreprocessingBound",
     "TracingReady",
     "RoutingReady",
     "EncodeReady",
+    "EncodeMetricsAvailable",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 
@@ -107,6 +109,15 @@ class IdleReason(StrEnum):
     NOT_MEASURED = "NotMeasured"
 
 
+class PreprocessingBoundReason(StrEnum):
+    """Only for an autoscaled vllm fleet: whether the time requests spend in the API server, outside the engine,
+    bounds its latency."""
+
+    API_SERVER_BOUND = "ApiServerBound"
+    NOT_API_SERVER_BOUND = "NotApiServerBound"
+    NOT_MEASURED = "NotMeasured"
+
+
 class TracingReadyReason(StrEnum):
     COLLECTOR_FOUND = "CollectorFound"
     COLLECTOR_NOT_FOUND = "CollectorNotFound"
@@ -134,6 +145,19 @@ class EncodeReadyReason(StrEnum):
     NOT_CHECKED = "NotChecked"
 
 
+class EncodeMetricsAvailableReason(StrEnum):
+    """Only with spec.disaggregation.encode.autoscaling: whether the encode tier's signals could be used; it holds
+    its replicas when they cannot."""
+
+    SERIES_PRESENT = "SeriesPresent"
+    NO_POD_SERVING = "NoPodServing"
+    PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+    SERIES_MISSING = "SeriesMissing"
+    QUERY_FAILED = "QueryFailed"
+    SAMPLES_REJECTED = "SamplesRejected"
+    CALLS_FAILING = "CallsFailing"
+
+
 REASONS: dict[ConditionType, type[StrEnum]] = {
     "Ready": ReadyReason,
     "Progressing": ProgressingReason,
@@ -142,7 +166,9 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "SLOMet": SloMetReason,
     "MetricsAvailable": MetricsAvailableReason,
     "Idle": IdleReason,
+    "PreprocessingBound": PreprocessingBoundReason,
     "TracingReady": TracingReadyReason,
     "RoutingReady": RoutingReadyReason,
     "EncodeReady": EncodeReadyReason,
+    "EncodeMetricsAvailable": EncodeMetricsAvailableReason,
 }

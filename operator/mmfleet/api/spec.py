@@ -1230,6 +1230,16 @@ class MultimodalInferenceSpec(Model):
         return encode.autoscaling if encode is not None and self.autoscaled else None
 
     @property
+    def serving_slo_target(self) -> float | None:
+        """Seconds the serving tier's SLO percentile may take: the SLO's target, less the encode tier's share when that
+        tier scales on its own (mmfleet.autoscaler.encode); None without an SLO."""
+        slo = self.autoscaling.slo if self.autoscaling is not None else None
+        if slo is None:
+            return None
+        encode = self.encode_autoscaling
+        return seconds(slo.target) * (1.0 if encode is None else 1.0 - encode.share)
+
+    @property
     def standby(self) -> WarmStandbySpec | None:
         """The warm standby the autoscaler keeps, when it is on."""
         return self.autoscaling.warm_standby if self.autoscaling is not None and self.autoscaling.enabled else None

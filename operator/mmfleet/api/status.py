@@ -32,8 +32,8 @@ class Condition(StatusModel):
 
     type: ConditionType = Field(
         description=(
-            "Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable, Idle, TracingReady or "
-            "RoutingReady."
+            "Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable, Idle, PreprocessingBound, "
+            "TracingReady or RoutingReady."
         )
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")

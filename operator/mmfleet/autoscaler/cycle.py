@@ -37,9 +37,11 @@ from mmfleet import backends
 from mmfleet.api import (
     AutoscalingSpec,
     ColdStartStatus,
+    ConditionType,
     IdleReason,
     MetricsAvailableReason,
     MultimodalInference,
+    PreprocessingBoundReason,
     ScalingLimitedReason,
     SloMetReason,
     SloSpec,
@@ -49,7 +51,7 @@ from mmfleet.api import (
 )
 from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.idle import IdleMemory, IdleRule, idle_rule
-from mmfleet.autoscaler.metrics import RATE_WINDOW, SIGNALS, Signals
+from mmfleet.autoscaler.metrics import API_CPU_SERIES, RATE_WINDOW, SIGNALS, Signals
 from mmfleet.autoscaler.policy import SloPolicy
 from mmfleet.backends import ServerStartup
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
@@ -120,6 +122,14 @@ class ColdStart:
         texts = {name: None if value is None else duration_text(value) for name, value in phases}
         return ColdStartStatus.model_validate({"total": duration_text(self.total), **texts, "pods": self.pods})
 
+
+# PreprocessingBound (``_preprocessing_row``): the share of the mean time to first token spent before the engine took
+# the request, the busiest API server process's CPU cores, and the requests finished over the rate window, from which
+# it is said. Set a priori (docs/troubleshooting.md says why): no real run here was preprocessing-bound. The image
+# processor runs on one thread per API server process, which alone takes a core when it never rests.
+PREPROCESSING_SHARE = 0.5
+PREPROCESSING_CPU = 0.9
+PREPROCESSING_MIN_REQUESTS = 20
 
 # SLOMet while the signals cannot be used: the fleet holds, and MetricsAvailable says why.
 NOTHING_MEASURED: ConditionRow = (
@@ -325,13 +335,19 @@ def policy_for(autoscaling: AutoscalingSpec, slo: SloSpec, interval: float) -> S
     )
 
 
+def series_since(since: float | None, last_read: float | None, clock: float) -> float:
+    """Since when a fleet's series have been read with no gap: only a gap longer than the rate window restarts the
+    warm-up, since a rate() across a shorter one still spans the window."""
+    gap = last_read is not None and clock - last_read > RATE_WINDOW_S
+    return clock if since is None or gap else since
+
+
 def serving_target(inference: MultimodalInference) -> float:
     """Seconds the serving tier's percentile may take: the SLO's target, less the encode tier's share when that tier
     scales on its own (``autoscaler.encode``)."""
-    autoscaling = inference.spec.autoscaling
-    assert autoscaling is not None and autoscaling.slo is not None
-    scaling = inference.spec.encode_autoscaling
-    return seconds(autoscaling.slo.target) * (1.0 if scaling is None else 1.0 - scaling.share)
+    target = inference.spec.serving_slo_target
+    assert target is not None, "only fleets with an SLO are decided"
+    return target
 
 
 def implausible(signals: Signals, pods: Pods, inference: MultimodalInference) -> list[str]:
@@ -477,8 +493,7 @@ def decide(
     if _series_read(seen):
         # Only a gap in the series longer than the rate window restarts the warm-up: a rate() across a shorter one
         # still spans the window, and a rejected sample is no gap at all.
-        gap = memory.series_read is not None and clock - memory.series_read > RATE_WINDOW_S
-        since = clock if memory.metrics_since is None or gap else memory.metrics_since
+        since = series_since(memory.metrics_since, memory.series_read, clock)
         memory = replace(memory, metrics_since=since, series_read=clock)
     latency: float | None = None
     idle = False
@@ -605,6 +620,9 @@ def decide(
             reason = f"no request for {duration_text(idleness.idle_for(clock))} ({rule.why}): {seen.current} -> 0"
             replicas = 0
         rows = (_idle_row(idleness, clock, rule, quiet, problem, replicas),)
+    unread = None if unavailable is None else unavailable[3]
+    bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label)
+    rows += () if bound is None else (bound,)
     if replicas != seen.current:
         cause = "scaled_up" if replicas > seen.current else "scaled_down"
     return Outcome(
@@ -617,6 +635,66 @@ def decide(
         idle=idle,
         conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label), *rows),
         new_starts=new_starts,
+    )
+
+
+def _preprocessing_row(
+    inference: MultimodalInference,
+    signals: Signals | None,
+    unread: str | None,
+    latency: float | None,
+    target: float,
+    label: str,
+) -> ConditionRow | None:
+    """PreprocessingBound for a vllm fleet: its latency misses the target while its engines queue nothing, most of its
+    time to first token is spent before the engine takes the request, and the API server process uses a core (vLLM
+    loads and preprocesses images there, the image processor on one thread per process, vLLM #58266, a queue its
+    waiting count does not show, vLLM #44688). Each leg rules out a cause the others would miss: an engine past its
+    capacity queues requests and lags its output (the calibration's 40 req/s), and a short TTFT is mostly outside the
+    engine while nothing is saturated (its 20 req/s, 31%). None for other backends."""
+    if inference.spec.backend.name != "vllm":
+        return None
+    kind: ConditionType = "PreprocessingBound"
+    unknown, no = PreprocessingBoundReason.NOT_MEASURED, PreprocessingBoundReason.NOT_API_SERVER_BOUND
+    if signals is None or unread is not None:
+        return (kind, None, unknown, f"not measured: {unread or 'nothing was read this cycle'}")
+    if latency is None or latency <= target:
+        return (kind, False, no, "the target is met" if latency is None else f"{label} {duration_text(latency)} <= "
+                f"target {duration_text(target)}")  # fmt: skip
+    seen = signals.preprocessing
+    if seen is None or seen.problem is not None:
+        return (kind, None, unknown, f"not measured: {seen.problem if seen else 'not read this cycle'}")
+    finished = (signals.request_rate or 0.0) * RATE_WINDOW_S
+    if finished < PREPROCESSING_MIN_REQUESTS:
+        return (kind, None, unknown, f"not measured: {finished:.0f} requests finished over the last {RATE_WINDOW}, "
+                f"fewer than {PREPROCESSING_MIN_REQUESTS}")  # fmt: skip
+    if seen.waiting_most is None or seen.waiting_most >= 1:
+        most = "unknown" if seen.waiting_most is None else f"{seen.waiting_most:g}"
+        return (kind, False, no, f"the engines queued requests over the last {RATE_WINDOW} (at most {most} waiting): "
+                "the GPUs bound the latency")  # fmt: skip
+    if seen.outside is None or seen.ttft_mean is None or seen.ttft_mean <= 0:
+        return (kind, None, unknown, f"not measured: no request had a first token over the last {RATE_WINDOW}")
+    share = max(0.0, seen.outside) / seen.ttft_mean
+    measured = (
+        f"{label} {duration_text(latency)} > target {duration_text(target)} with the engines queueing nothing, and "
+        f"{duration_text(max(0.0, seen.outside))} of the mean time to first token, "
+        f"{duration_text(seen.ttft_mean)}, before the engine took the request ({share:.0%})"
+    )
+    if share < PREPROCESSING_SHARE:
+        return (kind, False, no, f"{measured}: the engine's prefill is most of it")
+    if seen.api_cpu is None:
+        return (kind, None, unknown, f"{measured}, but Prometheus has no {API_CPU_SERIES} for the servers' API "
+                "processes (vLLM exports none with several, spec.multimodal.apiServers)")  # fmt: skip
+    cpu = f"the busiest API server process at {seen.api_cpu:.2f} CPU cores"
+    if seen.api_cpu < PREPROCESSING_CPU:
+        return (kind, False, no, f"{measured}, {cpu}: it has CPU to spare")
+    return (
+        kind,
+        True,
+        PreprocessingBoundReason.API_SERVER_BOUND,
+        f"{measured}, {cpu}: the API server's preprocessing (loading and processing images, tokenizing) bounds the "
+        "latency, not the GPUs; raise spec.multimodal.apiServers and spec.resources.cpu "
+        "(docs/troubleshooting.md#preprocessingbound-autoscaled-vllm-fleets)",
     )
 
 

@@ -34,7 +34,7 @@ from urllib3.util.retry import Retry
 
 from mmfleet import backends, routing
 from mmfleet.api import BackendName, MultimodalInference, SloMetric, seconds
-from mmfleet.backends import Signal
+from mmfleet.backends import Signal, vllm
 
 # Set on every series by the PodMonitor relabelling (render.build_pod_monitor) and by a plain
 # Prometheus with the kubernetes_sd_configs of docs/autoscaling.md.
@@ -56,9 +56,21 @@ SHARED: tuple[Query, ...] = (*SIGNALS, REPORTING)  # the queries every fleet nee
 # The encode tier's signals, read for fleets that scale it (spec.disaggregation.encode.autoscaling): the items the
 # serving pods' sidecars sent it and their calls (counted at the serving pods, under the fleet's label), and its own
 # pods' queue, running requests and count (its PodMonitor labels them mmfleet_io_encode, kept out of the fleet's sums).
-EncodeQuery = Literal["encode_items", "encode_calls", "encode_waiting", "encode_running", "encode_reporting"]
+EncodeQuery = Literal[
+    "encode_items", "encode_calls", "encode_failures", "encode_waiting", "encode_running", "encode_reporting"
+]
 ENCODE_QUERIES: tuple[EncodeQuery, ...] = get_args(EncodeQuery)
 ENCODE_LABEL = "mmfleet_io_encode"
+# For PreprocessingBound, never needed to scale (docs/troubleshooting.md, PreprocessingBound): each vllm fleet's
+# mean time to first token outside the engine (less its queue and prefill times, from vLLM's own histograms), its
+# mean time to first token, its engines' most waiting requests over the window, and its busiest API server process's
+# CPU (prometheus_client's process collector; vLLM exports none with several API server processes).
+OUTSIDE: Final = "outside"
+TTFT_MEAN: Final = "ttft_mean"
+WAITING_MOST: Final = "waiting_most"
+API_CPU: Final = "api_cpu"
+API_CPU_SERIES = "process_cpu_seconds_total"
+PREPROCESSING: tuple[Query, ...] = (OUTSIDE, TTFT_MEAN, WAITING_MOST, API_CPU)
 
 Key = tuple[str, str]
 
@@ -141,6 +153,20 @@ class Signals:
     failed: str | None = None  # why this fleet's answer cannot be used (a query refused or late, a malformed value)
     held: float | None = None  # requests its endpoint picker holds; None when not asked for, or not read
     held_problem: str | None = None  # why ``held`` could not be read, when it was asked for
+    preprocessing: Preprocessing | None = None  # vllm only: what PreprocessingBound reads; None when not asked
+    failing: float | None = None  # an encode tier's: the share of the calls to it that brought no encoder outputs
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """A vllm fleet's PreprocessingBound signals over the rate window (``preprocessing_queries``); a value is None
+    when Prometheus has none (no request got a first token: 0/0; no process series), ``problem`` why a query failed."""
+
+    outside: float | None = None  # mean seconds to first token outside the engine
+    ttft_mean: float | None = None
+    waiting_most: float | None = None  # the engines' waiting requests at their most, summed over pods
+    api_cpu: float | None = None  # CPU cores of the busiest API server process
+    problem: str | None = None
 
 
 class Sent(NamedTuple):
@@ -165,7 +191,13 @@ class Readings:
 
 # A query's answer: value per (namespace, fleet, backend), or the text Prometheus gave where a number should be.
 Found = dict[tuple[str, str, str], float | str]
-Query = Signal | Slo | Literal["reporting", "held"] | EncodeQuery | EncodeLatency
+Query = (
+    Signal
+    | Slo
+    | Literal["reporting", "held", "outside", "ttft_mean", "waiting_most", "api_cpu"]
+    | EncodeQuery
+    | EncodeLatency
+)
 
 
 def _union(parts: dict[str, str]) -> str:
@@ -227,6 +259,8 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
         queries[latency] = encode_latency_query(latency)
     if any(t.encode is not None for t in targets):
         queries.update({what: encode_query(what, rate_window) for what in ENCODE_QUERIES})
+    if "vllm" in backends_used:  # last: advisory, it must not take a slot from an SLO in a flood of them
+        queries.update(preprocessing_queries(rate_window))
     return queries
 
 
@@ -250,20 +284,45 @@ def encode_query(what: EncodeQuery, rate_window: str = RATE_WINDOW) -> str:
     """One encode-tier signal of every fleet: the sidecars' counters under the fleet's label, the encode pods' gauges
     under theirs, relabelled to the fleet's so one fleet's answers share a key."""
     names = backends.get("vllm").metrics
-    assert names.encode_call is not None and names.encode_items is not None
+    assert names.encode_call is not None and names.encode_items is not None and names.encode_failures is not None
     by = ", ".join(FLEET_LABELS)
     own = f"namespace, {ENCODE_LABEL}"
     encode_pods = f'{{{ENCODE_LABEL}!=""}}'
     tier = {
         "encode_items": f"sum by ({by}) (rate({names.encode_items}[{rate_window}]))",
         "encode_calls": f"sum by ({by}) (rate({names.encode_call}_count[{rate_window}]))",
+        "encode_failures": f"sum by ({by}) (rate({names.encode_failures}[{rate_window}]))",
         "encode_waiting": f"sum by ({own}) ({names.waiting}{encode_pods})",
         "encode_running": f"sum by ({own}) ({names.running}{encode_pods})",
         "encode_reporting": f"count by ({own}) (count by ({own}, pod) ({names.running}{encode_pods}))",
     }[what]
-    if what in ("encode_items", "encode_calls"):
+    if what in ("encode_items", "encode_calls", "encode_failures"):
         return _vllm(tier)
     return _vllm(f'label_replace({tier}, "mmfleet_io_inference", "$1", "{ENCODE_LABEL}", "(.+)")')
+
+
+def preprocessing_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
+    """Each vllm fleet's PreprocessingBound signals over the rate window. vLLM times TTFT from the request's arrival
+    in the API server, before its images are loaded and processed, and the queue and prefill phases in the engine
+    (v1/metrics/stats.py), so TTFT less those two is the time the API server held the request before the engine took
+    it. The API server's CPU is ``and``-ed with a vLLM series of the same pod, so the endpoint picker's process and
+    the encode pods' stay out."""
+    by = ", ".join(FLEET_LABELS)
+
+    def total(series: str) -> str:
+        return f"sum by ({by}) (rate({series}[{rate_window}]))"
+
+    ttft, count = total(f"{vllm.TTFT}_sum"), total(f"{vllm.TTFT}_count")
+    outside = f"({ttft} - {total(f'{vllm.QUEUE_TIME}_sum')} - {total(f'{vllm.PREFILL_TIME}_sum')}) / {count}"
+    running = backends.get("vllm").metrics.running
+    cpu = f"rate({API_CPU_SERIES}[{rate_window}]) and on (namespace, pod) {running}"
+    waiting = backends.get("vllm").metrics.waiting
+    return {
+        OUTSIDE: _vllm(outside),
+        TTFT_MEAN: _vllm(f"{ttft} / {count}"),
+        WAITING_MOST: _vllm(f"sum by ({by}) (max_over_time({waiting}[{rate_window}]))"),
+        API_CPU: _vllm(f"max by ({by}) ({cpu})"),
+    }
 
 
 def held_query() -> str:
@@ -359,6 +418,7 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
         reporting=int(values[REPORTING]) if REPORTING in values and math.isfinite(values[REPORTING]) else None,
         held=held,
         held_problem=held_problem,
+        preprocessing=_preprocessing(key, answers, errors),
     )
 
 
@@ -376,6 +436,7 @@ def encode_signals(target: Target, answers: dict[Query, Found], errors: dict[Que
         target.encode: f"{names.encode_call}_bucket",
         "encode_items": str(names.encode_items),
         "encode_calls": f"{names.encode_call}_count",
+        "encode_failures": str(names.encode_failures),
         "encode_waiting": f"{names.waiting}{{{ENCODE_LABEL}}}",
         "encode_running": f"{names.running}{{{ENCODE_LABEL}}}",
         "encode_reporting": f"{names.running}{{{ENCODE_LABEL}}} pods",
@@ -394,14 +455,38 @@ def encode_signals(target: Target, answers: dict[Query, Found], errors: dict[Que
         return None if value is None else value * per_call
 
     reporting = values.get("encode_reporting")
+    failures = values.get("encode_failures")
     return Signals(
+        failing=failures / calls if failures is not None and calls and math.isfinite(failures / calls) else 0.0,
         latency=None if latency is None or math.isnan(latency) else latency,
         request_rate=items,
         waiting=in_items("encode_waiting"),
         running=in_items("encode_running"),
-        missing=tuple(series[q] for q in needed if q not in values and q != "encode_reporting"),
+        # a sidecar of an earlier operator counts no failures: not a reason to hold
+        missing=tuple(
+            series[q] for q in needed if q not in values and q not in ("encode_reporting", "encode_failures")
+        ),
         reporting=int(reporting) if reporting is not None and math.isfinite(reporting) else None,
     )
+
+
+def _preprocessing(
+    key: tuple[str, str, str], answers: dict[Query, Found], errors: dict[Query, str] | None
+) -> Preprocessing | None:
+    """A vllm fleet's PreprocessingBound signals, or None when they were not asked for (the twin, no vllm fleet)."""
+    if key[2] != "vllm" or not any(query in answers or (errors and query in errors) for query in PREPROCESSING):
+        return None
+    for query in PREPROCESSING:
+        if errors and query in errors:
+            return Preprocessing(problem=errors[query])
+    values: list[float | None] = []
+    for query in PREPROCESSING:
+        value = answers.get(query, {}).get(key)
+        if isinstance(value, str):
+            return Preprocessing(problem=f"Prometheus answered {describe(query)} = {value!r}, not a number")
+        values.append(None if value is None or not math.isfinite(value) else value)
+    outside, ttft_mean, waiting_most, api_cpu = values
+    return Preprocessing(outside, ttft_mean, waiting_most, api_cpu)
 
 
 def describe(query: Query) -> str:
@@ -412,6 +497,9 @@ def describe(query: Query) -> str:
         return f"P{query.percentile:g} of the calls to the encode tier over {query.window}"
     if query == HELD:
         return "requests held by the endpoint picker"
+    if query in PREPROCESSING:
+        return {OUTSIDE: "time to first token outside the engine", TTFT_MEAN: "mean time to first token",
+                WAITING_MOST: "most waiting requests", API_CPU: "API server CPU"}[query]  # fmt: skip
     return "pods reporting" if query == REPORTING else query
 
 

@@ -38,6 +38,7 @@ class MetricNames:
     # encode tier's autoscaling reads.
     encode_call: str | None = None
     encode_items: str | None = None
+    encode_failures: str | None = None  # a counter of calls that brought no encoder outputs
 
     def histogram(self, metric: SloMetric) -> str:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]

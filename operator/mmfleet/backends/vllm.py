@@ -166,9 +166,11 @@ IMAGE_UID = 2000
 # which names them too: it imports nothing of the operator).
 FRONT_DOOR_E2E = "mmfleet_front_door_e2e_request_latency_seconds"
 FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
-# And it times its calls to the encode tier and counts the items sent: that tier's autoscaling signals.
+# And it times what a request with items waits for the encode tier, counts the items sent and the calls that failed:
+# that tier's autoscaling signals.
 ENCODE_CALL = "mmfleet_encode_call_seconds"
 ENCODE_ITEMS = "mmfleet_encode_items_total"
+ENCODE_FAILURES = "mmfleet_encode_failures_total"
 
 # Flags per backend.attention. auto lets vLLM pick (FA3 on Hopper, v1/attention/backends/fa_utils.py).
 _ATTENTION: dict[Attention, tuple[str, ...]] = {
@@ -188,6 +190,14 @@ def vllm_model_ref(model_ref: str) -> str:
     return model_ref
 
 
+# Histograms from each request's arrival in the API server (before its images are loaded and processed) to its first
+# token, and of its engine phases before it, WAITING and the prefill (v1/metrics/loggers.py, timed in
+# v1/metrics/stats.py): what is left is time outside the engine.
+TTFT = "vllm:time_to_first_token_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+
+
 class VllmBackend:
     """vLLM 0.33.0 (the OpenAI-compatible server)."""
 
@@ -202,7 +212,7 @@ class VllmBackend:
     start_in_log = True
     metrics = MetricNames(
         e2e="vllm:e2e_request_latency_seconds",
-        ttft="vllm:time_to_first_token_seconds",
+        ttft=TTFT,
         itl="vllm:inter_token_latency_seconds",
         requests_finished="vllm:request_success_total",
         running="vllm:num_requests_running",
@@ -213,6 +223,7 @@ class VllmBackend:
         front_door_ttft=FRONT_DOOR_TTFT,
         encode_call=ENCODE_CALL,
         encode_items=ENCODE_ITEMS,
+        encode_failures=ENCODE_FAILURES,
     )
     owned_flags: tuple[OwnedFlag, ...] = (
         OwnedFlag("--model", "model.source"),

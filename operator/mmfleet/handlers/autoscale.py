@@ -30,6 +30,7 @@ from mmfleet.backends import ServerStartup
 from mmfleet.handlers import standby as fleet_standby
 from mmfleet.handlers.children import INDEXES, deployment_pods, fleet_children, owned_deployment
 from mmfleet.handlers.discovery import resolve_cloud
+from mmfleet.handlers.reconcile import encode_seen
 from mmfleet.handlers.records import (
     Body,
     FleetRecord,
@@ -243,6 +244,8 @@ def _decide_fleet(
             lead = outcome.memory.cold_start if outcome.memory.cold_start is not None else config.default_cold_start
             scaled_encode = _scale_encode(op, record, view, inference, readings, now, lead)
             scaling = dataclasses.replace(outcome.scaling(), replicas=target, encode=scaled_encode)
+            if scaled_encode is not None:
+                scaling = dataclasses.replace(scaling, conditions=(*scaling.conditions, scaled_encode.metrics))
             previous = last_status(record, view.body)
             deployment, pods = children(view.key, meta.uid)
             if inference.spec.standby is not None:  # planned on the pods as they are now: a wake may have ended
@@ -256,9 +259,7 @@ def _decide_fleet(
                 cache_problem=record.cache_problem,
                 tracing=record.tracing,
                 retrying=record.retrying,
-                encode=None
-                if view.encode is None
-                else status.EncodeSeen(view.encode, status.pod_problems(view.encode_pods)),
+                encode=encode_seen(op, inference),  # as the indexes show it now, as the serving tier's children
             )
             wrote = write_status(
                 op, record, view.body, status.compute_status(inference, observed, previous, now), previous
@@ -284,31 +285,40 @@ def _scale_encode(
     fleet_cold_start: float,
 ) -> status.EncodeScaling | None:
     """With its autoscaling on, one cycle for the fleet's encode tier (``autoscaler.encode``): decide, scale its
-    Deployment, post the event. Its cold start is its own pods' once measured, the serving tier's until then."""
+    Deployment, post the event. Its cold start is its own pods' once measured, the serving tier's until then. Its
+    failure (an API error, a bug) is logged and leaves the serving tier's status and event to be written."""
     replicas = (view.encode or {}).get("spec", {}).get("replicas")
     if inference.spec.encode_autoscaling is None or replicas is None:
         record.encode_scaling = None  # turned off, or its Deployment not made yet: start afresh
         return None
-    pods = cycle.count_pods(view.encode_pods)
-    outcome = encode.decide_encode(
-        inference,
-        int(replicas),
-        pods,
-        readings.encode.get(view.key),
-        readings.outage,
-        record.encode_scaling or encode.EncodeMemory(),
-        now.timestamp(),
-        interval=op.config.autoscale_interval,
-        cold_start=pods.cold_start if pods.cold_start is not None else fleet_cold_start,
-    )
+    meta = inference.metadata
+    try:
+        pods = cycle.count_pods(view.encode_pods)
+        outcome = encode.decide_encode(
+            inference,
+            int(replicas),
+            pods,
+            readings.encode.get(view.key),
+            readings.outage,
+            record.encode_scaling or encode.EncodeMemory(),
+            now,
+            interval=op.config.autoscale_interval,
+            cold_start=pods.cold_start if pods.cold_start is not None else fleet_cold_start,
+        )
+        if outcome.scaled:
+            op.get_kube().scale(meta.namespace, render.encode_name(inference), outcome.replicas)
+    except Exception:
+        log.exception("autoscaling the encode tier of %s/%s failed", meta.namespace, meta.name)
+        metrics_export.error("autoscale_fleet")
+        return None
     record.encode_scaling = outcome.memory
     if outcome.scaled:
-        meta = inference.metadata
-        op.get_kube().scale(meta.namespace, render.encode_name(inference), outcome.replicas)
         log.info("scaled the encode tier of %s/%s: %s", meta.namespace, meta.name, outcome.reason)
         event = "EncodeScaledUp" if outcome.replicas > outcome.current else "EncodeScaledDown"
         kopf_event(view.body, "Normal", event, outcome.reason)
-    return status.EncodeScaling(outcome.replicas, outcome.scaled, outcome.reason, outcome.latency, outcome.target)
+    return status.EncodeScaling(
+        outcome.replicas, outcome.scaled, outcome.reason, outcome.latency, outcome.target, outcome.metrics
+    )
 
 
 def _read_server_logs(

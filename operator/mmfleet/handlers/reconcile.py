@@ -305,7 +305,7 @@ def _observe(
         refused=record.refused,
         retrying=record.retrying,
         routing=_routing_seen(op, inference),
-        encode=_encode_seen(op, inference),
+        encode=encode_seen(op, inference),
     )
     previous = last_status(record, body)
     write_status(op, record, body, status.compute_status(inference, observed, previous, utc_now()), previous)
@@ -322,7 +322,8 @@ def _routing_seen(op: Operator, inference: MultimodalInference) -> status.Routin
     return status.RoutingSeen(discovery.routing_crds(op, inference), picker, status.pod_problems(pods))
 
 
-def _encode_seen(op: Operator, inference: MultimodalInference) -> status.EncodeSeen | None:
+def encode_seen(op: Operator, inference: MultimodalInference) -> status.EncodeSeen | None:
+    """The encode tier as the indexes show it now (None without one)."""
     if inference.spec.disaggregation.encode is None:
         return None
     meta = inference.metadata
@@ -389,11 +390,12 @@ def _hand_over_encode_replicas(op: Operator, inference: MultimodalInference, liv
 
 
 def _clamp_encode_replicas(op: Operator, inference: MultimodalInference, applied: Body, live: Body | None) -> None:
-    """With its autoscaling on, the encode tier's replicas belong to the scaler: within its bounds, and a new tier
-    from spec.disaggregation.encode.replicas (its Deployment was made without replicas, so with one)."""
+    """With its autoscaling on, the encode tier's replicas belong to the scaler: within its bounds, counted from what
+    the apply answered (the index may not have the scaler's last change yet), and a new tier from
+    spec.disaggregation.encode.replicas (its Deployment was made without replicas, so with one)."""
     if inference.spec.encode_autoscaling is None:
         return
-    desired = status.encode_desired_replicas(inference, live)
+    desired = status.encode_desired_replicas(inference, applied if live is not None else None)
     if applied.get("spec", {}).get("replicas") != desired:
         op.get_kube().scale(inference.metadata.namespace, render.encode_name(inference), desired)
 

@@ -366,10 +366,15 @@ def write_status(
     # A merge patch keeps what it does not name: status.routing, gone once the fleet is back in routing mode service,
     # status.standby, once warm standby is off, and status.encode, once the encode tier is, are named with null (only
     # they: the replica counts a refused apply's status leaves out must stay).
-    gone = {"routing", "standby", "encode"} & (set(previous.wire()) - set(wire)) if previous is not None else set()
+    before = previous.wire() if previous is not None else {}
+    gone = {"routing", "standby", "encode"} & (set(before) - set(wire))
+    patch = {**wire, **dict.fromkeys(gone)}
+    # And within status.encode, its autoscaler's fields once that is off.
+    if isinstance(before.get("encode"), dict) and isinstance(wire.get("encode"), dict):
+        patch["encode"] = {**dict.fromkeys(set(before["encode"]) - set(wire["encode"])), **wire["encode"]}
     with telemetry.tracer().start_as_current_span(telemetry.STATUS_WRITE, attributes=attributes):
         try:
-            op.get_kube().patch_status(meta["namespace"], meta["name"], {**wire, **dict.fromkeys(gone)})
+            op.get_kube().patch_status(meta["namespace"], meta["name"], patch)
         except NotFoundError:
             record.written = None
             return False

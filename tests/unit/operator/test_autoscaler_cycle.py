@@ -204,7 +204,9 @@ def test_status_replaces_only_the_autoscaler_fields_and_keeps_the_last_measureme
     assert status.slo is not None
     assert (status.slo.observed, status.slo.target, status.slo.last_evaluated) == ("4s", "2s", T0)
     kinds = [c.type for c in status.conditions]
-    assert kinds == ["Ready", "Progressing", "Degraded", "MetricsAvailable", "SLOMet", "ScalingLimited"]
+    assert kinds == [
+        "Ready", "Progressing", "Degraded", "MetricsAvailable", "SLOMet", "ScalingLimited", "PreprocessingBound"
+    ]  # fmt: skip
 
     later = T0 + timedelta(minutes=1)
     held = decide(inference, Seen(scaled.replicas, Pods(ready=2), None, "down"), scaled.memory, later,

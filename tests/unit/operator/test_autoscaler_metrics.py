@@ -12,6 +12,7 @@ import pytest
 from mmfleet.autoscaler.metrics import (
     SIGNALS,
     MalformedAnswerError,
+    Preprocessing,
     Signals,
     Slo,
     Target,
@@ -36,16 +37,25 @@ def test_fleets_whose_slo_windows_are_spelled_differently_share_one_query() -> N
 
     one, other = fleet("a", "1m"), fleet("b", "60s")
     assert one.slo == other.slo == Slo("e2e", 90, "60s")
-    assert len(build_queries([one, other])) == 6  # four signals, the pods reporting and one latency query
+    # four signals, the pods reporting, one latency query, and PreprocessingBound's four
+    assert len(build_queries([one, other])) == 10
 
 
 def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:
     many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
     queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
-    assert len(queries) == 7  # request rate, waiting, running, KV-cache use, pods reporting, and two SLOs
+    # request rate, waiting, running, KV-cache use, pods reporting, two SLOs, and for vllm PreprocessingBound's four
+    assert len(queries) == 11
     latency = latency_quantile_promql(get("vllm"), "e2e", 90, "60s", ("namespace", "mmfleet_io_inference"))
     assert queries[E2E_P90] == f'label_replace({latency}, "mmfleet_backend", "vllm", "", "")'
     assert "[60s]" in latency
+    rate = "sum by (namespace, mmfleet_io_inference) (rate(vllm:{}[1m]))".format
+    assert queries["outside"] == (
+        f"label_replace(({rate('time_to_first_token_seconds_sum')} - {rate('request_queue_time_seconds_sum')} - "
+        f"{rate('request_prefill_time_seconds_sum')}) / {rate('time_to_first_token_seconds_count')}, "
+        '"mmfleet_backend", "vllm", "", "")'
+    )
+    assert list(queries)[-4:] == ["outside", "ttft_mean", "waiting_most", "api_cpu"], "sent last: advisory"
     assert "trtllm_time_to_first_token_seconds_bucket[90s]" in queries[TTFT_P99]
     assert "vllm" not in queries[TTFT_P99], "only the backends of the fleets with that SLO"
     assert queries["waiting"] == (
@@ -139,3 +149,34 @@ def test_a_latency_of_nothing_finished_is_none_but_not_missing() -> None:
     nothing = signals_for(target, {k: {} for k in answers})
     assert nothing.missing[0] == "vllm:e2e_request_latency_seconds_bucket"
     assert len(nothing.missing) == 5
+
+
+@pytest.mark.parametrize(
+    ("values", "errors", "read"),
+    [
+        (("2.5", "3", "0", "0.97"), None, Preprocessing(2.5, 3.0, 0.0, 0.97)),
+        # 0/0 (no first token over the window) and no process series (several API servers): not known, no problem
+        (("NaN", "NaN", "0", None), None, Preprocessing(None, None, 0.0, None)),
+        (("lots", "3", "0", "1"), None, Preprocessing(problem="Prometheus answered time to first token outside")),
+        (("2.5", "3", "0", "1"), {"api_cpu": "refused: bad_data"}, Preprocessing(problem="refused: bad_data")),
+    ],
+)
+def test_the_preprocessing_signals_are_read_or_say_why_not(
+    values: tuple[str | None, ...], errors: dict[str, str] | None, read: Preprocessing
+) -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {q: parse_result([sample("ml", "qwen", "vllm", "1")]) for q in (E2E_P90, *SIGNALS, "reporting")}
+    for query, value in zip(("outside", "ttft_mean", "waiting_most", "api_cpu"), values, strict=True):
+        answers[query] = parse_result([sample("ml", "qwen", "vllm", value)] if value is not None else [])
+    signals = signals_for(target, answers, errors)  # type: ignore[arg-type]
+    assert signals.preprocessing is not None
+    got = signals.preprocessing
+    assert (got.outside, got.ttft_mean, got.waiting_most, got.api_cpu) == (
+        read.outside,
+        read.ttft_mean,
+        read.waiting_most,
+        read.api_cpu,
+    )
+    assert (got.problem or "").startswith(read.problem or ""), got.problem
+    assert (got.problem is None) == (read.problem is None)
+    assert signals.failed is None, "an advisory query never fails the fleet's scaling"

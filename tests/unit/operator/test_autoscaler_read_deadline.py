@@ -11,18 +11,27 @@ import contextlib
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from mmfleet import metrics_export
-from mmfleet.autoscaler.metrics import QUERY_CONCURRENCY, Prometheus, Readings, Signals, Slo, Target
+from mmfleet.autoscaler.metrics import QUERY_CONCURRENCY, Preprocessing, Prometheus, Readings, Signals, Slo, Target
 from mmfleet.handlers import autoscale, memo, records
 from mmfleet_lab.cluster.prometheus_faults import Fault, PrometheusFaultProxy
 from tests.helpers.operator_state import KEY, RecordingKube, fleet_body, indexes, operator
 from tests.helpers.prometheus_api import PrometheusApi
 from tests.helpers.wait import wait_for
 
-SERVED = Signals(latency=1.0, request_rate=1.0, waiting=1.0, running=1.0, kv_cache_usage=1.0, reporting=1)
+SERVED = Signals(
+    latency=1.0,
+    request_rate=1.0,
+    waiting=1.0,
+    running=1.0,
+    kv_cache_usage=1.0,
+    reporting=1,
+    preprocessing=Preprocessing(1.0, 1.0, 1.0, 1.0),
+)
 
 
 @contextlib.contextmanager
@@ -50,10 +59,11 @@ def test_forty_distinct_percentiles_are_read_side_by_side_not_one_after_another(
     with prometheus(targets, Fault("slow", delay=0.3)) as proxy:  # every query takes 0.3 s
         readings, took = timed_read(proxy.url, targets, deadline=7.5)
         assert proxy.busiest <= QUERY_CONCURRENCY, "a bounded number in flight: Prometheus is not flooded"
-    assert took < 4, f"45 queries of 0.3 s, {QUERY_CONCURRENCY} at a time: about 2 s, not 13.5 s (took {took:.1f})"
+    assert took < 4, f"49 queries of 0.3 s, {QUERY_CONCURRENCY} at a time: about 2 s, not 14.7 s (took {took:.1f})"
     assert readings.outage is None
     assert all(readings.signals[t.key] == SERVED for t in targets), "every fleet read"
-    assert readings.queries == 45 and all(sent.ok for sent in readings.latencies)  # 4 signals, reporting, 40 SLOs
+    # 4 signals, reporting, 40 SLOs, and PreprocessingBound's four
+    assert readings.queries == 49 and all(sent.ok for sent in readings.latencies)
 
 
 def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadline() -> None:
@@ -67,9 +77,11 @@ def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadl
         assert readings.signals[target.key] == Signals(
             failed=f"{proxy.url} did not answer the query for P97.3 of ttft over 60s within 1s"
         )
-    assert all(readings.signals[t.key] == SERVED for t in targets[2:]), "the other fleets are read"
+    # the other fleets' signals are read (PreprocessingBound's advisory queries, sent last, may be cut by the deadline)
+    scaled_on = replace(SERVED, preprocessing=None)
+    assert all(replace(readings.signals[t.key], preprocessing=None) == scaled_on for t in targets[2:])
     assert 1.0 <= took < 1.5, f"the read ends at its deadline, not at the slow query's answer (took {took:.2f})"
-    assert readings.queries == 7 and [sent.ok for sent in readings.latencies].count(False) == 1
+    assert readings.queries == 11 and [sent.ok for sent in readings.latencies].count(False) == 1
     errors = metrics_export.REGISTRY.get_sample_value(
         "mmfleet_prometheus_query_duration_seconds_count", {"result": "error"}
     )
@@ -82,19 +94,27 @@ def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadl
 
 def test_a_flood_of_distinct_slos_never_outlasts_the_read_deadline() -> None:
     """400 distinct SLOs of 0.3 s each would take 15 s 8 at a time: those not read by the deadline fail, and say so.
-    The deadline leaves the five shared queries (the first 0.3 s) time to spare on a loaded machine."""
+    The deadline leaves the five shared queries (the first 0.3 s) time to spare on a loaded machine; the advisory
+    queries for PreprocessingBound go last, so they are the ones left unsent, and say so."""
     targets = [Target("tenant", f"f{i}", "vllm", Slo("itl", 50 + i / 10, "60s")) for i in range(400)]
     with prometheus(targets, Fault("slow", delay=0.3)) as proxy:
         readings, took = timed_read(proxy.url, targets, deadline=2.0)
         assert proxy.busiest <= QUERY_CONCURRENCY
     assert took < 2.5, f"took {took:.2f} s"
     assert readings.outage is None, "the shared queries go first and are answered"
-    read = [t for t in targets if readings.signals[t.key] == SERVED]
+    read = [
+        t
+        for t in targets
+        if replace(readings.signals[t.key], preprocessing=None) == replace(SERVED, preprocessing=None)
+    ]
     assert 0 < len(read) < 400
-    assert readings.queries < 405
+    unsent = "was not sent within 2s (409 queries this cycle"
+    told = all(unsent in ((readings.signals[t.key].preprocessing or Preprocessing()).problem or "") for t in read)
+    assert told, "the advisory queries go last; PreprocessingBound says why it is not measured"
+    assert readings.queries < 409
     last = readings.signals[targets[-1].key]
     assert last.failed == (
-        f"{proxy.url}: the query for P89.9 of itl over 60s was not sent within 2s (405 queries this cycle, "
+        f"{proxy.url}: the query for P89.9 of itl over 60s was not sent within 2s (409 queries this cycle, "
         f"{QUERY_CONCURRENCY} at a time)"
     )
 

@@ -3,6 +3,7 @@ it, their wait for it, against its share of the SLO), the serving tier held to t
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,14 +13,16 @@ from mmfleet.api import MultimodalInference
 from mmfleet.autoscaler import cycle, metrics
 from mmfleet.autoscaler.encode import EncodeMemory, EncodeOutcome, decide_encode, encode_target
 from mmfleet.render import SpecError
-from mmfleet.status import EncodeScaling, EncodeSeen, Observed, Scaling, compute_status
+from mmfleet.status import ConditionRow, EncodeScaling, EncodeSeen, Observed, Scaling, compute_status
 from mmfleet.validation import parse
+from tests.helpers.operator_state import KEY, RecordingKube, fleet_body, operator, reconcile_once
 from tests.helpers.repo import spec_doc
 from tests.helpers.status import NOW, deployment
 from tests.helpers.status import inference as status_inference
 
 SLO = {"slo": {"metric": "ttft", "target": "1s", "percentile": 90}, "minReplicas": 1, "maxReplicas": 8}
 SCALED = {"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 6, "share": 0.3}}
+PRESENT: ConditionRow = ("EncodeMetricsAvailable", True, "SeriesPresent", "read")
 
 
 def fleet(encode: dict[str, Any] | None = None, **spec: Any) -> MultimodalInference:
@@ -28,7 +31,9 @@ def fleet(encode: dict[str, Any] | None = None, **spec: Any) -> MultimodalInfere
 
 
 def signals(**values: Any) -> metrics.Signals:
-    base: dict[str, Any] = {"latency": 0.1, "request_rate": 20.0, "waiting": 0.0, "running": 4.0, "reporting": 2}
+    base: dict[str, Any] = {
+        "latency": 0.1, "request_rate": 20.0, "waiting": 0.0, "running": 4.0, "reporting": 2, "failing": 0.0
+    }  # fmt: skip
     return metrics.Signals(**{**base, **values})
 
 
@@ -51,7 +56,7 @@ def run(
             seen,
             outage,
             memory,
-            1000.0 + 15 * i,
+            NOW + timedelta(seconds=15 * i),
             interval=15,
             cold_start=60,
         )
@@ -94,15 +99,17 @@ def test_the_encode_tier_stays_within_its_bounds() -> None:
 @pytest.mark.parametrize(
     ("seen", "outage", "words"),
     [
-        (None, "http://prometheus:9090 unreachable", "encode tier metrics unavailable (http://prometheus:9090"),
-        (metrics.Signals(failed="a query refused"), None, "metrics unavailable (a query refused)"),
+        (None, "http://prometheus:9090 unreachable", "http://prometheus:9090 unreachable"),
+        (metrics.Signals(failed="a query refused"), None, "a query refused"),
         (
             signals(waiting=None, missing=("vllm:num_requests_waiting{mmfleet_io_encode}",)),
             None,
             "Prometheus has no vllm:num_requests_waiting{mmfleet_io_encode} for namespace=ml, fleet qwen",
         ),
-        (signals(latency=float("nan")), None, "samples not trusted (latency = nan)"),
-        (signals(request_rate=-3.0), None, "samples not trusted (items/s = -3)"),
+        (signals(latency=float("inf")), None, "not trusted: latency = inf"),
+        (signals(request_rate=-3.0), None, "not trusted: items/s = -3"),
+        # the encode tier answers, fast, with no encoder outputs: the servers encode, and its signal reads low
+        (signals(latency=0.005, failing=0.9), None, "90% of the calls to the encode tier brought no encoder outputs"),
     ],
 )
 def test_silence_and_bad_data_hold_the_encode_tier(
@@ -111,12 +118,17 @@ def test_silence_and_bad_data_hold_the_encode_tier(
     outcomes = run(fleet(), [seen] * 8, outage=outage)
     assert all(o.replicas == 2 for o in outcomes)
     assert words in outcomes[-1].reason and outcomes[-1].reason.endswith("holding 2")
+    kind, ok, _, message = outcomes[-1].metrics
+    assert (kind, ok) == ("EncodeMetricsAvailable", False) and words in message
 
 
 def test_an_encode_tier_with_no_pod_ready_says_so() -> None:
     missing = signals(waiting=None, running=None, missing=("vllm:num_requests_waiting{mmfleet_io_encode}",))
     (outcome,) = run(fleet(), [missing], ready=0)
-    assert outcome.reason == "no encode pod is Ready, so none is scraped yet: holding 2"
+    assert (
+        outcome.reason == "encode tier metrics unavailable (no encode pod is Ready, so none is scraped yet): holding 2"
+    )
+    assert outcome.metrics[1:3] == (None, "NoPodServing")
 
 
 def test_the_encode_signals_count_the_queue_in_items() -> None:
@@ -128,12 +140,14 @@ def test_the_encode_signals_count_the_queue_in_items() -> None:
         target.encode: {key: 0.25},
         "encode_items": {key: 20.0},
         "encode_calls": {key: 10.0},
+        "encode_failures": {key: 1.0},
         "encode_waiting": {key: 3.0},
         "encode_running": {key: 1.0},
         "encode_reporting": {key: 2.0},
     }
     got = metrics.encode_signals(target, answers)
     assert (got.latency, got.request_rate, got.waiting, got.running, got.reporting) == (0.25, 20.0, 6.0, 2.0, 2)
+    assert got.failing == 0.1  # one call in ten brought no outputs
     idle = metrics.encode_signals(target, {**answers, target.encode: {key: float("nan")}, "encode_calls": {key: 0.0}})
     assert idle.latency is None and idle.waiting == 3.0  # no call in the window: no percentile, one item a request
     gone = metrics.encode_signals(target, {k: v for k, v in answers.items() if k != "encode_waiting"})
@@ -197,7 +211,7 @@ def test_encode_autoscaling_bounds_are_checked() -> None:
 
 def test_status_shows_the_encode_tiers_decision_and_keeps_it_between_cycles() -> None:
     inference = fleet(replicas=2)
-    decision = EncodeScaling(4, True, "P90 0.6s > target 0.3s, ...: 2 -> 4", 0.6, 0.3)
+    decision = EncodeScaling(4, True, "P90 0.6s > target 0.3s, ...: 2 -> 4", 0.6, 0.3, PRESENT)
     scaling = Scaling(2, False, "held", 0.5, False, 1.0, (), encode=decision)
     status = compute_status(
         inference, Observed(deployment(2, 2), scaling=scaling, encode=EncodeSeen(deployment(2, 2))), None, NOW
@@ -207,7 +221,7 @@ def test_status_shows_the_encode_tiers_decision_and_keeps_it_between_cycles() ->
     assert status.encode.last_scale_reason == "P90 0.6s > target 0.3s, ...: 2 -> 4"
     # 2 of the 4 the autoscaler asked for are ready
     assert next(c for c in status.conditions if c.type == "EncodeReady").status == "False"
-    held = EncodeScaling(4, False, "holding 4", 0.2, 0.3)
+    held = EncodeScaling(4, False, "holding 4", 0.2, 0.3, PRESENT)
     later = compute_status(
         inference,
         Observed(deployment(2, 2), scaling=Scaling(2, False, "held", 0.5, False, 1.0, (), encode=held),
@@ -222,3 +236,51 @@ def test_status_shows_the_encode_tiers_decision_and_keeps_it_between_cycles() ->
     refreshed = compute_status(inference, Observed(deployment(2, 2), encode=EncodeSeen(deployment(4, 4))), later, NOW)
     assert refreshed.encode is not None and refreshed.encode.latency == "0.2s"
     assert refreshed.encode.desired_replicas == 4
+    # a cycle that measured nothing keeps the last percentile; the serving tier's SLO is shown against its part
+    quiet = Scaling(
+        2, False, "held", 0.5, False, 1.0, (), encode=EncodeScaling(4, False, "holding 4", None, 0.3, PRESENT)
+    )
+    idle = compute_status(
+        inference, Observed(deployment(2, 2), scaling=quiet, encode=EncodeSeen(deployment(4, 4))), refreshed, NOW
+    )
+    assert idle.encode is not None and idle.encode.latency == "0.2s"
+    assert idle.slo is not None and idle.slo.target == "0.7s"
+
+
+def reconciled(live: int | None, applied: int) -> list[tuple[str, int]]:
+    """One reconcile of an encode-autoscaled fleet whose encode Deployment the index shows at ``live`` replicas (None:
+    not made yet) while the API server has ``applied`` (the scaler's last change may be newer than the index)."""
+    kube = RecordingKube()
+    op = operator(kube)
+    body = fleet_body(generation=2, replicas=1)
+    body["spec"]["autoscaling"] = SLO
+    body["spec"]["disaggregation"] = {"encode": SCALED}
+    uid = body["metadata"]["uid"]
+    if live is not None:
+        meta = {"name": "qwen-encode", "controller": uid, "scalerOwnsReplicas": True}
+        op.indexes = {**op.indexes, "fleet_deployments": {KEY: [{"metadata": meta, "spec": {"replicas": live}}]}}
+    kube.live_replicas["qwen-encode"] = applied
+    assert not reconcile_once(op, body).retry
+    return [scaled for scaled in kube.scaled_names if scaled[0] == "qwen-encode"]
+
+
+def test_a_reconcile_leaves_the_encode_tiers_replicas_to_its_autoscaler() -> None:
+    assert reconciled(live=2, applied=4) == [], "the scaler's newer 4 stands, however stale the index"
+    assert reconciled(live=4, applied=9) == [("qwen-encode", 6)], "within maxReplicas"
+    assert reconciled(live=None, applied=1) == [("qwen-encode", 2)], "a new tier starts at its spec's replicas"
+
+
+def test_turning_the_encode_autoscaling_off_clears_its_fields_from_status() -> None:
+    """A merge patch keeps the keys it does not name: those the autoscaler wrote in status.encode are named null."""
+    kube = RecordingKube()
+    op = operator(kube)
+    body = fleet_body(generation=3, replicas=1)
+    body["spec"]["autoscaling"] = SLO
+    body["spec"]["disaggregation"] = {"encode": {"replicas": 2}}  # its autoscaling just taken out
+    autoscaled = {"deployment": "qwen-encode", "replicas": 2, "readyReplicas": 2, "desiredReplicas": 2}
+    tier = {**autoscaled, "latency": "0.6s", "target": "0.3s", "lastScaleReason": "...: 2 -> 4"}
+    body["status"] = {"observedGeneration": 2, "encode": tier}
+    assert not reconcile_once(op, body).retry
+    written = kube.written[-1]["encode"]
+    assert (written["latency"], written["target"], written["lastScaleReason"]) == (None, None, None)
+    assert written["deployment"] == "qwen-encode"

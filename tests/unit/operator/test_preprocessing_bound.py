@@ -1,0 +1,89 @@
+"""PreprocessingBound: a vllm fleet misses its target while its engines queue nothing, most of its time to first token
+is spent before the engine takes the request, and its API server process uses a core (vLLM loads and processes images
+there, a queue the engine's waiting count does not show). The cases are the real vLLM 0.33 server's, measured on an
+H200 with images (../shared/calibration/real-vllm-h200-mm, the scrapes between its load phases), and one made bound."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mmfleet.api import MultimodalInference
+from mmfleet.autoscaler.cycle import Pods
+from mmfleet.autoscaler.metrics import Preprocessing, Signals
+from mmfleet.status import WARNING_WHEN
+from tests.helpers.autoscaler import busy, conditions, fleet, run
+from tests.helpers.repo import spec_doc
+
+
+def bound(
+    signals: Signals | None, inference: MultimodalInference | None = None, outage: str | None = None
+) -> tuple[bool | None, str, str] | None:
+    outcomes, _, _ = run(inference or fleet(), 2, signals, cycles=6, pods=Pods(ready=2), outage=outage)
+    return conditions(outcomes[-1]).get("PreprocessingBound")
+
+
+def timed(latency: float, seen: Preprocessing, rate: float = 10.0) -> Signals:
+    return replace(busy(latency, rate=rate, waiting=0.0, running=3.0), preprocessing=seen)
+
+
+# The real server's phases, per request over each load phase: time to first token outside the engine, mean TTFT, the
+# most requests waiting in the engine, the API server process's CPU cores.
+REAL_20 = Preprocessing(outside=0.0811, ttft_mean=0.2328, waiting_most=0.0, api_cpu=0.46)  # 35% outside
+REAL_40 = Preprocessing(outside=1.2224, ttft_mean=2.2935, waiting_most=193.0, api_cpu=0.77)  # past its capacity: 53%
+MADE_BOUND = Preprocessing(outside=2.5, ttft_mean=3.0, waiting_most=0.0, api_cpu=0.97)
+
+
+def test_a_missed_target_held_before_the_engine_by_a_saturated_api_server_is_preprocessing_bound() -> None:
+    found = bound(timed(4.0, MADE_BOUND))
+    assert found is not None
+    status, reason, message = found
+    assert (status, reason) == (True, "ApiServerBound")
+    assert message.startswith(
+        "P90 4s > target 2s with the engines queueing nothing, and 2.5s of the mean time to first token, 3s, before "
+        "the engine took the request (83%), the busiest API server process at 0.97 CPU cores"
+    )
+    assert "spec.multimodal.apiServers" in message and "spec.resources.cpu" in message
+    assert WARNING_WHEN["PreprocessingBound"] == "True", "a Warning event when it turns True"
+
+
+@pytest.mark.parametrize(
+    ("latency", "seen", "says"),
+    [
+        # Past its capacity the real server had 53% of its TTFT outside the engine (its output lagging), but a queue:
+        (4.0, REAL_40, "(at most 193 waiting): the GPUs bound the latency"),
+        # and with no queue its API server still had CPU to spare.
+        (4.0, replace(REAL_40, waiting_most=0.0), "at 0.77 CPU cores: it has CPU to spare"),
+        (4.0, REAL_20, "(35%): the engine's prefill is most of it"),
+        (1.5, MADE_BOUND, "P90 1.5s <= target 2s"),
+    ],
+)
+def test_otherwise_it_is_not(latency: float, seen: Preprocessing, says: str) -> None:
+    found = bound(timed(latency, seen))
+    assert found is not None
+    assert found[:2] == (False, "NotApiServerBound")
+    assert says in found[2]
+
+
+@pytest.mark.parametrize(
+    ("signals", "outage", "says"),
+    [
+        (timed(4.0, Preprocessing(problem="the query was refused: bad_data")), None, "refused: bad_data"),
+        (timed(4.0, replace(MADE_BOUND, api_cpu=None)), None, "no process_cpu_seconds_total"),
+        (timed(4.0, MADE_BOUND, rate=0.2), None, "12 requests finished over the last 1m, fewer than 20"),
+        (timed(4.0, replace(MADE_BOUND, ttft_mean=None)), None, "no request had a first token"),
+        (None, "Prometheus is down", "Prometheus is down"),
+    ],
+)
+def test_what_cannot_be_measured_says_why(signals: Signals | None, outage: str | None, says: str) -> None:
+    found = bound(signals, outage=outage)
+    assert found is not None
+    assert found[:2] == (None, "NotMeasured")
+    assert says in found[2]
+
+
+def test_a_tensorrt_llm_fleet_has_no_such_condition() -> None:
+    doc = spec_doc(backend={"name": "tensorrt-llm"}, autoscaling={"maxReplicas": 4, "slo": {"target": "2s"}})
+    trt = MultimodalInference.model_validate(doc)
+    assert bound(timed(4.0, MADE_BOUND), trt) is None
