@@ -59,7 +59,6 @@ class ReplicaEngine:
         self.book = book
         self.outcomes = outcomes
         self.clock = 0.0
-        self.prev_gpu = 0.0  # the last step's GPU ms (0 after idling): hides the next encoder call's launch
         self.cpu_free = [0.0] * params.api_server_count  # each API process: when it is done with what it was given
         self.cpu_turn = 0
         self.avail: dict[int, float] = {}  # when each request sent here may be scheduled
@@ -200,12 +199,11 @@ class ReplicaEngine:
                 vision += float(w.vis_ms[r.i])
                 images += float(w.vis_images[r.i])
         launch = 0.0
-        if images > 0.0:  # one batched encoder call; its launch shows where the last step's GPU time does not hide it
+        if images > 0.0:  # one batched encoder call: its kernels and its eager launch
             gpu += p.vision_ms[0] + vision
             if p.vision_eager:
                 a, b = p.encoder_launch_ms
-                launch = max(a + b * images - p.encoder_launch_hidden * self.prev_gpu, 0.0)
-        self.prev_gpu = gpu
+                launch = a + b * images
         dt = (gpu + p.host_ms(len(decodes) + len(chunks)) + launch) / 1000.0
         self.clock += dt
         now = self.clock
@@ -256,7 +254,6 @@ class ReplicaEngine:
         while self.clock < until:
             if self.step_once():
                 continue
-            self.prev_gpu = 0.0
             nxt = min((self.avail[r.i] for r in self.waiting), default=math.inf)
             if self.clock < nxt < until:
                 self.clock = nxt

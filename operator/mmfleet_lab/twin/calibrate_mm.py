@@ -24,7 +24,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from mmfleet_lab.twin.calibrate import BATCH1_GAP_S, Phase, _phase, image_tokens, replay
+from mmfleet_lab.twin.calibrate import BATCH1_GAP_S, Phase, image_tokens, make_phase, replay
 from mmfleet_lab.twin.replica import H200_QWEN25VL7B, ReplicaParams
 
 BATCH1_FILE: Final = "vllm_h200_mm_batch1.csv"
@@ -32,11 +32,9 @@ LOAD_FILES: Final = ("vllm_h200_mm_load_below_saturation.csv", "vllm_h200_mm_loa
 FIT_SERVER: Final = "default"
 OVERLOAD_RATE: Final = 40.0
 BAND: Final = (0.9, 1.1)
-# The grid of the fit: an encoder call's launch, ms (base, per image), and the share of the previous step's GPU
-# time that hides it.
+# The grid of the fit: an encoder call's launch, ms (base, per image).
 LAUNCH_BASE_GRID: Final = tuple(2.5 * i for i in range(33))  # 0 to 80 ms
 LAUNCH_PER_IMAGE_GRID: Final = tuple(1.0 * i for i in range(9))  # 0 to 8 ms
-LAUNCH_HIDDEN_GRID: Final = (0.0, 0.25, 0.5, 0.75, 1.0)
 METRICS: Final = ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90")
 
 
@@ -85,7 +83,7 @@ def cells(data: Path) -> list[Cell]:
     for server, w, h, n in sorted({(r["server"], r["img_w"], r["img_h"], int(r["n_img"])) for r in batch1}):
         rs = [r for r in batch1 if (r["server"], r["img_w"], r["img_h"], int(r["n_img"])) == (server, w, h, n)]
         text, imgs, tpi = _tokens(rs)
-        ph = _phase(f"{server} batch 1", rs, text, imgs, tpi)
+        ph = make_phase(f"{server} batch 1", rs, text, imgs, tpi)
         ph = replace(ph, send=BATCH1_GAP_S * np.arange(len(rs), dtype=float))  # one at a time
         out.append(Cell(server, "batch1", f"{w}x{h}" if n else "-", n, 0.0, ph))
     load = [r for f in LOAD_FILES for r in _rows(data / f)]
@@ -93,7 +91,7 @@ def cells(data: Path) -> list[Cell]:
         rs = [r for r in load if (r["server"], r["phase"]) == (server, phase)]
         text, imgs, tpi = _tokens(rs)
         r0 = rs[0]
-        ph = _phase(f"{server} load {phase}", rs, text, imgs, tpi)
+        ph = make_phase(f"{server} load {phase}", rs, text, imgs, tpi)
         out.append(Cell(server, "load", f"{r0['img_w']}x{r0['img_h']}", int(r0["n_img"]), float(r0["rate"]), ph))
     return out
 
@@ -120,11 +118,11 @@ def fit_error(params: ReplicaParams, fit_cells: list[Cell]) -> float:
 
 
 def fit(base: ReplicaParams, data: Path) -> ReplicaParams:
-    """The encoder launch (base, per image, hidden share) at the grid point of least ``fit_error`` on the fit part."""
+    """The encoder launch (base, per image) at the grid point of least ``fit_error`` on the fit part."""
     fit_cells = [c for c in cells(data) if c.fit and c.images and not c.overload]
     best, best_err = base, math.inf
-    for a, b, h in itertools.product(LAUNCH_BASE_GRID, LAUNCH_PER_IMAGE_GRID, LAUNCH_HIDDEN_GRID):
-        cand = replace(base, encoder_launch_ms=(a, b), encoder_launch_hidden=h)
+    for a, b in itertools.product(LAUNCH_BASE_GRID, LAUNCH_PER_IMAGE_GRID):
+        cand = replace(base, encoder_launch_ms=(a, b))
         err = fit_error(cand, fit_cells)
         if err < best_err:
             best, best_err = cand, err
@@ -157,7 +155,7 @@ def main() -> None:
     params = H200_QWEN25VL7B
     if args.fit:
         params = fit(params, args.data)
-        print(f"fitted: encoder_launch_ms {params.encoder_launch_ms}, hidden {params.encoder_launch_hidden}")
+        print(f"fitted: encoder_launch_ms {params.encoder_launch_ms}")
     print(table(params, args.data))
 
 

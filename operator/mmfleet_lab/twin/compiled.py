@@ -81,7 +81,6 @@ class _Const(NamedTuple):
     vis_base_ms: float  # an encoder call's kernels, besides its images' (v0)
     launch_base_ms: float  # an encoder call's eager launch: base, per image
     launch_per_image_ms: float
-    launch_hidden: float  # the share of the previous step's GPU time that hides an encoder call's launch
     encoder_budget: int  # image tokens one step may encode
     request_overhead_s: float
     api_procs: int  # API server processes per replica, each preprocessing one request at a time
@@ -161,7 +160,6 @@ class _State(NamedTuple):
     # per replica
     clock: np.ndarray
     kv_used: np.ndarray
-    prev_gpu: np.ndarray  # GPU ms of the replica's last step (0 after idling): what hides the next encoder launch
     cpu_free: np.ndarray  # replicas x api_procs: when each API process is done with what it was given
     cpu_turn: np.ndarray  # the API process the next request goes to (in turn)
     n_run: np.ndarray
@@ -350,7 +348,7 @@ def _run(
     operations that cost more than a decode's bookkeeping; helpers here take scalars and tuples only.
     """
     arrival, avail, w_prompt, out, vis_ms, dense_ms = w.arrival, s.avail, w.prompt, w.out, w.vis_ms, w.dense_ms
-    vis_images, vis_tokens, prev_gpu = w.vis_images, w.vis_tokens, s.prev_gpu
+    vis_images, vis_tokens = w.vis_images, w.vis_tokens
     deadline = w.deadline
     chain_start, chain, image_end = w.chain_start, w.chain, w.image_end
     lru_prev, lru_next, lru_end = s.lru_prev, s.lru_next, s.lru_end
@@ -429,7 +427,6 @@ def _run(
                     where[v] = _GONE
                 if n_run[r] == 0 and n_wait[r] == 0:  # nothing to step or wait for
                     clock[r] = until
-                    prev_gpu[r] = 0.0
                     break
                 # --- _preempt: while decodes cannot all get a KV slot, the newest running request
                 # goes back to the head of the queue, to be recomputed
@@ -545,14 +542,13 @@ def _run(
                     while node >= 0:
                         ready = min(ready, avail[node])
                         node = nxt[node]
-                    prev_gpu[r] = 0.0
                     if clock[r] < ready < until:
                         clock[r] = ready
                         continue
                     clock[r] = until
                     break
-                # the step's time: ReplicaParams.step_gpu_ms + one batched encoder call + host_ms, and the call's
-                # launch where the previous step's GPU time does not hide it
+                # the step's time: ReplicaParams.step_gpu_ms + one batched encoder call (kernels, eager launch) +
+                # host_ms, in the same operation order
                 n_tok = n_dec
                 pairs = 0.0
                 sampling = 0
@@ -577,8 +573,7 @@ def _run(
                 launch = 0.0
                 if images > 0.0:
                     gpu += c.vis_base_ms + vision
-                    launch = max(c.launch_base_ms + c.launch_per_image_ms * images - c.launch_hidden * prev_gpu[r], 0.0)
-                prev_gpu[r] = gpu
+                    launch = c.launch_base_ms + c.launch_per_image_ms * images
                 host = c.host_ms_base + c.host_ms_per_seq * (n_dec + n_chunk)
                 clock[r] += (gpu + host + launch) / 1000.0
                 now = clock[r]
@@ -794,7 +789,6 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
 # ----------------------------------------------------------------------------- the engine
 def _replica_arrays(n: int, seats: int, blocks: int, procs: int) -> dict[str, np.ndarray]:
     return {
-        "prev_gpu": np.zeros(n),
         "cpu_free": np.zeros((n, procs)),
         "cpu_turn": np.zeros(n, dtype=np.int64),
         "lru_prev": np.full((n, 2, blocks), _ABSENT, dtype=np.int32),
@@ -877,7 +871,6 @@ class CompiledEngine:
             vis_base_ms=float(params.vision_ms[0]),
             launch_base_ms=float(params.encoder_launch_ms[0]) if params.vision_eager else 0.0,
             launch_per_image_ms=float(params.encoder_launch_ms[1]) if params.vision_eager else 0.0,
-            launch_hidden=float(params.encoder_launch_hidden),
             encoder_budget=int(params.encoder_budget_tokens),
             request_overhead_s=float(params.request_overhead_s),
             api_procs=int(params.api_server_count),

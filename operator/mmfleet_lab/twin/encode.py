@@ -57,7 +57,6 @@ class _Replica:
 
     def __init__(self, procs: int) -> None:
         self.clock = 0.0
-        self.prev_gpu = 0.0  # the last call's GPU ms (0 after idling): hides the next call's launch
         self.cpu_free = [0.0] * procs
         self.cpu_turn = 0
         self.queue: deque[int] = deque()
@@ -136,15 +135,12 @@ class EncodeEngine:
                 batch.append(r.queue.popleft())
                 tokens += int(w.vis_tokens[i])
             if not batch:
-                r.prev_gpu = 0.0
                 nxt = self.avail[r.queue[0]] if r.queue else math.inf
                 r.clock = nxt if r.clock < nxt < until else until
                 continue
             gpu = v0 + float(w.vis_ms[batch].sum())
             images = float(w.vis_images[batch].sum())
-            launch = max(a + b * images - p.encoder_launch_hidden * r.prev_gpu, 0.0)
-            r.prev_gpu = gpu
-            r.clock += (gpu + p.host_ms_base + launch) / 1000.0
+            r.clock += (gpu + a + b * images + p.host_ms_base) / 1000.0
             for i in batch:
                 self.delivered[i] = r.clock + self.transfer.seconds(float(w.vis_tokens[i]))
                 self.outcomes.e2e[i] = self.delivered[i] - float(w.arrival[i])

@@ -57,11 +57,8 @@ HOST_MS_PER_SEQ: Final = 0.015  # per sequence in the step (least squares over t
 REQUEST_OVERHEAD_S: Final = 0.0225  # per request before it can be scheduled (TTFT at 2-10 req/s)
 # --- FITTED on the real vLLM 0.33.0 server with images (``calibrate_mm.py``; docs/twin.md, "Images") ---
 # One batched encoder call per step costs, besides its kernels (``VISION_WINDOW_MS`` over all the step's images),
-# this much host time to launch eagerly: base, per image (ms). It is hidden behind the previous step's GPU time
-# (asynchronous scheduling prepares a step while the GPU runs the last one), so it shows whole on an idle replica
-# and shrinks under load.
-ENCODER_LAUNCH_MS: Final = (35.0, 0.0)
-ENCODER_LAUNCH_HIDDEN: Final = 1.0  # the share of the previous step's GPU time that hides it
+# this much to launch eagerly, added to the step: base, per image (ms).
+ENCODER_LAUNCH_MS: Final = (45.0, 1.0)
 # --- MEASURED: CPU preprocessing per image on the API server process (decode, processor, hashing), ms ---
 # base + per image token: the 448x448 JPEG repeat's in-server increment (11.2 ms, no encoder call, no image prefill)
 # and the slope of decode + processor with text between 448x448 and 1280x720 JPEG outside the server (6.0 -> 19.9 ms
@@ -93,7 +90,6 @@ class ReplicaParams:
     host_ms_per_seq: float = HOST_MS_PER_SEQ
     request_overhead_s: float = REQUEST_OVERHEAD_S
     encoder_launch_ms: tuple[float, float] = ENCODER_LAUNCH_MS
-    encoder_launch_hidden: float = ENCODER_LAUNCH_HIDDEN
     image_cpu_ms: tuple[float, float] = IMAGE_CPU_MS
     api_server_count: int = 1  # API server processes, each preprocessing one request at a time (vLLM's default: 1)
     encoder_budget_tokens: int = ENCODER_BUDGET_TOKENS
