@@ -11,9 +11,10 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
 - **Image encoder as vLLM runs it**: eagerly. vLLM compiles and graph-captures only the text model
   unless ``--compilation-config`` sets ``compile_mm_encoder`` / ``cudagraph_mm_encoder`` (both
   default False: ``vllm/config/compilation.py`` in vllm-project/vllm @002284db; the encoder CUDA
-  graph of Qwen2.5-VL came in PR 40830 as an opt-in), and mmfleet sets neither. So a call costs at
-  least the eager-launch floor ``15.97 + 1.83 n`` ms for n images, our fit to the CSV rows
-  ``vision_window_eager`` (17.8 ms for one image, where the kernels take 4.8 ms in a graph).
+  graph of Qwen2.5-VL came in PR 40830 as an opt-in), and mmfleet sets neither. In the kernel table an eager
+  call takes at least ``15.97 + 1.83 n`` ms for n images (the rows ``vision_window_eager``: 17.8 ms for one
+  image, where the kernels take 4.8 ms in a graph); in the real server more, so the engine charges the launch
+  fitted there (``ENCODER_LAUNCH_MS``) on top of the kernels.
 - **Fitted** on a real vLLM 0.33.0 server on one H200 (``tests/data/vllm_h200_*.csv``, described in
   ``tests/data/README.md``; ``tests/unit/lab/test_twin_real_server.py`` replays it):
   ``HOST_MS_BASE`` from the batch-1 decode (4.75 ms per token against 4.57 ms of modelled GPU time);
@@ -21,8 +22,8 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
   medians and P90s at 2-10 req/s, e2e medians and P90s at all six rates). The per-sequence term is
   whatever grows with the batch in the real server and not in the kernel table (host work per
   request, paged attention over mixed lengths); the data cannot tell which.
-  ``calibrate.py`` refits them on part of the data and holds out the rest (and the image runs): the
-  refit fails held out at 20 req/s and is not applied; with images the twin is too fast (docs/twin.md).
+  ``calibrate.py`` refits them on part of the data and holds out the rest: the refit fails held out at
+  20 req/s and is not applied.
 - **Images** on the real server with images (``calibrate_mm.py``): one batched encoder call per engine step, its
   launch time fitted (``ENCODER_LAUNCH_MS``); the CPU preprocessing per image measured (``IMAGE_CPU_MS``), queued
   on each API server process, one request at a time.
@@ -84,8 +85,8 @@ class ReplicaParams:
     prefill_pair_ms: float = A_PRE_MS
     logits_row_ms: float = B_LM_MS
     vision_ms: tuple[float, float, float] = VISION_WINDOW_MS
-    vision_eager: bool = True  # vLLM runs the encoder without CUDA graphs, so small images are launch-bound
-    vision_eager_floor_ms: tuple[float, float] = VISION_EAGER_FLOOR_MS
+    vision_eager: bool = True  # vLLM runs the encoder without CUDA graphs: each call pays its launch
+    vision_eager_floor_ms: tuple[float, float] = VISION_EAGER_FLOOR_MS  # the kernel table's (vision_call_ms)
     host_ms_base: float = HOST_MS_BASE
     host_ms_per_seq: float = HOST_MS_PER_SEQ
     request_overhead_s: float = REQUEST_OVERHEAD_S
@@ -135,7 +136,7 @@ class ReplicaParams:
         return float(v0 + v1 * p.sum() + v2 * (p * p).sum())
 
     def vision_call_ms(self, patches: list[float] | np.ndarray) -> float:
-        """Encoder time as the server sees it: eager launches cannot go below the launch floor."""
+        """Encoder time as the kernel table measured it: eager launches cannot go below its launch floor."""
         n = len(patches)
         if n == 0:
             return 0.0
