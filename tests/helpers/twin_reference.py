@@ -59,6 +59,9 @@ class ReplicaEngine:
         self.book = book
         self.outcomes = outcomes
         self.clock = 0.0
+        self.cpu_free = [0.0] * params.api_server_count  # each API process: when it is done with what it was given
+        self.cpu_turn = 0
+        self.avail: dict[int, float] = {}  # when each request sent here may be scheduled
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.assigned: deque[_Req] = deque()  # sent here, in arrival order (so in deadline order)
@@ -90,10 +93,18 @@ class ReplicaEngine:
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def submit(self, i: int) -> None:
-        r = _Req(i, int(self.w.prompt[i]), int(self.w.out[i]), self.w.vis_ms[i] <= 0)
-        # The engine queue is ordered by when a request is ready (after CPU preprocessing).
-        avail = self.w.avail
+    def submit(self, i: int, reach: float, encoded: bool) -> None:
+        """Request ``i`` reaches this replica at ``reach`` (``encoded``: with its images' embeddings)."""
+        w = self.w
+        r = _Req(i, int(w.prompt[i]), int(w.out[i]), w.vis_images[i] <= 0.0 or encoded)
+        # Preprocessed on the API processes in turn, one request at a time each; the engine queue is ordered by when
+        # a request is ready.
+        p = self.cpu_turn % len(self.cpu_free)
+        self.cpu_turn += 1
+        done = max(reach, self.cpu_free[p]) + w.cpu_ms[i] / 1000.0
+        self.cpu_free[p] = done
+        avail = self.avail
+        avail[i] = done + self.p.request_overhead_s
         pos = len(self.waiting)
         while pos > 0 and avail[self.waiting[pos - 1].i] > avail[i]:
             pos -= 1
@@ -137,6 +148,7 @@ class ReplicaEngine:
         self._abandon()
         self._preempt()
         budget = p.max_num_batched_tokens
+        enc_budget = p.encoder_budget_tokens
         decodes: list[_Req] = []
         chunks: list[tuple[_Req, int]] = []
         for r in self.running:
@@ -151,7 +163,7 @@ class ReplicaEngine:
                 budget -= tc
         while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
             r = self.waiting[0]
-            if w.avail[r.i] > self.clock:
+            if self.avail[r.i] > self.clock:
                 break
             hit, m = 0, 0
             if w.block_tokens > 0:
@@ -163,6 +175,10 @@ class ReplicaEngine:
                     self.waiting.popleft().gone = True
                     continue
                 break
+            if not r.vision_done and hit < w.image_end[r.i]:  # all its images in this step's encoder budget
+                if w.vis_tokens[r.i] > enc_budget and enc_budget < p.encoder_budget_tokens:
+                    break
+                enc_budget -= int(w.vis_tokens[r.i])
             self.waiting.popleft()
             r.pdone = r.kv = hit
             self.kv_used += hit
@@ -177,8 +193,18 @@ class ReplicaEngine:
             return False
         sampling = sum(1 for r, tc in chunks if r.pdone + tc >= r.prompt)
         gpu = p.step_gpu_ms([r.kv for r in decodes], [(tc, r.pdone) for r, tc in chunks], sampling)
-        gpu += sum(float(w.vis_ms[r.i]) for r, _ in chunks if not r.vision_done)
-        dt = (gpu + p.host_ms(len(decodes) + len(chunks))) / 1000.0
+        vision, images = 0.0, 0.0
+        for r, _ in chunks:
+            if not r.vision_done:
+                vision += float(w.vis_ms[r.i])
+                images += float(w.vis_images[r.i])
+        launch = 0.0
+        if images > 0.0:  # one batched encoder call: its kernels and its eager launch
+            gpu += p.vision_ms[0] + vision
+            if p.vision_eager:
+                a, b = p.encoder_launch_ms
+                launch = a + b * images
+        dt = (gpu + p.host_ms(len(decodes) + len(chunks)) + launch) / 1000.0
         self.clock += dt
         now = self.clock
         done: list[_Req] = []
@@ -228,7 +254,7 @@ class ReplicaEngine:
         while self.clock < until:
             if self.step_once():
                 continue
-            nxt = min((float(self.w.avail[r.i]) for r in self.waiting), default=math.inf)
+            nxt = min((self.avail[r.i] for r in self.waiting), default=math.inf)
             if self.clock < nxt < until:
                 self.clock = nxt
                 continue
@@ -254,6 +280,15 @@ class FineEngine:
         self.book = MetricBook()
         self.outcomes = Outcomes(work.arrival.shape[0])
         self.replicas: list[ReplicaEngine] = []
+        self.reach = np.array(work.arrival, dtype=float)  # when each request reaches the replicas
+        self.from_encoder = np.zeros(work.arrival.shape[0], dtype=bool)  # its embeddings came from the encode tier
+
+    def encoded(self, idx: np.ndarray, at: np.ndarray) -> None:
+        self.reach[idx] = at
+        self.from_encoder[idx] = True
+
+    def send(self, i: int, replica: int) -> None:
+        self.replicas[replica].submit(i, float(self.reach[i]), bool(self.from_encoder[i]))
 
     def add_replica(self) -> int:
         rid = self.book.add_replica()
@@ -268,7 +303,7 @@ class FineEngine:
 
     def run(self, t0: float, t1: float, idx: np.ndarray, eligible: np.ndarray) -> None:
         for i in idx:
-            t = max(float(self.work.arrival[i]), t0)
+            t = max(float(self.reach[i]), t0)
             self.flow(t, eligible)
             for r in self.replicas:
                 r.advance(t)
@@ -279,7 +314,7 @@ class FineEngine:
                     self.next_tick = t + FLOW_TICK_S
                 self.held.append(int(i))
                 continue
-            self.replicas[self.route(int(i), [int(e) for e in eligible])].submit(int(i))
+            self.send(int(i), self.route(int(i), [int(e) for e in eligible]))
         self.flow(t1, eligible)
         for r in self.replicas:
             r.advance(t1)
@@ -308,7 +343,7 @@ class FineEngine:
             if not self.saturated(eligible):
                 while self.held:
                     i = self.held.popleft()
-                    self.replicas[self.route(i, [int(e) for e in eligible])].submit(i)
+                    self.send(i, self.route(i, [int(e) for e in eligible]))
             self.next_tick = t + FLOW_TICK_S
 
     def route(self, i: int, eligible: list[int]) -> int:

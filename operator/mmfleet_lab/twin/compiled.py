@@ -54,10 +54,12 @@ class _Work(NamedTuple):
     """Inputs: ``Workload`` with integer token counts, and ``T_dense`` below its last knot."""
 
     arrival: np.ndarray
-    avail: np.ndarray
     prompt: np.ndarray
     out: np.ndarray
     vis_ms: np.ndarray
+    vis_images: np.ndarray
+    vis_tokens: np.ndarray
+    cpu_ms: np.ndarray
     deadline: np.ndarray
     dense_ms: np.ndarray  # ReplicaParams.dense_ms_at(n) for n < dense_tokens[-1] (np.interp, bit for bit)
     chain_start: np.ndarray  # Workload's shared prefixes
@@ -76,6 +78,12 @@ class _Const(NamedTuple):
     logits_row_ms: float
     host_ms_base: float
     host_ms_per_seq: float
+    vis_base_ms: float  # an encoder call's kernels, besides its images' (v0)
+    launch_base_ms: float  # an encoder call's eager launch: base, per image
+    launch_per_image_ms: float
+    encoder_budget: int  # image tokens one step may encode
+    request_overhead_s: float
+    api_procs: int  # API server processes per replica, each preprocessing one request at a time
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_cap: int
@@ -134,6 +142,9 @@ class _State(NamedTuple):
     last_tok: np.ndarray
     first: np.ndarray
     vision_done: np.ndarray
+    avail: np.ndarray  # when the engine may schedule it: preprocessed on its replica's API process, + request overhead
+    reach: np.ndarray  # when it reaches the replicas: its arrival, or when the encode tier delivered its embeddings
+    encoded: np.ndarray  # its embeddings come from the encode tier: no encoder call here
     next: np.ndarray  # waiting-queue links (-1: none)
     prev: np.ndarray
     where: np.ndarray  # _WAITING, _GONE or the running seat
@@ -149,6 +160,8 @@ class _State(NamedTuple):
     # per replica
     clock: np.ndarray
     kv_used: np.ndarray
+    cpu_free: np.ndarray  # replicas x api_procs: when each API process is done with what it was given
+    cpu_turn: np.ndarray  # the API process the next request goes to (in turn)
     n_run: np.ndarray
     head: np.ndarray
     tail: np.ndarray
@@ -334,7 +347,8 @@ def _run(
     One function on purpose: numba reference-counts each array handed to a helper, with atomic
     operations that cost more than a decode's bookkeeping; helpers here take scalars and tuples only.
     """
-    arrival, avail, w_prompt, out, vis_ms, dense_ms = w.arrival, w.avail, w.prompt, w.out, w.vis_ms, w.dense_ms
+    arrival, avail, w_prompt, out, vis_ms, dense_ms = w.arrival, s.avail, w.prompt, w.out, w.vis_ms, w.dense_ms
+    vis_images, vis_tokens = w.vis_images, w.vis_tokens
     deadline = w.deadline
     chain_start, chain, image_end = w.chain_start, w.chain, w.image_end
     lru_prev, lru_next, lru_end = s.lru_prev, s.lru_next, s.lru_end
@@ -365,7 +379,7 @@ def _run(
     a = 0
     while True:
         # the next event: an arrival, a flow-control tick while requests are held, or t1
-        until = max(arrival[idx[a]], t0) if a < idx.size else t1
+        until = max(s.reach[idx[a]], t0) if a < idx.size else t1
         tick = eligible.size > 0 and s.flow[_HELD_HEAD] < s.flow[_HELD_TAIL] and s.next_tick[0] < until
         if tick:
             until = s.next_tick[0]
@@ -447,6 +461,7 @@ def _run(
                     n_run[r] = n
                 # --- step_once: running requests in admission order take from the token budget
                 budget = c.max_num_batched_tokens
+                enc_budget = c.encoder_budget
                 n_dec = 0
                 n_chunk = 0
                 ctx = 0  # sum over decodes of (context + 1)
@@ -479,6 +494,12 @@ def _run(
                     fits = kv_used[r] + hit + tc <= cap
                     if not fits and n_run[r] > 0:
                         break
+                    # its images are encoded in this step, all of them, within the step's encoder budget (vLLM's
+                    # scheduler stops short of an image it cannot encode; the twin waits for the next step)
+                    if not vision_done[i] and hit < image_end[i]:
+                        if vis_tokens[i] > enc_budget and enc_budget < c.encoder_budget:
+                            break
+                        enc_budget -= vis_tokens[i]
                     h = nxt[i]
                     head[r] = h
                     if h >= 0:
@@ -526,11 +547,13 @@ def _run(
                         continue
                     clock[r] = until
                     break
-                # the step's time: ReplicaParams.step_gpu_ms + encoder + host_ms, in the same operation order
+                # the step's time: ReplicaParams.step_gpu_ms + one batched encoder call (kernels, eager launch) +
+                # host_ms, in the same operation order
                 n_tok = n_dec
                 pairs = 0.0
                 sampling = 0
                 vision = 0.0
+                images = 0.0
                 for j in range(n_chunk):
                     k = chunks[j]
                     tc = chunk_tokens[j]
@@ -540,15 +563,19 @@ def _run(
                         sampling += 1
                     if not vision_done[seat[r, k, _REQ]]:
                         vision += vis_ms[seat[r, k, _REQ]]
+                        images += vis_images[seat[r, k, _REQ]]
                 gpu = (
                     (dense_ms[n_tok] if n_tok < dense_ms.size else c.dense_last_ms * n_tok / c.dense_last_tokens)
                     + c.kv_read_ms * float(ctx)
                     + c.prefill_pair_ms * pairs
                     + c.logits_row_ms * (n_dec + sampling)
                 )
-                gpu += vision
+                launch = 0.0
+                if images > 0.0:
+                    gpu += c.vis_base_ms + vision
+                    launch = c.launch_base_ms + c.launch_per_image_ms * images
                 host = c.host_ms_base + c.host_ms_per_seq * (n_dec + n_chunk)
-                clock[r] += (gpu + host) / 1000.0
+                clock[r] += (gpu + host + launch) / 1000.0
                 now = clock[r]
                 # decodes make a token each (histogram sums accumulate one value at a time, as the
                 # book's do; most decodes share a gap: its bucket is looked up and counted once)
@@ -722,8 +749,14 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
     s.gen[i] = 0
     s.last_tok[i] = 0.0
     s.first[i] = False
-    s.vision_done[i] = w.vis_ms[i] <= 0
+    s.vision_done[i] = w.vis_images[i] <= 0.0 or s.encoded[i]
     s.where[i] = _WAITING
+    # preprocessed on the replica's API processes in turn, each one request at a time, from when it reaches them
+    p = s.cpu_turn[best] % c.api_procs
+    s.cpu_turn[best] += 1
+    done = max(s.reach[i], s.cpu_free[best, p]) + w.cpu_ms[i] / 1000.0
+    s.cpu_free[best, p] = done
+    s.avail[i] = done + c.request_overhead_s
     s.anext[i] = -1
     if c.placement:
         s.served_by[i] = best
@@ -736,7 +769,7 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
         s.ahead[best] = i
     s.atail[best] = i
     node = s.tail[best]
-    while node >= 0 and w.avail[node] > w.avail[i]:
+    while node >= 0 and s.avail[node] > s.avail[i]:
         node = s.prev[node]
     after = s.head[best] if node < 0 else s.next[node]
     s.prev[i] = node
@@ -754,8 +787,10 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
 
 
 # ----------------------------------------------------------------------------- the engine
-def _replica_arrays(n: int, seats: int, blocks: int) -> dict[str, np.ndarray]:
+def _replica_arrays(n: int, seats: int, blocks: int, procs: int) -> dict[str, np.ndarray]:
     return {
+        "cpu_free": np.zeros((n, procs)),
+        "cpu_turn": np.zeros(n, dtype=np.int64),
         "lru_prev": np.full((n, 2, blocks), _ABSENT, dtype=np.int32),
         "lru_next": np.full((n, 2, blocks), -1, dtype=np.int32),
         "lru_end": np.tile(np.array([-1, -1, 0], dtype=np.int64), (n, 2, 1)),
@@ -812,10 +847,12 @@ class CompiledEngine:
         self._n_blocks = work.n_blocks
         self._w = _Work(
             arrival=np.ascontiguousarray(work.arrival, dtype=float),
-            avail=np.ascontiguousarray(work.avail, dtype=float),
             prompt=work.prompt.astype(np.int64),
             out=work.out.astype(np.int64),
             vis_ms=np.ascontiguousarray(work.vis_ms, dtype=float),
+            vis_images=np.ascontiguousarray(work.vis_images, dtype=float),
+            vis_tokens=np.ascontiguousarray(work.vis_tokens, dtype=np.int64),
+            cpu_ms=np.ascontiguousarray(work.cpu_ms, dtype=float),
             deadline=np.ascontiguousarray(work.deadline, dtype=float),
             dense_ms=params.dense_ms_vec(np.arange(int(params.dense_tokens[-1]), dtype=float)),
             chain_start=work.chain_start,
@@ -831,6 +868,12 @@ class CompiledEngine:
             logits_row_ms=float(params.logits_row_ms),
             host_ms_base=float(params.host_ms_base),
             host_ms_per_seq=float(params.host_ms_per_seq),
+            vis_base_ms=float(params.vision_ms[0]),
+            launch_base_ms=float(params.encoder_launch_ms[0]) if params.vision_eager else 0.0,
+            launch_per_image_ms=float(params.encoder_launch_ms[1]) if params.vision_eager else 0.0,
+            encoder_budget=int(params.encoder_budget_tokens),
+            request_overhead_s=float(params.request_overhead_s),
+            api_procs=int(params.api_server_count),
             max_num_seqs=int(seats),
             max_num_batched_tokens=int(params.max_num_batched_tokens),
             kv_cap=int(params.kv_capacity_tokens),
@@ -866,6 +909,9 @@ class CompiledEngine:
             last_tok=np.zeros(n),
             first=np.zeros(n, dtype=np.bool_),
             vision_done=np.zeros(n, dtype=np.bool_),
+            avail=np.zeros(n),
+            reach=np.array(work.arrival, dtype=float),
+            encoded=np.zeros(n, dtype=np.bool_),
             next=np.full(n, -1, dtype=np.int64),
             prev=np.full(n, -1, dtype=np.int64),
             where=np.full(n, _GONE, dtype=np.int64),
@@ -885,14 +931,14 @@ class CompiledEngine:
             held=np.zeros(n if router.flow_control else 1, dtype=np.int64),
             flow=np.zeros(3, dtype=np.int64),
             next_tick=np.zeros(1),
-            **_replica_arrays(8, seats, work.n_blocks),
+            **_replica_arrays(8, seats, work.n_blocks, params.api_server_count),
         )
 
     def add_replica(self) -> int:
         rid = self.book.add_replica()
         cap = self._s.clock.shape[0]
         if self.n_rep == cap:  # double the per-replica arrays
-            more = _replica_arrays(cap, self.params.max_num_seqs, self._n_blocks)
+            more = _replica_arrays(cap, self.params.max_num_seqs, self._n_blocks, self.params.api_server_count)
             self._s = self._s._replace(**{k: np.concatenate((getattr(self._s, k), v)) for k, v in more.items()})
         self.n_rep += 1
         return rid
@@ -902,6 +948,12 @@ class CompiledEngine:
         if not self._c.placement:
             raise ValueError("this engine was built without placement=True")
         return self._s.served_by[idx].copy(), self._s.started[idx].copy()
+
+    def encoded(self, idx: np.ndarray, at: np.ndarray) -> None:
+        """Requests ``idx`` reach the replicas at ``at`` with their images' embeddings (from the encode tier): route
+        them in the order of ``at``; no replica runs their encoder."""
+        self._s.reach[idx] = at
+        self._s.encoded[idx] = True
 
     def outstanding(self) -> np.ndarray:
         s = self._s

@@ -62,10 +62,14 @@ class Workload:
     """Per-request engine inputs derived once from ``Requests`` and a replica profile."""
 
     arrival: np.ndarray  # s
-    avail: np.ndarray  # arrival + request overhead + CPU image preprocessing: when the engine may schedule it
     prompt: np.ndarray  # tokens to prefill (text + image tokens), >= 1
     out: np.ndarray  # output tokens, >= 1
-    vis_ms: np.ndarray  # encoder time of the request's images
+    # The request's share of a batched encoder call: its images' kernel time (ms; the call's base and launch are
+    # charged once per step), its images, and their tokens (against the step's encoder budget).
+    vis_ms: np.ndarray
+    vis_images: np.ndarray
+    vis_tokens: np.ndarray
+    cpu_ms: np.ndarray  # CPU preprocessing on its replica's API server process (one request at a time)
     deadline: np.ndarray  # arrival + timeout: the client abandons the request if it has not finished by then
     # Shared prefixes (``types.PrefixChains``), block ids renumbered 0..n_blocks-1; block_tokens 0: none, and
     # no replica caches anything (the engines then run exactly as without the feature).
@@ -82,20 +86,13 @@ class Workload:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         images = np.asarray(req.images, dtype=float)
-        per_image = req.tokens_per_image
-        prompt = np.maximum(np.rint(np.asarray(req.input_tokens, dtype=float) + images * np.rint(per_image)), 1.0)
-        vis = np.zeros(len(req))
-        has = np.nonzero(images > 0)[0]
-        if has.size:
-            # One encoder call per request over its images (calibrated batched formula + eager floor).
-            v0, v1, v2 = params.vision_ms
-            p = 4.0 * np.rint(per_image[has]) / 1000.0
-            n = images[has]
-            t = v0 + v1 * n * p + v2 * n * p * p
-            if params.vision_eager:
-                a, b = params.vision_eager_floor_ms
-                t = np.maximum(t, a + b * n)
-            vis[has] = t
+        per_image = np.rint(req.tokens_per_image)
+        prompt = np.maximum(np.rint(np.asarray(req.input_tokens, dtype=float) + images * per_image), 1.0)
+        _, v1, v2 = params.vision_ms
+        p = 4.0 * per_image / 1000.0  # thousands of 14x14 patches per image (4 per image token)
+        vis = np.where(images > 0, v1 * images * p + v2 * images * p * p, 0.0)
+        c0, c1 = params.image_cpu_ms
+        cpu = np.where(images > 0, images * (c0 + c1 * per_image), 0.0)
         arrival = np.asarray(req.arrival, dtype=float)
         chains = req.prefix
         if chains is None:
@@ -108,10 +105,12 @@ class Workload:
             image_end = np.where((images > 0) & (chains.image_end <= 0), prompt, chains.image_end)
         return Workload(
             arrival=arrival,
-            avail=arrival + params.request_overhead_s + images * params.image_preprocess_s,
             prompt=prompt,
             out=np.maximum(np.rint(np.asarray(req.output_tokens, dtype=float)), 1.0),
             vis_ms=vis,
+            vis_images=images,
+            vis_tokens=np.asarray(images * per_image, dtype=np.int64),
+            cpu_ms=cpu,
             deadline=arrival + timeout,
             block_tokens=0 if chains is None else int(chains.block_tokens),
             chain_start=start,

@@ -11,9 +11,10 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
 - **Image encoder as vLLM runs it**: eagerly. vLLM compiles and graph-captures only the text model
   unless ``--compilation-config`` sets ``compile_mm_encoder`` / ``cudagraph_mm_encoder`` (both
   default False: ``vllm/config/compilation.py`` in vllm-project/vllm @002284db; the encoder CUDA
-  graph of Qwen2.5-VL came in PR 40830 as an opt-in), and mmfleet sets neither. So a call costs at
-  least the eager-launch floor ``15.97 + 1.83 n`` ms for n images, our fit to the CSV rows
-  ``vision_window_eager`` (17.8 ms for one image, where the kernels take 4.8 ms in a graph).
+  graph of Qwen2.5-VL came in PR 40830 as an opt-in), and mmfleet sets neither. In the kernel table an eager
+  call takes at least ``15.97 + 1.83 n`` ms for n images (the rows ``vision_window_eager``: 17.8 ms for one
+  image, where the kernels take 4.8 ms in a graph); in the real server more, so the engine charges the launch
+  fitted there (``ENCODER_LAUNCH_MS``) on top of the kernels.
 - **Fitted** on a real vLLM 0.33.0 server on one H200 (``tests/data/vllm_h200_*.csv``, described in
   ``tests/data/README.md``; ``tests/unit/lab/test_twin_real_server.py`` replays it):
   ``HOST_MS_BASE`` from the batch-1 decode (4.75 ms per token against 4.57 ms of modelled GPU time);
@@ -21,10 +22,12 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
   medians and P90s at 2-10 req/s, e2e medians and P90s at all six rates). The per-sequence term is
   whatever grows with the batch in the real server and not in the kernel table (host work per
   request, paged attention over mixed lengths); the data cannot tell which.
-  ``calibrate.py`` refits them on part of the data and holds out the rest (and the image runs): the
-  refit fails held out at 20 req/s and is not applied; with images the twin is too fast (docs/twin.md).
-- **Assumed**: the CPU image preprocessing per image (``IMAGE_PREPROCESS_S``, off the GPU: it delays
-  a request without occupying the replica) and the activation reserve; nothing we have measured them.
+  ``calibrate.py`` refits them on part of the data and holds out the rest: the refit fails held out at
+  20 req/s and is not applied.
+- **Images** on the real server with images (``calibrate_mm.py``): one batched encoder call per engine step, its
+  launch time fitted (``ENCODER_LAUNCH_MS``); the CPU preprocessing per image measured (``IMAGE_CPU_MS``), queued
+  on each API server process, one request at a time.
+- **Assumed**: the activation reserve; nothing we have measured it.
 - **Derived**, not measured: the H100 profile (``H100_QWEN25VL7B``), scaled from the H200 fit by
   datasheet ratios (see ``derive_profile``)."""
 
@@ -53,8 +56,17 @@ GIB: Final = 1024.0**3
 HOST_MS_BASE: Final = 0.18  # per engine step: batch-1 decode 4.75 ms/token measured - 4.57 ms modelled GPU time
 HOST_MS_PER_SEQ: Final = 0.015  # per sequence in the step (least squares over the six open-loop rates)
 REQUEST_OVERHEAD_S: Final = 0.0225  # per request before it can be scheduled (TTFT at 2-10 req/s)
+# --- FITTED on the real vLLM 0.33.0 server with images (``calibrate_mm.py``; docs/twin.md, "Images") ---
+# One batched encoder call per step costs, besides its kernels (``VISION_WINDOW_MS`` over all the step's images),
+# this much to launch eagerly, added to the step: base, per image (ms).
+ENCODER_LAUNCH_MS: Final = (45.0, 1.0)
+# --- MEASURED: CPU preprocessing per image on the API server process (decode, processor, hashing), ms ---
+# base + per image token: the 448x448 JPEG repeat's in-server increment (11.2 ms, no encoder call, no image prefill)
+# and the slope of decode + processor with text between 448x448 and 1280x720 JPEG outside the server (6.0 -> 19.9 ms
+# for 256 -> 1,196 tokens): tests/data/vllm_h200_preprocess_cpu.csv and tests/data/README.md.
+IMAGE_CPU_MS: Final = (7.41, 0.01479)
+ENCODER_BUDGET_TOKENS: Final = 16_384  # vLLM's encoder compute budget as the real server set it (one max_pixels image)
 # --- ASSUMED constants (nothing we have measured them) ---
-IMAGE_PREPROCESS_S: Final = 0.010  # CPU decode + resize per image, off the GPU
 ACTIVATION_RESERVE_BYTES: Final = 4.0 * GIB  # activations, CUDA graphs, encoder cache: assumed
 DEFAULT_IMAGE_TOKENS: Final = 360  # tokens per image when a trace gives only a count (ServeGen mm-image median)
 
@@ -73,12 +85,15 @@ class ReplicaParams:
     prefill_pair_ms: float = A_PRE_MS
     logits_row_ms: float = B_LM_MS
     vision_ms: tuple[float, float, float] = VISION_WINDOW_MS
-    vision_eager: bool = True  # vLLM runs the encoder without CUDA graphs, so small images are launch-bound
-    vision_eager_floor_ms: tuple[float, float] = VISION_EAGER_FLOOR_MS
+    vision_eager: bool = True  # vLLM runs the encoder without CUDA graphs: each call pays its launch
+    vision_eager_floor_ms: tuple[float, float] = VISION_EAGER_FLOOR_MS  # the kernel table's (vision_call_ms)
     host_ms_base: float = HOST_MS_BASE
     host_ms_per_seq: float = HOST_MS_PER_SEQ
     request_overhead_s: float = REQUEST_OVERHEAD_S
-    image_preprocess_s: float = IMAGE_PREPROCESS_S
+    encoder_launch_ms: tuple[float, float] = ENCODER_LAUNCH_MS
+    image_cpu_ms: tuple[float, float] = IMAGE_CPU_MS
+    api_server_count: int = 1  # API server processes, each preprocessing one request at a time (vLLM's default: 1)
+    encoder_budget_tokens: int = ENCODER_BUDGET_TOKENS
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
     gpu_memory_bytes: float = 139.8 * GIB  # usable memory of one H200, as the GPU reported it (tests/data/README.md)
     gpu_memory_utilization: float = 0.92  # vLLM 0.33.0's default, as the real server ran (tests/data/README.md)
@@ -121,7 +136,7 @@ class ReplicaParams:
         return float(v0 + v1 * p.sum() + v2 * (p * p).sum())
 
     def vision_call_ms(self, patches: list[float] | np.ndarray) -> float:
-        """Encoder time as the server sees it: eager launches cannot go below the launch floor."""
+        """Encoder time as the kernel table measured it: eager launches cannot go below its launch floor."""
         n = len(patches)
         if n == 0:
             return 0.0
@@ -130,6 +145,13 @@ class ReplicaParams:
             a, b = self.vision_eager_floor_ms
             t = max(t, a + b * n)
         return t
+
+    def encoder_alone_ms(self, kernel_ms: float, images: float) -> float:
+        """A request's encoder call on an idle replica (``Workload.vis_ms``, its images): what its trace shows."""
+        if images <= 0:
+            return 0.0
+        a, b = self.encoder_launch_ms if self.vision_eager else (0.0, 0.0)
+        return self.vision_ms[0] + kernel_ms + a + b * images
 
     def step_gpu_ms(
         self,

@@ -372,7 +372,8 @@ class FleetTwin:
                 request_id=f"twin-{self.namespace}-{self.inference}-{i}",
                 arrival=float(work.arrival[i]),
                 started=start,
-                encoder=float(work.vis_ms[i]) / 1000.0,
+                encoder=self.compiled.params.encoder_alone_ms(float(work.vis_ms[i]), float(work.vis_images[i]))
+                / 1000.0,
                 ttft=float(ttft[i]),
                 e2e=float(self.engine.outcomes.e2e[i]),
                 prompt_tokens=int(work.prompt[i]),

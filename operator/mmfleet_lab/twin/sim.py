@@ -12,6 +12,7 @@ import numpy as np
 from mmfleet.api import SloSpec, clamp_replicas, seconds
 from mmfleet.autoscaler import cycle
 from mmfleet_lab.twin.compiled import CompiledEngine
+from mmfleet_lab.twin.encode import EncodeFleet, EncodeTier
 from mmfleet_lab.twin.engine import CLIENT_TIMEOUT_S, Engine, Workload
 from mmfleet_lab.twin.fleet import Fleet
 from mmfleet_lab.twin.observe import Prometheus, query
@@ -52,6 +53,7 @@ def simulate(
     engine: EngineFactory = CompiledEngine,
     standby: int = 0,
     wake: float = 0.0,
+    encode: EncodeTier | None = None,
 ) -> RunResult:
     """Run ``policy`` on a fleet serving ``scenario`` and return what happened.
 
@@ -67,11 +69,18 @@ def simulate(
     up to the duration only. A request not finished ``timeout`` s after its arrival is abandoned by
     its client (``Engine.run``). Requests abandoned or never finished have latency ``np.inf``. ``standby``: replicas
     kept asleep beside the policy's (``spec.autoscaling.warmStandby``), woken in ``wake`` s (``twin.fleet``).
+    ``encode``: an encode tier in front of the serving replicas (E/PD, ``twin.encode``), scaled by its own policy; its
+    pods are not bound by ``gpus_available`` and its GPU time is ``RunResult.encode_gpu_seconds``.
     """
     req = scenario.requests
     horizon = float(scenario.duration)
     work = Workload.build(req, params, timeout)
     eng = engine(params, work)
+    tiers = None
+    if encode is not None:
+        if not isinstance(eng, CompiledEngine):
+            raise ValueError("an encode tier needs the compiled engine")
+        tiers = EncodeFleet(encode, params, req, timeout, cold_start)
     initial = min_replicas if initial_replicas is None else initial_replicas
     initial = clamp_replicas(initial, min_replicas, max_replicas)
     pods = Fleet(
@@ -95,7 +104,11 @@ def simulate(
     decisions: list[tuple[float, int, str]] = []
     n_sec = math.ceil(horizon)
     times = np.arange(n_sec, dtype=float)
-    tl = {k: np.zeros(n_sec) for k in ("ready", "starting", "desired", "unschedulable", "draining")}
+    tl = {
+        k: np.zeros(n_sec)
+        for k in ("ready", "starting", "desired", "unschedulable", "draining", "encode_ready", "encode_desired")
+    }
+    encode_decisions: list[tuple[float, int]] = []
     target, window = seconds(slo.target), seconds(slo.window)
 
     def down(t: float) -> bool:
@@ -107,6 +120,9 @@ def simulate(
         tl["unschedulable"][k] = pods.count("unschedulable")
         tl["draining"][k] = pods.count("draining")
         tl["desired"][k] = pods.desired
+        if tiers is not None:
+            tl["encode_ready"][k] = tiers.pods.count("ready")
+            tl["encode_desired"][k] = tiers.pods.desired
 
     def decide(t: float) -> tuple[int, str]:
         """Ask the policy, with what it would see at ``t``; keeps its memory in ``state``."""
@@ -166,12 +182,25 @@ def simulate(
         state = decision.state
         return decision.replicas, decision.reason
 
+    def serve(t0: float, t1: float, idx: np.ndarray) -> None:
+        if tiers is None:
+            pods.run(t0, t1, idx)
+        else:
+            assert isinstance(eng, CompiledEngine)
+            tiers.run(pods, eng, t0, t1, idx)
+
+    def transitions(t: float) -> None:
+        pods.transitions(t)
+        if tiers is not None:
+            tiers.pods.transitions(t)
+
     arrivals = work.arrival
     pos = 0
     t = 0.0
     next_scrape = phase
     next_decision = policy.interval * max(1, math.ceil(start / policy.interval - 1e-9))
     next_second = 0.0
+    next_encode = encode.interval if encode is not None else math.inf
     while True:
         if next_scrape <= t + 1e-9:
             if not down(t):
@@ -192,6 +221,11 @@ def simulate(
                 pods.scale(want, t)
                 decisions.append((t, want, reason))
             next_decision = t + float(policy.interval)
+        if tiers is not None and next_encode <= t + 1e-9:
+            scaled = tiers.decide(t)
+            if scaled is not None:
+                encode_decisions.append((t, scaled))
+            next_encode = t + tiers.tier.interval
         if next_second <= t + 1e-9:
             k = round(next_second)
             if k < n_sec:
@@ -199,20 +233,22 @@ def simulate(
             next_second = k + 1.0
         if t >= horizon - 1e-9:
             break
-        t_next = min(next_scrape, next_decision, next_second, pods.next_event(), horizon)
+        t_next = min(next_scrape, next_decision, next_second, next_encode, pods.next_event(), horizon)
+        if tiers is not None:
+            t_next = min(t_next, tiers.pods.next_event())
         end = int(np.searchsorted(arrivals, t_next, side="left"))
-        pods.run(t, t_next, np.arange(pos, end, dtype=np.int64))
+        serve(t, t_next, np.arange(pos, end, dtype=np.int64))
         pos = end
         t = t_next
-        pods.transitions(t)
+        transitions(t)
     gpu_s, start_s = pods.gpu_seconds(horizon)
     # let in-flight requests finish (arrivals after the horizon, if any, are never served)
     t_end = horizon + TAIL_S
-    while t < t_end and (pods.held.size or int(eng.outstanding().sum()) > 0):
+    while t < t_end and (pods.held.size or int(eng.outstanding().sum()) > 0 or (tiers is not None and tiers.busy())):
         t_next = min(t + 10.0, t_end)
-        pods.run(t, t_next, np.zeros(0, dtype=np.int64))
+        serve(t, t_next, np.zeros(0, dtype=np.int64))
         t = t_next
-        pods.transitions(t)
+        transitions(t)
     out = eng.outcomes
     return RunResult(
         arrival=arrivals.copy(),
@@ -232,6 +268,10 @@ def simulate(
         rejected=eng.rejected() if isinstance(eng, CompiledEngine) else 0,
         holds=pods.holds(horizon),
         gpus_per_replica=pods.gpus_per_replica,
+        encode_gpu_seconds=tiers.pods.gpu_seconds(horizon)[0] if tiers is not None else 0.0,
+        encode_ready=tl["encode_ready"],
+        encode_desired=tl["encode_desired"],
+        encode_decisions=encode_decisions,
     )
 
 

@@ -148,6 +148,12 @@ class RunResult:
     rejected: int = 0  # added: requests the picker's flow control answered 503 (held past defaultRequestTTL)
     holds: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # added: (from, to) of each pod's GPUs
     gpus_per_replica: int = 1
+    # With an encode tier (``simulate(..., encode=)``): its GPU-seconds up to the horizon, its Ready and desired pods
+    # every second, and its decisions (time, replicas).
+    encode_gpu_seconds: float = 0.0
+    encode_ready: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    encode_desired: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    encode_decisions: list[tuple[float, int]] = field(default_factory=list)
 
     def latency(self, metric: str) -> np.ndarray:
         return {"e2e": self.e2e, "ttft": self.ttft, "itl": self.itl}[metric]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -30,13 +31,13 @@ def test_twin_profile_prints_the_capacity_as_a_spec_a_fleet_accepts() -> None:
     """The profiling run's answer goes straight into spec.autoscaling.capacityPerReplica."""
     from mmfleet.api import MultimodalInference
     from mmfleet_lab.twin import H200_QWEN25VL7B, capacity_at_slo
-    from mmfleet_lab.twin.scenarios import REFERENCE_SLO, scenario
+    from mmfleet_lab.twin.scenarios import REFERENCE_SLO, base_requests, traces_dir
 
     result = run("twin", "profile", "--mix", "azure-conv", "--profile", "h200", "--target", "10s")
     assert result.returncode == 0, result.stderr
     snippet = yaml.safe_load(result.stdout)
     capacity = snippet["spec"]["autoscaling"]["capacityPerReplica"]
-    mix = scenario("azure-conv", params=H200_QWEN25VL7B, reference_slo=REFERENCE_SLO).requests
+    mix, _ = base_requests("azure-conv", traces_dir(None), np.random.default_rng(0))  # the command's mix, seed 0
     assert capacity == pytest.approx(capacity_at_slo(H200_QWEN25VL7B, mix, REFERENCE_SLO), rel=0.01)
     spec = {"model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct"},
             "autoscaling": {"slo": {"target": "10s"}, **snippet["spec"]["autoscaling"]}}  # fmt: skip
