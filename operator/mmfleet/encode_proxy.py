@@ -196,19 +196,6 @@ class Proxy:
         """The items' ``ec_transfer_params`` from the encode tier, or None (then the server encodes them)."""
         auth = {name: value for name, value in headers.items() if name.lower() in ENCODE_HEADERS}
         started = time.monotonic()
-        self.items += len(items)
-        params = await self._encode(session, payload, items, auth, started)
-        self.failures += params is None
-        return params
-
-    async def _encode(
-        self,
-        session: ClientSession,
-        payload: Mapping[str, Any],
-        items: list[dict[str, Any]],
-        auth: Mapping[str, str],
-        started: float,
-    ) -> dict[str, Any] | None:
         try:
             async with session.post(
                 self.encoder + CHAT_PATH,
@@ -281,6 +268,8 @@ class Proxy:
         if not items:
             return body
         params = await self.encode(request.app[SESSION], payload, items, request.headers)
+        self.items += len(items)
+        self.failures += params is None
         body = body if params is None else json.dumps({**payload, "ec_transfer_params": params}).encode()
         self.calls.observe(time.monotonic() - arrived)
         return body

@@ -328,9 +328,10 @@ def test_the_sidecar_exports_the_histograms_the_autoscaler_reads() -> None:
         BACKEND.metrics.front_door("e2e"),
         BACKEND.metrics.front_door("ttft"),
     ) == (encode_proxy.FRONT_DOOR_E2E, encode_proxy.FRONT_DOOR_TTFT)
-    assert (BACKEND.metrics.encode_call, BACKEND.metrics.encode_items) == (
+    assert (BACKEND.metrics.encode_call, BACKEND.metrics.encode_items, BACKEND.metrics.encode_failures) == (
         encode_proxy.ENCODE_CALL,
         encode_proxy.ENCODE_ITEMS,
+        encode_proxy.ENCODE_FAILURES,
     )
 
 

@@ -174,6 +174,26 @@ def test_the_server_encodes_when_the_encode_tier_is_down_or_failing() -> None:
         assert json.loads(server.seen[0][3]) == image_request()
 
 
+def test_a_call_that_brings_no_encoder_outputs_is_counted_as_failed() -> None:
+    """The encode tier's autoscaler holds while most calls fail: the servers then encode, and its signal reads low."""
+
+    async def metrics_answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="") if request.path == "/metrics" else await Upstream().handle(request)
+
+    failing = Upstream(lambda _: asyncio.sleep(0, web.json_response({"error": "x"}, status=500)))
+    for encoder, failed in ((failing, 1), (Upstream(encoder_answer), 0)):
+
+        async def send(client: ClientSession, base: str) -> str:
+            await post_chat(image_request())(client, base)
+            async with client.get(base + "metrics") as response:
+                return await response.text()
+
+        families = {f.name: f for f in text_string_to_metric_families(run(Upstream(metrics_answer), encoder, send))}
+        counts = {name: families[name.removesuffix("_total")].samples[0].value for name in
+                  (encode_proxy.ENCODE_ITEMS, encode_proxy.ENCODE_FAILURES)}  # fmt: skip
+        assert counts == {encode_proxy.ENCODE_ITEMS: 1, encode_proxy.ENCODE_FAILURES: failed}
+
+
 def test_the_server_encodes_when_the_encode_tier_is_slow() -> None:
     async def slow(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(2)
