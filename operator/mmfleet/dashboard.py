@@ -16,7 +16,15 @@ from typing import Any, get_args
 
 from mmfleet import routing
 from mmfleet.api import BackendName
-from mmfleet.autoscaler.metrics import RATE_WINDOW, Slo, latency_query, signal_query
+from mmfleet.autoscaler.metrics import (
+    RATE_WINDOW,
+    EncodeLatency,
+    Slo,
+    encode_latency_query,
+    latency_query,
+    signal_query,
+)
+from mmfleet.backends import vllm
 from mmfleet.metrics_export import (
     ATTAINMENT,
     COLD_START,
@@ -238,6 +246,23 @@ def panels() -> list[dict[str, Any]]:
             f"P90 of the picker's time to choose a replica for a request, over {window}.",
             [target(quantile(0.9, routing.SCHEDULING_SECONDS_METRIC, window))],
             unit="s",
+        ),
+        row("Encode tier"),
+        panel(
+            "Encode tier: the wait for it (P90)",
+            "With spec.disaggregation.encode: P90 of what requests with images waited at the serving pods' sidecars "
+            "for the encode tier (its share of their TTFT; with its autoscaling, held to its share of the SLO).",
+            [target(encode_latency_query(EncodeLatency(90, RATE_WINDOW), FLEET))],
+            unit="s",
+        ),
+        panel(
+            "Encode tier: items sent and failed calls",
+            "Images, videos and audio clips per second the sidecars sent to the encode tier (its demand), and calls "
+            "per second that brought no encoder outputs (the servers encoded those items themselves).",
+            [
+                target(per_fleet_rate(vllm.ENCODE_ITEMS, RATE_WINDOW), f"items/s {LEGEND}"),
+                target(per_fleet_rate(vllm.ENCODE_FAILURES, RATE_WINDOW), f"failed calls/s {LEGEND}"),
+            ],
         ),
         row("Operator"),
         panel(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from mmfleet import backends, dashboard
+from mmfleet import backends, dashboard, encode_proxy
 from mmfleet.autoscaler.metrics import SIGNALS
 from tests.helpers.metrics import exported_series
 from tests.helpers.repo import ROOT
@@ -35,15 +35,19 @@ def test_every_panel_is_filtered_by_the_fleet_variables_or_is_about_the_operator
 
 
 def test_the_panels_read_the_backends_series_and_the_operators() -> None:
-    """Names from mmfleet.backends for every backend and signal; the operator's from its own registry."""
+    """Names from mmfleet.backends for every backend and signal; the operator's from its own registry, the encode
+    sidecar's from its module."""
     exprs = " ".join(expr for _, expr in dashboard.expressions(json.loads(SHIPPED.read_text())))
     for name in ("vllm", "tensorrt-llm"):
         names = backends.get(name).metrics
         for signal in SIGNALS:
             assert names.series(signal) in exprs, (name, signal)
         assert f"{names.e2e}_bucket" in exprs
-    exported = exported_series()
-    for series in set(re.findall(r"\b(mmfleet_[a-z_]+)\{|\b(mmfleet_[a-z_]+)\[", exprs)):
+    histograms = (encode_proxy.ENCODE_CALL, encode_proxy.FRONT_DOOR_E2E, encode_proxy.FRONT_DOOR_TTFT)
+    sidecar = {f"{h}_{suffix}" for h in histograms for suffix in ("bucket", "count", "sum")}
+    sidecar |= {encode_proxy.ENCODE_ITEMS, encode_proxy.ENCODE_FAILURES}
+    exported = exported_series() | sidecar
+    for series in set(re.findall(r"\b(mmfleet_[a-z0-9_]+)\{|\b(mmfleet_[a-z0-9_]+)\[", exprs)):
         found = next(s for s in series if s)
         assert found in exported, found
 

@@ -39,7 +39,8 @@ CLUSTER = f"mmfleet-obs-{os.getpid()}"
 NAMESPACE = "obs"
 NAME = "qwen-vl"
 RATE = 4.0  # req/s, steady: one replica serves it within the target
-PICKER_PANELS = "Picker: "  # the Routing row: data only from a fleet in routing mode inferencePool
+# The Routing row: data only from a fleet in routing mode inferencePool; the Encode tier row, with an encode tier.
+PICKER_PANELS = ("Picker: ", "Encode tier: ")
 SETTLE = 240.0  # s for every panel to have an answer: series over the rate window, the SLO window, two scrapes
 RESOURCE = {
     "apiVersion": "mmfleet.io/v1alpha1",
