@@ -8,7 +8,8 @@ and the operator are those of ``test_spike``: the operator scales on the twin's 
 
 One test, in the order a user lives it: sync, Healthy through our Lua, a spike the operator scales for while Argo
 CD stays Synced (no drift, no sync loop), a commit that rolls the fleet, a commit that cannot work shown Degraded, and a
-commit that adds an encode tier shown Healthy once both tiers serve.
+commit that adds an encode tier shown Healthy once both tiers serve, and Degraded once it is moved to a GPU type no
+node has.
 """
 
 from __future__ import annotations
@@ -201,3 +202,14 @@ def test_argocd_syncs_reports_health_stays_synced_through_a_spike_and_rolls_from
     assert view.condition("EncodeReady")["reason"] == "EncodeReplicasReady", view.failure()
     encode = view.get("-n", NAMESPACE, f"deployment/{APP}-encode")
     assert encode["status"]["readyReplicas"] == 2
+
+    # The encode tier moved to a GPU type no node has (H200: Hopper, as the fleet's flash-attn-3 needs, which the API
+    # server checks): Degraded in Argo CD with the operator's EncodeReady message, while the serving tier serves.
+    moved = {"disaggregation": {"encode": {"replicas": 2, "gpu": {"type": "H200"}}}}
+    fifth = repo.commit({PATH: fleet_manifest(moved)}, "qwen-vl: the encode tier on H200s")
+    failing = wait_for(lambda: view.fleet_health().get("status") == "Degraded" and view.fleet_health(), 120,
+                       "Degraded: the encode tier's new pod cannot be scheduled")  # fmt: skip
+    assert view.app()["status"]["sync"]["revision"] == fifth, view.failure()
+    assert failing["message"] == view.condition("EncodeReady")["message"], view.failure()
+    assert "Unschedulable" in failing["message"] and f"pod {APP}-encode-" in failing["message"], failing
+    assert view.condition("Ready")["status"] == "True", view.failure()
