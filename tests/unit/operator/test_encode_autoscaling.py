@@ -247,9 +247,10 @@ def test_status_shows_the_encode_tiers_decision_and_keeps_it_between_cycles() ->
     assert idle.slo is not None and idle.slo.target == "0.7s"
 
 
-def reconciled(live: int | None, applied: int) -> list[tuple[str, int]]:
+def reconciled(live: int | None, applied: int, scaler_owns: bool = True) -> list[tuple[str, int]]:
     """One reconcile of an encode-autoscaled fleet whose encode Deployment the index shows at ``live`` replicas (None:
-    not made yet) while the API server has ``applied`` (the scaler's last change may be newer than the index)."""
+    not made yet) while the API server has ``applied`` (the scaler's last change may be newer than the index);
+    ``scaler_owns``: whether the scaler already co-owns its replicas (not before its autoscaling is turned on)."""
     kube = RecordingKube()
     op = operator(kube)
     body = fleet_body(generation=2, replicas=1)
@@ -257,7 +258,7 @@ def reconciled(live: int | None, applied: int) -> list[tuple[str, int]]:
     body["spec"]["disaggregation"] = {"encode": SCALED}
     uid = body["metadata"]["uid"]
     if live is not None:
-        meta = {"name": "qwen-encode", "controller": uid, "scalerOwnsReplicas": True}
+        meta = {"name": "qwen-encode", "controller": uid, "scalerOwnsReplicas": scaler_owns}
         op.indexes = {**op.indexes, "fleet_deployments": {KEY: [{"metadata": meta, "spec": {"replicas": live}}]}}
     kube.live_replicas["qwen-encode"] = applied
     assert not reconcile_once(op, body).retry
@@ -268,6 +269,9 @@ def test_a_reconcile_leaves_the_encode_tiers_replicas_to_its_autoscaler() -> Non
     assert reconciled(live=2, applied=4) == [], "the scaler's newer 4 stands, however stale the index"
     assert reconciled(live=4, applied=9) == [("qwen-encode", 6)], "within maxReplicas"
     assert reconciled(live=None, applied=1) == [("qwen-encode", 2)], "a new tier starts at its spec's replicas"
+    # Turned on for a tier of 3: the scaler takes the field over at 3 before the apply that leaves it out (server-side
+    # apply would reset a field its only manager stops applying).
+    assert reconciled(live=3, applied=3, scaler_owns=False) == [("qwen-encode", 3)]
 
 
 def test_turning_the_encode_autoscaling_off_clears_its_fields_from_status() -> None:
