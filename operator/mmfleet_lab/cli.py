@@ -250,6 +250,15 @@ def cmd_bench_idle(args: argparse.Namespace) -> int:
     return idle.main(Path(args.docs), _progress, args.seed or list(idle.SEEDS), args.workers)
 
 
+def cmd_bench_encode(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import encode
+
+    seeds = args.seed or list(encode.SEEDS)
+    return encode.main(None if args.no_docs else Path(args.docs), _progress, seeds, args.split)
+
+
 QUICK_CELL = "spike-x4@azure-code"
 REACHABLE_CELLS = ("azure-code", "servegen-language", "servegen-reason", QUICK_CELL)
 # The shipped autoscaler given spec.autoscaling.capacityPerReplica: μ_SLO of the scored workload's one-replica
@@ -475,6 +484,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_idle.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     p_idle.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
     p_idle.set_defaults(func=cmd_bench_idle)
+    p_enc = bench.add_parser(
+        "encode", help="aggregated against E/PD (an encode tier) at equal GPUs, autoscaled, and an image-only spike"
+    )
+    p_enc.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-4)")
+    p_enc.add_argument("--split", choices=("train", "validation", "test"), default="test",
+                       help="the trace the cells run on (default test: azure-code); loads from train")  # fmt: skip
+    p_enc.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
+    p_enc.add_argument("--no-docs", action="store_true", help="print the tables only")
+    p_enc.set_defaults(func=cmd_bench_encode)
     p_tune = bench.add_parser("tune", help="sweep each baseline's knobs on the training traces; freeze the picks")
     p_tune.add_argument("--family", action="append", help="baseline (repeatable; default: all)")
     p_tune.add_argument("--scenario", action="append", help="training scenario (repeatable; a test one is refused)")

@@ -155,8 +155,10 @@ class EncodeObservation:
     ready: int
     starting: int
     waiting: int  # image requests not yet encoded: queued on the replicas or held at the tier's gateway
-    image_rate: float  # images per second that arrived over the last interval
+    image_rate: float  # images per second that arrived over the last interval (``EncodeTier.rate_window``)
     latency_p90: float  # s from arrival to embeddings delivered, of those delivered over the last interval (nan: none)
+    # (``EncodeTier.latency_window``)
+    waiting_items: float = 0.0  # the images of the ``waiting`` requests
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,8 @@ class EncodeTier:
     params: ReplicaParams | None = None
     transfer: Transfer = Transfer()
     cold_start: float | None = None
+    rate_window: float | None = None  # what ``image_rate`` averages over (None: ``interval``), as rate()[1m] does
+    latency_window: float | None = None  # what ``latency_p90`` spans (None: ``interval``), as the SLO's window does
 
 
 class EncodeFleet:
@@ -210,18 +214,23 @@ class EncodeFleet:
 
     def observe(self, t: float) -> EncodeObservation:
         w, tier = self.engine.work, self.tier
-        lo, hi = np.searchsorted(w.arrival, [t - tier.interval, t], side="right")
+        rate_window = tier.rate_window or tier.interval
+        latency_window = tier.latency_window or tier.interval
+        lo, hi = np.searchsorted(w.arrival, [t - rate_window, t], side="right")
         delivered = self.engine.delivered
-        recent = (delivered > t - tier.interval) & (delivered <= t)
+        recent = (delivered > t - latency_window) & (delivered <= t)
         lat = delivered[recent] - w.arrival[recent]
+        queued = [i for r in self.engine.replicas for i in r.queue]
+        waiting_items = float(self.images[queued].sum()) + float(self.images[self.pods.held].sum())
         return EncodeObservation(
             time=t,
             desired=self.pods.desired,
             ready=self.pods.count("ready"),
             starting=self.pods.count("starting"),
             waiting=int(self.engine.outstanding().sum()) + int(self.pods.held.size),
-            image_rate=float(self.images[lo:hi].sum()) / tier.interval,
+            image_rate=float(self.images[lo:hi].sum()) / rate_window,
             latency_p90=float(np.percentile(lat, 90)) if lat.size else math.nan,
+            waiting_items=waiting_items,
         )
 
     def decide(self, t: float) -> int | None:

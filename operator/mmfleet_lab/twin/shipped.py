@@ -17,6 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 from mmfleet.api import (
     AutoscalingSpec,
+    DisaggregationSpec,
+    EncodeAutoscalingSpec,
+    EncodeTierSpec,
     ModelSpec,
     MultimodalInference,
     MultimodalInferenceSpec,
@@ -35,10 +38,16 @@ MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"  # the model the twin's replica profiles w
 
 
 def fleet(
-    slo: SloSpec, min_replicas: int, max_replicas: int, capacity_per_replica: float | None = None
+    slo: SloSpec,
+    min_replicas: int,
+    max_replicas: int,
+    capacity_per_replica: float | None = None,
+    encode: EncodeAutoscalingSpec | None = None,
 ) -> MultimodalInference:
     """The resource a user would apply for the simulated fleet: the SLO, the replica bounds and, if given, a
-    profiled capacity per replica; defaults elsewhere."""
+    profiled capacity per replica; with ``encode``, an encode tier scaled on its own within those bounds and share
+    (``spec.disaggregation.encode.autoscaling``: the serving tier is then held to the rest of the target); defaults
+    elsewhere."""
     autoscaling = AutoscalingSpec(
         min_replicas=min_replicas, max_replicas=max_replicas, slo=slo, capacity_per_replica=capacity_per_replica
     )
@@ -46,7 +55,14 @@ def fleet(
     routing = RoutingSpec(mode="inferencePool" if min_replicas == 0 else "service")
     return MultimodalInference(
         metadata=ObjectMeta(name="twin"),
-        spec=MultimodalInferenceSpec(model=ModelSpec(name=MODEL), autoscaling=autoscaling, routing=routing),
+        spec=MultimodalInferenceSpec(
+            model=ModelSpec(name=MODEL),
+            autoscaling=autoscaling,
+            routing=routing,
+            disaggregation=DisaggregationSpec(
+                encode=None if encode is None else EncodeTierSpec(replicas=encode.min_replicas, autoscaling=encode)
+            ),
+        ),
     )
 
 
@@ -75,6 +91,9 @@ class Shipped:
     # A lab variant, not what ships: the requests the picker's flow control holds (its gauge
     # ``inference_extension_flow_control_queue_size`` as last scraped) are added to the servers' waiting requests.
     picker_held: bool = False
+    # E/PD: the fleet's encode tier scales on its own (its bounds and share); the serving tier is held to the rest of
+    # the SLO's target (``cycle.serving_target``) on its servers' own latency (run it with ``server_clock``).
+    encode: EncodeAutoscalingSpec | None = None
     interval: float = _DEFAULTS.autoscale_interval
     default_cold_start: float = _DEFAULTS.default_cold_start
 

@@ -98,7 +98,9 @@ def simulate(
     )
     phase = float(np.random.default_rng(seed).uniform(0.0, scrape_interval)) if seed else 0.0
     inference = (
-        fleet(slo, min_replicas, max_replicas, policy.capacity_per_replica) if isinstance(policy, Shipped) else None
+        fleet(slo, min_replicas, max_replicas, policy.capacity_per_replica, policy.encode)
+        if isinstance(policy, Shipped)
+        else None
     )
     state = policy.initial_state()
     decisions: list[tuple[float, int, str]] = []
