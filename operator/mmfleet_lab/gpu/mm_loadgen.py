@@ -3,6 +3,11 @@
 # Copied from shared/calibration/real-vllm-h200-mm/mm_loadgen.py (the calibration run of 2026-12-02, the load generator
 # of requests_default.csv and requests_mm_cache_off.csv), so that the encode-tier run sends the very same requests.
 # One change: the served model name comes from MM_LOADGEN_MODEL (default "qwen", as there; mmfleet serves "qwen-vl").
+# Added for the PreprocessingBound run (results_preprocessing/): a phase may set its images per request, output tokens
+# and words of text (rate:seconds:WxH:fmt:n_img:n_out:words); --prebuild builds every phase's bodies up front in worker
+# processes (each request's images drawn from its own seed), --wait-health waits for the server after that, --warm
+# sends a few sequential requests of each phase's kind first, --scrape-start scrapes /metrics before the first phase,
+# and --phases-log writes each phase's wall-clock window. Without these the requests are the calibration's, as before.
 
 """Multimodal load against a vLLM /v1/chat/completions endpoint (images as base64 data URLs, streaming).
 
@@ -216,24 +221,47 @@ async def batch1(url, writer, n_out, reps, seed):
             await asyncio.sleep(0.3)
 
 
-async def run_phase(url, writer, phase, rate, dur, drain, w, h, fmt, n_out, seed):
-    rng = np.random.default_rng(seed)
+def plan_times(rng, rate, dur):
     t, plan = 0.0, []
     while True:
         t += rng.exponential(1.0 / rate)
         if t >= dur:
             break
         plan.append(t)
+    return plan
+
+
+def build_one(args):
+    """One request's body from its own seed (for --prebuild's worker processes): (body, image bytes)."""
+    seed, i, w, h, fmt, n_img, n_out, words = args
+    rng = np.random.default_rng([seed, i])
+    imgs = [(make_image(rng, w, h, fmt), fmt) for _ in range(n_img)]
+    return json.dumps(body_for(imgs, make_text(rng, words), n_out)).encode(), sum(len(b) for b, _ in imgs)
+
+
+async def run_phase(
+    url, writer, phase, rate, dur, drain, w, h, fmt, n_out, seed, n_img=1, words=190, prebuilt=None, phases_log=None
+):
+    rng = np.random.default_rng(seed)
+    plan = plan_times(rng, rate, dur)
     t0 = time.perf_counter()
-    bodies = []
-    for _ in plan:
-        imgs = [(make_image(rng, w, h, fmt), fmt)]
-        bodies.append((json.dumps(body_for(imgs, make_text(rng, 190), n_out)).encode(), len(imgs[0][0])))
+    if prebuilt is not None:
+        bodies = prebuilt[: len(plan)]
+    else:
+        bodies = []
+        for _ in plan:
+            imgs = [(make_image(rng, w, h, fmt), fmt) for _ in range(n_img)]
+            bodies.append(
+                (json.dumps(body_for(imgs, make_text(rng, words), n_out)).encode(), sum(len(b) for b, _ in imgs))
+            )
     print(
-        f"phase {phase} rate {rate} dur {dur:.0f}s {w}x{h} {fmt}: {len(plan)} requests "
-        f"(bodies built in {time.perf_counter() - t0:.1f}s)",
+        f"phase {phase} rate {rate} dur {dur:.0f}s {w}x{h} {fmt}"
+        + (f" x{n_img} out {n_out} words {words}" if (n_img, words) != (1, 190) else "")
+        + f": {len(plan)} requests (bodies {'prebuilt' if prebuilt is not None else 'built in'}"
+        f"{'' if prebuilt is not None else f' {time.perf_counter() - t0:.1f}s'})",
         flush=True,
     )
+    epoch_start = time.time()
     conn = aiohttp.TCPConnector(limit=0)
     recs, tasks = [], []
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -251,7 +279,7 @@ async def run_phase(url, writer, phase, rate, dur, drain, w, h, fmt, n_out, seed
                 img_w=w,
                 img_h=h,
                 fmt=fmt,
-                n_img=1,
+                n_img=n_img,
                 img_bytes=nb,
                 t_plan=t_plan,
                 n_out_req=n_out,
@@ -265,6 +293,28 @@ async def run_phase(url, writer, phase, rate, dur, drain, w, h, fmt, n_out, seed
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         t_fin = time.perf_counter() - t_base
+    if phases_log:
+        with open(phases_log, "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "phase": phase,
+                        "rate": rate,
+                        "dur": dur,
+                        "w": w,
+                        "h": h,
+                        "fmt": fmt,
+                        "n_img": n_img,
+                        "n_out": n_out,
+                        "words": words,
+                        "n": len(recs),
+                        "epoch_start": epoch_start,
+                        "epoch_last_send": epoch_start + t_last,
+                        "epoch_end": epoch_start + t_fin,
+                    }
+                )
+                + "\n"
+            )
     for r in recs:
         if r["t_end"] is None and not r["err"]:
             r["err"] = "unfinished"
@@ -293,10 +343,103 @@ async def scrape(base, path, tag):
     return txt
 
 
+def parse_phase(spec, default_n_out):
+    """rate:seconds[:WxH[:fmt[:n_img[:n_out[:words]]]]] -> (rate, dur, w, h, fmt, n_img, n_out, words)."""
+    parts = spec.split(":")
+    rate, dur = float(parts[0]), float(parts[1])
+    wh = parts[2] if len(parts) > 2 and parts[2] else "448x448"
+    fmt = parts[3] if len(parts) > 3 and parts[3] else "jpeg"
+    n_img = int(parts[4]) if len(parts) > 4 and parts[4] else 1
+    n_out = int(parts[5]) if len(parts) > 5 and parts[5] else default_n_out
+    words = int(parts[6]) if len(parts) > 6 and parts[6] else 190
+    iw, ih = (int(x) for x in wh.split("x"))
+    return rate, dur, iw, ih, fmt, n_img, n_out, words
+
+
+def phase_seed(base_seed, rate, iw, ih):
+    # the seed depends on the rate and size only, so the same phase in another run sends the same requests
+    return base_seed + int(rate * 100) + iw * 7 + ih
+
+
+def prebuild(phases, base_seed, jobs):
+    """Every phase's bodies, built in worker processes: {phase index: [(body, image bytes), ...]}."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    work, owner = [], []
+    for k, (rate, dur, iw, ih, fmt, n_img, n_out, words) in enumerate(phases):
+        seed = phase_seed(base_seed, rate, iw, ih)
+        n = len(plan_times(np.random.default_rng(seed), rate, dur))
+        work += [(seed, i, iw, ih, fmt, n_img, n_out, words) for i in range(n)]
+        owner += [k] * n
+    out: dict[int, list] = {k: [] for k in range(len(phases))}
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        for k, built in zip(owner, pool.map(build_one, work, chunksize=16)):
+            out[k].append(built)
+    size = sum(len(b) for bs in out.values() for b, _ in bs)
+    print(
+        f"prebuilt {len(work)} bodies ({size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f}s with {jobs} workers",
+        flush=True,
+    )
+    return out
+
+
+async def wait_health(base, seconds):
+    until = time.time() + seconds
+    async with aiohttp.ClientSession() as s:
+        while time.time() < until:
+            try:
+                async with s.get(base + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        print(f"server healthy at {time.strftime('%H:%M:%S', time.gmtime())}", flush=True)
+                        return True
+            except Exception:  # noqa: BLE001
+                pass
+            await asyncio.sleep(1.0)
+    print("server not healthy in time", flush=True)
+    return False
+
+
+async def warm(url, writer, phases, n, seed):
+    """n sequential requests of each distinct phase kind, before the load (rows with part "warm")."""
+    rng = np.random.default_rng(seed + 1)
+    kinds = sorted({(iw, ih, fmt, n_img, n_out, words) for _, _, iw, ih, fmt, n_img, n_out, words in phases})
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for k, (iw, ih, fmt, n_img, n_out, words) in enumerate(kinds):
+            for i in range(n):
+                imgs = [(make_image(rng, iw, ih, fmt), fmt) for _ in range(n_img)]
+                body = json.dumps(body_for(imgs, make_text(rng, words), n_out)).encode()
+                rec = new_rec(
+                    part="warm",
+                    phase=-1,
+                    rate=0,
+                    idx=k * n + i,
+                    kind="fresh",
+                    img_w=iw,
+                    img_h=ih,
+                    fmt=fmt,
+                    n_img=n_img,
+                    img_bytes=sum(len(b) for b, _ in imgs),
+                    t_plan=0.0,
+                    n_out_req=n_out,
+                )
+                t_base = time.perf_counter()
+                await one(session, url, body, t_base, rec)
+                writer.writerow(rec)
+                print(
+                    f"warm {iw}x{ih} {fmt} x{n_img} out {n_out}: ttft {rec['t_first']} e2e {rec['t_end']} "
+                    f"prompt {rec['prompt_tokens']} out {rec['completion_tokens']} {rec['err'][:300]}",
+                    flush=True,
+                )
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="http://127.0.0.1:8000")
-    ap.add_argument("--phases", default="2:60,5:45,10:45,20:45", help="rate:seconds[:WxH[:fmt]],...")
+    ap.add_argument(
+        "--phases", default="2:60,5:45,10:45,20:45", help="rate:seconds[:WxH[:fmt[:n_img[:n_out[:words]]]]],..."
+    )
     ap.add_argument("--drain", type=float, default=30.0)
     ap.add_argument("--n-out", type=int, default=150)
     ap.add_argument("--reps", type=int, default=5)
@@ -305,9 +448,18 @@ async def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tag", default="run")
     ap.add_argument("--skip-batch1", action="store_true")
+    ap.add_argument("--prebuild", type=int, default=0, help="build all bodies first in this many worker processes")
+    ap.add_argument("--wait-health", type=float, default=0.0, help="seconds to wait for /health before the load")
+    ap.add_argument("--warm", type=int, default=0, help="sequential requests of each phase kind before the load")
+    ap.add_argument("--scrape-start", action="store_true", help="scrape /metrics before the first phase")
+    ap.add_argument("--phases-log", default="", help="a JSON line per phase: its wall-clock window")
     a = ap.parse_args()
     url = a.base + "/v1/chat/completions"
     mpath = os.path.join(a.out, f"metrics_{a.tag}.txt")
+    phases = [parse_phase(spec, a.n_out) for spec in a.phases.split(",")]
+    built = prebuild(phases, a.seed, a.prebuild) if a.prebuild else None
+    if a.wait_health and not await wait_health(a.base, a.wait_health):
+        return 1
     with open(os.path.join(a.out, f"requests_{a.tag}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
@@ -315,12 +467,12 @@ async def main():
             await batch1(url, w, a.n_out, a.reps, a.seed)
             f.flush()
             await scrape(a.base, mpath, "after-batch1")
-        for k, spec in enumerate(a.phases.split(",")):
-            parts = spec.split(":")
-            rate, dur = float(parts[0]), float(parts[1])
-            wh = parts[2] if len(parts) > 2 else "448x448"
-            fmt = parts[3] if len(parts) > 3 else "jpeg"
-            iw, ih = (int(x) for x in wh.split("x"))
+        if a.warm:
+            await warm(url, w, phases, a.warm, a.seed)
+            f.flush()
+        if a.scrape_start:
+            await scrape(a.base, mpath, "start")
+        for k, (rate, dur, iw, ih, fmt, n_img, n_out, words) in enumerate(phases):
             drain = a.drain
             if a.deadline:
                 left = a.deadline - time.time()
@@ -329,9 +481,24 @@ async def main():
                 if dur < 15:
                     print(f"phase {k} rate {rate}: skipped, {left:.0f}s left", flush=True)
                     continue
-            # the seed depends on the rate and size only, so the same phase in another run sends the same requests
-            seed = a.seed + int(rate * 100) + iw * 7 + ih
-            await run_phase(url, w, k, rate, dur, drain, iw, ih, fmt, a.n_out, seed)
+            seed = phase_seed(a.seed, rate, iw, ih)
+            await run_phase(
+                url,
+                w,
+                k,
+                rate,
+                dur,
+                drain,
+                iw,
+                ih,
+                fmt,
+                n_out,
+                seed,
+                n_img=n_img,
+                words=words,
+                prebuilt=None if built is None else built.pop(k),
+                phases_log=a.phases_log or None,
+            )
             f.flush()
             await asyncio.sleep(2.0)
             await scrape(a.base, mpath, f"after-phase{k}-rate{rate}")
