@@ -58,7 +58,8 @@ FRONT_DOOR_TTFT = "mmfleet_front_door_time_to_first_token_seconds"
 # What a request with items waits at the sidecar before it goes on to the server (its turn among large ones, the
 # rewrite, and the call to the encode tier: the hop, the encode server's preprocessing, queue and encoder), on the
 # TTFT buckets: the encode tier's share of TTFT; the items sent, its demand; and the calls that brought no encoder
-# outputs (an error, a timeout, none announced), after which the server encodes the items itself. The autoscaler scales
+# outputs (an error answer, the tier not reached, none announced; not a timeout, which is a slow tier, not a failing
+# one), after which the server encodes the items itself. The autoscaler scales
 # the encode tier on them (mmfleet.backends.vllm names them).
 ENCODE_CALL = "mmfleet_encode_call_seconds"
 ENCODE_ITEMS = "mmfleet_encode_items_total"
@@ -206,14 +207,20 @@ class Proxy:
                 if response.status != 200:
                     text = (await response.text())[:300]
                     LOG.warning("encode tier answered %s: %s; the server encodes the items", response.status, text)
+                    self.failures += 1
                     return None
                 answer = await response.json(content_type=None)
-        except (ClientError, TimeoutError, ValueError) as error:
+        except TimeoutError:  # a tier too slow, not a failing one: its wait is in ENCODE_CALL, which scales it
+            LOG.warning("encode tier did not answer in %gs; the server encodes the items", self.encode_timeout)
+            return None
+        except (ClientError, ValueError) as error:
             LOG.warning("encode tier not reached (%s: %s); the server encodes the items", type(error).__name__, error)
+            self.failures += 1
             return None
         params = answer.get("ec_transfer_params") if isinstance(answer, dict) else None
         if not isinstance(params, dict) or not params:
             LOG.warning("encode tier announced no encoder outputs; the server encodes the items")
+            self.failures += 1
             return None
         LOG.debug("encoded %d items in %.3f s", len(items), time.monotonic() - started)
         return params
@@ -267,12 +274,12 @@ class Proxy:
         items = media_items(payload) if isinstance(payload, dict) else []
         if not items:
             return body
-        params = await self.encode(request.app[SESSION], payload, items, request.headers)
         self.items += len(items)
-        self.failures += params is None
-        body = body if params is None else json.dumps({**payload, "ec_transfer_params": params}).encode()
-        self.calls.observe(time.monotonic() - arrived)
-        return body
+        try:
+            params = await self.encode(request.app[SESSION], payload, items, request.headers)
+        finally:  # a client that leaves cancels the handler: what it waited counts all the same
+            self.calls.observe(time.monotonic() - arrived)
+        return body if params is None else json.dumps({**payload, "ec_transfer_params": params}).encode()
 
     async def _forward(self, request: web.Request, body: bytes, arrived: float | None = None) -> web.StreamResponse:
         """The request to the server and its answer back as it comes; ``arrived``: time a generation, from then."""

@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field
 from pydantic.config import JsonDict
 
 from mmfleet.api.base import Model
-from mmfleet.api.conditions import ConditionType
+from mmfleet.api.conditions import CONDITION_TYPES, ConditionType
 
 # The most a condition's message may hold (Condition.message's maxLength): longer ones are cut with TRUNCATED.
 CONDITION_MESSAGE_MAX = 32768
@@ -30,12 +30,7 @@ class StatusModel(Model):
 class Condition(StatusModel):
     """A status condition, as Kubernetes conventions define it."""
 
-    type: ConditionType = Field(
-        description=(
-            "Ready, Progressing, Degraded, ScalingLimited, SLOMet, MetricsAvailable, Idle, PreprocessingBound, "
-            "TracingReady or RoutingReady."
-        )
-    )
+    type: ConditionType = Field(description=f"{', '.join(CONDITION_TYPES[:-1])} or {CONDITION_TYPES[-1]}.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
     message: str = Field(default="", max_length=CONDITION_MESSAGE_MAX, description="What happened, for a person.")

@@ -646,8 +646,9 @@ def _preprocessing_row(
     target: float,
     label: str,
 ) -> ConditionRow | None:
-    """PreprocessingBound for a vllm fleet: its latency misses the target while its engines queue nothing, most of its
-    time to first token is spent before the engine takes the request, and the API server process uses a core (vLLM
+    """PreprocessingBound for a vllm fleet with a ttft or e2e SLO: its latency misses the target while its engines
+    queue nothing, most of its time to first token, and at least the miss, is spent before the engine takes the
+    request, and the API server process uses a core (vLLM
     loads and preprocesses images there, the image processor on one thread per process, vLLM #58266, a queue its
     waiting count does not show, vLLM #44688). Each leg rules out a cause the others would miss: an engine past its
     capacity queues requests and lags its output (the calibration's 40 req/s), and a short TTFT is mostly outside the
@@ -658,9 +659,12 @@ def _preprocessing_row(
     unknown, no = PreprocessingBoundReason.NOT_MEASURED, PreprocessingBoundReason.NOT_API_SERVER_BOUND
     if signals is None or unread is not None:
         return (kind, None, unknown, f"not measured: {unread or 'nothing was read this cycle'}")
-    if latency is None or latency <= target:
-        return (kind, False, no, "the target is met" if latency is None else f"{label} {duration_text(latency)} <= "
-                f"target {duration_text(target)}")  # fmt: skip
+    if inference.spec.autoscaling and inference.spec.autoscaling.slo and inference.spec.autoscaling.slo.metric == "itl":
+        return (kind, False, no, "an itl SLO: preprocessing adds to the time to first token, not between tokens")
+    if latency is None:
+        return (kind, None, unknown, f"not measured: no request finished over the last {RATE_WINDOW}")
+    if latency <= target:
+        return (kind, False, no, f"{label} {duration_text(latency)} <= target {duration_text(target)}")
     seen = signals.preprocessing
     if seen is None or seen.problem is not None:
         return (kind, None, unknown, f"not measured: {seen.problem if seen else 'not read this cycle'}")
@@ -668,10 +672,11 @@ def _preprocessing_row(
     if finished < PREPROCESSING_MIN_REQUESTS:
         return (kind, None, unknown, f"not measured: {finished:.0f} requests finished over the last {RATE_WINDOW}, "
                 f"fewer than {PREPROCESSING_MIN_REQUESTS}")  # fmt: skip
-    if seen.waiting_most is None or seen.waiting_most >= 1:
-        most = "unknown" if seen.waiting_most is None else f"{seen.waiting_most:g}"
-        return (kind, False, no, f"the engines queued requests over the last {RATE_WINDOW} (at most {most} waiting): "
-                "the GPUs bound the latency")  # fmt: skip
+    if seen.waiting_most is None:
+        return (kind, None, unknown, "not measured: Prometheus has no engine queue for the fleet")
+    if seen.waiting_most >= 1:
+        return (kind, False, no, f"the engines queued requests over the last {RATE_WINDOW} (at most "
+                f"{seen.waiting_most:g} waiting): the GPUs bound the latency")  # fmt: skip
     if seen.outside is None or seen.ttft_mean is None or seen.ttft_mean <= 0:
         return (kind, None, unknown, f"not measured: no request had a first token over the last {RATE_WINDOW}")
     share = max(0.0, seen.outside) / seen.ttft_mean
@@ -682,6 +687,9 @@ def _preprocessing_row(
     )
     if share < PREPROCESSING_SHARE:
         return (kind, False, no, f"{measured}: the engine's prefill is most of it")
+    if max(0.0, seen.outside) < latency - target:
+        return (kind, False, no, f"{measured}: less than the {duration_text(latency - target)} by which it misses "
+                "the target, so not what misses it")  # fmt: skip
     if seen.api_cpu is None:
         return (kind, None, unknown, f"{measured}, but Prometheus has no {API_CPU_SERIES} for the servers' API "
                 "processes (vLLM exports none with several, spec.multimodal.apiServers)")  # fmt: skip

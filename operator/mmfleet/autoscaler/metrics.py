@@ -312,14 +312,18 @@ def preprocessing_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
     def total(series: str) -> str:
         return f"sum by ({by}) (rate({series}[{rate_window}]))"
 
-    ttft, count = total(f"{vllm.TTFT}_sum"), total(f"{vllm.TTFT}_count")
-    outside = f"({ttft} - {total(f'{vllm.QUEUE_TIME}_sum')} - {total(f'{vllm.PREFILL_TIME}_sum')}) / {count}"
+    def mean(histogram: str) -> str:
+        return f"{total(f'{histogram}_sum')} / {total(f'{histogram}_count')}"
+
+    # Each phase's mean over its own count: vLLM observes TTFT at the first token, the queue and prefill times when
+    # the request ends, so over a window in which load changes the counts differ.
+    outside = f"{mean(vllm.TTFT)} - {mean(vllm.QUEUE_TIME)} - {mean(vllm.PREFILL_TIME)}"
     running = backends.get("vllm").metrics.running
     cpu = f"rate({API_CPU_SERIES}[{rate_window}]) and on (namespace, pod) {running}"
     waiting = backends.get("vllm").metrics.waiting
     return {
         OUTSIDE: _vllm(outside),
-        TTFT_MEAN: _vllm(f"{ttft} / {count}"),
+        TTFT_MEAN: _vllm(mean(vllm.TTFT)),
         WAITING_MOST: _vllm(f"sum by ({by}) (max_over_time({waiting}[{rate_window}]))"),
         API_CPU: _vllm(f"max by ({by}) ({cpu})"),
     }

@@ -24,7 +24,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
 from mmfleet import backends, metrics_export, render, status, telemetry
-from mmfleet.api import MultimodalInference, seconds
+from mmfleet.api import MultimodalInference, MultimodalInferenceStatus, seconds
 from mmfleet.autoscaler import cycle, encode, metrics, standby
 from mmfleet.backends import ServerStartup
 from mmfleet.handlers import standby as fleet_standby
@@ -244,9 +244,10 @@ def _decide_fleet(
             lead = outcome.memory.cold_start if outcome.memory.cold_start is not None else config.default_cold_start
             scaled_encode = _scale_encode(op, record, view, inference, readings, now, lead)
             scaling = dataclasses.replace(outcome.scaling(), replicas=target, encode=scaled_encode)
-            if scaled_encode is not None:
-                scaling = dataclasses.replace(scaling, conditions=(*scaling.conditions, scaled_encode.metrics))
             previous = last_status(record, view.body)
+            encode_metrics = scaled_encode.metrics if scaled_encode is not None else _kept_encode_metrics(previous)
+            if encode_metrics is not None and inference.spec.encode_autoscaling is not None:
+                scaling = dataclasses.replace(scaling, conditions=(*scaling.conditions, encode_metrics))
             deployment, pods = children(view.key, meta.uid)
             if inference.spec.standby is not None:  # planned on the pods as they are now: a wake may have ended
                 args = (op, record, view.key, view.body, inference, pods, outcome.replicas, target)
@@ -273,6 +274,15 @@ def _decide_fleet(
         span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
     return outcome.scaled, wrote
+
+
+def _kept_encode_metrics(previous: MultimodalInferenceStatus | None) -> status.ConditionRow | None:
+    """EncodeMetricsAvailable as last written, for a cycle whose encode step did not decide (its Deployment not in the
+    index, a failed call): a cycle's conditions replace the autoscaler's, and it must not vanish for one cycle."""
+    found = next((c for c in (previous.conditions if previous else []) if c.type == "EncodeMetricsAvailable"), None)
+    if found is None:
+        return None
+    return ("EncodeMetricsAvailable", {"True": True, "False": False}.get(found.status), found.reason, found.message)
 
 
 def _scale_encode(

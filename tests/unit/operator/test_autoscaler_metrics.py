@@ -50,10 +50,13 @@ def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets
     assert queries[E2E_P90] == f'label_replace({latency}, "mmfleet_backend", "vllm", "", "")'
     assert "[60s]" in latency
     rate = "sum by (namespace, mmfleet_io_inference) (rate(vllm:{}[1m]))".format
+
+    def mean(histogram: str) -> str:
+        return f"{rate(histogram + '_sum')} / {rate(histogram + '_count')}"
+
     assert queries["outside"] == (
-        f"label_replace(({rate('time_to_first_token_seconds_sum')} - {rate('request_queue_time_seconds_sum')} - "
-        f"{rate('request_prefill_time_seconds_sum')}) / {rate('time_to_first_token_seconds_count')}, "
-        '"mmfleet_backend", "vllm", "", "")'
+        f"label_replace({mean('time_to_first_token_seconds')} - {mean('request_queue_time_seconds')} - "
+        f'{mean("request_prefill_time_seconds")}, "mmfleet_backend", "vllm", "", "")'
     )
     assert list(queries)[-4:] == ["outside", "ttft_mean", "waiting_most", "api_cpu"], "sent last: advisory"
     assert "trtllm_time_to_first_token_seconds_bucket[90s]" in queries[TTFT_P99]

@@ -180,18 +180,26 @@ def test_a_call_that_brings_no_encoder_outputs_is_counted_as_failed() -> None:
     async def metrics_answer(request: web.Request) -> web.StreamResponse:
         return web.Response(text="") if request.path == "/metrics" else await Upstream().handle(request)
 
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(2)
+        return await encoder_answer(request)
+
     failing = Upstream(lambda _: asyncio.sleep(0, web.json_response({"error": "x"}, status=500)))
-    for encoder, failed in ((failing, 1), (Upstream(encoder_answer), 0)):
+    # A timeout is a slow tier, not a failing one: its wait is timed (and scales it), it is no failure.
+    for encoder, failed in ((failing, 1), (Upstream(encoder_answer), 0), (Upstream(slow), 0)):
 
         async def send(client: ClientSession, base: str) -> str:
             await post_chat(image_request())(client, base)
             async with client.get(base + "metrics") as response:
                 return await response.text()
 
-        families = {f.name: f for f in text_string_to_metric_families(run(Upstream(metrics_answer), encoder, send))}
+        text = run(Upstream(metrics_answer), encoder, send, encode_timeout=0.3)
+        families = {f.name: f for f in text_string_to_metric_families(text)}
         counts = {name: families[name.removesuffix("_total")].samples[0].value for name in
                   (encode_proxy.ENCODE_ITEMS, encode_proxy.ENCODE_FAILURES)}  # fmt: skip
         assert counts == {encode_proxy.ENCODE_ITEMS: 1, encode_proxy.ENCODE_FAILURES: failed}
+        waits = next(s.value for s in families[encode_proxy.ENCODE_CALL].samples if s.name.endswith("_count"))
+        assert waits == 1
 
 
 def test_the_server_encodes_when_the_encode_tier_is_slow() -> None:

@@ -24,7 +24,7 @@ def bound(
     return conditions(outcomes[-1]).get("PreprocessingBound")
 
 
-def timed(latency: float, seen: Preprocessing, rate: float = 10.0) -> Signals:
+def timed(latency: float | None, seen: Preprocessing, rate: float = 10.0) -> Signals:
     return replace(busy(latency, rate=rate, waiting=0.0, running=3.0), preprocessing=seen)
 
 
@@ -54,7 +54,9 @@ def test_a_missed_target_held_before_the_engine_by_a_saturated_api_server_is_pre
         # Past its capacity the real server had 53% of its TTFT outside the engine (its output lagging), but a queue:
         (4.0, REAL_40, "(at most 193 waiting): the GPUs bound the latency"),
         # and with no queue its API server still had CPU to spare.
-        (4.0, replace(REAL_40, waiting_most=0.0), "at 0.77 CPU cores: it has CPU to spare"),
+        (3.0, replace(REAL_40, waiting_most=0.0), "at 0.77 CPU cores: it has CPU to spare"),
+        # 60 ms before the engine cannot explain an e2e percentile 4 s over its target, however busy the API server.
+        (6.0, Preprocessing(0.06, 0.1, 0.0, 0.95), "less than the 4s by which it misses the target"),
         (4.0, REAL_20, "(35%): the engine's prefill is most of it"),
         (1.5, MADE_BOUND, "P90 1.5s <= target 2s"),
     ],
@@ -73,6 +75,8 @@ def test_otherwise_it_is_not(latency: float, seen: Preprocessing, says: str) -> 
         (timed(4.0, replace(MADE_BOUND, api_cpu=None)), None, "no process_cpu_seconds_total"),
         (timed(4.0, MADE_BOUND, rate=0.2), None, "12 requests finished over the last 1m, fewer than 20"),
         (timed(4.0, replace(MADE_BOUND, ttft_mean=None)), None, "no request had a first token"),
+        (timed(4.0, replace(MADE_BOUND, waiting_most=None)), None, "no engine queue"),
+        (timed(None, MADE_BOUND), None, "no request finished over the last 1m"),
         (None, "Prometheus is down", "Prometheus is down"),
     ],
 )
@@ -81,6 +85,11 @@ def test_what_cannot_be_measured_says_why(signals: Signals | None, outage: str |
     assert found is not None
     assert found[:2] == (None, "NotMeasured")
     assert says in found[2]
+
+
+def test_an_itl_slo_is_not_preprocessing_bound() -> None:
+    found = bound(timed(4.0, MADE_BOUND), fleet(metric="itl"))
+    assert found is not None and found[:2] == (False, "NotApiServerBound") and "an itl SLO" in found[2]
 
 
 def test_a_tensorrt_llm_fleet_has_no_such_condition() -> None:
