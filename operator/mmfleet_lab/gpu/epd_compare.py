@@ -62,19 +62,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epd", type=Path, required=True)
     parser.add_argument("--agg", type=Path, help="the same machine's aggregated server, if it ran")
-    parser.add_argument("--calibration", type=Path, required=True, help="shared/calibration/real-vllm-h200-mm")
+    parser.add_argument("--calibration", type=Path, help="shared/calibration/real-vllm-h200-mm, for its columns")
     args = parser.parse_args()
     epd = load(args.epd)
     agg = load(args.agg) if args.agg and args.agg.exists() else {}
-    calibration = load(args.calibration / "requests_default.csv")
-    calibration |= {k: v for k, v in load(args.calibration / "requests_mm_cache_off.csv").items() if k[1] != "448x448"}
+    calibration: dict[Key, list[dict[str, str]]] = {}
+    if args.calibration is not None:
+        calibration = load(args.calibration / "requests_default.csv")
+        cache_off = load(args.calibration / "requests_mm_cache_off.csv")
+        calibration |= {k: v for k, v in cache_off.items() if k[1] != "448x448"}
     head = "| offered | image | E/PD: n | TTFT p50 / p90, ms | e2e p50 / p90, s |"
     rule = "|---|---|---:|---|---|"
     if agg:
         head += " aggregated (same machine): n | TTFT p50 / p90 | e2e p50 / p90 | E/PD ÷ aggregated: TTFT | e2e |"
         rule += "---:|---|---|---|---|"
-    head += " calibration (H200, 2026-12-02): n | TTFT p50 / p90 | e2e p50 / p90 | E/PD ÷ calibration: TTFT | e2e |"
-    rule += "---:|---|---|---|---|"
+    if calibration:
+        head += " calibration (H200, 2026-12-02): n | TTFT p50 / p90 | e2e p50 / p90 | E/PD ÷ calibration: TTFT | e2e |"
+        rule += "---:|---|---|---|---|"
     print(head)
     print(rule)
     for key in sorted(epd, key=lambda k: (k[1] != "448x448", k[0])):
@@ -85,8 +89,9 @@ def main() -> None:
         if agg:
             theirs = stats(agg.get(key, []))
             line += f" {cell(theirs)} | {ratio(ours, theirs)} |"
-        cal = stats([r for r in calibration.get(key, []) if float(r["t_plan"]) <= covered])
-        line += f" {cell(cal)} | {ratio(ours, cal)} |"
+        if calibration:
+            cal = stats([r for r in calibration.get(key, []) if float(r["t_plan"]) <= covered])
+            line += f" {cell(cal)} | {ratio(ours, cal)} |"
         print(line)
 
 
