@@ -129,6 +129,9 @@ class ColdStart:
 # processor runs on one thread per API server process, which alone takes a core when it never rests.
 PREPROCESSING_SHARE = 0.5
 PREPROCESSING_CPU = 0.9
+# Once True, it stays so until the share or the cores fall this far below those: near a threshold the condition would
+# otherwise turn every cycle, each turn to True a Warning event.
+PREPROCESSING_HYSTERESIS = 0.1
 PREPROCESSING_MIN_REQUESTS = 20
 
 # SLOMet while the signals cannot be used: the fleet holds, and MetricsAvailable says why.
@@ -259,6 +262,7 @@ class Memory:
     most_rate: float = 0.0  # the most finished requests/s per Ready pod in samples used
     unconfirmed: float | None = None  # when a sample beyond those was held, for the next one read to confirm
     idle: IdleMemory = field(default_factory=IdleMemory)  # with minReplicas 0: the current idle gap and the last ones
+    preprocessing_bound: bool = False  # PreprocessingBound was True when last measured
 
 
 @dataclass(frozen=True)
@@ -621,8 +625,10 @@ def decide(
             replicas = 0
         rows = (_idle_row(idleness, clock, rule, quiet, problem, replicas),)
     unread = None if unavailable is None else unavailable[3]
-    bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label)
+    bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label, memory.preprocessing_bound)
     rows += () if bound is None else (bound,)
+    if bound is not None and bound[1] is not None:
+        memory = replace(memory, preprocessing_bound=bound[1])
     if replicas != seen.current:
         cause = "scaled_up" if replicas > seen.current else "scaled_down"
     return Outcome(
@@ -645,6 +651,7 @@ def _preprocessing_row(
     latency: float | None,
     target: float,
     label: str,
+    was_bound: bool,
 ) -> ConditionRow | None:
     """PreprocessingBound for a vllm fleet with a ttft or e2e SLO: its latency misses the target while its engines
     queue nothing, most of its time to first token, and at least the miss, is spent before the engine takes the
@@ -652,7 +659,8 @@ def _preprocessing_row(
     loads and preprocesses images there, the image processor on one thread per process, vLLM #58266, a queue its
     waiting count does not show, vLLM #44688). Each leg rules out a cause the others would miss: an engine past its
     capacity queues requests and lags its output (the calibration's 40 req/s), and a short TTFT is mostly outside the
-    engine while nothing is saturated (its 20 req/s, 31%). None for other backends."""
+    engine while nothing is saturated (its 20 req/s, 31%). ``was_bound``: the share and the cores it leaves on are
+    ``PREPROCESSING_HYSTERESIS`` lower than those it turns on at. None for other backends."""
     if inference.spec.backend.name != "vllm":
         return None
     kind: ConditionType = "PreprocessingBound"
@@ -680,12 +688,13 @@ def _preprocessing_row(
     if seen.outside is None or seen.ttft_mean is None or seen.ttft_mean <= 0:
         return (kind, None, unknown, f"not measured: no request had a first token over the last {RATE_WINDOW}")
     share = max(0.0, seen.outside) / seen.ttft_mean
+    slack = PREPROCESSING_HYSTERESIS if was_bound else 0.0
     measured = (
         f"{label} {duration_text(latency)} > target {duration_text(target)} with the engines queueing nothing, and "
         f"{duration_text(max(0.0, seen.outside))} of the mean time to first token, "
         f"{duration_text(seen.ttft_mean)}, before the engine took the request ({share:.0%})"
     )
-    if share < PREPROCESSING_SHARE:
+    if share < PREPROCESSING_SHARE - slack:
         return (kind, False, no, f"{measured}: the engine's prefill is most of it")
     if max(0.0, seen.outside) < latency - target:
         return (kind, False, no, f"{measured}: less than the {duration_text(latency - target)} by which it misses "
@@ -694,7 +703,7 @@ def _preprocessing_row(
         return (kind, None, unknown, f"{measured}, but Prometheus has no {API_CPU_SERIES} for the servers' API "
                 "processes (vLLM exports none with several, spec.multimodal.apiServers)")  # fmt: skip
     cpu = f"the busiest API server process at {seen.api_cpu:.2f} CPU cores"
-    if seen.api_cpu < PREPROCESSING_CPU:
+    if seen.api_cpu < PREPROCESSING_CPU - slack:
         return (kind, False, no, f"{measured}, {cpu}: it has CPU to spare")
     return (
         kind,

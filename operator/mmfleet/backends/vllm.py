@@ -321,6 +321,7 @@ class VllmBackend:
             args.append("--enable-sleep-mode")
         if ctx.ec_role is not None and encode is not None:
             args += ["--ec-transfer-config", ec_transfer_config(ctx.ec_role, encode)]
+            return [*EC_FRESH_REGION, *args]
         return args
 
     def env(self, ctx: ServerContext) -> list[dict[str, object]]:
@@ -396,6 +397,17 @@ class VllmBackend:
 # The producer's side channel (envs.py VLLM_EC_SIDE_CHANNEL_PORT's default), which consumers connect to.
 EC_SIDE_CHANNEL_PORT = 5601
 EC_CONNECTOR = "ECCPUConnector"
+# The connector maps /dev/shm/vllm_ec_<instance>.mmap, its instance id random per start (config/vllm.py instance_id,
+# cpu/common.py, cpu/ec_shared_region.py), and only a clean shutdown unlinks it. The pod's /dev/shm outlives a
+# container restart, so a server killed (OOM, a crash) and restarted would map a second region beside the dead one's,
+# twice cacheGiB in a volume and a memory limit sized for one: the container removes them before vLLM starts (only
+# its own server maps regions there).
+EC_FRESH_REGION = ["/bin/sh", "-c", 'rm -f /dev/shm/vllm_ec_*.mmap; exec "$0" "$@"']
+
+
+def serve_argv(command: list[str]) -> list[str]:
+    """vLLM's own command line in a container's command: without the removal of stale regions in front."""
+    return command[len(EC_FRESH_REGION) :] if command[: len(EC_FRESH_REGION)] == EC_FRESH_REGION else command
 
 
 def ec_transfer_config(role: EcRole, encode: EncodeTierSpec) -> str:

@@ -74,12 +74,13 @@ def cases(examples: Path) -> dict[str, list[str]]:
 
     from mmfleet import render, routing
     from mmfleet.api import MultimodalInference
+    from mmfleet.backends import vllm
 
     specs: dict[str, dict[str, Any]] = {}
     for path in sorted(examples.glob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text()):
-            vllm = document and (document.get("spec", {}).get("backend") or {}).get("name", "vllm") == "vllm"
-            if vllm and document.get("kind") == "MultimodalInference":
+            served = document and (document.get("spec", {}).get("backend") or {}).get("name", "vllm") == "vllm"
+            if served and document.get("kind") == "MultimodalInference":
                 specs[f"example:{path.name}"] = document
     for name, spec in VARIANTS.items():
         specs[name] = {"apiVersion": "mmfleet.io/v1alpha1", "kind": "MultimodalInference",
@@ -93,7 +94,7 @@ def cases(examples: Path) -> dict[str, list[str]]:
                 continue
             (server,) = [c for c in child["spec"]["template"]["spec"]["containers"] if c["name"] == render.CONTAINER]
             tier = child["metadata"]["name"] != inference.metadata.name
-            commands[f"{name}:encode" if tier else name] = server["command"]
+            commands[f"{name}:encode" if tier else name] = vllm.serve_argv(server["command"])
     return commands
 
 

@@ -30,6 +30,7 @@ SIDE_CHANNEL_HOST = "127.0.0.1"
 MEMORY = {"encode": "0.25", "server": "0.65"}  # --gpu-memory-utilization on the shared GPU (rendered: 0.9 each)
 DEVIATIONS = (
     "vllm serve -> python3 -m vllm.entrypoints.cli.main serve (the host has no vllm console script)",
+    "the containers' removal of stale /dev/shm/vllm_ec_*.mmap before vLLM starts left out (one /dev/shm for both)",
     f"model {MODEL} -> a local directory (Qwen2.5-VL-7B's config, Qwen2's tokenizer) with --load-format dummy",
     f"encode server --port 8000 -> --port {ENCODE_PORT} (the sidecar holds 8000 on the shared host)",
     f"--gpu-memory-utilization 0.9 -> {MEMORY['encode']} (encode) and {MEMORY['server']} (prefill/decode)",
@@ -48,6 +49,7 @@ def render_example(example: Path) -> dict[str, Any]:
 
     from mmfleet import render
     from mmfleet.api import MultimodalInference
+    from mmfleet.backends import vllm
 
     inference = MultimodalInference.model_validate(yaml.safe_load(example.read_text()))
     cloud = "generic" if inference.spec.cloud == "auto" else inference.spec.cloud
@@ -63,7 +65,7 @@ def render_example(example: Path) -> dict[str, Any]:
         tier = "encode" if name.endswith("-encode") else "server"
         for container in child["spec"]["template"]["spec"]["containers"]:
             key = tier if container["name"] == render.CONTAINER else f"{tier}:{container['name']}"
-            out[key] = {"command": container["command"], "env": container.get("env", [])}
+            out[key] = {"command": vllm.serve_argv(container["command"]), "env": container.get("env", [])}
     return out
 
 

@@ -4,12 +4,17 @@ as the status reports it (EncodeReady, status.encode)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mmfleet import render
 from mmfleet.api import MultimodalInference
+from mmfleet.backends import vllm
 from mmfleet.render import SpecError
 from mmfleet.status import EncodeSeen, Observed, PodProblem, compute_status
 from mmfleet.validation import parse
@@ -78,6 +83,33 @@ def test_an_encode_gpu_type_left_out_is_the_serving_tiers() -> None:
     encode = got[("Deployment", "qwen-encode")]
     assert "h200" in str(encode["spec"]["template"]["spec"]["affinity"])
     assert encode["spec"]["replicas"] == 1
+
+
+def test_a_restarted_server_of_either_tier_starts_without_the_dead_ones_region() -> None:
+    """vLLM's connector maps /dev/shm/vllm_ec_<random>.mmap and only a clean exit removes it; /dev/shm outlives a
+    container restart. The rendered command, run by a real shell, removes the old region and then runs vLLM's argv
+    unchanged (an echo stands for vLLM)."""
+    got = children(disaggregation={"encode": ENCODE})
+    tag = uuid.uuid4().hex
+    stale, other = Path(f"/dev/shm/vllm_ec_{tag}_dp0.mmap"), Path(f"/dev/shm/mmfleet-test-{tag}")
+    for name in ("qwen", "qwen-encode"):
+        command = containers(got[("Deployment", name)])["server"]["command"]
+        argv = vllm.serve_argv(command)
+        assert argv[:2] == ["vllm", "serve"] and "--ec-transfer-config" in argv
+        stale.write_bytes(b"x")
+        other.write_bytes(b"x")
+        try:
+            echo = [sys.executable, "-c", "import sys; print(sys.argv[1:])"]
+            ran = subprocess.run(
+                [*command[: -len(argv)], *echo, "a b", "--x"], check=False, capture_output=True, text=True
+            )
+            assert ran.stdout.strip() == "['a b', '--x']", ran.stderr
+            assert not stale.exists() and other.exists(), "only the connector's regions are removed"
+        finally:
+            stale.unlink(missing_ok=True)
+            other.unlink()
+    aggregated = containers(children()[("Deployment", "qwen")])["server"]["command"]
+    assert aggregated[:2] == ["vllm", "serve"], "no connector, no region: vLLM runs as the container's command"
 
 
 def test_the_serving_tier_consumes_and_its_sidecar_takes_the_clients_requests() -> None:

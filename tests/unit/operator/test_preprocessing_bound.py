@@ -6,14 +6,15 @@ H200 with images (../shared/calibration/real-vllm-h200-mm, the scrapes between i
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
 from mmfleet.api import MultimodalInference
-from mmfleet.autoscaler.cycle import Pods
+from mmfleet.autoscaler.cycle import Memory, Pods
 from mmfleet.autoscaler.metrics import Preprocessing, Signals
 from mmfleet.status import WARNING_WHEN
-from tests.helpers.autoscaler import busy, conditions, fleet, run
+from tests.helpers.autoscaler import T0, busy, conditions, fleet, run
 from tests.helpers.repo import spec_doc
 
 
@@ -96,3 +97,20 @@ def test_a_tensorrt_llm_fleet_has_no_such_condition() -> None:
     doc = spec_doc(backend={"name": "tensorrt-llm"}, autoscaling={"maxReplicas": 4, "slo": {"target": "2s"}})
     trt = MultimodalInference.model_validate(doc)
     assert bound(timed(4.0, MADE_BOUND), trt) is None
+
+
+def test_near_its_thresholds_it_does_not_turn_every_cycle() -> None:
+    """On at half the TTFT before the engine and 0.9 cores; off only 0.1 below either, so a fleet hovering about a
+    threshold posts one Warning, not one every other cycle."""
+    hovering = replace(MADE_BOUND, outside=1.35, ttft_mean=3.0, api_cpu=0.85)  # 45%, 0.85 cores: between on and off
+    memory = Memory()
+    seen: list[bool | None] = []
+    steps = [MADE_BOUND, hovering, MADE_BOUND, hovering, replace(hovering, api_cpu=0.79), hovering, MADE_BOUND]
+    # then a cycle with too few requests, unmeasured: it keeps what was last measured
+    rates = [10.0] * len(steps) + [0.2, 10.0]
+    steps += [MADE_BOUND, hovering]
+    for i, (preprocessing, rate) in enumerate(zip(steps, rates, strict=True)):
+        signals = timed(3.0, preprocessing, rate=rate)
+        outcomes, memory, _ = run(fleet(), 2, signals, 1, Pods(ready=2), memory=memory, start=T0 + timedelta(minutes=i))
+        seen.append(conditions(outcomes[-1])["PreprocessingBound"][0])
+    assert seen == [True, True, True, True, False, False, True, None, True]
