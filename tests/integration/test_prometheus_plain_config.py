@@ -28,7 +28,16 @@ from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
-PICKER = f"qwen{routing.PICKER_SUFFIX}-0"
+# Each pod kept: the label naming its fleet, the fleet, and the path it is scraped on. The encode tier's series stay
+# out of the serving replicas' sums, under the label its PodMonitor gives them; TensorRT-LLM's server (not its picker)
+# serves /prometheus/metrics.
+KEPT = {
+    "qwen-0": ("mmfleet_io_inference", "qwen", "/metrics"),
+    f"qwen{routing.PICKER_SUFFIX}-0": ("mmfleet_io_inference", "qwen", "/metrics"),
+    "qwen-encode-0": ("mmfleet_io_encode", "qwen", "/metrics"),
+    "trt-0": ("mmfleet_io_inference", "trt", "/prometheus/metrics"),
+    f"trt{routing.PICKER_SUFFIX}-0": ("mmfleet_io_inference", "trt", "/metrics"),
+}
 
 
 def documented_job() -> dict[str, Any]:
@@ -71,16 +80,12 @@ def pods_of(inference: MultimodalInference, address: str) -> list[dict[str, Any]
 
 
 class MetricsServer:
-    """Any path answers one sample; each scraped path is remembered."""
+    """Any path answers one sample naming the path scraped."""
 
     def __init__(self) -> None:
-        self.paths: set[str] = set()
-        paths = self.paths
-
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                paths.add(self.path)
-                body = b"probe 1\n"
+                body = f'probe{{served_path="{self.path}"}} 1\n'.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -120,7 +125,7 @@ def test_the_documented_job_labels_serving_encode_and_picker_pods_as_the_podmoni
             routing={"mode": "inferencePool"},
         )
     )
-    trt = spec_doc(backend={"name": "tensorrt-llm"})
+    trt = spec_doc(backend={"name": "tensorrt-llm"}, routing={"mode": "inferencePool"})
     trt["metadata"]["name"] = "trt"
     groups = pods_of(vllm, pods.address) + pods_of(MultimodalInference.model_validate(trt), pods.address)
     serving = {"app.kubernetes.io/name": "vllm", "mmfleet.io/inference": "qwen"}
@@ -145,20 +150,16 @@ def test_the_documented_job_labels_serving_encode_and_picker_pods_as_the_podmoni
 
         def scraped() -> dict[str, dict[str, str]] | None:
             answer = process.http_get(f"{url}/api/v1/query?query={urllib.parse.quote('probe')}")
-            result = json.loads(answer)["data"]["result"]
-            found = {r["metric"]["pod"]: r["metric"] for r in result}
-            return found if len(found) >= 4 else None
+            found = {r["metric"]["pod"]: r["metric"] for r in json.loads(answer)["data"]["result"]}
+            return found if len(found) >= len(KEPT) else None
 
-        series = wait_for(scraped, 30, "the four pods' series in Prometheus", interval=0.5)
+        series = wait_for(scraped, 30, "the kept pods' series in Prometheus", interval=0.5)
+        # One file, discovered at once: with those series in, the targets are final.
+        active = json.loads(process.http_get(f"{url}/api/v1/targets?state=active"))["data"]["activeTargets"]
     finally:
         process.stop([proc])
 
-    def labels(pod: str) -> dict[str, str]:
-        return {k: v for k, v in series[pod].items() if k not in ("__name__", "instance", "job", "pod")}
-
-    assert set(series) == {"qwen-0", "qwen-encode-0", PICKER, "trt-0"}, "pending pods, other pods and ports dropped"
-    assert labels("qwen-0") == labels(PICKER) == {"namespace": "ml", "mmfleet_io_inference": "qwen"}
-    # The encode tier's series stay out of the serving replicas' sums, under the label its PodMonitor gives them.
-    assert labels("qwen-encode-0") == {"namespace": "ml", "mmfleet_io_encode": "qwen"}
-    assert labels("trt-0") == {"namespace": "ml", "mmfleet_io_inference": "trt"}
-    assert pods.paths == {"/metrics", "/prometheus/metrics"}, "TensorRT-LLM's server on its own path"
+    assert sorted(t["labels"]["pod"] for t in active) == sorted(KEPT), "pending and other pods, other ports dropped"
+    for pod, (fleet_label, fleet, path) in KEPT.items():
+        labels = {k: v for k, v in series[pod].items() if k not in ("__name__", "instance", "job", "pod")}
+        assert labels == {"namespace": "ml", fleet_label: fleet, "served_path": path}, pod

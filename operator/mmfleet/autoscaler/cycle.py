@@ -488,7 +488,8 @@ def decide(
     rule = _idle_rule(autoscaling, memory, lead)
     if rule is None:  # never goes to zero (now): nothing of its idleness is kept for a later minReplicas 0
         memory = replace(memory, idle=IdleMemory())
-    elif seen.current == 0:
+    elif seen.current == 0:  # PreprocessingBound is absent at zero: a fleet back from it starts unbound
+        memory = replace(memory, preprocessing_bound=False)
         return replace(_at_zero(inference, seen, memory, clock, rule, lead, target, label), new_starts=new_starts)
     # The live fleet's floor: one replica even with minReplicas 0, whose last replica only the idle rule lets go.
     low = max(1, autoscaling.min_replicas)
@@ -703,6 +704,9 @@ def _preprocessing_row(
         return (kind, None, unknown, f"{measured}, but Prometheus has no {API_CPU_SERIES} for the servers' API "
                 "processes (vLLM exports none with several, spec.multimodal.apiServers)")  # fmt: skip
     cpu = f"the busiest API server process at {seen.api_cpu:.2f} CPU cores"
+    if was_bound and (share < PREPROCESSING_SHARE or seen.api_cpu < PREPROCESSING_CPU):
+        low_share, low_cpu = PREPROCESSING_SHARE - slack, PREPROCESSING_CPU - slack
+        cpu += f" (still above the {low_share:.0%} and {low_cpu:g} cores it turns False below)"
     if seen.api_cpu < PREPROCESSING_CPU - slack:
         return (kind, False, no, f"{measured}, {cpu}: it has CPU to spare")
     return (

@@ -402,12 +402,13 @@ EC_CONNECTOR = "ECCPUConnector"
 # container restart, so a server killed (OOM, a crash) and restarted would map a second region beside the dead one's,
 # twice cacheGiB in a volume and a memory limit sized for one: the container removes them before vLLM starts (only
 # its own server maps regions there).
-EC_FRESH_REGION = ["/bin/sh", "-c", 'rm -f /dev/shm/vllm_ec_*.mmap; exec "$0" "$@"']
+EC_FRESH_REGION = ("/bin/sh", "-c", 'rm -f /dev/shm/vllm_ec_*.mmap; exec "$0" "$@"')
 
 
 def serve_argv(command: list[str]) -> list[str]:
     """vLLM's own command line in a container's command: without the removal of stale regions in front."""
-    return command[len(EC_FRESH_REGION) :] if command[: len(EC_FRESH_REGION)] == EC_FRESH_REGION else command
+    fresh = list(EC_FRESH_REGION)
+    return command[len(fresh) :] if command[: len(fresh)] == fresh else command
 
 
 def ec_transfer_config(role: EcRole, encode: EncodeTierSpec) -> str:

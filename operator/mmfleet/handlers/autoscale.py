@@ -223,7 +223,7 @@ def _decide_fleet(
             if spare:  # the policy plans with the wake for the replicas asleep (autoscaler.policy)
                 counted = dataclasses.replace(counted, asleep=standby.asleep(view.pods), wake=wake)
             seen = cycle.Seen(current, counted, signals, readings.outage)
-            memory = record.scaling or cycle.Memory()
+            memory = record.scaling or _first_memory(last_status(record, view.body))
             outcome = cycle.decide(
                 inference,
                 seen,
@@ -274,6 +274,13 @@ def _decide_fleet(
         span.set_status(Status(StatusCode.ERROR, str(error)))
         return False, False
     return outcome.scaled, wrote
+
+
+def _first_memory(previous: MultimodalInferenceStatus | None) -> cycle.Memory:
+    """A fleet's memory on this process's first cycle: a PreprocessingBound the status shows True stays on its lower
+    thresholds, so an operator's restart does not turn it off and on again (a Warning each time)."""
+    found = next((c for c in (previous.conditions if previous else []) if c.type == "PreprocessingBound"), None)
+    return cycle.Memory(preprocessing_bound=found is not None and found.status == "True")
 
 
 def _kept_encode_metrics(previous: MultimodalInferenceStatus | None) -> status.ConditionRow | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -85,29 +84,33 @@ def test_an_encode_gpu_type_left_out_is_the_serving_tiers() -> None:
     assert encode["spec"]["replicas"] == 1
 
 
-def test_a_restarted_server_of_either_tier_starts_without_the_dead_ones_region() -> None:
+def test_a_restarted_server_of_either_tier_starts_without_the_dead_ones_region(tmp_path: Path) -> None:
     """vLLM's connector maps /dev/shm/vllm_ec_<random>.mmap and only a clean exit removes it; /dev/shm outlives a
-    container restart. The rendered command, run by a real shell, removes the old region and then runs vLLM's argv
-    unchanged (an echo stands for vLLM)."""
+    container restart. The rendered command, run by a real shell (on a directory standing for /dev/shm, so as not to
+    touch this machine's), removes the old region and then becomes vLLM (a stand-in printing its argv and pid): the
+    shell's own process, so vLLM is the one the kubelet's SIGTERM reaches."""
     got = children(disaggregation={"encode": ENCODE})
-    tag = uuid.uuid4().hex
-    stale, other = Path(f"/dev/shm/vllm_ec_{tag}_dp0.mmap"), Path(f"/dev/shm/mmfleet-test-{tag}")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    stale, other = shm / "vllm_ec_1733_dp0.mmap", shm / "other"
+    stand_in = [sys.executable, "-c", "import os, sys; print(os.getpid(), sys.argv[1:])"]
     for name in ("qwen", "qwen-encode"):
         command = containers(got[("Deployment", name)])["server"]["command"]
         argv = vllm.serve_argv(command)
         assert argv[:2] == ["vllm", "serve"] and "--ec-transfer-config" in argv
+        shell, flag, script = command[: -len(argv)]
+        assert script.count("/dev/shm/") == 1
         stale.write_bytes(b"x")
         other.write_bytes(b"x")
-        try:
-            echo = [sys.executable, "-c", "import sys; print(sys.argv[1:])"]
-            ran = subprocess.run(
-                [*command[: -len(argv)], *echo, "a b", "--x"], check=False, capture_output=True, text=True
-            )
-            assert ran.stdout.strip() == "['a b', '--x']", ran.stderr
-            assert not stale.exists() and other.exists(), "only the connector's regions are removed"
-        finally:
-            stale.unlink(missing_ok=True)
-            other.unlink()
+        run = subprocess.Popen(
+            [shell, flag, script.replace("/dev/shm/", f"{shm}/"), *stand_in, "a b", "--x"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        out, _ = run.communicate(timeout=30)
+        assert out.strip() == f"{run.pid} ['a b', '--x']", "vLLM's argv unchanged, in the shell's own process"
+        assert not stale.exists() and other.exists(), "only the connector's regions are removed"
+        other.unlink()
     aggregated = containers(children()[("Deployment", "qwen")])["server"]["command"]
     assert aggregated[:2] == ["vllm", "serve"], "no connector, no region: vLLM runs as the container's command"
 

@@ -10,9 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from mmfleet.api import MultimodalInference
+from mmfleet.api import MultimodalInference, MultimodalInferenceStatus
 from mmfleet.autoscaler.cycle import Memory, Pods
 from mmfleet.autoscaler.metrics import Preprocessing, Signals
+from mmfleet.handlers import autoscale
 from mmfleet.status import WARNING_WHEN
 from tests.helpers.autoscaler import T0, busy, conditions, fleet, run
 from tests.helpers.repo import spec_doc
@@ -114,3 +115,32 @@ def test_near_its_thresholds_it_does_not_turn_every_cycle() -> None:
         outcomes, memory, _ = run(fleet(), 2, signals, 1, Pods(ready=2), memory=memory, start=T0 + timedelta(minutes=i))
         seen.append(conditions(outcomes[-1])["PreprocessingBound"][0])
     assert seen == [True, True, True, True, False, False, True, None, True]
+
+
+HOVERING = replace(MADE_BOUND, outside=1.35, ttft_mean=3.0, api_cpu=0.85)
+
+
+def hovering_after(memory: Memory, inference: MultimodalInference | None = None) -> bool | None:
+    outcomes, _, _ = run(inference or fleet(), 1, timed(3.0, HOVERING), 1, Pods(ready=1), memory=memory, start=T0)
+    return conditions(outcomes[-1])["PreprocessingBound"][0]
+
+
+def test_an_operator_restart_keeps_it_on_its_lower_thresholds() -> None:
+    """The first cycle of a new operator process starts from the status: True stays True while hovering."""
+    said = {"type": "PreprocessingBound", "reason": "ApiServerBound", "message": "m", "lastTransitionTime": T0}
+    for shown, expected in (("True", True), ("False", False)):
+        status = MultimodalInferenceStatus.model_validate({"conditions": [{**said, "status": shown}]})
+        assert hovering_after(autoscale._first_memory(status)) is expected
+    assert hovering_after(autoscale._first_memory(None)) is False
+
+
+def test_a_fleet_back_from_zero_starts_unbound() -> None:
+    """The condition is absent at zero; when the fleet comes back it turns True only on the thresholds to turn on."""
+    doc = spec_doc(
+        autoscaling={"minReplicas": 0, "maxReplicas": 8, "slo": {"target": "2s"}}, routing={"mode": "inferencePool"}
+    )
+    zero_capable = MultimodalInference.model_validate(doc)
+    _, memory, _ = run(zero_capable, 1, timed(3.0, MADE_BOUND), 1, Pods(ready=1), start=T0)
+    assert memory.preprocessing_bound
+    _, memory, _ = run(zero_capable, 0, Signals(request_rate=0.0), 1, Pods(), memory=memory, start=T0)
+    assert hovering_after(memory, zero_capable) is False
