@@ -61,6 +61,7 @@ class ReplicaEngine:
         self.clock = 0.0
         self.cpu_free = [0.0] * params.api_server_count  # each API process: when it is done with what it was given
         self.cpu_turn = 0
+        self.pass_end = [0.0] * params.api_server_count  # when each API process's latest event-loop pass ends
         self.avail: dict[int, float] = {}  # when each request sent here may be scheduled
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
@@ -103,8 +104,17 @@ class ReplicaEngine:
         self.cpu_turn += 1
         done = max(reach, self.cpu_free[p]) + w.cpu_ms[i] / 1000.0
         self.cpu_free[p] = done
+        ready = done + self.p.request_overhead_s
+        # with images it goes on at the end of its process's event-loop pass (``compiled._submit``)
+        period = self.p.api_pass_ms * len(self.running) / len(self.cpu_free) / 1000.0
+        if w.vis_images[i] > 0.0 and period > 0.0:
+            end = self.pass_end[p]
+            if ready > end:
+                end += math.ceil((ready - end) / period) * period
+            self.pass_end[p] = end
+            ready = end
         avail = self.avail
-        avail[i] = done + self.p.request_overhead_s
+        avail[i] = ready
         pos = len(self.waiting)
         while pos > 0 and avail[self.waiting[pos - 1].i] > avail[i]:
             pos -= 1

@@ -83,6 +83,7 @@ class _Const(NamedTuple):
     launch_per_image_ms: float
     encoder_budget: int  # image tokens one step may encode
     request_overhead_s: float
+    api_pass_ms: float  # an API process's event-loop pass, per request running on it (image requests wait for one)
     api_procs: int  # API server processes per replica, each preprocessing one request at a time
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -162,6 +163,7 @@ class _State(NamedTuple):
     kv_used: np.ndarray
     cpu_free: np.ndarray  # replicas x api_procs: when each API process is done with what it was given
     cpu_turn: np.ndarray  # the API process the next request goes to (in turn)
+    pass_end: np.ndarray  # replicas x api_procs: when each API process's latest event-loop pass ends
     n_run: np.ndarray
     head: np.ndarray
     tail: np.ndarray
@@ -756,7 +758,17 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
     s.cpu_turn[best] += 1
     done = max(s.reach[i], s.cpu_free[best, p]) + w.cpu_ms[i] / 1000.0
     s.cpu_free[best, p] = done
-    s.avail[i] = done + c.request_overhead_s
+    ready = done + c.request_overhead_s
+    # a request with images goes on at the end of its API process's event-loop pass: passes run back to back, each
+    # as long as the requests running on the process make it, so those ready in one pass reach the engine together
+    period = c.api_pass_ms * s.n_run[best] / c.api_procs / 1000.0
+    if w.vis_images[i] > 0.0 and period > 0.0:
+        end = s.pass_end[best, p]
+        if ready > end:
+            end += np.ceil((ready - end) / period) * period
+        s.pass_end[best, p] = end
+        ready = end
+    s.avail[i] = ready
     s.anext[i] = -1
     if c.placement:
         s.served_by[i] = best
@@ -791,6 +803,7 @@ def _replica_arrays(n: int, seats: int, blocks: int, procs: int) -> dict[str, np
     return {
         "cpu_free": np.zeros((n, procs)),
         "cpu_turn": np.zeros(n, dtype=np.int64),
+        "pass_end": np.zeros((n, procs)),
         "lru_prev": np.full((n, 2, blocks), _ABSENT, dtype=np.int32),
         "lru_next": np.full((n, 2, blocks), -1, dtype=np.int32),
         "lru_end": np.tile(np.array([-1, -1, 0], dtype=np.int64), (n, 2, 1)),
@@ -873,6 +886,7 @@ class CompiledEngine:
             launch_per_image_ms=float(params.encoder_launch_ms[1]) if params.vision_eager else 0.0,
             encoder_budget=int(params.encoder_budget_tokens),
             request_overhead_s=float(params.request_overhead_s),
+            api_pass_ms=float(params.api_pass_ms),
             api_procs=int(params.api_server_count),
             max_num_seqs=int(seats),
             max_num_batched_tokens=int(params.max_num_batched_tokens),

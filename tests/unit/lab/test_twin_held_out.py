@@ -21,8 +21,8 @@ from tests.helpers.repo import DATA
 BAND = (0.9, 1.1)
 MISSED = pytest.mark.xfail(strict=True, reason="the twin with images misses here (docs/twin.md, Images)")
 IMAGES_MISSED = {
-    "image 448x448 10 req/s (default)",
     "image 448x448 20 req/s (default)",
+    "image 448x448 10 req/s (mm_cache_off)",
     "image 448x448 20 req/s (mm_cache_off)",
     "image 1280x720 5 req/s (mm_cache_off)",
 }
