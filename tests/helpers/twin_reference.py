@@ -61,7 +61,7 @@ class ReplicaEngine:
         self.clock = 0.0
         self.cpu_free = [0.0] * params.api_server_count  # each API process: when it is done with what it was given
         self.cpu_turn = 0
-        self.pass_end = [0.0] * params.api_server_count  # when each API process's latest event-loop pass ends
+        self.pass_end = [0.0] * params.api_server_count  # the latest point of each API process's pass grid
         self.avail: dict[int, float] = {}  # when each request sent here may be scheduled
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
@@ -105,7 +105,7 @@ class ReplicaEngine:
         done = max(reach, self.cpu_free[p]) + w.cpu_ms[i] / 1000.0
         self.cpu_free[p] = done
         ready = done + self.p.request_overhead_s
-        # with images it goes on at the end of its process's event-loop pass (``compiled._submit``)
+        # with images it goes on at the next point of its process's pass grid (``compiled._submit``)
         period = self.p.api_pass_ms * len(self.running) / len(self.cpu_free) / 1000.0
         if w.vis_images[i] > 0.0 and period > 0.0:
             end = self.pass_end[p]

@@ -129,12 +129,18 @@ def batch1_decodes(data: Path, run: int) -> Phase:
     )
 
 
-def replay(params: ReplicaParams, phase: Phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(TTFT, e2e, inter-token latency) of the phase's requests through one replica of the twin."""
+def replay_engine(params: ReplicaParams, phase: Phase) -> CompiledEngine:
+    """One replica of the twin after the phase's requests went through it."""
     req = Requests(phase.send, phase.input_tokens, phase.output_tokens, phase.images, phase.image_tokens)
     eng = CompiledEngine(params, Workload.build(req, params))
     eng.add_replica()
     eng.run(0.0, float(phase.send[-1]) + 600.0, np.arange(len(req)), np.array([0]))
+    return eng
+
+
+def replay(params: ReplicaParams, phase: Phase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(TTFT, e2e, inter-token latency) of the phase's requests through one replica of the twin."""
+    eng = replay_engine(params, phase)
     return eng.outcomes.ttft.copy(), eng.outcomes.e2e.copy(), eng.outcomes.itl.copy()
 
 

@@ -83,7 +83,7 @@ class _Const(NamedTuple):
     launch_per_image_ms: float
     encoder_budget: int  # image tokens one step may encode
     request_overhead_s: float
-    api_pass_ms: float  # an API process's event-loop pass, per request running on it (image requests wait for one)
+    api_pass_ms: float  # the API pass per request running on the process: the grid image requests are released on
     api_procs: int  # API server processes per replica, each preprocessing one request at a time
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -143,7 +143,7 @@ class _State(NamedTuple):
     last_tok: np.ndarray
     first: np.ndarray
     vision_done: np.ndarray
-    avail: np.ndarray  # when the engine may schedule it: preprocessed on its replica's API process, + request overhead
+    avail: np.ndarray  # when the engine may schedule it: preprocessed, + request overhead (+ the API pass with images)
     reach: np.ndarray  # when it reaches the replicas: its arrival, or when the encode tier delivered its embeddings
     encoded: np.ndarray  # its embeddings come from the encode tier: no encoder call here
     next: np.ndarray  # waiting-queue links (-1: none)
@@ -163,7 +163,7 @@ class _State(NamedTuple):
     kv_used: np.ndarray
     cpu_free: np.ndarray  # replicas x api_procs: when each API process is done with what it was given
     cpu_turn: np.ndarray  # the API process the next request goes to (in turn)
-    pass_end: np.ndarray  # replicas x api_procs: when each API process's latest event-loop pass ends
+    pass_end: np.ndarray  # replicas x api_procs: the latest point of each API process's pass grid
     n_run: np.ndarray
     head: np.ndarray
     tail: np.ndarray
@@ -759,8 +759,9 @@ def _submit(s: _State, w: _Work, c: _Const, i: int, best: int, until: float, act
     done = max(s.reach[i], s.cpu_free[best, p]) + w.cpu_ms[i] / 1000.0
     s.cpu_free[best, p] = done
     ready = done + c.request_overhead_s
-    # a request with images goes on at the end of its API process's event-loop pass: passes run back to back, each
-    # as long as the requests running on the process make it, so those ready in one pass reach the engine together
+    # a request with images reaches the engine on the next point of its API process's pass grid, spaced
+    # api_pass_ms x the replica's running requests per process, so those ready within one pass share an encoder
+    # call: a fitted wait, not CPU work (the real API process used 0.46 core at 20 req/s; docs/twin.md, Images)
     period = c.api_pass_ms * s.n_run[best] / c.api_procs / 1000.0
     if w.vis_images[i] > 0.0 and period > 0.0:
         end = s.pass_end[best, p]
@@ -962,6 +963,11 @@ class CompiledEngine:
         if not self._c.placement:
             raise ValueError("this engine was built without placement=True")
         return self._s.served_by[idx].copy(), self._s.started[idx].copy()
+
+    def ready_at(self, idx: np.ndarray) -> np.ndarray:
+        """When requests ``idx`` could first be scheduled on their replica (preprocessed, the request overhead and,
+        with images, the API pass), s: what the calibration sets against the server's own time before its engine."""
+        return np.array(self._s.avail[idx])
 
     def encoded(self, idx: np.ndarray, at: np.ndarray) -> None:
         """Requests ``idx`` reach the replicas at ``at`` with their images' embeddings (from the encode tier): route

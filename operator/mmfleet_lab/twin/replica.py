@@ -26,8 +26,9 @@ What is calibrated, fitted, assumed and derived (see also ``docs/twin.md``):
   20 req/s and is not applied.
 - **Images** on the real server with images (``calibrate_mm.py``): one batched encoder call per engine step, its
   launch time fitted (``ENCODER_LAUNCH_MS``); the CPU preprocessing per image measured (``IMAGE_CPU_MS``), queued
-  on each API server process, one request at a time; then the request waits for the end of its API process's
-  event-loop pass, whose length per running request is fitted with the launch (``API_PASS_MS``).
+  on each API server process, one request at a time; then the request waits for the next point of its API process's
+  pass grid, spaced per running request as fitted with the launch (``API_PASS_MS``): a phenomenological wait, not a
+  model of the process's CPU work.
 - **Assumed**: the activation reserve; nothing we have measured it.
 - **Derived**, not measured: the H100 profile (``H100_QWEN25VL7B``), scaled from the H200 fit by
   datasheet ratios (see ``derive_profile``)."""
@@ -61,9 +62,11 @@ REQUEST_OVERHEAD_S: Final = 0.0225  # per request before it can be scheduled (TT
 # One batched encoder call per step costs, besides its kernels (``VISION_WINDOW_MS`` over all the step's images),
 # this much to launch eagerly, added to the step: base, per image (ms).
 ENCODER_LAUNCH_MS: Final = (50.0, 5.0)
-# An API server process's event-loop pass, ms per request running on the process (its streamed tokens): a request with
-# images goes to the engine at the end of the pass in which its preprocessing ends (passes back to back), so it waits
-# half a pass on average and requests ready in one pass reach the engine, and its encoder, together.
+# The API pass, ms per request running on the API process: a request with images goes to the engine at the next point
+# of a grid of this spacing x running requests per process, so it waits half a pass on average and requests ready
+# within one pass reach the engine, and share its encoder call, together. Fitted, not event-loop CPU work: the real API
+# process used 0.13-0.46 core at 2-20 req/s. Fitted where ~70 requests ran on the one process on average (peaks ~130);
+# beyond, it extrapolates (hundreds running give passes of hundreds of ms; docs/twin.md, Limits).
 API_PASS_MS: Final = 2.0
 # --- MEASURED: CPU preprocessing per image on the API server process (decode, processor, hashing), ms ---
 # base + per image token: the 448x448 JPEG repeat's in-server increment (11.2 ms, no encoder call, no image prefill)
@@ -97,7 +100,7 @@ class ReplicaParams:
     request_overhead_s: float = REQUEST_OVERHEAD_S
     encoder_launch_ms: tuple[float, float] = ENCODER_LAUNCH_MS
     image_cpu_ms: tuple[float, float] = IMAGE_CPU_MS
-    api_pass_ms: float = API_PASS_MS  # per request running on the API process (image requests wait for the pass)
+    api_pass_ms: float = API_PASS_MS  # per request running on the API process (image requests wait for the grid)
     api_server_count: int = 1  # API server processes, each preprocessing one request at a time (vLLM's default: 1)
     encoder_budget_tokens: int = ENCODER_BUDGET_TOKENS
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
