@@ -32,6 +32,7 @@ from typing import Final, Literal
 
 import numpy as np
 
+from mmfleet_lab.gpu.preproc_table import blocks, mean_of
 from mmfleet_lab.twin.calibrate import BATCH1_GAP_S, Phase, image_tokens, make_phase, replay, replay_engine
 from mmfleet_lab.twin.replica import H200_QWEN25VL7B, ReplicaParams
 
@@ -159,40 +160,31 @@ class Timing:
     api_cores: float  # the server's API process (it serves /metrics): CPU seconds per second between the scrapes
 
 
-def _scrapes(path: Path) -> list[tuple[str, float, dict[str, float]]]:
-    """Each scrape's label, time and series (labels dropped: one engine, one model)."""
-    out: list[tuple[str, float, dict[str, float]]] = []
-    for line in path.read_text().splitlines():
-        if line.startswith("### SCRAPE "):
-            _, _, label, at = line.split()
-            out.append((label, float(at), {}))
-        else:
-            key, value = line.rsplit(" ", 1)
-            out[-1][2][key.split("{")[0]] = float(value)
-    return out
-
-
-def _mean_ms(a: dict[str, float], b: dict[str, float], histogram: str) -> float:
-    """The mean of what ``histogram`` observed between scrapes ``a`` and ``b``, ms."""
-    return (
-        1000.0 * (b[f"{histogram}_sum"] - a[f"{histogram}_sum"]) / (b[f"{histogram}_count"] - a[f"{histogram}_count"])
-    )
-
-
 def server_phases(data: Path) -> dict[tuple[str, float], tuple[float, float, float]]:
     """Per (server start, offered rate): the server's mean ms before its engine's queue (TTFT less prefill less queue
     time, from their histograms' sums and counts) and from there to the first token (queue plus prefill time), and its
     API process's CPU cores, over the phase's scrape interval."""
     out: dict[tuple[str, float], tuple[float, float, float]] = {}
     for server, name in SCRAPE_FILES.items():
-        for (_, t0, a), (label, t1, b) in itertools.pairwise(_scrapes(data / name)):
+        for (_, t0, a, _), (label, t1, b, _) in itertools.pairwise(blocks(data / name, "SCRAPE")):
             engine = _mean_ms(a, b, "vllm:request_queue_time_seconds") + _mean_ms(
                 a, b, "vllm:request_prefill_time_seconds"
             )
             before = _mean_ms(a, b, "vllm:time_to_first_token_seconds") - engine
             cores = (b["process_cpu_seconds_total"] - a["process_cpu_seconds_total"]) / (t1 - t0)
-            out[(server, float(label.rsplit("rate", 1)[1]))] = (before, engine, cores)
+            key = (server, float(label.rsplit("rate", 1)[1]))
+            if key in out:  # the cells are matched to scrapes by rate
+                raise ValueError(f"{data / name}: two load phases at {key[1]:g} req/s ({label})")
+            out[key] = (before, engine, cores)
     return out
+
+
+def _mean_ms(a: dict[str, float], b: dict[str, float], histogram: str) -> float:
+    """The mean of what ``histogram`` observed between scrapes ``a`` and ``b``, ms."""
+    mean = mean_of(a, b, histogram)
+    if mean is None:
+        raise ValueError(f"no {histogram} observed between two scrapes")
+    return 1000.0 * mean
 
 
 def timings(params: ReplicaParams, data: Path) -> list[tuple[Cell, Timing]]:
