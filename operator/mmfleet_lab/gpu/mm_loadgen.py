@@ -166,6 +166,28 @@ def new_rec(**kw):
     return rec
 
 
+async def sequential(session, url, writer, imgs, text, n_out, part, idx, kind, w, h, fmt):
+    """One request sent alone (no phase, no rate), its row written; the row."""
+    body = json.dumps(body_for(imgs, text, n_out)).encode()
+    rec = new_rec(
+        part=part,
+        phase=-1,
+        rate=0,
+        idx=idx,
+        kind=kind,
+        img_w=w,
+        img_h=h,
+        fmt=fmt,
+        n_img=len(imgs),
+        img_bytes=sum(len(b) for b, _ in imgs),
+        t_plan=0.0,
+        n_out_req=n_out,
+    )
+    await one(session, url, body, time.perf_counter(), rec)
+    writer.writerow(rec)
+    return rec
+
+
 async def batch1(url, writer, n_out, reps, seed):
     """One request at a time. Kinds: text only; n fresh images; PNG; the same image as the previous request."""
     rng = np.random.default_rng(seed)
@@ -190,24 +212,7 @@ async def batch1(url, writer, n_out, reps, seed):
                 imgs = [(same_cache[key], "jpeg")]
             else:
                 imgs = [(make_image(rng, w, h, fmt), fmt) for _ in range(n)]
-            body = json.dumps(body_for(imgs, make_text(rng, 190), n_out)).encode()
-            rec = new_rec(
-                part="batch1",
-                phase=-1,
-                rate=0,
-                idx=i,
-                kind=kind,
-                img_w=w,
-                img_h=h,
-                fmt=fmt,
-                n_img=n,
-                img_bytes=sum(len(b) for b, _ in imgs),
-                t_plan=0.0,
-                n_out_req=n_out,
-            )
-            t_base = time.perf_counter()
-            await one(session, url, body, t_base, rec)
-            writer.writerow(rec)
+            rec = await sequential(session, url, writer, imgs, make_text(rng, 190), n_out, "batch1", i, kind, w, h, fmt)
             ttft = rec["t_first"]
             print(
                 f"batch1 {kind} {w}x{h} {fmt} n={n}: ttft {ttft if ttft is None else round(ttft * 1e3, 1)} ms "
@@ -409,24 +414,8 @@ async def warm(url, writer, phases, n, seed):
         for k, (iw, ih, fmt, n_img, n_out, words) in enumerate(kinds):
             for i in range(n):
                 imgs = [(make_image(rng, iw, ih, fmt), fmt) for _ in range(n_img)]
-                body = json.dumps(body_for(imgs, make_text(rng, words), n_out)).encode()
-                rec = new_rec(
-                    part="warm",
-                    phase=-1,
-                    rate=0,
-                    idx=k * n + i,
-                    kind="fresh",
-                    img_w=iw,
-                    img_h=ih,
-                    fmt=fmt,
-                    n_img=n_img,
-                    img_bytes=sum(len(b) for b, _ in imgs),
-                    t_plan=0.0,
-                    n_out_req=n_out,
-                )
-                t_base = time.perf_counter()
-                await one(session, url, body, t_base, rec)
-                writer.writerow(rec)
+                text = make_text(rng, words)
+                rec = await sequential(session, url, writer, imgs, text, n_out, "warm", k * n + i, "fresh", iw, ih, fmt)
                 print(
                     f"warm {iw}x{ih} {fmt} x{n_img} out {n_out}: ttft {rec['t_first']} e2e {rec['t_end']} "
                     f"prompt {rec['prompt_tokens']} out {rec['completion_tokens']} {rec['err'][:300]}",
