@@ -47,16 +47,16 @@ POOLS = (
     NodePool(cloud="ack", gpu_type="H20", count=1),
 )
 WAIT_SECONDS = 180
-# The spike: the autoscaled example at 4 req/s, five times that for 90 s, then back. The twin's ServeGen
-# mix has long answers, so the demo's SLO is P90 3 s over 20 s windows (the example says 2 s over 60 s),
-# with a short scale-down delay: the same settings as tests/e2e/test_spike.py.
+# The spike: the autoscaled example at 4 req/s, five times that for 90 s, then back, with a short scale-down delay;
+# tests/e2e/test_spike.py and test_argocd.py play the same. The twin's ServeGen mix has long answers: one H100
+# replica's e2e P90 over 20 s windows, as Prometheus interpolates it in vLLM's 2.5-5 s bucket, reaches 4.2 s at
+# 4 req/s and 4.1 s at 2 req/s (seeds 0-19), so a 3 s target broke at base load (CI, 2026-12-06). 5 s is that
+# bucket's edge; under it one replica holds about 11 req/s (capacity_at_slo). The example says 2 s over 60 s.
 SCALED = "qwen-vl"
 BASE_RATE = 4.0
 SPIKE = Spike(start=100.0, end=190.0, factor=5.0)
-DEMO_AUTOSCALING = {
-    "scaleDownDelay": "45s",
-    "slo": {"metric": "e2e", "percentile": 90, "target": "3s", "window": "20s"},
-}
+DEMO_SLO = {"metric": "e2e", "percentile": 90, "target": "5s", "window": "20s"}
+DEMO_AUTOSCALING = {"scaleDownDelay": "45s", "slo": DEMO_SLO}
 SPIKE_SECONDS = 360
 AUTOSCALE_INTERVAL = "5s"
 # The SDK's batch span processors send every 5 s (OTEL_BSP_SCHEDULE_DELAY) and the collector's file exporter

@@ -31,7 +31,7 @@ from mmfleet_lab.cluster.kubectl import kubectl
 from mmfleet_lab.spike import Twin
 from mmfleet_lab.twin.serve import Spike
 from tests.helpers.repo import ROOT
-from tests.helpers.spike import BASE_RATE
+from tests.helpers.spike import BASE_RATE, SLO
 from tests.helpers.wait import wait_for
 
 # A module cluster and Argo CD started, then a spike run to its end and a roll from Git: past the default timeout.
@@ -51,7 +51,7 @@ def fleet_manifest(spec: dict[str, Any] | None = None, **backend: Any) -> str:
     resource = yaml.safe_load((ROOT / "examples" / "qwen-vl-eks.yaml").read_text())
     resource["metadata"]["namespace"] = NAMESPACE
     del resource["spec"]["model"]["credentialsSecret"], resource["spec"]["tracing"]
-    resource["spec"]["autoscaling"]["slo"] = {"metric": "e2e", "percentile": 90, "target": "3s", "window": "20s"}
+    resource["spec"]["autoscaling"]["slo"] = SLO
     resource["spec"]["backend"].update(backend)
     resource["spec"].update(spec or {})
     return yaml.safe_dump(resource, sort_keys=False)

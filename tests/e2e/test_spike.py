@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 
+from mmfleet.api.patterns import seconds
 from mmfleet_lab.cluster import Cluster, start_prometheus, stop_prometheus
 from mmfleet_lab.cluster.kubectl import apply_ready
 from mmfleet_lab.spike import Sample, Twin, follow, line, plot
 from mmfleet_lab.twin.serve import Spike
 from tests.helpers.repo import ROOT
-from tests.helpers.spike import BASE_RATE, CLUSTER, say
+from tests.helpers.spike import BASE_RATE, CLUSTER, SLO, say
 
 # A module cluster started, then 420 s of traffic after the series' warm-up: past the default per-test timeout.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -35,7 +36,7 @@ NAME = "qwen-vl"
 SPIKE = Spike(start=100.0, end=190.0, factor=5.0)
 OUTAGE = (205.0, 225.0)
 END = 420.0
-TARGET = 3.0
+TARGET = seconds(str(SLO["target"]))
 RESOURCE = {
     "apiVersion": "mmfleet.io/v1alpha1",
     "kind": "MultimodalInference",
@@ -48,7 +49,7 @@ RESOURCE = {
             "minReplicas": 1,
             "maxReplicas": 8,
             "scaleDownDelay": "45s",
-            "slo": {"metric": "e2e", "percentile": 90, "target": f"{TARGET:g}s", "window": "20s"},
+            "slo": SLO,
         },
     },
 }
