@@ -12,20 +12,25 @@ PodMonitor scraping the operator honours them (``honorLabels``).
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import astuple
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from mmfleet.api import MultimodalInference, seconds
 from mmfleet.autoscaler.cycle import CAUSES, PHASES, SERVER_PHASES, Outcome, Seen
@@ -33,6 +38,8 @@ from mmfleet.autoscaler.metrics import FLEET_LABELS, Readings
 from mmfleet.backends import ServerStartup
 
 Key = tuple[str, str]
+V = TypeVar("V")
+LE: Callable[[float], str] = floatToGoString  # a bucket bound as prometheus_client writes it: 1.0, 2.5, +Inf
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
@@ -67,59 +74,145 @@ QUERY_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
     registry=REGISTRY,
 )
-DECISIONS = Counter(
-    "mmfleet_autoscaler_decisions",
-    "Autoscaling decisions per fleet, by what the cycle did (autoscaler.cycle.Cause).",
-    [*FLEET_LABELS, "decision"],
-    registry=REGISTRY,
-)
-SCALE_EVENTS = Counter(
-    "mmfleet_fleet_scale_events", "Replica changes the autoscaler made, by direction.", [*FLEET_LABELS, "direction"],
-    registry=REGISTRY,
+
+
+class _PerFleet(Collector, Generic[V]):
+    """One per-fleet family, its values plain numbers read at each scrape. prometheus_client's labelled children keep
+    each value in an object with its own lock and a creation time: 47 MB of the operator's memory at 1,000 autoscaled
+    fleets, near a quarter of its 200 MB budget (docs/benchmarks.md, Operator at scale). Written by the fleets'
+    cycles, read by the scrape: a value is replaced whole, never changed in place, so a scrape sees each one either
+    before or after a write."""
+
+    def __init__(self, name: str, documentation: str, extra: tuple[str, ...] = ()) -> None:
+        self.name, self.documentation = name, documentation
+        self.labelnames = (*FLEET_LABELS, *extra)
+        self.values: dict[tuple[str, ...], V] = {}
+        self.lock = threading.Lock()  # a read-modify-write (inc, observe) is one
+        REGISTRY.register(self)
+
+    def family(self) -> Metric:
+        raise NotImplementedError
+
+    def describe(self) -> list[Metric]:
+        return [self.family()]
+
+    def remove(self, labels: tuple[str, ...]) -> None:
+        with self.lock:
+            self.values.pop(labels, None)
+
+    def rows(self) -> list[tuple[tuple[str, ...], V]]:
+        with self.lock:
+            return list(self.values.items())
+
+
+class _Scalar(_PerFleet[float]):
+    kind: type[GaugeMetricFamily | CounterMetricFamily]
+
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        return self.kind(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self.family()
+        for labels, value in self.rows():
+            family.add_metric(labels, value)
+        yield family
+
+
+class FleetGauge(_Scalar):
+    kind = GaugeMetricFamily
+
+    def set(self, labels: tuple[str, ...], value: float) -> None:
+        with self.lock:
+            self.values[labels] = float(value)
+
+
+class FleetCounter(_Scalar):
+    """Exposed as ``<name>_total``, without prometheus_client's ``_created`` series (nothing here reads it)."""
+
+    kind = CounterMetricFamily
+
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        super().__init__(name, documentation, (label,))
+
+    def zero(self, labels: tuple[str, ...]) -> None:
+        with self.lock:
+            self.values.setdefault(labels, 0.0)
+
+    def inc(self, labels: tuple[str, ...]) -> None:
+        with self.lock:
+            self.values[labels] = self.values.get(labels, 0.0) + 1.0
+
+
+class FleetHistogram(_PerFleet[tuple[float, ...]]):
+    """Per label set, the observations in each bucket (not cumulative), then their sum."""
+
+    def __init__(self, name: str, documentation: str, label: str, buckets: tuple[float, ...]) -> None:
+        super().__init__(name, documentation, (label,))
+        self.buckets = (*buckets, math.inf)
+
+    def family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def observe(self, labels: tuple[str, ...], seconds: float) -> None:
+        index = next(i for i, bound in enumerate(self.buckets) if seconds <= bound)
+        with self.lock:
+            counts = list(self.values.get(labels, (0.0,) * (len(self.buckets) + 1)))
+            counts[index] += 1.0
+            counts[-1] += seconds
+            self.values[labels] = tuple(counts)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self.family()
+        for labels, counts in self.rows():
+            cumulative = itertools.accumulate(counts[:-1])
+            family.add_metric(labels, [(LE(b), n) for b, n in zip(self.buckets, cumulative, strict=True)], counts[-1])
+        yield family
+
+
+DECISIONS = FleetCounter(
+    "mmfleet_autoscaler_decisions", "Autoscaling decisions per fleet, by what the cycle did (autoscaler.cycle.Cause).",
+    "decision",
 )  # fmt: skip
-SLO_EVALUATIONS = Counter(
+SCALE_EVENTS = FleetCounter(
+    "mmfleet_fleet_scale_events", "Replica changes the autoscaler made, by direction.", "direction"
+)
+SLO_EVALUATIONS = FleetCounter(
     "mmfleet_fleet_slo_evaluations",
     "Cycles that measured the SLO percentile, by whether it met the target (the SLI of the burn-rate alerts).",
-    [*FLEET_LABELS, "result"],
-    registry=REGISTRY,
+    "result",
 )
 
 
-def _gauge(name: str, text: str) -> Gauge:
-    return Gauge(name, text, FLEET_LABELS, registry=REGISTRY)
-
-
-DESIRED = _gauge("mmfleet_fleet_desired_replicas", "The replicas the autoscaler set.")
-READY = _gauge("mmfleet_fleet_ready_replicas", "The fleet's Ready pods, as the autoscaler counted them.")
-STARTING = _gauge("mmfleet_fleet_starting_replicas", "The fleet's pods not Ready yet and not unschedulable.")
-UNSCHEDULABLE = _gauge("mmfleet_fleet_unschedulable_replicas", "The fleet's pods the scheduler cannot place.")
-MIN_REPLICAS = _gauge("mmfleet_fleet_min_replicas", "spec.autoscaling.minReplicas.")
-MAX_REPLICAS = _gauge("mmfleet_fleet_max_replicas", "spec.autoscaling.maxReplicas.")
-SLO_TARGET = _gauge(
+DESIRED = FleetGauge("mmfleet_fleet_desired_replicas", "The replicas the autoscaler set.")
+READY = FleetGauge("mmfleet_fleet_ready_replicas", "The fleet's Ready pods, as the autoscaler counted them.")
+STARTING = FleetGauge("mmfleet_fleet_starting_replicas", "The fleet's pods not Ready yet and not unschedulable.")
+UNSCHEDULABLE = FleetGauge("mmfleet_fleet_unschedulable_replicas", "The fleet's pods the scheduler cannot place.")
+MIN_REPLICAS = FleetGauge("mmfleet_fleet_min_replicas", "spec.autoscaling.minReplicas.")
+MAX_REPLICAS = FleetGauge("mmfleet_fleet_max_replicas", "spec.autoscaling.maxReplicas.")
+SLO_TARGET = FleetGauge(
     "mmfleet_fleet_slo_target_seconds",
     "spec.autoscaling.slo.target (the serving tier's part of it when the encode tier scales on its own share).",
 )
-SLO_PERCENTILE = _gauge("mmfleet_fleet_slo_percentile", "spec.autoscaling.slo.percentile, e.g. 90.")
-SLO_OBSERVED = _gauge(
+SLO_PERCENTILE = FleetGauge("mmfleet_fleet_slo_percentile", "spec.autoscaling.slo.percentile, e.g. 90.")
+SLO_OBSERVED = FleetGauge(
     "mmfleet_fleet_slo_observed_seconds", "The SLO percentile the autoscaler last read; NaN when nothing was measured."
 )
-ATTAINMENT = _gauge(
+ATTAINMENT = FleetGauge(
     "mmfleet_fleet_slo_attainment_ratio", "Share of the last hour's measured cycles whose percentile met the target."
 )
-COLD_START = _gauge(
+COLD_START = FleetGauge(
     "mmfleet_fleet_cold_start_seconds", "The cold start the autoscaler plans with (measured or default)."
 )
-METRICS_AVAILABLE = _gauge("mmfleet_fleet_metrics_available", "1 when every signal was read this cycle, else 0.")
+METRICS_AVAILABLE = FleetGauge("mmfleet_fleet_metrics_available", "1 when every signal was read this cycle, else 0.")
 WAKE_PHASE = "wake"
 # Each Ready pod's cold start, once, whole and by phase (autoscaler.cycle.PHASES): where a new replica's time goes.
-COLD_START_PHASES = Histogram(
+COLD_START_PHASES = FleetHistogram(
     "mmfleet_fleet_cold_start_phase_seconds",
     "Each new replica's time from creation to Ready (phase total), in each phase Kubernetes timestamps, and within "
     "ready what its server logged (weights, engine, compile); with warm standby, each wake of a sleeping replica "
     "(phase wake).",
-    [*FLEET_LABELS, "phase"],
-    buckets=(1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 1200),
-    registry=REGISTRY,
+    "phase",
+    (1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600, 1200),
 )
 
 FLEET_GAUGES = (
@@ -154,11 +247,11 @@ def record_cycle(readings: Readings, duration: float) -> None:
 def _first_seen(key: Key) -> None:
     """Zero every counter of a new fleet, so increase() reads 0 rather than nothing before the first event."""
     for cause in CAUSES:
-        DECISIONS.labels(*key, cause)
+        DECISIONS.zero((*key, cause))
     for direction in ("up", "down"):
-        SCALE_EVENTS.labels(*key, direction)
+        SCALE_EVENTS.zero((*key, direction))
     for result in ("met", "missed"):
-        SLO_EVALUATIONS.labels(*key, result)
+        SLO_EVALUATIONS.zero((*key, result))
 
 
 _KNOWN: set[Key] = set()  # fleets with series, so forget() ends them
@@ -190,31 +283,30 @@ def record_decision(
         METRICS_AVAILABLE: 1 if outcome.conditions[0][1] is True else 0,
     }
     for gauge, value in values.items():
-        gauge.labels(*key).set(value)
-    DECISIONS.labels(*key, outcome.cause).inc()
+        gauge.set(key, value)
+    DECISIONS.inc((*key, outcome.cause))
     if outcome.scaled:
-        SCALE_EVENTS.labels(*key, "up" if outcome.replicas > outcome.current else "down").inc()
+        SCALE_EVENTS.inc((*key, "up" if outcome.replicas > outcome.current else "down"))
     if outcome.latency is not None:
-        SLO_EVALUATIONS.labels(
-            *key, "met" if outcome.latency <= (inference.spec.serving_slo_target or 0.0) else "missed"
-        ).inc()
+        met = outcome.latency <= (inference.spec.serving_slo_target or 0.0)
+        SLO_EVALUATIONS.inc((*key, "met" if met else "missed"))
     for start in outcome.new_starts:
-        COLD_START_PHASES.labels(*key, "total").observe(start.total)
+        COLD_START_PHASES.observe((*key, "total"), start.total)
         for phase, took in zip(PHASES, start.phases, strict=True):
             if took is not None:
-                COLD_START_PHASES.labels(*key, phase).observe(took)
+                COLD_START_PHASES.observe((*key, phase), took)
 
 
 def record_server_startup(key: Key, startup: ServerStartup) -> None:
     """What a new replica's server logged about its start (read once per pod): inside its ``ready`` phase."""
     for phase, took in zip(SERVER_PHASES, astuple(startup), strict=True):
         if took is not None:
-            COLD_START_PHASES.labels(*key, phase).observe(took)
+            COLD_START_PHASES.observe((*key, phase), took)
 
 
 def record_wake(key: Key, seconds: float) -> None:
     """A sleeping replica woken (warm standby): how long vLLM's /wake_up took, beside the cold starts it saves."""
-    COLD_START_PHASES.labels(*key, WAKE_PHASE).observe(seconds)
+    COLD_START_PHASES.observe((*key, WAKE_PHASE), seconds)
 
 
 def forget_others(keep: set[Key]) -> None:
@@ -222,13 +314,13 @@ def forget_others(keep: set[Key]) -> None:
     for key in _KNOWN - keep:
         _KNOWN.discard(key)
         for gauge in FLEET_GAUGES:
-            gauge.remove(*key)
+            gauge.remove(key)
         for counter, labels in (
             (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed")),
             (COLD_START_PHASES, ("total", *PHASES, *SERVER_PHASES, WAKE_PHASE)),
         ):  # fmt: skip
             for label in labels:
-                counter.remove(*key, label)
+                counter.remove((*key, label))
 
 
 def split_address(address: str) -> tuple[str, int]:

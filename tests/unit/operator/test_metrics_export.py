@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import socket
+import tracemalloc
 import urllib.request
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmfleet import metrics_export
@@ -166,6 +168,43 @@ def test_metrics_are_served_in_the_text_format_on_their_own_port(op: Operator) -
     assert {"mmfleet_reconciles", "mmfleet_autoscaler_cycle_duration_seconds", "process_cpu_seconds"} <= set(families)
     desired = [s for s in families["mmfleet_fleet_desired_replicas"].samples if s.labels == FLEET]
     assert len(desired) == 1
+
+
+def test_a_cold_start_histogram_scrapes_with_cumulative_buckets_sum_and_count(op: Operator) -> None:
+    metrics_export.record_wake(KEY, 3.0)
+    metrics_export.record_wake(KEY, 700.0)
+    text = generate_latest(metrics_export.REGISTRY).decode()
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "mmfleet_fleet_cold_start_phase_seconds")
+    wake = {(s.name, s.labels.get("le")): s.value for s in family.samples if s.labels.get("phase") == "wake"}
+    assert wake[("mmfleet_fleet_cold_start_phase_seconds_bucket", "2.5")] == 0
+    assert wake[("mmfleet_fleet_cold_start_phase_seconds_bucket", "5.0")] == 1
+    assert wake[("mmfleet_fleet_cold_start_phase_seconds_bucket", "600.0")] == 1
+    assert wake[("mmfleet_fleet_cold_start_phase_seconds_bucket", "+Inf")] == 2
+    assert wake[("mmfleet_fleet_cold_start_phase_seconds_count", None)] == 2
+    assert wake[("mmfleet_fleet_cold_start_phase_seconds_sum", None)] == 703
+
+
+def test_a_thousand_fleets_series_take_a_few_megabytes(op: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every per-fleet series of 1,000 fleets, each with a cold start observed in every phase: 47 MB with
+    prometheus_client's labelled children (a fifth of the operator's 200 MB budget at that scale), under 5 MB now."""
+    decided: list[tuple[Any, ...]] = []
+    record = metrics_export.record_decision
+    monkeypatch.setattr(metrics_export, "record_decision", lambda *args: decided.append(args))
+    _cycle(op, FakePrometheus(metrics.Signals(latency=1.0, request_rate=1.0, waiting=0.0, running=1.0)))
+    ((_, *decision),) = decided  # one fleet's cycle, replayed for 1,000 fleets
+    phases = ("total", *cycle.PHASES, *cycle.SERVER_PHASES, metrics_export.WAKE_PHASE)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for key in (("bench", f"fleet-{i:04d}") for i in range(1000)):
+            record(key, *decision)
+            for phase in phases:
+                metrics_export.COLD_START_PHASES.observe((*key, phase), 30.0)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert value("mmfleet_fleet_desired_replicas", namespace="bench", mmfleet_io_inference="fleet-0999") is not None
+    assert used < 5e6, f"{used / 1e6:.1f} MB"
 
 
 def test_a_port_in_use_fails_before_the_operator_starts() -> None:
