@@ -88,6 +88,7 @@ class ServerLogs:
 
     read: dict[str, ServerStartup] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    reading: bool = False  # a batch of reads is queued or running in the server-log threads
 
 
 @dataclass
@@ -187,6 +188,8 @@ class Operator:
     autoscaler_cycled: float = -math.inf
     # The threads that put warm-standby pods to sleep, and those that wake them (mmfleet.handlers.standby).
     standby_pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+    # The threads that read new pods' server logs for the autoscaler (mmfleet.handlers.autoscale), while its loop runs.
+    server_log_pool: ThreadPoolExecutor | None = None
 
     def get_kube(self) -> Kube:
         if self.kube is None:

@@ -4,6 +4,9 @@ server's own log says."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -200,6 +203,41 @@ def test_a_read_that_may_pass_is_tried_again_a_few_times_and_a_cycle_reads_a_few
         _read_cycle(op, record, ready_pods(*"abcdef"))
     assert kube.logs_read.count("a") == autoscale.SERVER_LOG_TRIES, "then left whole: no retry forever"
     assert record.server_logs.read["a"] == ServerStartup()
+
+
+def test_the_cycle_hands_the_reads_to_their_own_threads_and_never_waits_on_them() -> None:
+    """A cycle at 1,000 fleets that read new pods' logs itself took up to 1.2 s; now it queues them, one batch per
+    fleet at a time, and the next cycle sees what they found."""
+    started, release = threading.Event(), threading.Event()
+
+    class SlowLogs(RecordingKube):
+        def pod_log(self, namespace: str, name: str, container: str, limit_bytes: int) -> str:
+            started.set()
+            release.wait(5)
+            return super().pod_log(namespace, name, container, limit_bytes)
+
+    kube = SlowLogs()
+    kube.logs = {"a": SERVER_LOG.read_text()}
+    op, record = operator(kube), FleetRecord(uid="u-1")
+    op.server_log_pool = ThreadPoolExecutor(2)
+    body = fleet_body(autoscaling=True)
+    pods = ready_pods("a")
+    view = autoscale.FleetView(KEY, body, None, pods)
+    try:
+        took = time.monotonic()
+        for _ in range(2):  # two cycles while the first batch reads: nothing more is queued
+            autoscale._read_server_logs_soon(op, record, view, parse(body), count_pods(pods))
+        took = time.monotonic() - took
+        assert started.wait(5)
+        release.set()
+        op.server_log_pool.shutdown(wait=True)
+    finally:
+        release.set()
+        metrics_export.forget_others(set())
+    assert took < 1, f"the cycle waited {took:.1f} s on a log read"
+    assert kube.logs_read == ["a"]
+    assert record.server_logs.read["a"] == ServerStartup(3.56183, 72.91, 22.56)
+    assert not record.server_logs.reading
 
 
 def test_tensorrt_llms_log_is_not_fetched() -> None:
