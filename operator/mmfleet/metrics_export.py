@@ -154,7 +154,9 @@ class FleetHistogram(_PerFleet[tuple[float, ...]]):
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def observe(self, labels: tuple[str, ...], seconds: float) -> None:
-        index = next(i for i, bound in enumerate(self.buckets) if seconds <= bound)
+        index = next(
+            (i for i, bound in enumerate(self.buckets) if seconds <= bound), len(self.buckets) - 1
+        )  # NaN: +Inf
         with self.lock:
             counts = list(self.values.get(labels, (0.0,) * (len(self.buckets) + 1)))
             counts[index] += 1.0
@@ -255,6 +257,9 @@ def _first_seen(key: Key) -> None:
 
 
 _KNOWN: set[Key] = set()  # fleets with series, so forget() ends them
+# Held to end a fleet's series, and by what observes a fleet off the cycle (server logs, wakes): a late observation
+# must not bring back a fleet's series once they ended.
+_FORGETTING = threading.Lock()
 
 
 def record_decision(
@@ -298,29 +303,41 @@ def record_decision(
 
 
 def record_server_startup(key: Key, startup: ServerStartup) -> None:
-    """What a new replica's server logged about its start (read once per pod): inside its ``ready`` phase."""
-    for phase, took in zip(SERVER_PHASES, astuple(startup), strict=True):
-        if took is not None:
-            COLD_START_PHASES.observe((*key, phase), took)
+    """What a new replica's server logged about its start (read once per pod): inside its ``ready`` phase. Read after
+    the cycle that asked for it, so dropped for a fleet whose series ended meanwhile."""
+    with _FORGETTING:
+        if key not in _KNOWN:
+            return
+        for phase, took in zip(SERVER_PHASES, astuple(startup), strict=True):
+            if took is not None:
+                COLD_START_PHASES.observe((*key, phase), took)
 
 
 def record_wake(key: Key, seconds: float) -> None:
-    """A sleeping replica woken (warm standby): how long vLLM's /wake_up took, beside the cold starts it saves."""
-    COLD_START_PHASES.observe((*key, WAKE_PHASE), seconds)
+    """A sleeping replica woken (warm standby): how long vLLM's /wake_up took, beside the cold starts it saves. Dropped
+    for a fleet whose series ended while it woke."""
+    with _FORGETTING:
+        if key in _KNOWN:
+            COLD_START_PHASES.observe((*key, WAKE_PHASE), seconds)
 
 
 def forget_others(keep: set[Key]) -> None:
     """Fleets no longer autoscaled (or gone): their series end, rather than repeat their last value."""
-    for key in _KNOWN - keep:
-        _KNOWN.discard(key)
-        for gauge in FLEET_GAUGES:
-            gauge.remove(key)
-        for counter, labels in (
-            (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed")),
-            (COLD_START_PHASES, ("total", *PHASES, *SERVER_PHASES, WAKE_PHASE)),
-        ):  # fmt: skip
-            for label in labels:
-                counter.remove((*key, label))
+    with _FORGETTING:
+        for key in _KNOWN - keep:
+            _forget(key)
+
+
+def _forget(key: Key) -> None:
+    _KNOWN.discard(key)
+    for gauge in FLEET_GAUGES:
+        gauge.remove(key)
+    for counter, labels in (
+        (DECISIONS, CAUSES), (SCALE_EVENTS, ("up", "down")), (SLO_EVALUATIONS, ("met", "missed")),
+        (COLD_START_PHASES, ("total", *PHASES, *SERVER_PHASES, WAKE_PHASE)),
+    ):  # fmt: skip
+        for label in labels:
+            counter.remove((*key, label))
 
 
 def split_address(address: str) -> tuple[str, int]:

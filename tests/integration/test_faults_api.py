@@ -45,7 +45,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def proxied(
-    cluster: Cluster, crd: None, namespace: str, tmp_path: Path, own_operator_only: None
+    own_operator_only: None, cluster: Cluster, crd: None, namespace: str, tmp_path: Path
 ) -> Iterator[tuple[FaultProxy, OperatorProcess]]:
     """The operator through the proxy, watching the trial's namespace only: a cluster-wide one also served the fleets
     of earlier trials whose namespaces were terminating (re-applying children the namespace controller had removed,

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_sigkills_mid_reconcile_lose_duplicate_and_adopt_nothing(
-    cluster: Cluster, crd: None, api: Any, namespace: str, tmp_path: Path, own_operator_only: None
+    own_operator_only: None, cluster: Cluster, crd: None, api: Any, namespace: str, tmp_path: Path
 ) -> None:
     kills = int(os.environ.get("MMFLEET_CRASH_KILLS", "10"))
     seed = int(os.environ.get("MMFLEET_CRASH_SEED", "0"))

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from mmfleet import backends, metrics_export, render, status, telemetry
 from mmfleet.api import MultimodalInference, MultimodalInferenceStatus, seconds
 from mmfleet.autoscaler import cycle, encode, metrics, standby
-from mmfleet.backends import ServerStartup
+from mmfleet.backends import Backend, ServerStartup
 from mmfleet.handlers import standby as fleet_standby
 from mmfleet.handlers.children import INDEXES, deployment_pods, fleet_children, owned_deployment
 from mmfleet.handlers.discovery import resolve_cloud
@@ -50,7 +50,7 @@ from mmfleet.render import CONTAINER, SpecError
 # A server logs its start first: this much of the beginning of its log holds it (vLLM's, with a model's download
 # bars, tens of KiB) and leaves out most of the requests it has logged since.
 SERVER_LOG_BYTES = 256 * 1024
-SERVER_LOGS_PER_CYCLE = 4  # per fleet: a cycle never waits on more reads than this
+SERVER_LOGS_PER_CYCLE = 4  # per fleet and cycle: a large fleet's logs come over several cycles, a few at a time
 SERVER_LOG_THREADS = 4  # reads of pods' logs side by side, apart from the cycle's threads
 SERVER_LOG_TRIES = 3  # reads of one pod's log that time out or meet a 5xx before it is left whole
 # The liveness probe fails when no cycle has finished for this many intervals, plus STALL_MARGIN seconds.
@@ -342,50 +342,66 @@ def _scale_encode(
 def _read_server_logs_soon(
     op: Operator, record: FleetRecord, view: FleetView, inference: MultimodalInference, counted: cycle.Pods
 ) -> None:
-    """Read new pods' server logs in the server-log threads, one batch per fleet at a time: the cycle never waits on
-    them (at 1,000 fleets, a cycle that read them itself took up to 1.2 s, over its 1 s budget). Without the loop's
-    threads (a single cycle run by hand), now."""
+    """Queue the reads of new Ready pods' server logs in the server-log threads, one batch per fleet at a time, so
+    the cycle never waits on them (after an operator restart at 1,000 fleets, up to 4,000 reads); a later cycle
+    sees what they found. Without the loop's threads (a single cycle run by hand), read now."""
     pool = op.server_log_pool
     if pool is None:
         _read_server_logs(op, record, view, inference, counted)
         return
     with record.lock:
-        if record.server_logs.reading:
+        batch = record.server_logs.reading
+        if batch is not None and not batch.done():  # a cancelled batch is done: the next cycle queues it again
             return
-        record.server_logs.reading = True
+        names = _unread_logs(record, view, inference, counted)
+        if not names:
+            return
+        key, backend = view.key, backends.get(inference.spec.backend.name)
+        with contextlib.suppress(RuntimeError):  # the loop is stopping: its pool takes no more work
+            record.server_logs.reading = pool.submit(_read_logs, op, record, key, backend, names)
+            record.server_logs.reading.add_done_callback(_log_failure)
 
-    def read() -> None:
-        try:
-            _read_server_logs(op, record, view, inference, counted)
-        except Exception:  # a bug: logged, and the next cycle tries again
-            log.exception("reading the server logs of %s/%s failed", *view.key)
-        finally:
-            with record.lock:
-                record.server_logs.reading = False
 
-    pool.submit(read)
+def _log_failure(batch: Future[None]) -> None:
+    """A batch's bug, logged and counted as the cycle's would be; the next cycle reads those pods again."""
+    error = None if batch.cancelled() else batch.exception()
+    if error is not None:
+        log.error("reading server logs failed", exc_info=error)
+        metrics_export.error("autoscale_fleet")
 
 
 def _read_server_logs(
     op: Operator, record: FleetRecord, view: FleetView, inference: MultimodalInference, counted: cycle.Pods
 ) -> None:
-    """Read what new Ready pods' servers logged about their start, once per pod, at most ``SERVER_LOGS_PER_CYCLE``
-    a cycle (after an operator restart a large fleet's pods are read over several cycles), and observe it in the
-    operator's metrics. The next cycles show it in status. A read that fails for good (the operator's RBAC without
-    pods/log, a node that keeps no log) or ``SERVER_LOG_TRIES`` times leaves that pod's ready phase whole. The
-    fleet's lock is held to pick the pods and to keep what was read, never over a read."""
-    logs = record.server_logs
-    backend = backends.get(inference.spec.backend.name)
-    present = {pod.get("metadata", {}).get("name") for pod in view.pods}
+    """Read what new Ready pods' servers logged about their start (``_unread_logs``), now."""
     with record.lock:
-        for gone in (set(logs.read) | set(logs.failures)) - present:
-            logs.read.pop(gone, None)
-            logs.failures.pop(gone, None)
-        unread = sorted({start.pod for start in counted.starts} - set(logs.read))[:SERVER_LOGS_PER_CYCLE]
-    if not backend.start_in_log:
-        return
-    namespace = view.key[0]
-    for name in unread:
+        names = _unread_logs(record, view, inference, counted)
+    _read_logs(op, record, view.key, backends.get(inference.spec.backend.name), names)
+
+
+def _unread_logs(
+    record: FleetRecord, view: FleetView, inference: MultimodalInference, counted: cycle.Pods
+) -> list[str]:
+    """Under the fleet's lock: forget the pods gone, and name the Ready pods whose server log is still to read, once
+    per pod, at most ``SERVER_LOGS_PER_CYCLE`` a cycle (after an operator restart a large fleet's pods are read over
+    several cycles); none where the backend's start is not in its log (TensorRT-LLM)."""
+    logs = record.server_logs
+    present = {pod.get("metadata", {}).get("name") for pod in view.pods}
+    for gone in (set(logs.read) | set(logs.failures)) - present:
+        logs.read.pop(gone, None)
+        logs.failures.pop(gone, None)
+    if not backends.get(inference.spec.backend.name).start_in_log:
+        return []
+    return sorted({start.pod for start in counted.starts} - set(logs.read))[:SERVER_LOGS_PER_CYCLE]
+
+
+def _read_logs(op: Operator, record: FleetRecord, key: Key, backend: Backend, names: list[str]) -> None:
+    """Read the pods' logs and observe what they say in the operator's metrics; the next cycles show it in status. A
+    read that fails for good (the operator's RBAC without pods/log, a node that keeps no log) or ``SERVER_LOG_TRIES``
+    times leaves that pod's ready phase whole. The fleet's lock is held to keep what was read, never over a read."""
+    logs = record.server_logs
+    namespace = key[0]
+    for name in names:
         try:
             startup = backend.startup(op.get_kube().pod_log(namespace, name, CONTAINER, SERVER_LOG_BYTES))
         except Exception as error:  # refused (403 without pods/log, 404) or not readable: the phase stays whole
@@ -396,7 +412,7 @@ def _read_server_logs(
             log.info("pod %s/%s: its server's log was not read (%s)", namespace, name, error_text(error))
             startup = ServerStartup()
         else:
-            metrics_export.record_server_startup(view.key, startup)
+            metrics_export.record_server_startup(key, startup)
         with record.lock:
             logs.read[name] = startup
             logs.failures.pop(name, None)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -88,7 +88,7 @@ class ServerLogs:
 
     read: dict[str, ServerStartup] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
-    reading: bool = False  # a batch of reads is queued or running in the server-log threads
+    reading: Future[None] | None = None  # the last batch of reads given to the server-log threads
 
 
 @dataclass

@@ -161,6 +161,12 @@ def _read_cycle(op: Any, record: FleetRecord, pods: list[dict[str, Any]], backen
     return with_server(count_pods(pods), record.server_logs.read)
 
 
+def _decided(pods: list[dict[str, Any]]) -> None:
+    """One decision for the fleet KEY recorded in the operator's metrics, as its cycle does."""
+    outcome = _decide(pods, Memory())
+    metrics_export.record_decision(KEY, fleet(), Seen(outcome.current, Pods(ready=outcome.current), None), outcome, 120)
+
+
 def ready_pods(*names: str) -> list[dict[str, Any]]:
     return [pod(name, 2, 5, 45, 140) for name in names]
 
@@ -179,6 +185,7 @@ def test_each_ready_pods_log_is_read_once_and_a_refused_read_leaves_its_ready_ph
 
     before = count("weights")
     try:
+        _decided(ready_pods("a", "b"))  # the fleet's series exist from its first decision
         _read_cycle(op, record, ready_pods("a", "b"))
         seen = _read_cycle(op, record, ready_pods("a", "b"))
         assert sorted(kube.logs_read) == ["a", "b"], "once per pod, the refused one too: no read every cycle"
@@ -191,6 +198,22 @@ def test_each_ready_pods_log_is_read_once_and_a_refused_read_leaves_its_ready_ph
         assert set(record.server_logs.read) == {"c"}, "pods gone are forgotten"
     finally:
         metrics_export.forget_others(set())
+
+
+def test_a_log_read_after_the_fleets_series_ended_does_not_bring_them_back() -> None:
+    """Reads finish after the cycle that queued them; the fleet may have been deleted or turned off meanwhile."""
+    kube = RecordingKube()
+    kube.logs = {"a": SERVER_LOG.read_text()}
+    op, record = operator(kube), FleetRecord(uid="u-1")
+    labels = {"namespace": KEY[0], "mmfleet_io_inference": KEY[1], "phase": "weights"}
+    _decided(ready_pods("a"))
+    assert metrics_export.REGISTRY.get_sample_value(
+        "mmfleet_fleet_cold_start_phase_seconds_count", labels | {"phase": "total"}
+    )
+    metrics_export.forget_others(set())
+    _read_cycle(op, record, ready_pods("a"))
+    assert kube.logs_read == ["a"]
+    assert metrics_export.REGISTRY.get_sample_value("mmfleet_fleet_cold_start_phase_seconds_count", labels) is None
 
 
 def test_a_read_that_may_pass_is_tried_again_a_few_times_and_a_cycle_reads_a_few_logs() -> None:
@@ -206,8 +229,8 @@ def test_a_read_that_may_pass_is_tried_again_a_few_times_and_a_cycle_reads_a_few
 
 
 def test_the_cycle_hands_the_reads_to_their_own_threads_and_never_waits_on_them() -> None:
-    """A cycle at 1,000 fleets that read new pods' logs itself took up to 1.2 s; now it queues them, one batch per
-    fleet at a time, and the next cycle sees what they found."""
+    """The cycle queues new pods' log reads (after an operator restart at 1,000 fleets, up to 4,000), one batch per
+    fleet at a time, and a later cycle sees what they found."""
     started, release = threading.Event(), threading.Event()
 
     class SlowLogs(RecordingKube):
@@ -237,7 +260,8 @@ def test_the_cycle_hands_the_reads_to_their_own_threads_and_never_waits_on_them(
     assert took < 1, f"the cycle waited {took:.1f} s on a log read"
     assert kube.logs_read == ["a"]
     assert record.server_logs.read["a"] == ServerStartup(3.56183, 72.91, 22.56)
-    assert not record.server_logs.reading
+    autoscale._read_server_logs_soon(op, record, view, parse(body), count_pods(pods))
+    assert kube.logs_read == ["a"], "nothing left to read: nothing queued"
 
 
 def test_tensorrt_llms_log_is_not_fetched() -> None:

