@@ -353,12 +353,12 @@ def _read_server_logs_soon(
         batch = record.server_logs.reading
         if batch is not None and not batch.done():  # a cancelled batch is done: the next cycle queues it again
             return
-        names = _unread_logs(record, view, inference, counted)
+        backend = backends.get(inference.spec.backend.name)
+        names = _unread_logs(record, view, backend, counted)
         if not names:
             return
-        key, backend = view.key, backends.get(inference.spec.backend.name)
         with contextlib.suppress(RuntimeError):  # the loop is stopping: its pool takes no more work
-            record.server_logs.reading = pool.submit(_read_logs, op, record, key, backend, names)
+            record.server_logs.reading = pool.submit(_read_logs, op, record, view.key, backend, names)
             record.server_logs.reading.add_done_callback(_log_failure)
 
 
@@ -374,14 +374,13 @@ def _read_server_logs(
     op: Operator, record: FleetRecord, view: FleetView, inference: MultimodalInference, counted: cycle.Pods
 ) -> None:
     """Read what new Ready pods' servers logged about their start (``_unread_logs``), now."""
+    backend = backends.get(inference.spec.backend.name)
     with record.lock:
-        names = _unread_logs(record, view, inference, counted)
-    _read_logs(op, record, view.key, backends.get(inference.spec.backend.name), names)
+        names = _unread_logs(record, view, backend, counted)
+    _read_logs(op, record, view.key, backend, names)
 
 
-def _unread_logs(
-    record: FleetRecord, view: FleetView, inference: MultimodalInference, counted: cycle.Pods
-) -> list[str]:
+def _unread_logs(record: FleetRecord, view: FleetView, backend: Backend, counted: cycle.Pods) -> list[str]:
     """Under the fleet's lock: forget the pods gone, and name the Ready pods whose server log is still to read, once
     per pod, at most ``SERVER_LOGS_PER_CYCLE`` a cycle (after an operator restart a large fleet's pods are read over
     several cycles); none where the backend's start is not in its log (TensorRT-LLM)."""
@@ -390,7 +389,7 @@ def _unread_logs(
     for gone in (set(logs.read) | set(logs.failures)) - present:
         logs.read.pop(gone, None)
         logs.failures.pop(gone, None)
-    if not backends.get(inference.spec.backend.name).start_in_log:
+    if not backend.start_in_log:
         return []
     return sorted({start.pod for start in counted.starts} - set(logs.read))[:SERVER_LOGS_PER_CYCLE]
 
