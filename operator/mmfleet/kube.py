@@ -44,6 +44,9 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 LOG_TIMEOUT = (2.0, 5.0)
 # Reads of get_each in flight at once, for all callers: at most a reconcile's children for each of a few workers.
 LOOKUP_THREADS = 16
+# Threads beside the workers and get_each's that call the API server: the server-log readers (4), the standby's
+# sleepers and wakers (8 each), the leader's renewals (1). tests/unit/operator/test_kube_pool.py holds it to them.
+OTHER_CALLERS = 4 + 2 * 8 + 1
 
 
 class RetryableError(Exception):
@@ -281,19 +284,31 @@ class Kube:
 
     def _get(self, api_version: str, kind: str, namespace: str | None, name: str, cached: bool) -> Obj | None:
         with self._errors(f"get {kind} {_where(namespace, name)}", refusals=False):
-            try:
-                return _json(
-                    self.dynamic.get(
-                        self._resource(api_version, kind),
-                        name=name,
-                        namespace=namespace,
-                        resource_version="0" if cached else None,
-                        serialize=False,
-                        _request_timeout=REQUEST_TIMEOUT,
-                    )
-                )
-            except NotFoundError:
-                return None
+            path = self._resource(api_version, kind).path(name=name, namespace=namespace)
+            query = [("resourceVersion", "0")] if cached else []
+            data = self._read(path, query, "application/json", REQUEST_TIMEOUT)
+        if data is None:
+            return None
+        found: Obj = json.loads(data)
+        return found
+
+    def _read(self, path: str, query: list[tuple[str, str]], accept: str, timeout: tuple[float, float]) -> bytes | None:
+        """A GET's body; None for a 404, any other failure raised as ``ApiException``.
+
+        Beside the dynamic client, whose 404 formats the traceback of its exception (a tenth of the CPU of a new
+        fleet's claim reads, which all find nothing), and beside the typed APIs, whose first use imports their
+        models (``CoreV1Api``: 250 modules, 21 MB of the operator's memory, for a pod's log alone).
+        """
+        request = self.api_client.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": accept}, auth_settings=["BearerToken"]
+        )
+        response = self.api_client.call_api(*request, _request_timeout=timeout)
+        data: bytes = response.read()
+        if response.status == 404:
+            return None
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=data.decode("utf-8", "replace"), data=None)
+        return data
 
     def list_objects(
         self,
@@ -409,16 +424,12 @@ class Kube:
         """The first ``limit_bytes`` of a container's log, as its node keeps it; a character cut at the limit (or
         not UTF-8) is replaced, not an error."""
         self._count()
-        with self._errors(f"read the log of pod {namespace}/{name}", refusals=False):
-            response = client.CoreV1Api(self.api_client).read_namespaced_pod_log(
-                name,
-                namespace,
-                container=container,
-                limit_bytes=limit_bytes,
-                _preload_content=False,
-                _request_timeout=LOG_TIMEOUT,
-            )
-            body: bytes = response.data
+        call = f"read the log of pod {namespace}/{name}"
+        with self._errors(call, refusals=False):
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}/log"
+            body = self._read(path, [("container", container), ("limitBytes", str(limit_bytes))], "*/*", LOG_TIMEOUT)
+        if body is None:
+            raise ApiException(status=404, reason="Not Found")
         return body.decode("utf-8", errors="replace")
 
     def provider_ids(self) -> list[str]:
@@ -481,12 +492,17 @@ class _TimedRESTClient(rest.RESTClientObject):  # type: ignore[misc]  # the clie
         return super().request(*args, **kwargs)
 
 
-def load_client(pool_size: int = 32) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config.
+def pool_size(workers: int) -> int:
+    """Connections to keep for ``workers`` reconcile and as many autoscaler threads: one for every thread that may
+    hold a request at once. A smaller pool closes each connection it has no room for when it is given back, and
+    every one opened again costs a TLS handshake on both sides: at 32 for 69 such threads, a burst of 1,000 new
+    fleets discarded thousands (docs/benchmarks.md, Operator at scale)."""
+    return 2 * workers + LOOKUP_THREADS + OTHER_CALLERS
 
-    The connection pool is sized for the handler threads; the client's default (5 per CPU) would
-    make concurrent reconciles open and drop connections.
-    """
+
+def load_client(pool_size: int = 32) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config; ``pool_size`` connections kept
+    (see ``pool_size``; the client's default is 5 per CPU)."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)

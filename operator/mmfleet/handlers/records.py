@@ -31,7 +31,7 @@ from mmfleet.autoscaler.encode import EncodeMemory
 from mmfleet.autoscaler.standby import WAKES_KEPT, Intent
 from mmfleet.backends import ServerStartup
 from mmfleet.config import OperatorConfig
-from mmfleet.kube import Kube
+from mmfleet.kube import Kube, load_client, pool_size
 from mmfleet.leader import own_namespace
 from mmfleet.routing import PickerSettings, RoutingCrds
 from mmfleet.validation import parse, refuse_system_namespace
@@ -193,7 +193,7 @@ class Operator:
 
     def get_kube(self) -> Kube:
         if self.kube is None:
-            self.kube = Kube()
+            self.kube = Kube(load_client(pool_size(self.config.workers)))
         return self.kube
 
     def record(self, key: Key, uid: str | None = None) -> FleetRecord:
