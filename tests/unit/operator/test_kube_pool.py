@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mmfleet import kube
-from mmfleet.handlers import autoscale, standby
+from mmfleet.config import OperatorConfig
+from mmfleet.handlers import autoscale, records, standby
 
 
 @pytest.mark.parametrize("workers", [1, 16, 64])
@@ -20,3 +21,11 @@ def test_pool_holds_every_thread_that_calls_the_api_server(workers: int) -> None
         + 1  # leader election's renewals
     )
     assert kube.pool_size(workers) >= callers
+
+
+def test_the_operators_client_is_built_with_that_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(records, "load_client", lambda connections: asked.append(connections) or object())
+    monkeypatch.setattr(kube, "DynamicClient", lambda _: object())
+    records.Operator(config=OperatorConfig(workers=24)).get_kube()
+    assert asked == [kube.pool_size(24)]
