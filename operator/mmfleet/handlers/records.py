@@ -191,10 +191,15 @@ class Operator:
     # The threads that read new pods' server logs for the autoscaler (mmfleet.handlers.autoscale), while its loop runs.
     server_log_pool: ThreadPoolExecutor | None = None
 
+    kube_lock: threading.Lock = field(default_factory=threading.Lock)
+
     def get_kube(self) -> Kube:
-        if self.kube is None:
-            self.kube = Kube(load_client(pool_size(self.config.workers)))
-        return self.kube
+        """The one client, made on first use: without leader election, the first reconciles ask at once from their
+        threads, and each client made would open its own connections and read discovery again."""
+        with self.kube_lock:
+            if self.kube is None:
+                self.kube = Kube(load_client(pool_size(self.config.workers)))
+            return self.kube
 
     def record(self, key: Key, uid: str | None = None) -> FleetRecord:
         """The fleet's record; a new one when ``uid`` says the name now belongs to another fleet (a missed delete).

@@ -3,6 +3,9 @@ connection that is closed when given back, a TLS handshake on both sides for eac
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from mmfleet import kube
@@ -29,3 +32,19 @@ def test_the_operators_client_is_built_with_that_pool(monkeypatch: pytest.Monkey
     monkeypatch.setattr(kube, "DynamicClient", lambda _: object())
     records.Operator(config=OperatorConfig(workers=24)).get_kube()
     assert asked == [kube.pool_size(24)]
+
+
+def test_threads_asking_at_once_share_one_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[object] = []
+
+    def slow_client(connections: int) -> object:
+        time.sleep(0.05)  # discovery and the kubeconfig take a while: every thread arrives before the first is done
+        made.append(object())
+        return made[-1]
+
+    monkeypatch.setattr(records, "load_client", slow_client)
+    monkeypatch.setattr(kube, "DynamicClient", lambda _: object())
+    op = records.Operator()
+    with ThreadPoolExecutor(8) as pool:
+        clients = list(pool.map(lambda _: op.get_kube(), range(8)))
+    assert len(made) == 1 and all(c is clients[0] for c in clients)
