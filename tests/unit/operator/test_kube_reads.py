@@ -17,16 +17,11 @@ class Answer:
 
     def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.status, self.reason, self.body, self.headers = status, "Reason", body, headers or {}
-        self.data: bytes | None = None
         self.reads = 0
 
     def read(self) -> bytes:
         self.reads += 1
-        self.data = self.body
         return self.body
-
-    def getheaders(self) -> dict[str, str]:
-        return self.headers
 
 
 class ApiClient:
