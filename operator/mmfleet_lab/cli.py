@@ -33,6 +33,14 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
     return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress, args.floor)
 
 
+def cmd_bench_foreign(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import foreign
+
+    return foreign.main(args.configmaps, args.pods, Path(args.docs), _progress)
+
+
 def cmd_bench_faults(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -405,6 +413,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--floor", action="store_true", help="also apply the children with no operator: what the cluster alone needs"
     )
     p_bop.set_defaults(func=cmd_bench_operator)
+    p_bfo = bench.add_parser("foreign", help="the operator with no fleet while the cluster's other objects churn")
+    p_bfo.add_argument("--configmaps", type=int, default=2000, help="ConfigMaps created and patched (default 2000)")
+    p_bfo.add_argument("--pods", type=int, default=300, help="pods created and run (default 300)")
+    p_bfo.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
+    p_bfo.set_defaults(func=cmd_bench_foreign)
     p_bfa = bench.add_parser(
         "faults", help="SIGKILL the operator mid-reconcile N times, then API server faults through a proxy M times each"
     )

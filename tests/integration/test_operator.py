@@ -72,6 +72,22 @@ def test_children_deleted_or_edited_by_hand_come_back(fleet: Fleet) -> None:
     wait_for(repaired, 30, "the Service to be recreated and the image restored")
 
 
+def test_a_childs_labels_taken_off_by_hand_come_back(fleet: Fleet) -> None:
+    """The watches carry the children's labels as their selector, so the API server sends a child that loses them as
+    a deletion, and the fleet applies it again at once (a filter kopf applied itself let it go unseen until the
+    resync, 5 minutes on)."""
+    fleet.create(mmi("unlabelled"))
+    fleet.wait_ready("unlabelled")
+    managed = "app.kubernetes.io/managed-by"
+    fleet.core.patch_namespaced_service("unlabelled", fleet.namespace, {"metadata": {"labels": {managed: None}}})
+
+    def labelled() -> bool:
+        labels = fleet.core.read_namespaced_service("unlabelled", fleet.namespace).metadata.labels or {}
+        return labels.get(managed) == "mmfleet"
+
+    wait_for(labelled, 30, f"the Service's {managed} label to be applied again")
+
+
 def test_a_network_policy_deleted_or_opened_by_hand_is_restored(fleet: Fleet, api: Any) -> None:
     """Issue 23, item 5: it was applied and never watched, so one deleted stayed gone and one opened to every
     source stayed open (7 minutes, the fleet Ready meanwhile)."""

@@ -13,7 +13,7 @@ import kopf
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.handlers import autoscale, children, connection, settings, triggers
-from mmfleet.handlers.children import CHILD_KINDS, CHILD_LABELS, POD_LABELS
+from mmfleet.handlers.children import CHILD_KINDS, CHILD_LABELS, POD_LABELS, child_labels
 from mmfleet.handlers.records import MEMO_KEY, Operator
 
 
@@ -36,8 +36,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.index("", "v1", "pods", labels=POD_LABELS, id="fleet_pods", registry=registry)(children.fleet_pods)
     on.event(GROUP, VERSION, PLURAL, id="fleet_events", registry=registry)(triggers.on_fleet_event)
     for group, version, plural in CHILD_KINDS:
-        labels = POD_LABELS if plural == "pods" else CHILD_LABELS
-        on.event(group, version, plural, labels=labels, id=f"watch_{plural}", registry=registry)(
+        on.event(group, version, plural, labels=child_labels(plural), id=f"watch_{plural}", registry=registry)(
             triggers.on_child_event
         )
 

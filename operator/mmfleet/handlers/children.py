@@ -47,6 +47,13 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     *OPTIONAL_KINDS,
 )
+
+
+def child_labels(plural: str) -> dict[str, Any]:
+    """The labels a watched object of ``plural`` (a CHILD_KINDS kind) must carry for the handlers to take it."""
+    return POD_LABELS if plural == "pods" else CHILD_LABELS
+
+
 INDEXES = ("fleets", "fleet_deployments", "fleet_pods")
 # The label the Deployment controller puts on a ReplicaSet's pods; the ReplicaSet's name ends in it.
 POD_TEMPLATE_HASH = "pod-template-hash"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
 
 from mmfleet import telemetry
-from mmfleet.handlers.children import OPTIONAL_KINDS
+from mmfleet.handlers.children import CHILD_KINDS, OPTIONAL_KINDS, child_labels
 from mmfleet.handlers.discovery import monitoring_crds
 from mmfleet.handlers.records import log, operator_of
 
@@ -55,6 +55,30 @@ def quiet_optional_kinds() -> None:
         observer.addFilter(OptionalKindUnresolved())
 
 
+def label_selector(labels: Mapping[str, Any]) -> str:
+    """A kopf ``labels=`` filter as the API server's label selector: present, absent, or equal to a value."""
+    terms = []
+    for key, value in sorted(labels.items()):
+        if value is kopf.PRESENT:
+            terms.append(key)
+        elif value is kopf.ABSENT:
+            terms.append(f"!{key}")
+        elif isinstance(value, str):
+            terms.append(f"{key}={value}")
+        else:
+            raise TypeError(f"label {key}: a filter the API server cannot apply ({value!r})")
+    return ",".join(terms)
+
+
+def watch_only_labelled(settings: kopf.OperatorSettings) -> None:
+    """Each child kind's watch asks the API server only for the objects its handlers take (their labels), so the
+    cluster's other pods, ConfigMaps, Services and the rest never reach kopf: kopf filters ``labels=`` itself, after
+    parsing every event of the kind and keeping a worker and a memory for every object. A child whose labels are
+    taken off leaves the watch as a deletion, so the fleet applies it again."""
+    for group, version, plural in CHILD_KINDS:
+        settings.watching.label_selectors[group, version, plural] = label_selector(child_labels(plural))
+
+
 def configure_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     op = operator_of(memo)
     # No handler needs a finalizer or stores progress; kopf's annotations are named under mmfleet.io should one ever.
@@ -65,6 +89,7 @@ def configure_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: An
     # the operator's own events (Ready, Degraded) are posted explicitly with kopf.event.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 600
+    watch_only_labelled(settings)
     # kopf's own requests (events) end within this long. Watches are bounded by server_timeout and kopf's
     # inactivity_timeout.
     settings.networking.request_timeout = 30

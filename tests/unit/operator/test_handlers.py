@@ -14,7 +14,7 @@ import pytest
 
 from mmfleet import workqueue
 from mmfleet.api import MultimodalInferenceStatus
-from mmfleet.handlers import autoscale, children, connection, memo, reconcile, register, triggers
+from mmfleet.handlers import autoscale, children, connection, memo, reconcile, register, settings, triggers
 from mmfleet.handlers.records import FleetRecord, parse_spec, render_children, write_status
 from mmfleet.render import INFERENCE_LABEL
 from mmfleet.routing import ALL_SERVED
@@ -224,6 +224,29 @@ def test_every_handler_is_registered_explicitly_and_none_on_import() -> None:
     assert watched == {"fleet_events", *(f"watch_{plural}" for _, _, plural in children.CHILD_KINDS)}
     assert {h.id for h in registry._indexing.get_all_handlers()} == set(children.INDEXES)
     assert not list(registry._changing.get_all_handlers())
+
+
+def test_each_child_watch_asks_the_api_server_for_exactly_what_its_handlers_take() -> None:
+    """The cluster's other objects of a child kind never reach kopf: every child kind's watch carries the label
+    selector its handlers filter by, and the fleets' own watch none."""
+    registry = kopf.OperatorRegistry()
+    register(registry)
+    configured = kopf.OperatorSettings()
+    op = operator(RecordingKube())
+    op.tracer_provider = cast(Any, "set up")  # no telemetry set up here
+    settings.configure_operator(configured, memo(op))
+    every = [*registry._watching.get_all_handlers(), *registry._indexing.get_all_handlers()]
+    assert len(every) == len(children.CHILD_KINDS) + 4
+    for handler in every:
+        sel = handler.selector
+        assert sel is not None
+        resource = kopf.Resource(sel.group or "", sel.version or "", sel.any_name or "")
+        sent = configured.watching.label_selectors.collect(resource)
+        assert sent == ([settings.label_selector(handler.labels)] if handler.labels else []), handler.id
+    assert settings.label_selector(children.CHILD_LABELS) == "app.kubernetes.io/managed-by=mmfleet,mmfleet.io/inference"
+    assert settings.label_selector({"a": kopf.ABSENT}) == "!a"
+    with pytest.raises(TypeError, match="label a"):
+        settings.label_selector({"a": lambda value, **_: True})
 
 
 def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> None:
