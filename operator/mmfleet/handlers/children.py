@@ -209,10 +209,10 @@ def edited_by_hand(obj: Mapping[str, Any], applied: Fingerprint | None) -> bool:
     autoscaler's own scale (a new generation with the same spec but replicas) do not count."""
     if applied is None:
         return False
-    current = fingerprint(obj)
-    if applied[0]:
-        return current[0] > applied[0] and current[1] != applied[1]
-    return current[1] != applied[1]
+    if applied[0]:  # the spec's digest only once the generation moved: most events are status updates
+        generation = int(obj.get("metadata", {}).get("generation") or 0)
+        return generation > applied[0] and _spec_digest(obj) != applied[1]
+    return fingerprint(obj)[1] != applied[1]
 
 
 def controller_of(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
