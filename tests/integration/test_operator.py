@@ -11,6 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
+from mmfleet.render import INFERENCE_LABEL
 from mmfleet_lab.cluster import Cluster
 from mmfleet_lab.cluster.kubectl import kubectl, run_kubectl
 from tests.helpers.fleet import Fleet, mmi
@@ -75,7 +76,7 @@ def test_children_deleted_or_edited_by_hand_come_back(fleet: Fleet) -> None:
 def test_a_childs_labels_taken_off_by_hand_come_back(fleet: Fleet) -> None:
     """The watches carry the children's labels as their selector, so the API server sends a child that loses them as
     a deletion, and the fleet applies it again at once (a filter kopf applied itself let it go unseen until the
-    resync, 5 minutes on)."""
+    fleet's next change)."""
     fleet.create(mmi("unlabelled"))
     fleet.wait_ready("unlabelled")
     managed = "app.kubernetes.io/managed-by"
@@ -86,6 +87,15 @@ def test_a_childs_labels_taken_off_by_hand_come_back(fleet: Fleet) -> None:
         return labels.get(managed) == "mmfleet"
 
     wait_for(labelled, 30, f"the Service's {managed} label to be applied again")
+    # The fleet's own label, the key of kopf's index of Deployments, taken off the Deployment: it comes back too.
+    unlabel = {"metadata": {"labels": {INFERENCE_LABEL: None}}}
+    fleet.apps.patch_namespaced_deployment("unlabelled", fleet.namespace, unlabel)
+    wait_for(
+        lambda: (fleet.deployment("unlabelled").metadata.labels or {}).get(INFERENCE_LABEL) == "unlabelled",
+        30,
+        f"the Deployment's {INFERENCE_LABEL} label to be applied again",
+    )
+    fleet.wait_ready("unlabelled")
 
 
 def test_a_network_policy_deleted_or_opened_by_hand_is_restored(fleet: Fleet, api: Any) -> None:

@@ -56,13 +56,11 @@ def quiet_optional_kinds() -> None:
 
 
 def label_selector(labels: Mapping[str, Any]) -> str:
-    """A kopf ``labels=`` filter as the API server's label selector: present, absent, or equal to a value."""
+    """A kopf ``labels=`` filter as the API server's label selector: present, or equal to a value."""
     terms = []
     for key, value in sorted(labels.items()):
         if value is kopf.PRESENT:
             terms.append(key)
-        elif value is kopf.ABSENT:
-            terms.append(f"!{key}")
         elif isinstance(value, str):
             terms.append(f"{key}={value}")
         else:
@@ -73,7 +71,7 @@ def label_selector(labels: Mapping[str, Any]) -> str:
 def watch_only_labelled(settings: kopf.OperatorSettings) -> None:
     """Each child kind's watch asks the API server only for the objects its handlers take (their labels), so the
     cluster's other pods, ConfigMaps, Services and the rest never reach kopf: kopf filters ``labels=`` itself, after
-    parsing every event of the kind and keeping a worker and a memory for every object. A child whose labels are
+    parsing every event of the kind, and keeps a memory of every object it was sent. A child whose labels are
     taken off leaves the watch as a deletion, so the fleet applies it again."""
     for group, version, plural in CHILD_KINDS:
         settings.watching.label_selectors[group, version, plural] = label_selector(child_labels(plural))

@@ -64,7 +64,8 @@ async def on_fleet_event(
 async def on_child_event(
     event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """A child changed: deleted or edited by hand, its fleet is reconciled now (and applies again); a pod or the
+    """A child changed: deleted, edited or its labels taken off by hand (the watch's label selector then sends it as a
+    deletion), its fleet is reconciled now (and applies again); a pod or the
     Deployment changed, its fleet's status is refreshed ``STATUS_DEBOUNCE`` later.
 
     Judged on the event loop, so the thousands of events a burst of creations brings never wait for a worker.
@@ -87,7 +88,7 @@ async def on_child_event(
     )
     if kind != "Pod" and (deleted or edited):
         log.info("%s %s/%s was %s by hand; re-applying", kind, key[0], meta.get("name"),
-                 "deleted" if deleted else "edited")  # fmt: skip
+                 "deleted (or its labels taken off)" if deleted else "edited")  # fmt: skip
         record.applied.pop(meta.get("uid", ""), None)
         if deleted:
             record.owned.discard((kind, meta.get("name", "")))

@@ -114,6 +114,7 @@ def _resource(index: int) -> dict[str, Any]:
 
 
 def _peak_rss_mb(pid: int) -> float:
+    """The process's peak RSS so far (VmHWM), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024

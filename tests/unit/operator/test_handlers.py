@@ -244,9 +244,12 @@ def test_each_child_watch_asks_the_api_server_for_exactly_what_its_handlers_take
         sent = configured.watching.label_selectors.collect(resource)
         assert sent == ([settings.label_selector(handler.labels)] if handler.labels else []), handler.id
     assert settings.label_selector(children.CHILD_LABELS) == "app.kubernetes.io/managed-by=mmfleet,mmfleet.io/inference"
-    assert settings.label_selector({"a": kopf.ABSENT}) == "!a"
+    assert settings.label_selector(children.POD_LABELS) == "mmfleet.io/inference"
+    for kopfs_own in (("", "v1", "namespaces"), ("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
+                      ("", "v1", "events"), ("events.k8s.io", "v1", "events")):  # fmt: skip
+        assert configured.watching.label_selectors.collect(kopf.Resource(*kopfs_own)) == []
     with pytest.raises(TypeError, match="label a"):
-        settings.label_selector({"a": lambda value, **_: True})
+        settings.label_selector({"a": kopf.ABSENT})
 
 
 def test_a_spec_is_parsed_once_per_generation_and_afresh_after_a_change() -> None:
