@@ -13,7 +13,7 @@ import kopf
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet.handlers import autoscale, children, connection, settings, triggers
-from mmfleet.handlers.children import CHILD_KINDS, CHILD_LABELS, POD_LABELS, child_labels
+from mmfleet.handlers.children import CHILD_KINDS, child_labels
 from mmfleet.handlers.records import MEMO_KEY, Operator
 
 
@@ -30,10 +30,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
     on.cleanup(registry=registry)(settings.report_requests)
     on.probe(id="autoscaler", registry=registry)(autoscale.check_autoscaler)
     kopf.index(GROUP, VERSION, PLURAL, id="fleets", registry=registry)(children.fleets)
-    kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS, id="fleet_deployments", registry=registry)(
-        children.fleet_deployments
-    )
-    kopf.index("", "v1", "pods", labels=POD_LABELS, id="fleet_pods", registry=registry)(children.fleet_pods)
+    kopf.index(
+        "apps", "v1", "deployments", labels=child_labels("deployments"), id="fleet_deployments", registry=registry
+    )(children.fleet_deployments)
+    kopf.index("", "v1", "pods", labels=child_labels("pods"), id="fleet_pods", registry=registry)(children.fleet_pods)
     on.event(GROUP, VERSION, PLURAL, id="fleet_events", registry=registry)(triggers.on_fleet_event)
     for group, version, plural in CHILD_KINDS:
         on.event(group, version, plural, labels=child_labels(plural), id=f"watch_{plural}", registry=registry)(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from mmfleet_lab.bench.operator_scale import (
     CLUSTER,
     NAMESPACE,
+    OPERATOR_COMMAND,
     PODS_PER_NODE,
     Operator,
     Progress,
@@ -50,19 +50,20 @@ def run_once(configmaps: int, pods: int, progress: Progress) -> Result:
     from kubernetes import client
 
     nodes = max(1, -(-pods // PODS_PER_NODE))
-    pool = NodePool(
+    node_pool = NodePool(
         cloud="eks", gpu_type="H100", count=nodes, gpus_per_node=8, pods=str(PODS_PER_NODE), cpu="1000", memory="4000Gi"
     )
     down(CLUSTER)
-    cluster = up(CLUSTER, pod_ready_delay="1s", nodes=(pool,), progress=lambda line: progress(f"   {line}"))
+    cluster = up(CLUSTER, pod_ready_delay="1s", nodes=(node_pool,), progress=lambda line: progress(f"   {line}"))
     try:
         api = _install(cluster)
         core = client.CoreV1Api(api)
         log = cluster.logs_dir / "operator.log"
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "MMFLEET_PROMETHEUS_URL": ""}
-        command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", ""]
         with log.open("ab") as out:
-            operator = Operator(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT), spied=False)
+            operator = Operator(
+                subprocess.Popen(OPERATOR_COMMAND, env=env, stdout=out, stderr=subprocess.STDOUT), spied=False
+            )
         try:
             _wait_operator(log, operator)
             time.sleep(5.0)  # its first lists done
@@ -80,9 +81,9 @@ def run_once(configmaps: int, pods: int, progress: Progress) -> Result:
                 spec["tolerations"] = [{"operator": "Exists"}]
                 core.create_namespaced_pod(NAMESPACE, {"metadata": meta, "spec": spec})
 
-            with ThreadPoolExecutor(THREADS) as pool_:
-                list(pool_.map(configmap, range(configmaps)))
-                list(pool_.map(pod, range(pods)))
+            with ThreadPoolExecutor(THREADS) as pool:
+                list(pool.map(configmap, range(configmaps)))
+                list(pool.map(pod, range(pods)))
             time.sleep(SETTLE_SECONDS)
             seconds, churn_cpu = time.monotonic() - started, _cpu_seconds(operator.pid) - cpu_before
             progress(f"   idle for {seconds:.0f}s")

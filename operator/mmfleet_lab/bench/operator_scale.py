@@ -62,6 +62,8 @@ PYSPY_ENV = "MMFLEET_BENCH_PYSPY"
 TRACEMALLOC_ENV = "MMFLEET_BENCH_TRACEMALLOC"
 MEMRAY_ENV = "MMFLEET_BENCH_MEMRAY"
 SNAPSHOT_SECONDS = 20.0
+# The operator as its own process, with neither of its HTTP endpoints (each run is a fresh cluster on this machine).
+OPERATOR_COMMAND = (sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", "")
 
 Progress = Callable[[str], None]
 
@@ -205,7 +207,7 @@ def run_once(count: int, progress: Progress, timeout: float, floor: bool = False
             "MMFLEET_PROMETHEUS_URL": cluster.prometheus_url or "",
             "MMFLEET_AUTOSCALE_INTERVAL": f"{AUTOSCALE_INTERVAL:g}s",
         }
-        command = [sys.executable, "-m", "mmfleet.cli", "run", "--health-address", "", "--metrics-address", ""]
+        command = list(OPERATOR_COMMAND)
         if os.environ.get(TRACEMALLOC_ENV):
             prefix = Path(os.environ[TRACEMALLOC_ENV]) / f"operator-{count}"
             prefix.parent.mkdir(parents=True, exist_ok=True)
