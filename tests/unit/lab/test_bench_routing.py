@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mmfleet_lab.bench import routing
-from mmfleet_lab.twin import Requests
+from mmfleet_lab.bench.baselines.static import StaticPolicy
+from mmfleet_lab.twin import H200_QWEN25VL7B, Requests, Scenario, simulate
+from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.types import PrefixChains
 
 
@@ -31,12 +35,33 @@ def test_resource_takes_every_request_of_the_trace() -> None:
     assert mmfleet.queue_depth == 1  # 0.5 req/s x the 2 s target, at least one
 
 
-def test_reuse_bound() -> None:
-    """Two requests sharing two 512-token blocks of three: the second finds 1,024 of its 1,536 tokens."""
+def test_solo_finds_every_earlier_prompt_in_its_cache() -> None:
+    """Two requests sharing two 512-token blocks of three: alone, the second finds 1,024 of its 1,536 tokens."""
     chains = PrefixChains(512, np.array([0, 3, 6]), np.array([1, 2, 3, 1, 2, 4]), np.full(6, 2048), np.zeros(2))
     req = Requests(np.array([0.0, 1.0]), np.full(2, 1536.0), np.full(2, 10.0), np.zeros(2), prefix=chains)
-    assert routing.reuse_bound(req, start=0.0) == 1024 / 3072
-    assert routing.reuse_bound(req, start=0.5) == 1024 / 1536
+    assert list(routing.solo(req, 0).cached) == [0.0, 1024.0]
+
+
+def test_no_router_beats_solo_on_any_request() -> None:
+    """Three minutes of the test trace on two fixed replicas, busy enough to queue: every router's TTFT of every
+    request is at least its TTFT in ``solo``, so the bound row bounds them."""
+    req = routing.requests(0).window(900.0, 1080.0)
+    size = routing.Sizing(capacity=0.3, replicas=2)
+    floor = routing.solo(req, 0).ttft
+    for name, choose in routing.routers(size, 0).items():
+        engine = functools.partial(CompiledEngine, router=choose)
+        result = simulate(
+            Scenario("three minutes", req, 180.0), StaticPolicy(2), params=H200_QWEN25VL7B, cold_start=120.0,
+            slo=routing.SLO, max_replicas=2, initial_replicas=2, engine=engine,
+        )  # fmt: skip
+        assert np.all(result.ttft >= floor - 1e-9), name
+        assert np.percentile(result.ttft, 90) > 1.2 * np.percentile(floor, 90), name  # the replicas did queue
+
+
+def test_solo_refuses_a_gap_its_requests_overlap() -> None:
+    req = routing.requests(0).window(900.0, 960.0)
+    with pytest.raises(ValueError, match="not less than the 0 s gap"):
+        routing.solo(req, 0, gap=0.01)
 
 
 def test_bench_writes_its_section(tmp_path: Path) -> None:
@@ -44,5 +69,5 @@ def test_bench_writes_its_section(tmp_path: Path) -> None:
     assert routing.main(docs, lambda _: None, seeds=(0,), workers=1) == 0
     text = docs.read_text()
     assert "<!-- bench:routing -->" in text and "`mmfleet bench routing --seed 0`" in text
-    for name in routing.ROUTERS:
+    for name in (*routing.ROUTERS, routing.BOUND):
         assert f"| {name} " in text
