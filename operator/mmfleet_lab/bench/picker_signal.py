@@ -13,12 +13,16 @@ configuration, the autoscaler as shipped on the same resource), with two changes
 
 Rows: ``mmfleet`` (``twin.Shipped``, what ships) and ``mmfleet+picker-held`` (``Shipped(picker_held=True)``, a lab
 variant: the picker's flow-control queue, as Prometheus last scraped it, added to the servers' waiting requests).
-The burst was chosen on the training minutes only (``SPIKE``); the test minutes are run once with it.
+The burst was chosen on the training minutes only (``SPIKE``); the test minutes are run once with it. A second cell,
+``OVERLOAD``, asks the same of a steady overload, where the servers' queues could sit at the picker's saturation
+threshold while only its held requests grow: twice the trace's rate for as long as the split holds it, fixed by that
+rule before it ran (on the training minutes, x2 for 150 s: the two rows scaled alike and met every window).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import time
@@ -54,6 +58,9 @@ SPIKE = Spike(onset=300.0, length=20.0, factor=15.0)
 # The routing bench's maxReplicas (twice the fixed fleet) was reached before the burst on the training minutes (the
 # first decision took 10 replicas to 19), where no signal could add a replica: four times the fixed fleet here.
 MAX_PER_FIXED_SPIKE = 4
+# Twice the trace's rate from the burst's onset to the test split's end (300 s of it plays 600 s of the trace).
+OVERLOAD = Spike(onset=300.0, length=300.0, factor=2.0)
+CELLS = {"burst": SPIKE, "overload": OVERLOAD}
 VARIANTS = ("mmfleet", "mmfleet+picker-held")
 
 
@@ -78,6 +85,7 @@ def scenario(role: Role, seed: int, spike: Spike) -> Scenario:
 
 @dataclass(frozen=True)
 class Row:
+    cell: str
     variant: str
     seed: int
     ttft_p90: float  # as clients see it: the hold in the picker included; a 503 or an abandoned request is inf
@@ -94,10 +102,10 @@ def run(
     seed: int,
     size: Sizing,
     role: Role = "test",
-    spike: Spike = SPIKE,
+    cell: str = "burst",
     max_per_fixed: int = MAX_PER_FIXED_SPIKE,
 ) -> Row:
-    scn = scenario(role, seed, spike)
+    scn = scenario(role, seed, CELLS[cell])
     policy = Shipped(capacity_per_replica=size.capacity, picker_held=variant == "mmfleet+picker-held")
     picker = router(picker_config(resource(size), COLD_START), seed)
     started = time.monotonic()
@@ -112,7 +120,7 @@ def run(
         result.arrival[keep], ttft, seconds(SLO.target), SLO.percentile, WINDOW, origin=WARMUP
     )
     hours = (result.gpu_seconds - size.replicas * WARMUP) / 3600.0
-    return Row(variant, seed, float(np.percentile(ttft, 90, method="higher")), slo_metrics.attainment(verdicts),
+    return Row(cell, variant, seed, float(np.percentile(ttft, 90, method="higher")), slo_metrics.attainment(verdicts),
                hours, result.rejected, int(keep.sum()), int(result.desired.max()),
                time.monotonic() - started)  # fmt: skip
 
@@ -123,14 +131,15 @@ def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
 
 
 def report(rows: Sequence[Row]) -> str:
-    headers = ["autoscaler", "seeds", "TTFT P90 (s)", "windows met %", "GPU-h", "503s", "503 %", "peak replicas"]
+    headers = ["cell", "autoscaler", "seeds", "TTFT P90 (s)", "windows met %", "GPU-h", "503s", "503 %",
+               "peak replicas"]  # fmt: skip
     body = []
-    for name in VARIANTS:
-        group = [r for r in rows if r.variant == name]
+    for cell, name in itertools.product(CELLS, VARIANTS):
+        group = [r for r in rows if (r.cell, r.variant) == (cell, name)]
         if not group:
             continue
         body.append([
-            name, str(len(group)),
+            cell, name, str(len(group)),
             spread([r.ttft_p90 for r in group], lambda v: num(v, 3) if math.isfinite(v) else "inf"),
             spread([r.attainment for r in group], pct),
             spread([r.gpu_hours for r in group], lambda v: num(v, 3)),
@@ -142,16 +151,16 @@ def report(rows: Sequence[Row]) -> str:
 
 
 def main(docs: Path, size: Sizing, progress: Progress, seeds: Sequence[int], workers: int) -> int:
-    """The test minutes, once, with ``SPIKE``: the table printed and written to ``docs``."""
+    """The test minutes, once per cell (``CELLS``): the table printed and written to ``docs``."""
     started = time.monotonic()
-    jobs = [(v, s) for s in seeds for v in VARIANTS]
+    jobs = [(c, v, s) for c in CELLS for s in seeds for v in VARIANTS]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run, v, s, size) for v, s in jobs]
+        futures = [pool.submit(run, v, s, size, cell=c) for c, v, s in jobs]
         rows = []
         for n, future in enumerate(futures, 1):
             row = future.result()
             rows.append(row)
-            progress(f"   [{n}/{len(jobs)}] seed {row.seed} {row.variant}: TTFT P90 {row.ttft_p90:.3f}s, "
+            progress(f"   [{n}/{len(jobs)}] {row.cell} seed {row.seed} {row.variant}: TTFT P90 {row.ttft_p90:.3f}s, "
                      f"{row.attainment:.1%} windows, {row.gpu_hours:.3f} GPU-h, {row.rejected} 503s "
                      f"({row.seconds:.0f}s)")  # fmt: skip
     text = report(rows)
@@ -160,15 +169,17 @@ def main(docs: Path, size: Sizing, progress: Progress, seeds: Sequence[int], wor
     t0 = SPLITS["test"][0]
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores). The routing "
-        f"bench's fleet with mmfleet's picker configuration (flow control on), autoscaled, on the test minutes with a "
-        f"burst: from minute {(t0 + SPIKE.onset) / 60:.0f} the trace's next {SPIKE.factor * SPIKE.length:.0f} s of "
-        f"arrivals played in {SPIKE.length:.0f} s (x{SPIKE.factor:g}; later arrivals come that much earlier), "
+        f"bench's fleet with mmfleet's picker configuration (flow control on), autoscaled, on the test minutes in two "
+        f"cells: `burst`, from minute {(t0 + SPIKE.onset) / 60:.0f} the trace's next "
+        f"{SPIKE.factor * SPIKE.length:.0f} s of arrivals played in {SPIKE.length:.0f} s (x{SPIKE.factor:g}; later "
+        f"arrivals come that much earlier), and `overload`, a steady x{OVERLOAD.factor:g} from minute "
+        f"{(t0 + OVERLOAD.onset) / 60:.0f} for {OVERLOAD.length:.0f} s, to the split's end; "
         f"maxReplicas {MAX_PER_FIXED_SPIKE * size.replicas}; the servers' TTFT histograms count from when a request "
         "reached its server, as vLLM's do, so a hold in the picker is not in what the autoscaler reads. "
         "`mmfleet+picker-held` (a lab variant, not shipped) adds the picker's held requests, as last scraped, to the "
         "servers' waiting requests. TTFT P90 is the clients' (hold included; a 503 counts as infinite). The burst "
-        "and maxReplicas were chosen on the training minutes (see `bench/picker_signal.py`); the test minutes were "
-        "run once.\n\n" + text + "\n"
+        "and maxReplicas were chosen on the training minutes, the overload by a rule fixed before it ran (see "
+        "`bench/picker_signal.py`); the test minutes were run once per cell.\n\n" + text + "\n"
     )
     write_section(docs, "picker-signal", "Routing: the picker's held requests as an autoscaling signal", body)
     return 0

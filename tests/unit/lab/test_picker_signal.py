@@ -4,6 +4,7 @@ the picker's held and refused requests, and the lab variant's signal."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from mmfleet.api import SloSpec
 from mmfleet.routing import picker_config
 from mmfleet_lab.bench import picker_signal
+from mmfleet_lab.bench.routing import SPLITS, Sizing
 from mmfleet_lab.twin import H200_QWEN25VL7B, Requests
 from mmfleet_lab.twin.compiled import CompiledEngine
 from mmfleet_lab.twin.engine import Workload
@@ -64,3 +66,16 @@ def test_picker_held_counts_as_waiting() -> None:
     assert signals(view).waiting == 3.0
     assert signals(view, 5.0).waiting == 8.0
     assert signals(MetricView(), 5.0).waiting is None
+
+
+def test_bench_writes_both_cells(tmp_path: Path) -> None:
+    """One seed of each cell, the steady overload reaching the test split's end and no further."""
+    overload = picker_signal.OVERLOAD
+    assert overload.onset + overload.factor * overload.length == SPLITS["test"][1] - SPLITS["test"][0]
+    docs = tmp_path / "benchmarks.md"
+    assert picker_signal.main(docs, Sizing(capacity=0.3, replicas=10), lambda _: None, [0], 1) == 0
+    text = docs.read_text()
+    assert "`mmfleet bench routing --spike --seed 0`" in text and "steady x2 from minute 20 for 300 s" in text
+    for cell in picker_signal.CELLS:
+        for variant in picker_signal.VARIANTS:
+            assert f"| {cell} " in text and f"| {variant} " in text
