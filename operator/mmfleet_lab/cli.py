@@ -30,7 +30,9 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
 
     from mmfleet_lab.bench import operator_scale
 
-    return operator_scale.main(args.count or [100], Path(args.docs), args.timeout, _progress, args.floor)
+    return operator_scale.main(
+        args.count or [100], Path(args.docs), args.timeout, _progress, args.floor, args.floor_watched
+    )
 
 
 def cmd_bench_foreign(args: argparse.Namespace) -> int:
@@ -411,6 +413,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_bop.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
     p_bop.add_argument(
         "--floor", action="store_true", help="also apply the children with no operator: what the cluster alone needs"
+    )
+    p_bop.add_argument(
+        "--floor-watched",
+        action="store_true",
+        help="--floor, and once more with the operator's watches held open: what serving them costs the API server",
     )
     p_bop.set_defaults(func=cmd_bench_operator)
     p_bfo = bench.add_parser("foreign", help="the operator with no fleet while the cluster's other objects churn")

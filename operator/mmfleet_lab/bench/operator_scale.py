@@ -28,8 +28,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -72,6 +73,7 @@ Progress = Callable[[str], None]
 class Result:
     count: int
     floor: bool  # no operator: the bench applied the rendered children itself
+    watched: bool  # a floor run with the operator's watches held open by the bench (``operator_watches``)
     apply_seconds: float
     ready_after_last_apply: float
     ready_after_first_apply: float
@@ -182,7 +184,7 @@ def _wait_operator(log: Path, operator: Operator) -> None:
     raise TimeoutError(f"the operator did not start within 60s; see {log}")
 
 
-def run_once(count: int, progress: Progress, timeout: float, floor: bool = False) -> Result:
+def run_once(count: int, progress: Progress, timeout: float, floor: bool = False, watched: bool = False) -> Result:
     nodes = math.ceil(count / PODS_PER_NODE) + 1
     # Room for PODS_PER_NODE one-GPU replicas per node at the rendered default requests (4 CPU, 34Gi).
     pool = NodePool(
@@ -199,7 +201,10 @@ def run_once(count: int, progress: Progress, timeout: float, floor: bool = False
     try:
         api = _install(cluster)
         if floor:
-            return _measure_floor(api, count, cluster.pids, progress, timeout)
+            if not watched:
+                return _measure_floor(api, count, cluster.pids, progress, timeout)
+            with operator_watches(api, progress):
+                return _measure_floor(api, count, cluster.pids, progress, timeout, watched=True)
         log = cluster.logs_dir / "operator.log"
         env = {
             **os.environ,
@@ -335,6 +340,7 @@ def _measure(
     return Result(
         count=count,
         floor=False,
+        watched=False,
         apply_seconds=last_apply - start,
         ready_after_last_apply=ready_after,
         ready_after_first_apply=last_apply - start + ready_after,
@@ -358,7 +364,52 @@ def _measure(
     )
 
 
-def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progress, timeout: float) -> Result:
+@contextlib.contextmanager
+def operator_watches(api: Any, progress: Progress) -> Iterator[None]:
+    """The watches the operator's kopf holds (every child kind with its handlers' label selector, and the fleets),
+    held open by the bench, which reads what they send and drops it: what serving them costs the API server, apart
+    from what the operator does with the events. A kind the cluster does not serve answers 404 and is left out."""
+    from mmfleet.handlers.children import CHILD_KINDS, child_labels
+    from mmfleet.handlers.settings import label_selector
+
+    stop = threading.Event()
+    streams: list[Any] = []
+    read: dict[str, int] = {}
+
+    def hold(path: str, selector: str) -> None:
+        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", "3600")]
+        query += [("labelSelector", selector)] if selector else []
+        with contextlib.suppress(Exception):  # a kind not served, or the stream closed at the end
+            request = api.param_serialize("GET", path, query_params=query, auth_settings=["BearerToken"])
+            stream = api.call_api(*request, _request_timeout=(5, 3700)).response
+            if stream.status != 200:
+                return
+            streams.append(stream)
+            read[path] = 0
+            while not stop.is_set() and (chunk := stream.read1(65536)):
+                read[path] += len(chunk)
+
+    kinds = [(g, v, p, label_selector(child_labels(p))) for g, v, p in CHILD_KINDS] + [(GROUP, VERSION, PLURAL, "")]
+    threads = [
+        threading.Thread(target=hold, args=(f"/api/{v}/{p}" if not g else f"/apis/{g}/{v}/{p}", sel), daemon=True)
+        for g, v, p, sel in kinds
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                stream.shutdown()
+        mb = sum(read.values()) / 1e6
+        progress(f"   {len(read)} of {len(threads)} watches held open, {mb:.1f} MB read from them")
+
+
+def _measure_floor(
+    api: Any, count: int, pids: dict[str, int], progress: Progress, timeout: float, watched: bool = False
+) -> Result:
     """What the control plane alone needs: each resource created, then the children the operator would render
     for it server-side applied by the bench itself, from as many threads as the operator has workers, with no
     status, event or watch of ours. Ready: the Deployment's pod is ready."""
@@ -386,7 +437,7 @@ def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progres
             )
             _ = response.data  # read to the end, so the connection goes back to the pool
 
-    progress(f"   applying {count} resources and their children, no operator")
+    progress(f"   applying {count} resources and their children, no operator{', its watches open' if watched else ''}")
     cpu_before, requests_before = _usage(api, pids)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=OperatorConfig.load().workers) as pool:
@@ -402,7 +453,7 @@ def _measure_floor(api: Any, count: int, pids: dict[str, int], progress: Progres
     cpu_after, requests_after = _usage(api, pids)
     nan = math.nan
     return Result(
-        count=count, floor=True, apply_seconds=nan, ready_after_last_apply=nan,
+        count=count, floor=True, watched=watched, apply_seconds=nan, ready_after_last_apply=nan,
         ready_after_first_apply=time.monotonic() - start, e2e_p50=nan,
         e2e_p99=nan, reconcile_p50_ms=nan, reconcile_p99_ms=nan, requests_per_reconcile=nan,
         requests_per_resource=nan, peak_rss_mb=nan, cpu_seconds=nan, all_ready=ready == count, cycle_p50_ms=nan,
@@ -441,6 +492,8 @@ def _full_cycles(log: Path, count: int, progress: Progress) -> list[Cycle]:
 
 
 def _label(r: Result) -> str:
+    if r.watched:
+        return f"{r.count}, no operator, its watches open"
     return f"{r.count}, no operator" if r.floor else str(r.count)
 
 
@@ -450,7 +503,7 @@ def _num(value: float, spec: str, suffix: str = "") -> str:
 
 def _floor_ratio(r: Result, results: list[Result]) -> float:
     """All Ready from the first apply, against the no-operator run of the same count (NaN without one)."""
-    floor = next((f for f in results if f.floor and f.count == r.count), None)
+    floor = next((f for f in results if f.floor and not f.watched and f.count == r.count), None)
     return r.ready_after_first_apply / floor.ready_after_first_apply if floor is not None else math.nan
 
 
@@ -469,7 +522,7 @@ def render_results(results: list[Result]) -> str:
             _num(r.apply_seconds, ".1f"),
             _num(r.ready_after_last_apply, ".1f") + ("" if r.all_ready else " (not all Ready)"),
             _num(r.ready_after_first_apply, ".1f"),
-            "-" if r.floor else _num(_floor_ratio(r, results), ".2f", "x"),
+            "-" if r.floor and not r.watched else _num(_floor_ratio(r, results), ".2f", "x"),
             "-" if r.floor else _num(r.requests.get(STATUS_WRITE, 0.0) / r.count, ".2f"),
             f"{_num(r.e2e_p50, '.0f')} / {_num(r.e2e_p99, '.0f')}",
             f"{_num(r.reconcile_p50_ms, '.0f')} / {_num(r.reconcile_p99_ms, '.0f')}",
@@ -526,14 +579,20 @@ def render_requests(results: list[Result], top: int = 20) -> str:
     return table(["request (verb resource subresource)", *(f"per resource, {_label(r)}" for r in results)], rows)
 
 
-def main(counts: list[int], docs: Path, timeout: float, progress: Progress, floor: bool = False) -> int:
+def main(
+    counts: list[int], docs: Path, timeout: float, progress: Progress, floor: bool = False, watched: bool = False
+) -> int:
+    """``watched`` adds a floor run with the operator's watches held open (``operator_watches``)."""
     results = []
     for count in counts:
         progress(f"== {count} resources")
         results.append(run_once(count, progress, timeout))
-        if floor:
+        if floor or watched:
             progress(f"== {count} resources, no operator")
             results.append(run_once(count, progress, timeout, floor=True))
+        if watched:
+            progress(f"== {count} resources, no operator, its watches open")
+            results.append(run_once(count, progress, timeout, floor=True, watched=True))
     text = render_results(results)
     shares = render_cpu(results)
     requests = render_requests(results)
@@ -542,7 +601,8 @@ def main(counts: list[int], docs: Path, timeout: float, progress: Progress, floo
     print(shares)
     print(requests)
     print(steady)
-    command = "mmfleet bench operator " + " ".join(f"--count {c}" for c in counts) + (" --floor" if floor else "")
+    command = "mmfleet bench operator " + " ".join(f"--count {c}" for c in counts)
+    command += " --floor-watched" if watched else " --floor" if floor else ""
     body = (
         f"Command: `{command}` (local control plane: etcd, kube-apiserver, kcm, scheduler, kwok; one node per "
         f"{PODS_PER_NODE} pods; pods turn Ready 1 s after binding). Machine: {os.cpu_count()} cores. "
