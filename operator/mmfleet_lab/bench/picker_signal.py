@@ -14,9 +14,10 @@ configuration, the autoscaler as shipped on the same resource), with two changes
 Rows: ``mmfleet`` (``twin.Shipped``, what ships) and ``mmfleet+picker-held`` (``Shipped(picker_held=True)``, a lab
 variant: the picker's flow-control queue, as Prometheus last scraped it, added to the servers' waiting requests).
 The burst was chosen on the training minutes only (``SPIKE``); the test minutes are run once with it. A second cell,
-``OVERLOAD``, asks the same of a steady overload, where the servers' queues could sit at the picker's saturation
-threshold while only its held requests grow: twice the trace's rate for as long as the split holds it, fixed by that
-rule before it ran (on the training minutes, x2 for 150 s: the two rows scaled alike and met every window).
+``overload``, asks the same of a steady overload, where the servers' queues could sit at the picker's saturation
+threshold while only its held requests grow: from the burst's onset, the rest of the split's trace played twice as
+fast (``overload``), fixed by that rule before it ran (on the training minutes, x2 for 150 s: the two rows scaled
+alike and met every window). Each row says how many requests the picker held at most, and for how long any.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -58,9 +60,9 @@ SPIKE = Spike(onset=300.0, length=20.0, factor=15.0)
 # The routing bench's maxReplicas (twice the fixed fleet) was reached before the burst on the training minutes (the
 # first decision took 10 replicas to 19), where no signal could add a replica: four times the fixed fleet here.
 MAX_PER_FIXED_SPIKE = 4
-# Twice the trace's rate from the burst's onset to the test split's end (300 s of it plays 600 s of the trace).
-OVERLOAD = Spike(onset=300.0, length=300.0, factor=2.0)
-CELLS = {"burst": SPIKE, "overload": OVERLOAD}
+OVERLOAD_FACTOR = 2.0
+Cell = Literal["burst", "overload"]
+CELLS: tuple[Cell, ...] = ("burst", "overload")
 VARIANTS = ("mmfleet", "mmfleet+picker-held")
 
 
@@ -76,6 +78,12 @@ def compress(req: Requests, spike: Spike) -> tuple[Requests, float]:
     return req.take(np.arange(len(req)), moved), saved
 
 
+def overload(role: Role) -> Spike:
+    """From the burst's onset, the rest of the split's trace played ``OVERLOAD_FACTOR`` times as fast."""
+    t0, t1 = SPLITS[role]
+    return Spike(SPIKE.onset, (t1 - t0 - SPIKE.onset) / OVERLOAD_FACTOR, OVERLOAD_FACTOR)
+
+
 def scenario(role: Role, seed: int, spike: Spike) -> Scenario:
     t0, t1 = SPLITS[role]
     req, saved = compress(requests(seed).window(t0, t1), spike)
@@ -85,7 +93,7 @@ def scenario(role: Role, seed: int, spike: Spike) -> Scenario:
 
 @dataclass(frozen=True)
 class Row:
-    cell: str
+    cell: Cell
     variant: str
     seed: int
     ttft_p90: float  # as clients see it: the hold in the picker included; a 503 or an abandoned request is inf
@@ -94,6 +102,8 @@ class Row:
     rejected: int  # answered 503 by the picker (held past defaultRequestTTL)
     requests: int  # scored
     peak_replicas: int
+    held_max: int  # requests held in front of the servers at once, at most (sampled every second)
+    held_seconds: int  # seconds with any held
     seconds: float
 
 
@@ -102,10 +112,10 @@ def run(
     seed: int,
     size: Sizing,
     role: Role = "test",
-    cell: str = "burst",
+    cell: Cell = "burst",
     max_per_fixed: int = MAX_PER_FIXED_SPIKE,
 ) -> Row:
-    scn = scenario(role, seed, CELLS[cell])
+    scn = scenario(role, seed, SPIKE if cell == "burst" else overload(role))
     policy = Shipped(capacity_per_replica=size.capacity, picker_held=variant == "mmfleet+picker-held")
     picker = router(picker_config(resource(size), COLD_START), seed)
     started = time.monotonic()
@@ -121,8 +131,8 @@ def run(
     )
     hours = (result.gpu_seconds - size.replicas * WARMUP) / 3600.0
     return Row(cell, variant, seed, float(np.percentile(ttft, 90, method="higher")), slo_metrics.attainment(verdicts),
-               hours, result.rejected, int(keep.sum()), int(result.desired.max()),
-               time.monotonic() - started)  # fmt: skip
+               hours, result.rejected, int(keep.sum()), int(result.desired.max()), int(result.held.max()),
+               int(np.count_nonzero(result.held)), time.monotonic() - started)  # fmt: skip
 
 
 def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
@@ -132,7 +142,7 @@ def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
 
 def report(rows: Sequence[Row]) -> str:
     headers = ["cell", "autoscaler", "seeds", "TTFT P90 (s)", "windows met %", "GPU-h", "503s", "503 %",
-               "peak replicas"]  # fmt: skip
+               "peak replicas", "held at most", "s with any held"]  # fmt: skip
     body = []
     for cell, name in itertools.product(CELLS, VARIANTS):
         group = [r for r in rows if (r.cell, r.variant) == (cell, name)]
@@ -146,6 +156,8 @@ def report(rows: Sequence[Row]) -> str:
             spread([float(r.rejected) for r in group], lambda v: f"{v:.0f}"),
             spread([100.0 * r.rejected / r.requests for r in group], lambda v: f"{v:.2f}"),
             spread([float(r.peak_replicas) for r in group], lambda v: f"{v:.1f}"),
+            spread([float(r.held_max) for r in group], lambda v: f"{v:.0f}"),
+            spread([float(r.held_seconds) for r in group], lambda v: f"{v:.0f}"),
         ])  # fmt: skip
     return table(headers, body)
 
@@ -167,17 +179,20 @@ def main(docs: Path, size: Sizing, progress: Progress, seeds: Sequence[int], wor
     print(f"\n{text}\n", flush=True)
     command = "mmfleet bench routing --spike " + " ".join(f"--seed {s}" for s in seeds)
     t0 = SPLITS["test"][0]
+    steady = overload("test")
     body = (
         f"Command: `{command}` ({time.monotonic() - started:.0f} s on {os.cpu_count()} shared cores). The routing "
         f"bench's fleet with mmfleet's picker configuration (flow control on), autoscaled, on the test minutes in two "
         f"cells: `burst`, from minute {(t0 + SPIKE.onset) / 60:.0f} the trace's next "
         f"{SPIKE.factor * SPIKE.length:.0f} s of arrivals played in {SPIKE.length:.0f} s (x{SPIKE.factor:g}; later "
-        f"arrivals come that much earlier), and `overload`, a steady x{OVERLOAD.factor:g} from minute "
-        f"{(t0 + OVERLOAD.onset) / 60:.0f} for {OVERLOAD.length:.0f} s, to the split's end; "
+        f"arrivals come that much earlier), and `overload`, from minute {(t0 + steady.onset) / 60:.0f} the rest of "
+        f"the test minutes' trace ({steady.factor * steady.length:.0f} s) played in {steady.length:.0f} s "
+        f"(x{steady.factor:g}), where the run ends; "
         f"maxReplicas {MAX_PER_FIXED_SPIKE * size.replicas}; the servers' TTFT histograms count from when a request "
         "reached its server, as vLLM's do, so a hold in the picker is not in what the autoscaler reads. "
         "`mmfleet+picker-held` (a lab variant, not shipped) adds the picker's held requests, as last scraped, to the "
-        "servers' waiting requests. TTFT P90 is the clients' (hold included; a 503 counts as infinite). The burst "
+        "servers' waiting requests. TTFT P90 is the clients' (hold included; a 503 counts as infinite); `held` counts "
+        "the requests held in front of the servers, sampled every second. The burst "
         "and maxReplicas were chosen on the training minutes, the overload by a rule fixed before it ran (see "
         "`bench/picker_signal.py`); the test minutes were run once per cell.\n\n" + text + "\n"
     )

@@ -108,7 +108,7 @@ def simulate(
     times = np.arange(n_sec, dtype=float)
     tl = {
         k: np.zeros(n_sec)
-        for k in ("ready", "starting", "desired", "unschedulable", "draining", "encode_ready", "encode_desired")
+        for k in ("ready", "starting", "desired", "unschedulable", "draining", "held", "encode_ready", "encode_desired")
     }
     encode_decisions: list[tuple[float, int]] = []
     target, window = seconds(slo.target), seconds(slo.window)
@@ -116,12 +116,17 @@ def simulate(
     def down(t: float) -> bool:
         return metrics_outage is not None and metrics_outage[0] <= t < metrics_outage[1]
 
+    def held_now() -> float:
+        """Requests held in front of the servers: at the gateway with no Ready pod, or by the picker's flow control."""
+        return float(pods.held.size) + (float(eng.held()) if isinstance(eng, CompiledEngine) else 0.0)
+
     def sample(k: int) -> None:
         tl["ready"][k] = pods.count("ready")
         tl["starting"][k] = pods.count("starting")
         tl["unschedulable"][k] = pods.count("unschedulable")
         tl["draining"][k] = pods.count("draining")
         tl["desired"][k] = pods.desired
+        tl["held"][k] = held_now()
         if tiers is not None:
             tl["encode_ready"][k] = tiers.pods.count("ready")
             tl["encode_desired"][k] = tiers.pods.desired
@@ -206,7 +211,7 @@ def simulate(
     while True:
         if next_scrape <= t + 1e-9:
             if not down(t):
-                picker_held = float(pods.held.size) + (float(eng.held()) if isinstance(eng, CompiledEngine) else 0.0)
+                picker_held = held_now()
                 prom.scrape(
                     t,
                     [
@@ -265,6 +270,7 @@ def simulate(
         decisions=decisions,
         unschedulable=tl["unschedulable"],
         draining=tl["draining"],
+        held=tl["held"],
         starting_gpu_seconds=start_s,
         cached=out.cached.copy(),
         rejected=eng.rejected() if isinstance(eng, CompiledEngine) else 0,

@@ -143,6 +143,7 @@ class RunResult:
     decisions: list[tuple[float, int, str]]
     unschedulable: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of Pending pods
     draining: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of draining pods
+    held: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: timeline of requests held before the servers
     starting_gpu_seconds: float = 0.0  # added: the part of gpu_seconds spent before Ready
     cached: np.ndarray = field(default_factory=lambda: np.zeros(0))  # added: prompt tokens found cached, per request
     rejected: int = 0  # added: requests the picker's flow control answered 503 (held past defaultRequestTTL)

@@ -68,14 +68,21 @@ def test_picker_held_counts_as_waiting() -> None:
     assert signals(MetricView(), 5.0).waiting is None
 
 
+def test_the_overload_plays_the_rest_of_each_split_twice_as_fast() -> None:
+    for role in ("train", "test"):
+        steady = picker_signal.overload(role)
+        assert steady.onset + steady.factor * steady.length == SPLITS[role][1] - SPLITS[role][0]
+        assert steady.factor == 2.0
+
+
 def test_bench_writes_both_cells(tmp_path: Path) -> None:
-    """One seed of each cell, the steady overload reaching the test split's end and no further."""
-    overload = picker_signal.OVERLOAD
-    assert overload.onset + overload.factor * overload.length == SPLITS["test"][1] - SPLITS["test"][0]
+    """One seed of each cell, each cell and variant on a row of its own, with the requests it held."""
     docs = tmp_path / "benchmarks.md"
     assert picker_signal.main(docs, Sizing(capacity=0.3, replicas=10), lambda _: None, [0], 1) == 0
     text = docs.read_text()
-    assert "`mmfleet bench routing --spike --seed 0`" in text and "steady x2 from minute 20 for 300 s" in text
-    for cell in picker_signal.CELLS:
-        for variant in picker_signal.VARIANTS:
-            assert f"| {cell} " in text and f"| {variant} " in text
+    assert "`mmfleet bench routing --spike --seed 0`" in text and "played in 300 s (x2)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| burst") or line.startswith("| overload")]
+    cells = {tuple(c.strip() for c in row.strip("|").split("|")[:2]) for row in rows}
+    assert cells == {(c, v) for c in picker_signal.CELLS for v in picker_signal.VARIANTS}
+    burst = next(row for row in rows if row.startswith("| burst"))
+    assert int(burst.strip("|").split("|")[-2]) > 0, "the burst's x15 holds requests in the picker"
