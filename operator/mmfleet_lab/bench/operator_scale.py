@@ -31,12 +31,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import kopf
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.bench.report import table, write_section
@@ -73,6 +75,7 @@ WATCHED_NOTE = (
     "what serving them costs the API server; its ratio is to the plain no-operator run."
 )
 Progress = Callable[[str], None]
+Timeout = float | tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -139,10 +142,16 @@ def _cpu_seconds(pid: int) -> float:
 
 def _install(cluster: Cluster) -> Any:
     from kubernetes import client
+    from kubernetes.client import rest
 
     from mmfleet_lab.cluster.crds import install_mmfleet_crd
 
     api = cluster.api_client()
+    # A connection for each of the bench's threads (16 applying in the floor, 8 creating, a watch each), as the
+    # operator keeps one per thread: with the client's default (5 a core) the floor's threads would open and close
+    # connections, each a TLS handshake, where the operator's do not.
+    api.configuration.connection_pool_maxsize = 48
+    api.rest_client = rest.RESTClientObject(api.configuration)
     install_mmfleet_crd(api, "bench")
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
@@ -206,11 +215,14 @@ def run_once(count: int, progress: Progress, timeout: float, floor: bool = False
     cluster = up(CLUSTER, pod_ready_delay="1s", nodes=(pool,), progress=lambda line: progress(f"   {line}"))
     try:
         api = _install(cluster)
+        # The bench's own process shares the cores too: it creates the fleets (and, with no operator, applies every
+        # child) and follows them to Ready.
+        pids = {**cluster.pids, "bench": os.getpid()}
         if floor:
             if not watched:
-                return _measure_floor(api, count, cluster.pids, progress, timeout)
+                return _measure_floor(api, count, pids, progress, timeout)
             with operator_watches(api, progress):
-                return _measure_floor(api, count, cluster.pids, progress, timeout, watched=True)
+                return _measure_floor(api, count, pids, progress, timeout, watched=True)
         log = cluster.logs_dir / "operator.log"
         env = {
             **os.environ,
@@ -241,7 +253,7 @@ def run_once(count: int, progress: Progress, timeout: float, floor: bool = False
         operator = Operator(proc, spied=bool(os.environ.get(PYSPY_ENV)))
         try:
             _wait_operator(log, operator)
-            return _measure(api, count, operator, {**cluster.pids, "operator": operator.pid}, log, progress, timeout)
+            return _measure(api, count, operator, {**pids, "operator": operator.pid}, log, progress, timeout)
         finally:
             operator.stop()
     finally:
@@ -250,7 +262,6 @@ def run_once(count: int, progress: Progress, timeout: float, floor: bool = False
 
 def traced_operator(argv: list[str]) -> None:
     """``mmfleet run`` with tracemalloc, a snapshot every ``SNAPSHOT_SECONDS`` (argv: prefix, then run's args)."""
-    import threading
     import tracemalloc
 
     from mmfleet import cli
@@ -278,12 +289,21 @@ def _cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
 REQUEST_SAMPLE = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$", re.M)
 
 
+def _get(api: Any, path: str, query: Sequence[tuple[str, str]] = (), timeout: Timeout = 60.0) -> Any:
+    """A GET's urllib3 response, unread: the bench's plain reads and its watches, without the typed client's models."""
+    request = api.param_serialize("GET", path, query_params=list(query), auth_settings=["BearerToken"])
+    return api.call_api(*request, _request_timeout=timeout).response
+
+
+def _watch_query(version: str | None = None, selector: str = "", timeout: int = 300) -> list[tuple[str, str]]:
+    query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout))]
+    query += [("resourceVersion", version)] if version else []
+    return query + ([("labelSelector", selector)] if selector else [])
+
+
 def _apiserver_requests(api: Any) -> dict[str, float]:
     """``apiserver_request_total`` summed by verb, resource and subresource, from the API server's /metrics."""
-    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
-    response = api.call_api(method, url, header_params=headers, body=body)
-    response.read()
-    text = response.data.decode()
+    text = _get(api, "/metrics").data.decode()
     totals: dict[str, float] = {}
     for labels, value in REQUEST_SAMPLE.findall(text):
         tags = dict(re.findall(r'(\w+)="([^"]*)"', labels))
@@ -304,49 +324,74 @@ def _since(before: dict[str, float], after: dict[str, float]) -> dict[str, float
 class Watched:
     """The objects of one namespaced list, kept current by a watch: both runs wait for Ready through this, so neither
     pays for a full list a second, which the API server encodes and the bench parses on the machine's shared cores
-    (about 5 MB of JSON for 1,000 resources, 100 times a run)."""
+    (a list a second for the whole wait, up to about 90 a run, each of every resource with its status). A watch that
+    keeps failing is an error of the run, not a silent wait until the timeout."""
+
+    GIVE_UP = 30.0  # s of failed watches in a row
 
     def __init__(self, api: Any, path: str) -> None:
         self.api, self.path = api, path
+        # Rebound or given a new entry by the watching thread, read whole by the main one (one C-level copy each).
         self.objects: dict[str, dict[str, Any]] = {}
         self.stop = threading.Event()
+        self.failing_since: float | None = None
+        self.error: Exception | None = None
+        self.stream: Any = None
         self.version = self._list()
         self.thread = threading.Thread(target=self._follow, daemon=True)
         self.thread.start()
 
-    def _get(self, query: list[tuple[str, str]], timeout: Any) -> Any:
-        request = self.api.param_serialize("GET", self.path, query_params=query, auth_settings=["BearerToken"])
-        return self.api.call_api(*request, _request_timeout=timeout).response
+    def __enter__(self) -> Watched:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def _list(self) -> str:
-        body = json.loads(self._get([], 60).read())
+        response = _get(self.api, self.path)
+        if response.status != 200:
+            raise RuntimeError(f"list {self.path}: HTTP {response.status}: {response.data[:200]!r}")
+        body = json.loads(response.data)
         self.objects = {o["metadata"]["name"]: o for o in body["items"]}
         return str(body["metadata"]["resourceVersion"])
 
     def _follow(self) -> None:
         while not self.stop.is_set():
-            query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", self.version),
-                     ("timeoutSeconds", "300")]  # fmt: skip
             try:
-                for line in self._get(query, (5, 330)):
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":  # too old a version (410): list again
-                        self.version = self._list()
-                        break
-                    obj = event["object"]
-                    self.version = obj["metadata"]["resourceVersion"]
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self.objects[obj["metadata"]["name"]] = obj
-                    elif event["type"] == "DELETED":
-                        self.objects.pop(obj["metadata"]["name"], None)
-            except Exception:  # the stream broke (or the cluster is going down): follow again from the last version
-                time.sleep(0.5)
+                self.stream = _get(self.api, self.path, _watch_query(self.version), (5.0, 330.0))
+                if self.stream.status != 200:
+                    raise RuntimeError(f"watch {self.path}: HTTP {self.stream.status}")
+                self.failing_since = None
+                for line in self.stream:
+                    if self.stop.is_set():
+                        return
+                    self._take(json.loads(line))
+            except Exception as error:  # follow again from the last version; items() gives up after GIVE_UP
+                self.error = error
+                self.failing_since = self.failing_since or time.monotonic()
+                self.stop.wait(0.5)
+
+    def _take(self, event: dict[str, Any]) -> None:
+        if event["type"] == "ERROR":  # too old a version (410): list again, then watch from there
+            self.version = self._list()
+            raise RuntimeError(f"watch {self.path}: {event['object'].get('message')}")
+        obj = event["object"]
+        self.version = obj["metadata"]["resourceVersion"]  # a BOOKMARK carries only this
+        if event["type"] in ("ADDED", "MODIFIED"):
+            self.objects[obj["metadata"]["name"]] = obj
+        elif event["type"] == "DELETED":
+            self.objects.pop(obj["metadata"]["name"], None)
 
     def items(self) -> list[dict[str, Any]]:
+        if self.failing_since is not None and time.monotonic() - self.failing_since > self.GIVE_UP:
+            raise RuntimeError(f"watch {self.path} failing for {self.GIVE_UP:.0f} s: {self.error}")
         return list(self.objects.values())
 
     def close(self) -> None:
         self.stop.set()
+        with contextlib.suppress(Exception):
+            self.stream.shutdown()
+        self.thread.join(timeout=5)
 
 
 def _measure(
@@ -356,22 +401,21 @@ def _measure(
 
     custom = client.CustomObjectsApi(api)
     progress(f"   applying {count} resources")
-    fleets = Watched(api, f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}")
-    cpu_before, requests_before = _usage(api, pids)
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda i: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _resource(i)),
-                      range(count)))  # fmt: skip
-    last_apply = time.monotonic()
-    ready, items = 0, []
-    while time.monotonic() - last_apply < timeout:
-        items = fleets.items()
-        ready = sum((i.get("status") or {}).get("phase") == "Ready" for i in items)
-        progress(f"   {ready}/{count} Ready after {time.monotonic() - last_apply:.0f}s")
-        if ready == count:
-            break
-        time.sleep(1.0)
-    fleets.close()
+    with Watched(api, f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}") as fleets:
+        cpu_before, requests_before = _usage(api, pids)
+        start = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda i: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                                                           _resource(i)), range(count)))  # fmt: skip
+        last_apply = time.monotonic()
+        ready, items = 0, []
+        while time.monotonic() - last_apply < timeout:
+            items = fleets.items()
+            ready = sum((i.get("status") or {}).get("phase") == "Ready" for i in items)
+            progress(f"   {ready}/{count} Ready after {time.monotonic() - last_apply:.0f}s")
+            if ready == count:
+                break
+            time.sleep(1.0)
     ready_after = time.monotonic() - last_apply
     cpu_after, requests_after = _usage(api, pids)
     steady_from = time.monotonic()
@@ -420,47 +464,75 @@ def _measure(
     )
 
 
+def operator_paths() -> list[tuple[str, str]]:
+    """(path, label selector) of each watch the operator's kopf holds: every child kind with the selector its
+    settings give it (``watch_only_labelled``), and the fleets. kopf also lists each kind first and watches the CRDs,
+    which the floor's row leaves out (nothing else changes them during a run)."""
+    from mmfleet.handlers.children import CHILD_KINDS
+    from mmfleet.handlers.settings import watch_only_labelled
+
+    settings = kopf.OperatorSettings()
+    watch_only_labelled(settings)
+    kinds = [*CHILD_KINDS, (GROUP, VERSION, PLURAL)]
+    selectors = settings.watching.label_selectors
+    return [(f"/apis/{g}/{v}/{p}" if g else f"/api/{v}/{p}", selectors.get((g, v, p), "")) for g, v, p in kinds]
+
+
 @contextlib.contextmanager
 def operator_watches(api: Any, progress: Progress) -> Iterator[None]:
-    """The watches the operator's kopf holds (every child kind with its handlers' label selector, and the fleets),
-    held open by the bench, which reads what they send and drops it: what serving them costs the API server, apart
-    from what the operator does with the events. A kind the cluster does not serve answers 404 and is left out."""
-    from mmfleet.handlers.children import CHILD_KINDS, child_labels
-    from mmfleet.handlers.settings import label_selector
+    """The operator's watches (``operator_paths``) held open by the bench, which reads what they send and drops it:
+    what serving them costs the API server, apart from what the operator does with the events. Every watch is open
+    before the run starts, and one that fails or ends early fails the run; a kind the cluster does not serve (404:
+    one of the optional kinds whose CRD is not installed) is left out, as kopf leaves it."""
+    from mmfleet.handlers.children import OPTIONAL_KINDS
 
+    optional = {f"/apis/{g}/{v}/{p}" for g, v, p in OPTIONAL_KINDS}
     stop = threading.Event()
-    streams: list[Any] = []
+    streams: dict[str, Any] = {}
     read: dict[str, int] = {}
+    broken: list[str] = []
+    settled = threading.Semaphore(0)
 
     def hold(path: str, selector: str) -> None:
-        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", "3600")]
-        query += [("labelSelector", selector)] if selector else []
-        with contextlib.suppress(Exception):  # a kind not served, or the stream closed at the end
-            request = api.param_serialize("GET", path, query_params=query, auth_settings=["BearerToken"])
-            stream = api.call_api(*request, _request_timeout=(5, 3700)).response
-            if stream.status != 200:
-                return
-            streams.append(stream)
-            read[path] = 0
-            while not stop.is_set() and (chunk := stream.read1(65536)):
+        try:
+            stream = _get(api, path, _watch_query(selector=selector, timeout=3600), (5.0, 3700.0))
+        except Exception as error:
+            broken.append(f"{path}: {error}")
+            settled.release()
+            return
+        if stream.status != 200:
+            if not (stream.status == 404 and path in optional):
+                broken.append(f"{path}: HTTP {stream.status}")
+            settled.release()
+            return
+        streams[path], read[path] = stream, 0
+        settled.release()
+        with contextlib.suppress(Exception):  # shut down at the end
+            while chunk := stream.read1(65536):
                 read[path] += len(chunk)
+        if not stop.is_set():
+            broken.append(f"{path}: ended before the run did")
 
-    kinds = [(g, v, p, label_selector(child_labels(p))) for g, v, p in CHILD_KINDS] + [(GROUP, VERSION, PLURAL, "")]
-    threads = [
-        threading.Thread(target=hold, args=(f"/api/{v}/{p}" if not g else f"/apis/{g}/{v}/{p}", sel), daemon=True)
-        for g, v, p, sel in kinds
-    ]
+    paths = operator_paths()
+    threads = [threading.Thread(target=hold, args=watch, daemon=True) for watch in paths]
     for thread in threads:
         thread.start()
+    for _ in threads:
+        if not settled.acquire(timeout=30):
+            raise RuntimeError("the operator's watches did not open within 30 s")
     try:
+        if broken:
+            raise RuntimeError("the operator's watches: " + "; ".join(broken))
         yield
+        if broken:
+            raise RuntimeError("the operator's watches: " + "; ".join(broken))
     finally:
         stop.set()
-        for stream in streams:
+        for stream in streams.values():
             with contextlib.suppress(Exception):
                 stream.shutdown()
-        mb = sum(read.values()) / 1e6
-        progress(f"   {len(read)} of {len(threads)} watches held open, {mb:.1f} MB read from them")
+        progress(f"   {len(streams)} of {len(paths)} watches held open (the rest not served), "
+                 f"{sum(read.values()) / 1e6:.1f} MB read from them")  # fmt: skip
 
 
 def _measure_floor(
@@ -468,7 +540,8 @@ def _measure_floor(
 ) -> Result:
     """What the control plane alone needs: each resource created, then the children the operator would render
     for it server-side applied by the bench itself, from as many threads as the operator has workers, with no
-    status, event or watch of ours. Ready: the Deployment's pod is ready."""
+    status or event of ours (and, unless ``watched``, no watch but the bench's own of the Deployments). Ready: the
+    Deployment's pod is ready."""
     from kubernetes import client
 
     from mmfleet import render
@@ -494,20 +567,19 @@ def _measure_floor(
             _ = response.data  # read to the end, so the connection goes back to the pool
 
     progress(f"   applying {count} resources and their children, no operator{', its watches open' if watched else ''}")
-    deployments = Watched(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
-    cpu_before, requests_before = _usage(api, pids)
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=OperatorConfig.load().workers) as pool:
-        list(pool.map(create, range(count)))
-    applied = time.monotonic()
-    ready = 0
-    while time.monotonic() - applied < timeout:
-        ready = sum((d.get("status") or {}).get("readyReplicas", 0) >= 1 for d in deployments.items())
-        progress(f"   {ready}/{count} Deployments ready {time.monotonic() - start:.0f}s after the first apply")
-        if ready == count:
-            break
-        time.sleep(1.0)
-    deployments.close()
+    with Watched(api, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments") as deployments:
+        cpu_before, requests_before = _usage(api, pids)
+        start = time.monotonic()
+        with ThreadPoolExecutor(max_workers=OperatorConfig.load().workers) as pool:
+            list(pool.map(create, range(count)))
+        applied = time.monotonic()
+        ready = 0
+        while time.monotonic() - applied < timeout:
+            ready = sum((d.get("status") or {}).get("readyReplicas", 0) >= 1 for d in deployments.items())
+            progress(f"   {ready}/{count} Deployments ready {time.monotonic() - start:.0f}s after the first apply")
+            if ready == count:
+                break
+            time.sleep(1.0)
     cpu_after, requests_after = _usage(api, pids)
     nan = math.nan
     return Result(
