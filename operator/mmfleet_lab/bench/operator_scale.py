@@ -479,8 +479,9 @@ def operator_paths() -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def operator_watches(api: Any, progress: Progress) -> Iterator[None]:
-    """The operator's watches (``operator_paths``) held open by the bench, which reads what they send and drops it:
+def operator_watches(api: Any, progress: Progress) -> Iterator[dict[str, int]]:
+    """The operator's watches (``operator_paths``) held open by the bench, which reads what they send and drops it,
+    counting the bytes per open watch's path (what the context gives):
     what serving them costs the API server, apart from what the operator does with the events. Every watch is open
     before the run starts, and one that fails or ends early fails the run; a kind the cluster does not serve (404:
     one of the optional kinds whose CRD is not installed) is left out, as kopf leaves it."""
@@ -523,7 +524,7 @@ def operator_watches(api: Any, progress: Progress) -> Iterator[None]:
     try:
         if broken:
             raise RuntimeError("the operator's watches: " + "; ".join(broken))
-        yield
+        yield read
         if broken:
             raise RuntimeError("the operator's watches: " + "; ".join(broken))
     finally:
