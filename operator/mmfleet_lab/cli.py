@@ -249,6 +249,16 @@ def cmd_bench_routing(args: argparse.Namespace) -> int:
     return routing.main(Path(args.docs), _progress, args.seed or list(routing.SEEDS), args.workers)
 
 
+def cmd_bench_mix(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mmfleet_lab.bench import mix
+
+    seeds = args.seed or list(mix.SEEDS)
+    command = "mmfleet bench mix " + " ".join(f"--seed {s}" for s in seeds)
+    return mix.main(Path(args.docs), seeds, _progress, command)
+
+
 def cmd_bench_idle(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -497,6 +507,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="instead: a burst the picker holds, the autoscaler as shipped vs one that also counts the held requests",
     )
     p_route.set_defaults(func=cmd_bench_routing)
+    p_mix = bench.add_parser(
+        "mix", help="which unit (requests, tokens, fitted work) a replica's capacity at the SLO holds in across mixes"
+    )
+    p_mix.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0-2)")
+    p_mix.add_argument("--docs", default="docs/benchmarks.md", help="where the table is written")
+    p_mix.set_defaults(func=cmd_bench_mix)
     p_idle = bench.add_parser(
         "idle", help="scale to zero on days with idle gaps: the shipped autoscaler vs tuned zero-capable baselines"
     )
