@@ -10,8 +10,8 @@ that learned its capacity there would carry it to a new mix:
 - ``tokens``: the same prompt + output tokens/s (prompt tokens include each image's placeholder tokens, as vLLM's
   ``vllm:prompt_tokens`` counts them);
 - ``work``: the same replica-seconds per second under a linear cost per request, per prompt token, per output token
-  and per image, fitted (least squares, non-negative) to μ_SLO of the training trace's mix and six variants of it
-  (output tokens x0.5 and x2, text tokens x0.5 and x2, images x0 and x2).
+  and per image, fitted (least squares on the relative error, non-negative) to μ_SLO of the training trace's mix and
+  six variants of it (output tokens x0.5 and x2, text tokens x0.5 and x2, images x0 and x2).
 
 Only the training trace (azure-conv) and its variants are fitted on; the validation and test traces (their own mixes,
 drawn per seed) are only predicted. Nothing here changes the shipped policy: it says which unit would.
@@ -20,6 +20,7 @@ drawn per seed) are only predicted. Nothing here changes the shipped policy: it 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -37,24 +38,24 @@ from mmfleet_lab.twin.sim import capacity_at_slo
 
 SEEDS = (0, 1, 2)
 TRAIN = "azure-conv"
-HELD_OUT = ("servegen-mm", "azure-code", "servegen-language", "servegen-reason")
+HELD_OUT = tuple(name for name, part in ROLES.items() if part != "train" and name != "trace")
 SLOS = (REFERENCE_SLO, SloSpec(metric="ttft", percentile=90, target="2s", window="60s"))
 FEATURES = ("request", "prompt token", "output token", "image")
 UNITS = ("requests", "tokens", "work")
 
 
 def _scaled(values: np.ndarray, factor: float) -> np.ndarray:
-    return np.maximum(1, np.round(values * factor)).astype(values.dtype)
+    return np.maximum(1.0, np.round(values * factor))
 
 
 VARIANTS: tuple[tuple[str, Callable[[Requests], Requests]], ...] = (
     ("as traced", lambda r: r),
-    ("output x0.5", lambda r: replace(r, output_tokens=_scaled(r.output_tokens, 0.5), prefix=None)),
-    ("output x2", lambda r: replace(r, output_tokens=_scaled(r.output_tokens, 2.0), prefix=None)),
-    ("text x0.5", lambda r: replace(r, input_tokens=_scaled(r.input_tokens, 0.5), prefix=None)),
-    ("text x2", lambda r: replace(r, input_tokens=_scaled(r.input_tokens, 2.0), prefix=None)),
-    ("images x0", lambda r: replace(r, images=r.images * 0, prefix=None)),
-    ("images x2", lambda r: replace(r, images=r.images * 2, prefix=None)),
+    ("output x0.5", lambda r: replace(r, output_tokens=_scaled(r.output_tokens, 0.5))),
+    ("output x2", lambda r: replace(r, output_tokens=_scaled(r.output_tokens, 2.0))),
+    ("text x0.5", lambda r: replace(r, input_tokens=_scaled(r.input_tokens, 0.5))),
+    ("text x2", lambda r: replace(r, input_tokens=_scaled(r.input_tokens, 2.0))),
+    ("images x0", lambda r: replace(r, images=r.images * 0)),
+    ("images x2", lambda r: replace(r, images=r.images * 2)),
 )
 
 
@@ -72,8 +73,7 @@ class Mix:
 
 
 def features(req: Requests) -> tuple[float, float, float, float]:
-    prompt = req.input_tokens + req.images * np.asarray(req.tokens_per_image)
-    return 1.0, float(np.mean(prompt)), float(np.mean(req.output_tokens)), float(np.mean(req.images))
+    return 1.0, float(np.mean(req.prompt_tokens)), float(np.mean(req.output_tokens)), float(np.mean(req.images))
 
 
 def measure(name: str, req: Requests, params: ReplicaParams, slo: SloSpec) -> Mix:
@@ -81,10 +81,12 @@ def measure(name: str, req: Requests, params: ReplicaParams, slo: SloSpec) -> Mi
 
 
 def fit_costs(mixes: Sequence[Mix]) -> np.ndarray:
-    """Non-negative replica-seconds per request, prompt token, output token and image: least squares on 1/μ_SLO,
-    over every subset of the costs left free (four unknowns: sixteen small solves)."""
-    x = np.array([m.features for m in mixes])
+    """Non-negative replica-seconds per request, prompt token, output token and image: least squares on 1/μ_SLO's
+    relative error (the report is in ratios), over every non-empty subset of the costs left free (fifteen small
+    solves; the best non-negative one is the non-negative least-squares optimum)."""
     y = np.array([1.0 / m.mu for m in mixes])
+    x = np.array([m.features for m in mixes]) / y[:, None]
+    y = np.ones_like(y)
     best, best_err = np.zeros(x.shape[1]), float("inf")
     for k in range(1, x.shape[1] + 1):
         for free in itertools.combinations(range(x.shape[1]), k):
@@ -100,12 +102,15 @@ def fit_costs(mixes: Sequence[Mix]) -> np.ndarray:
 
 
 def predict(unit: str, base: Mix, costs: np.ndarray, mix: Mix) -> float:
-    """μ_SLO of ``mix`` as a capacity learned on ``base`` in ``unit`` says it."""
+    """μ_SLO of ``mix`` as a capacity learned on ``base`` in ``unit`` says it: the same requests, tokens, or work
+    (the fitted costs) per second."""
     if unit == "requests":
         return base.mu
     if unit == "tokens":
         return base.mu * base.tokens / mix.tokens
-    return 1.0 / float(np.dot(costs, mix.features))
+    if unit == "work":
+        return base.mu * float(np.dot(costs, base.features)) / float(np.dot(costs, mix.features))
+    raise ValueError(f"unit {unit!r}: one of {', '.join(UNITS)}")
 
 
 @dataclass(frozen=True)
@@ -138,11 +143,12 @@ def _slo_text(slo: SloSpec) -> str:
 def render(results: Sequence[SeedResult], command: str, wall: float) -> str:
     seeds = sorted({r.seed for r in results})
     body = [
-        f"Command: `{command}` ({wall:.0f} s on 2 shared cores), seeds {', '.join(map(str, seeds))}. Twin: "
-        f"{H200_QWEN25VL7B.name}, one replica, Poisson arrivals from each mix (`sim.capacity_at_slo`, to 3 % on the "
-        "rate). Each cell is a capacity predicted from the training trace's mix over the one the twin measured for "
-        "the row's mix (1.00: the unit carried it exactly; above 1 it promises more than the replica serves, and a "
-        "fleet sized on it misses the SLO): mean and range over the seeds. Fitted on: azure-conv (train) and its "
+        f"Command: `{command}` ({wall:.0f} s on {os.cpu_count()} shared cores), seeds "
+        f"{', '.join(map(str, seeds))}. Twin: {H200_QWEN25VL7B.name}, one replica, Poisson arrivals from each mix "
+        "(`sim.capacity_at_slo`, to 3 % on the rate). Each cell is the capacity measured on the training trace's mix, "
+        "carried to the row's mix in the column's unit, over the one the twin measured for the row's mix (1.00: the "
+        "unit carried it exactly; above 1 it promises more than the replica serves, and a fleet sized on it misses "
+        "the SLO): mean and range over the seeds. The work unit's costs are fitted on azure-conv (train) and its "
         "variants only; servegen-mm is validation, the others test, never fitted on.",
         "",
     ]
