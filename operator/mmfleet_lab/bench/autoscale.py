@@ -43,7 +43,7 @@ from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
 from mmfleet_lab.twin.policy import Policy
-from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile, parse
+from mmfleet_lab.twin.scenarios import REFERENCE_SLO, SHIFTS, TraceFile, parse
 
 WINDOW = 60.0
 COLD_STARTS = (30.0, 90.0, 180.0, 420.0)
@@ -558,7 +558,9 @@ def main(
     sections = []
     started = time.monotonic()
     shown_spike = next((n for n in scenarios if parse(n)[1] is not None), scenarios[0])
+    shifts = all(parse(n)[1] in SHIFTS for n in scenarios)  # mix-shift cells only: a section of their own
     stem = ("" if trace is None else f"-{Path(trace.path).stem}") + ("" if oversize == 1.0 else f"-start{oversize:g}x")
+    stem += "-mix-shift" if shifts else ""
     shown = [r for r in ("oracle", "mmfleet", *REACTIVE)]
     for name in scenarios:
         for cold in cold_starts:
@@ -623,9 +625,10 @@ def main(
         f"![GPU-hours against attainment](img/autoscale{stem}-pareto.png)\n\n" + "\n".join(sections)
     )
     # An oversized start is a section of its own, whatever the scenarios' roles (its tables name each one's).
-    held_out = " on held-out traces" if oversize == 1.0 else ""
+    held_out = " on held-out traces" if oversize == 1.0 and not shifts else ""
     title = f"Autoscaling policies{held_out} (digital twin)" + ("" if trace is None else f", {trace.path}")
     title += "" if oversize == 1.0 else f", every fleet started at {oversize:g}x the warm-up fleet"
+    title += ", the request mix changed about 20 min in" if shifts else ""
     write_section(docs, f"autoscale{stem}", title, body)
     return 0
 

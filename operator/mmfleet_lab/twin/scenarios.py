@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,15 +52,23 @@ SPIKES: dict[str, tuple[str, float, float, float]] = {
 BURSTS_FROM = 300.0
 BURSTS_GAP = 180.0
 BURSTS_LOW = (1.5, 20.0)  # the least height and length of a burst
+# A lasting change of the request mix where a spike would start, the arrival rate unchanged: each later request's
+# output or text prompt tokens times the factor ("a workload with another token mix", issue 25). Scored like a spike
+# from the onset to the end of the trace.
+SHIFTS: dict[str, tuple[str, float]] = {
+    "outputs-x2": ("output_tokens", 2.0),
+    "prompts-x2": ("input_tokens", 2.0),
+}
 BASES = ("azure-conv", "azure-code", "servegen-mm", *SERVEGEN_DAY_MODELS, "gentd-diffusion")
 ON = "@"  # "spike-x4@azure-code": a spike on another base than azure-conv
-NAMES = (*BASES, "trace", *SPIKES, *(f"{s}{ON}{b}" for s in SPIKES for b in BASES if b != "azure-conv"))
+EVENTS = (*SPIKES, *SHIFTS)
+NAMES = (*BASES, "trace", *EVENTS, *(f"{s}{ON}{b}" for s in EVENTS for b in BASES if b != "azure-conv"))
 
 
 def parse(name: str) -> tuple[str, str | None]:
-    """(base, spike or None) of a scenario name: a plain spike name is on azure-conv."""
+    """(base, spike or mix shift or None) of a scenario name: a plain spike or shift name is on azure-conv."""
     spike, _, base = name.partition(ON)
-    if spike in SPIKES:
+    if spike in EVENTS:
         return (base or "azure-conv"), spike
     return name, None
 
@@ -205,7 +214,9 @@ def scenario(
     deepseek-r1, their most variable hour), gentd-diffusion (Alibaba's diffusion service, a day played
     in an hour), and spikes starting at 20 min: spike-x2/x4/x8 (x2/x4/x8 for 10 min), ramp-x4 (60 s
     ramp to x4, held 10 min), flash-x8 (x8 for 90 s), or bursts (x1.5-4 for 20-60 s, every 3 min on average,
-    from 5 min on), on azure-conv or, as ``spike@base``, on a base.
+    from 5 min on), on azure-conv or, as ``spike@base``, on a base; or a lasting change of the mix at 20 min
+    (``SHIFTS``: outputs-x2, prompts-x2; where a spike would start), named the same way; ``info["mu_slo"]`` stays
+    the base mix's.
     ``seed`` draws the arrivals of the scaled and spiked traffic and the synthetic mix.
     The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
     mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``
@@ -225,7 +236,15 @@ def scenario(
     factor = replicas * mu / base_rate if base_rate > 0 else 1.0
     req = traffic.scale_rate(req, factor, duration, rng)
     spikes: tuple[tuple[float, float], ...] = ()
-    if spike is not None and SPIKES[spike][0] == "bursts":
+    if spike in SHIFTS:
+        field, times = SHIFTS[spike]
+        onset = min(SPIKE_ONSET, duration / 3.0)
+        tokens = getattr(req, field)
+        shifted = np.where(req.arrival >= onset, np.round(tokens * times), tokens).astype(tokens.dtype)
+        # Shared prefixes are chains over the prompt's tokens: a prompt of another length shares none of them.
+        req = dataclasses.replace(req, **{field: shifted}, prefix=None if field == "input_tokens" else req.prefix)
+        spikes = ((onset, duration),)
+    elif spike is not None and SPIKES[spike][0] == "bursts":
         req = bursts(req, duration, SPIKES[spike][1], SPIKES[spike][3], rng)
     elif spike is not None:
         kind, height, ramp, length = SPIKES[spike]

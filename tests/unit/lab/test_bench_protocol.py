@@ -157,3 +157,9 @@ def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() 
             replace(spiky("keda", 0.0, 5.0), failed="keda never scaled")]  # fmt: skip
     (line,) = autoscale.verdicts(rows)
     assert "violation-minutes 2.0 vs llmd-keda's 4.0 (the fewest of any baseline; 0.50×) at 1.10× its GPU-h" in line
+
+
+def test_a_mix_shift_takes_its_base_traces_role_and_stays_out_of_the_default_matrix() -> None:
+    assert traces.role("outputs-x2") == traces.role("prompts-x2") == "train"
+    assert traces.role("outputs-x2@azure-code") == "test"
+    assert not any("x2@" in n and n.split("@")[0] in ("outputs-x2", "prompts-x2") for n in traces.TEST)
