@@ -103,6 +103,7 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
 
     from mmfleet_lab.bench import autoscale, traces, tune
     from mmfleet_lab.twin import Shipped
+    from mmfleet_lab.twin.scenarios import SHIFTS, parse
 
     trace = _trace(args)
     if isinstance(trace, str):
@@ -117,6 +118,12 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     else:
         default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
     scenarios = args.scenario or (["trace"] if trace is not None else default)
+    shifted = [s for s in scenarios if parse(s)[1] in SHIFTS]
+    if shifted and len(shifted) < len(scenarios):
+        others = ", ".join(s for s in scenarios if s not in shifted)
+        print(f"--scenario: {', '.join(shifted)} change the request mix and are written to a section of their own; "
+              f"run them apart from {others}", file=sys.stderr)  # fmt: skip
+        return EXIT_INVALID
     baselines, record = frozen
     profiled = autoscale.Profiled(PROFILED, lambda p: Shipped(PROFILED, capacity_per_replica=p.capacity))
     policies = [Shipped(), profiled, *baselines]

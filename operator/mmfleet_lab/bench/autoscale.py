@@ -189,9 +189,12 @@ def profile_of(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile 
     Little's law gives the in-flight count per replica at capacity, and its P90 TTFT and TPOT; the mean tokens
     per request; the replica's vLLM limits. Measured once per scenario and process. It reads the workload's request
     mix and μ_SLO, never its arrival times: ``mean_replicas`` is left unknown (``tune.training_profile`` sets it
-    from the training trace, the only place a static fleet is sized)."""
+    from the training trace, the only place a static fleet is sized). For a cell whose mix changes (``SHIFTS``), the
+    profile is of the mix before the change, as the user profiled it then."""
     scn = scenario_of(name, params, slo, trace)
     capacity, req = float(scn.info["mu_slo"]), scn.requests
+    if parse(name)[1] in SHIFTS:
+        req = req.take(np.flatnonzero(req.arrival < scn.spikes[0][0]))
     rng = np.random.default_rng(0)
     arrival = np.cumsum(rng.exponential(1.0 / capacity, size=int(capacity * PROFILE_SECONDS)))
     probe = Scenario(f"{name}-profile", req.take(rng.integers(0, len(req), arrival.size), arrival), PROFILE_SECONDS)
@@ -628,7 +631,7 @@ def main(
     held_out = " on held-out traces" if oversize == 1.0 and not shifts else ""
     title = f"Autoscaling policies{held_out} (digital twin)" + ("" if trace is None else f", {trace.path}")
     title += "" if oversize == 1.0 else f", every fleet started at {oversize:g}x the warm-up fleet"
-    title += ", the request mix changed about 20 min in" if shifts else ""
+    title += ", the token mix changed where a spike would start" if shifts else ""
     write_section(docs, f"autoscale{stem}", title, body)
     return 0
 

@@ -236,19 +236,17 @@ def scenario(
     factor = replicas * mu / base_rate if base_rate > 0 else 1.0
     req = traffic.scale_rate(req, factor, duration, rng)
     spikes: tuple[tuple[float, float], ...] = ()
+    onset = min(SPIKE_ONSET, duration / 3.0)
     if spike in SHIFTS:
         field, times = SHIFTS[spike]
-        onset = min(SPIKE_ONSET, duration / 3.0)
         tokens = getattr(req, field)
         shifted = np.where(req.arrival >= onset, np.round(tokens * times), tokens).astype(tokens.dtype)
-        # Shared prefixes are chains over the prompt's tokens: a prompt of another length shares none of them.
-        req = dataclasses.replace(req, **{field: shifted}, prefix=None if field == "input_tokens" else req.prefix)
+        req = dataclasses.replace(req, **{field: shifted})
         spikes = ((onset, duration),)
     elif spike is not None and SPIKES[spike][0] == "bursts":
         req = bursts(req, duration, SPIKES[spike][1], SPIKES[spike][3], rng)
     elif spike is not None:
         kind, height, ramp, length = SPIKES[spike]
-        onset = min(SPIKE_ONSET, duration / 3.0)
         end = min(onset + length, duration)
         mult = (
             traffic.ramp_multiplier(onset, ramp, end, height)

@@ -15,7 +15,7 @@ from mmfleet_lab.bench.baselines import FAMILIES
 from mmfleet_lab.bench.traces import HeldOutError
 from mmfleet_lab.bench.tune import Trial, pick
 from mmfleet_lab.twin import Shipped, scenario
-from mmfleet_lab.twin.scenarios import BASES, most_variable_hour, parse
+from mmfleet_lab.twin.scenarios import BASES, SHIFTS, most_variable_hour, parse
 
 
 def test_every_base_trace_has_a_role_and_a_spike_takes_its_bases() -> None:
@@ -162,4 +162,17 @@ def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() 
 def test_a_mix_shift_takes_its_base_traces_role_and_stays_out_of_the_default_matrix() -> None:
     assert traces.role("outputs-x2") == traces.role("prompts-x2") == "train"
     assert traces.role("outputs-x2@azure-code") == "test"
-    assert not any("x2@" in n and n.split("@")[0] in ("outputs-x2", "prompts-x2") for n in traces.TEST)
+    assert not any(parse(n)[1] in SHIFTS for n in (*traces.TRAIN, *traces.VALIDATION, *traces.TEST))
+
+
+def test_a_mix_shift_cell_configures_the_baselines_from_the_mix_before_the_change() -> None:
+    """A user profiled the workload they had: the profile of outputs-x2 is azure-conv's, not a replica overloaded by
+    the doubled outputs at the capacity of the old mix."""
+    from mmfleet_lab.twin import H200_QWEN25VL7B
+    from mmfleet_lab.twin.scenarios import REFERENCE_SLO
+
+    before = autoscale.profile_of("azure-conv", H200_QWEN25VL7B, REFERENCE_SLO)
+    shifted = autoscale.profile_of("outputs-x2", H200_QWEN25VL7B, REFERENCE_SLO)
+    assert shifted.capacity == before.capacity
+    assert shifted.osl == pytest.approx(before.osl, rel=0.05)
+    assert shifted.mean_latency < 2 * before.mean_latency

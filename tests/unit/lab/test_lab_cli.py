@@ -85,3 +85,12 @@ def test_an_oversized_start_multiplies_the_warm_up_fleet_and_its_maxreplicas_hol
 def test_bench_reachable_refuses_a_bad_flag_naming_it(tmp_path: Path, flags: list[str], said: str) -> None:
     result = run("bench", "reachable", *flags, "--docs", str(tmp_path / "b.md"))
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_autoscale_runs_mix_shift_cells_apart_from_the_others() -> None:
+    result = run("bench", "autoscale", "--scenario", "outputs-x2", "--scenario", "azure-conv", "--no-oracle")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "--scenario: outputs-x2 change the request mix and are written to a section of their own; run them apart "
+        "from azure-conv"
+    )
