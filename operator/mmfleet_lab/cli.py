@@ -103,7 +103,7 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
 
     from mmfleet_lab.bench import autoscale, traces, tune
     from mmfleet_lab.twin import Shipped
-    from mmfleet_lab.twin.scenarios import SHIFTS, parse
+    from mmfleet_lab.twin.scenarios import changes_mix
 
     trace = _trace(args)
     if isinstance(trace, str):
@@ -118,7 +118,7 @@ def cmd_bench_autoscale(args: argparse.Namespace) -> int:
     else:
         default, colds = [*traces.TRAIN, *traces.VALIDATION, *traces.TEST], list(autoscale.COLD_STARTS)
     scenarios = args.scenario or (["trace"] if trace is not None else default)
-    shifted = [s for s in scenarios if parse(s)[1] in SHIFTS]
+    shifted = [s for s in scenarios if changes_mix(s)]
     if shifted and len(shifted) < len(scenarios):
         others = ", ".join(s for s in scenarios if s not in shifted)
         print(f"--scenario: {', '.join(shifted)} change the request mix and are written to a section of their own; "

@@ -43,7 +43,7 @@ from mmfleet_lab.bench.report import table, write_section
 from mmfleet_lab.bench.traces import role as role_of
 from mmfleet_lab.twin import H200_QWEN25VL7B, ReplicaParams, RunResult, Scenario, Shipped, scenario, simulate
 from mmfleet_lab.twin.policy import Policy
-from mmfleet_lab.twin.scenarios import REFERENCE_SLO, SHIFTS, TraceFile, parse
+from mmfleet_lab.twin.scenarios import REFERENCE_SLO, TraceFile, changes_mix, parse
 
 WINDOW = 60.0
 COLD_STARTS = (30.0, 90.0, 180.0, 420.0)
@@ -193,7 +193,7 @@ def profile_of(name: str, params: ReplicaParams, slo: SloSpec, trace: TraceFile 
     profile is of the mix before the change, as the user profiled it then."""
     scn = scenario_of(name, params, slo, trace)
     capacity, req = float(scn.info["mu_slo"]), scn.requests
-    if parse(name)[1] in SHIFTS:
+    if changes_mix(name):
         req = req.take(np.flatnonzero(req.arrival < scn.spikes[0][0]))
     rng = np.random.default_rng(0)
     arrival = np.cumsum(rng.exponential(1.0 / capacity, size=int(capacity * PROFILE_SECONDS)))
@@ -561,7 +561,7 @@ def main(
     sections = []
     started = time.monotonic()
     shown_spike = next((n for n in scenarios if parse(n)[1] is not None), scenarios[0])
-    shifts = all(parse(n)[1] in SHIFTS for n in scenarios)  # mix-shift cells only: a section of their own
+    shifts = all(changes_mix(n) for n in scenarios)  # mix-shift cells only: a section of their own
     stem = ("" if trace is None else f"-{Path(trace.path).stem}") + ("" if oversize == 1.0 else f"-start{oversize:g}x")
     stem += "-mix-shift" if shifts else ""
     shown = [r for r in ("oracle", "mmfleet", *REACTIVE)]

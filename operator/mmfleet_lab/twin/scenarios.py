@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -71,6 +70,11 @@ def parse(name: str) -> tuple[str, str | None]:
     if spike in EVENTS:
         return (base or "azure-conv"), spike
     return name, None
+
+
+def changes_mix(name: str) -> bool:
+    """Whether scenario ``name`` is a mix shift (``SHIFTS``) rather than a steady trace or a spike."""
+    return parse(name)[1] in SHIFTS
 
 
 def most_variable_hour(starts: np.ndarray, rates: np.ndarray, hour: float = 3600.0) -> float:
@@ -214,9 +218,9 @@ def scenario(
     deepseek-r1, their most variable hour), gentd-diffusion (Alibaba's diffusion service, a day played
     in an hour), and spikes starting at 20 min: spike-x2/x4/x8 (x2/x4/x8 for 10 min), ramp-x4 (60 s
     ramp to x4, held 10 min), flash-x8 (x8 for 90 s), or bursts (x1.5-4 for 20-60 s, every 3 min on average,
-    from 5 min on), on azure-conv or, as ``spike@base``, on a base; or a lasting change of the mix at 20 min
-    (``SHIFTS``: outputs-x2, prompts-x2; where a spike would start), named the same way; ``info["mu_slo"]`` stays
-    the base mix's.
+    from 5 min on), on azure-conv or, as ``spike@base``, on a base; or a lasting change of the mix from where a
+    spike would start (``SHIFTS``: outputs-x2, prompts-x2), named the same way; ``info["mu_slo"]`` stays the base
+    mix's.
     ``seed`` draws the arrivals of the scaled and spiked traffic and the synthetic mix.
     The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
     mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``
@@ -241,7 +245,7 @@ def scenario(
         field, times = SHIFTS[spike]
         tokens = getattr(req, field)
         shifted = np.where(req.arrival >= onset, np.round(tokens * times), tokens).astype(tokens.dtype)
-        req = dataclasses.replace(req, **{field: shifted})
+        req = replace(req, **{field: shifted})
         spikes = ((onset, duration),)
     elif spike is not None and SPIKES[spike][0] == "bursts":
         req = bursts(req, duration, SPIKES[spike][1], SPIKES[spike][3], rng)

@@ -15,7 +15,7 @@ from mmfleet_lab.bench.baselines import FAMILIES
 from mmfleet_lab.bench.traces import HeldOutError
 from mmfleet_lab.bench.tune import Trial, pick
 from mmfleet_lab.twin import Shipped, scenario
-from mmfleet_lab.twin.scenarios import BASES, SHIFTS, most_variable_hour, parse
+from mmfleet_lab.twin.scenarios import BASES, changes_mix, most_variable_hour, parse
 
 
 def test_every_base_trace_has_a_role_and_a_spike_takes_its_bases() -> None:
@@ -162,7 +162,7 @@ def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() 
 def test_a_mix_shift_takes_its_base_traces_role_and_stays_out_of_the_default_matrix() -> None:
     assert traces.role("outputs-x2") == traces.role("prompts-x2") == "train"
     assert traces.role("outputs-x2@azure-code") == "test"
-    assert not any(parse(n)[1] in SHIFTS for n in (*traces.TRAIN, *traces.VALIDATION, *traces.TEST))
+    assert not any(changes_mix(n) for n in (*traces.TRAIN, *traces.VALIDATION, *traces.TEST))
 
 
 def test_a_mix_shift_cell_configures_the_baselines_from_the_mix_before_the_change() -> None:
