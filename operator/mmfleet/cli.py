@@ -206,6 +206,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"mmfleet run: {error}", file=sys.stderr)
         return EXIT_INVALID
+    from mmfleet.kube import CredentialsError, credentials
+
+    try:  # before kopf, which would retry its startup forever on credentials that can never work
+        credentials()
+    except CredentialsError as error:
+        print(f"mmfleet run: {error}", file=sys.stderr)
+        return EXIT_INVALID
     # Imported here, not at the top: the other commands (render, crd, docs) need none of the operator's runtime.
     from mmfleet import handlers, metrics_export
     from mmfleet.leader import Elector, lease_namespace

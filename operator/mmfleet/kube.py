@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client import rest
 from kubernetes.client.exceptions import ApiException, NotFoundException
@@ -498,14 +500,36 @@ def pool_size(workers: int) -> int:
     return 2 * workers + LOOKUP_THREADS + OTHER_CALLERS
 
 
-def load_client(connections: int) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config; ``connections`` kept open (the
-    client's default is 5 per CPU; ``pool_size`` says how many the operator needs)."""
+class CredentialsError(ValueError):
+    """Neither a pod's service account nor a usable kubeconfig: the operator cannot reach any API server."""
+
+
+def credentials() -> client.Configuration:
+    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config; reads files, never the network.
+    A kubeconfig that cannot be used raises ``CredentialsError`` naming it: the client's own errors name neither the
+    file nor what it expects."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)
+        # Read now, not when the client was imported (its default is fixed then).
+        source = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        try:
+            config.load_kube_config(config_file=source, client_configuration=configuration)
+        except (config.ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as e:
+            why = " ".join(str(e).split())  # YAML's errors run over lines
+            why = f"{type(e).__name__}: {why}" if isinstance(e, (TypeError, KeyError, AttributeError)) else why
+            raise CredentialsError(
+                f"not in a pod (no service account), and the kubeconfig {source} cannot be used: {why}; expected a "
+                "kubeconfig file (KUBECONFIG or ~/.kube/config) whose current context names a cluster and a user"
+            ) from e
+    return configuration
+
+
+def load_client(connections: int) -> client.ApiClient:
+    """A client on ``credentials()`` with ``connections`` kept open (the client's default is 5 per CPU; ``pool_size``
+    says how many the operator needs)."""
+    configuration = credentials()
     configuration.connection_pool_maxsize = connections
     return timed(client.ApiClient(configuration))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mmfleet import cli
@@ -147,3 +149,35 @@ def test_run_exits_2_on_a_bad_setting_before_starting(
 
 def test_the_variables_are_the_documented_ones() -> None:
     assert sorted(env_variables().values()) == sorted(VARIABLES)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "Invalid kube-config file. No configuration found."),
+        (b"", "file is empty"),
+        (b"clusters: [\n", "while parsing a flow node expected the node content"),
+        (b"clusters: 5\ncontexts: 5\ncurrent-context: x\n", "TypeError"),
+        (b"\xff\xfe", "can't decode byte 0xff"),
+    ],
+)
+def test_run_exits_2_naming_a_kubeconfig_it_cannot_use_instead_of_retrying_forever(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    content: bytes | None,
+    message: str,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_bytes(content)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    assert cli.main(["run"]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.startswith(f"mmfleet run: not in a pod (no service account), and the kubeconfig {kubeconfig} cannot be")
+    assert message in err
+    assert err.rstrip().endswith("expected a kubeconfig file (KUBECONFIG or ~/.kube/config) whose current context "
+                                 "names a cluster and a user")  # fmt: skip
+    assert err.count("\n") == 1
