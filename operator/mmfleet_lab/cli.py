@@ -7,6 +7,7 @@ never imports the lab and ``mmfleet run`` works where the lab is not installed.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 from collections.abc import Callable
@@ -169,8 +170,8 @@ def _unreadable(flag: str, path: str, read: Callable[[], object]) -> str | None:
         return f"{flag} {path}: {error.strerror or error}"
     except KeyError as error:
         return f"{flag} {path}: no key {error}"
-    except (ValueError, TypeError) as error:  # malformed CSV or JSON, a missing column
-        return f"{flag} {path}: {error}"
+    except (ValueError, TypeError, OverflowError, csv.Error) as error:  # malformed CSV or JSON, a missing column
+        return f"{flag} {path}: {str(error).removeprefix(f'{path}: ')}"  # the readers name the file too
     return None
 
 

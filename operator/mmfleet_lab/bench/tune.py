@@ -10,6 +10,7 @@ policy (the shipped ``SloPolicy`` under new constants, say) on the training and 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -198,10 +199,52 @@ def tune(
     return frozen
 
 
+def malformed(record: object) -> str | None:
+    """What in a tuned file ``frozen`` could not use as ``tune`` writes it (the field, the value, what is accepted), or
+    None: a setting must have the keys of one of its family's ``grid`` settings, their kinds and range."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object as `mmfleet bench tune` writes it, not {json.dumps(record)[:40]}"
+    for key, kind in (("command", str), ("picked", dict), ("profile", dict)):
+        if not isinstance(record.get(key), kind):
+            return f"{key}: {json.dumps(record.get(key))[:40]}; expected a JSON {'string' if kind is str else 'object'}"
+    fields = [f.name for f in dataclasses.fields(Profile)]
+    profile = record["profile"]
+    if sorted(profile) != sorted(fields):
+        return f"profile: keys {', '.join(sorted(profile))}; expected {', '.join(fields)}"
+    for key, value in profile.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            return f"profile.{key}: {json.dumps(value)}; expected a number above 0"
+    if not record["picked"]:
+        return f"picked: no baseline; expected settings for some of {', '.join(FAMILIES)}"
+    for family, setting in record["picked"].items():
+        if family not in FAMILIES:
+            return f"picked.{family}: not a baseline; accepted: {', '.join(FAMILIES)}"
+        shapes = grid(family, Profile(**profile))
+        like = [g for g in shapes if isinstance(setting, dict) and set(g) == set(setting)]
+        if not like:
+            accepted = " or ".join(dict.fromkeys("{" + ", ".join(sorted(g)) + "}" for g in shapes))
+            return f"picked.{family}: {json.dumps(setting)[:80]}; expected an object with the keys {accepted}"
+        for key, value in setting.items():
+            seen = [g[key] for g in like]
+            where = f"picked.{family}.{key}: {json.dumps(value)}"
+            if isinstance(seen[0], str):
+                if value not in seen:
+                    return f"{where}; accepted: {', '.join(sorted(set(map(str, seen))))}"
+                continue
+            floor = min(float(v) for v in seen)
+            number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            if not number or value < 0 or (value == 0 and floor > 0):
+                return f"{where}; expected a number {'above' if floor > 0 else 'at least'} 0"
+    return None
+
+
 def frozen(path: Path = TUNED) -> tuple[list[Profiled], dict[str, Any]]:
     """The frozen baselines, in ``FAMILIES`` order, each to be built for the profile of the workload it runs on,
     and the file's record."""
-    record: dict[str, Any] = json.loads(path.read_text())
+    record = json.loads(path.read_text())
+    problem = malformed(record)
+    if problem:
+        raise ValueError(problem)
     picked: dict[str, Setting] = record["picked"]
     policies = [configured(f, picked[f]) for f in FAMILIES if f in picked]
     training = Profile(**record["profile"])

@@ -217,6 +217,13 @@ def load_count_series(
             raise ValueError(f"{path}: no column {c!r} (have {sorted(rows[0])})")
     t = _parse_times([r[time_col] for r in rows]) * time_scale
     counts = np.asarray([float(r[count_col] or 0.0) for r in rows])
+    odd = np.flatnonzero(~np.isfinite(counts) | (counts < 0))
+    if odd.size:
+        row = int(odd[0])
+        raise ValueError(
+            f"{path}: row {row + 2}: {count_col} {rows[row][count_col]!r}: expected a count of requests, a number at "
+            "least 0"
+        )
     order = np.argsort(t, kind="stable")
     return t[order] - t[order[0]], counts[order]
 

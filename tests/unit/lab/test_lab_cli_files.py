@@ -3,13 +3,17 @@ the file, exit 2, no traceback."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers.cli import a_directory, run, writes
+
+TUNED_FILE = Path(__file__).resolve().parents[3] / "operator" / "mmfleet_lab" / "bench" / "tuned.json"
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -22,6 +26,7 @@ TRACES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("a directory", a_directory, ": Is a directory"),
     ("a missing file", lambda folder: folder / "nope.csv", ": No such file or directory"),
     ("a missing column", writes(b"time,prompt\n1,2\n"), ": no column 'ts'"),
+    ("a field over the CSV reader's limit", writes(b"ts,prompt\n1," + b"x" * 140_000 + b"\n"), ": field larger than"),
 ]
 
 
@@ -40,7 +45,8 @@ TUNED: list[tuple[str, Callable[[Path], Path], str]] = [
     ("an empty file", writes(b""), ": Expecting value"),
     ("a directory", a_directory, ": Is a directory"),
     ("a missing file", lambda folder: folder / "nope.json", ": No such file or directory"),
-    ("a missing key", writes(b'{"picked": {}}'), ": no key 'profile'"),
+    ("no object", writes(b"[1, 2]"), ": expected a JSON object as `mmfleet bench tune` writes it"),
+    ("a missing key", writes(b'{"picked": {}}'), ": command: null; expected a JSON string"),
 ]
 
 
@@ -79,3 +85,57 @@ def test_twin_profile_refuses_a_broken_traces_folder(make: Callable[[Path], Path
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith(f"mmfleet twin profile: --traces {folder}") and says in result.stderr, result.stderr
+
+
+def _tuned_with(change: Callable[[dict[str, Any]], object]) -> Callable[[Path], Path]:
+    """The shipped tuned file with ``change`` made to its record."""
+
+    def make(folder: Path) -> Path:
+        record = json.loads(TUNED_FILE.read_text())
+        change(record)
+        path = folder / "tuned.json"
+        path.write_text(json.dumps(record))
+        return path
+
+    return make
+
+
+BAD_SETTINGS: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("a setting that is a number", _tuned_with(lambda r: r["picked"].update(hpa=5)), ": picked.hpa: 5; expected an"),
+    ("no command", _tuned_with(lambda r: r.pop("command")), ": command: null; expected a JSON string"),
+    (
+        "a number given as text",
+        _tuned_with(lambda r: r["picked"]["kubeai"].update(target_per_inflight="abc")),
+        ': picked.kubeai.target_per_inflight: "abc"; expected a number above 0',
+    ),
+    (
+        "a negative target",
+        _tuned_with(lambda r: r["picked"]["kubeai"].update(target_per_inflight=-1)),
+        ": picked.kubeai.target_per_inflight: -1; expected a number above 0",
+    ),
+    ("an unknown baseline", _tuned_with(lambda r: r["picked"].update(nope={})), ": picked.nope: not a baseline"),
+    (
+        "an unknown metric",
+        _tuned_with(lambda r: r["picked"]["hpa"].update(metric="nope")),
+        ': picked.hpa.metric: "nope"',
+    ),
+    ("a profile value as text", _tuned_with(lambda r: r["profile"].update(capacity="x")), ': profile.capacity: "x"'),
+]
+
+
+@pytest.mark.parametrize(("make", "says"), [case[1:] for case in BAD_SETTINGS], ids=[c[0] for c in BAD_SETTINGS])
+def test_bench_refuses_a_tuned_file_whose_settings_it_could_not_run(
+    make: Callable[[Path], Path], says: str, tmp_path: Path
+) -> None:
+    path = make(tmp_path)
+    result = _bench("--tuned", str(path), "--docs", str(tmp_path / "d.md"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"--tuned {path}{says}"), result.stderr
+
+
+def test_bench_refuses_a_count_series_with_a_count_that_is_no_number_of_requests(tmp_path: Path) -> None:
+    path = tmp_path / "counts.csv"
+    path.write_text("t,n\n0,3\n60,1e400\n")
+    result = _bench("--trace", str(path), "--time-column", "t", "--count-column", "n", "--docs", str(tmp_path / "d.md"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr == f"--trace {path}: row 3: n '1e400': expected a count of requests, a number at least 0\n"
