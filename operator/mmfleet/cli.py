@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from mmfleet import apidocs, crd, render
 from mmfleet.admin_policy import AdminPolicy
-from mmfleet.api import CLOUD_NAMES, PROFILE_NAMES, CloudName
+from mmfleet.api import CLOUD_NAMES, KIND, PROFILE_NAMES, CloudName
 from mmfleet.render import SpecError
 from mmfleet.validation import describe, parse
 
@@ -89,7 +89,7 @@ def load_documents(data: bytes, label: str) -> list[Any]:
     return [document for document in documents if document is not None]
 
 
-def _documents(path: str) -> list[Any]:
+def _documents(path: str, expected: str = "one or more MultimodalInference resources") -> list[Any]:
     try:
         if path == "-":
             data = sys.stdin.buffer.read()
@@ -100,7 +100,7 @@ def _documents(path: str) -> list[Any]:
         raise SpecError([f"{path}: {error.strerror}"]) from None
     documents = load_documents(data, path)
     if not documents:
-        raise SpecError([f"{path}: empty; expected one or more MultimodalInference resources"])
+        raise SpecError([f"{path}: empty; expected {expected}"])
     return documents
 
 
@@ -115,12 +115,17 @@ def _collector_endpoint(value: str) -> str:
 
 def _policy(path: str) -> AdminPolicy:
     """The admin policy in a YAML file: chart values holding it under ``policy``, or the policy alone."""
-    documents = _documents(path)
+    expected = "one policy mapping (the policy alone, or chart values holding it under `policy`)"
+    documents = _documents(path, expected)
     if len(documents) != 1:
-        raise SpecError([f"{path}: {len(documents)} YAML documents; expected one policy mapping"])
+        raise SpecError([f"{path}: {len(documents)} YAML documents; expected {expected}"])
     document = documents[0]
-    if isinstance(document, dict) and "policy" in document:
+    wrapped = isinstance(document, dict) and "policy" in document
+    if wrapped:
         document = document["policy"]
+    if document is None:
+        fields = ", ".join(f.alias or name for name, f in AdminPolicy.model_fields.items())
+        raise SpecError([f"{path}: {'policy: ' if wrapped else ''}empty; expected a mapping of some of {fields}"])
     try:
         return AdminPolicy.model_validate(document)
     except ValidationError as error:
@@ -130,9 +135,16 @@ def _policy(path: str) -> AdminPolicy:
 def cmd_render(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     problems: list[str] = []
+    if args.file == "-" and args.policy == "-":
+        raise SpecError(["-f - and --policy -: both read standard input, which is read once; give one as a file"])
     policy = _policy(args.policy) if args.policy else None
-    for index, document in enumerate(_documents(args.file)):
-        if isinstance(document, dict) and document.get("kind") not in (None, "MultimodalInference"):
+    documents = _documents(args.file)
+    others = [d.get("kind") for d in documents if isinstance(d, dict) and d.get("kind") not in (None, KIND)]
+    if len(others) == len(documents):
+        kinds = ", ".join(sorted(set(map(str, others))))
+        raise SpecError([f"{args.file}: no {KIND} (kind: {kinds}); expected one or more {KIND} resources"])
+    for index, document in enumerate(documents):
+        if isinstance(document, dict) and document.get("kind") not in (None, KIND):
             continue
         try:
             inference = parse(document, policy)

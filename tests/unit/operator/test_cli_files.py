@@ -67,3 +67,35 @@ def test_render_reads_a_spec_with_anchors_and_aliases(tmp_path: Path) -> None:
     result = run("render", "-f", str(path), "--cloud", "generic")
     assert result.returncode == 0, result.stderr
     assert "- --tensor-parallel-size\n        - '2'" in result.stdout
+
+
+def test_render_refuses_a_file_with_no_multimodal_inference_in_it(tmp_path: Path) -> None:
+    path = writes(b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\nkind: Secret\n")(tmp_path)
+    result = run("render", "-f", str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    expected = "expected one or more MultimodalInference resources"
+    assert result.stderr == f"{path}: no MultimodalInference (kind: ConfigMap, Secret); {expected}\n"
+
+
+SPEC = (HEADER + "spec:\n  model: {name: m}\n").encode()
+BROKEN_POLICIES: list[tuple[str, bytes, str]] = [
+    ("an empty file", b"", ": empty; expected one policy mapping (the policy alone, or chart values holding it under"),
+    ("chart values with an empty policy", b"policy:\n", ": policy: empty; expected a mapping of some of images, model"),
+    ("two documents", b"images: []\n---\nsecrets: []\n", ": 2 YAML documents; expected one policy mapping"),
+]
+
+
+@pytest.mark.parametrize(("content", "says"), [c[1:] for c in BROKEN_POLICIES], ids=[c[0] for c in BROKEN_POLICIES])
+def test_render_names_what_a_policy_file_lacks(content: bytes, says: str, tmp_path: Path) -> None:
+    spec = writes(SPEC)(tmp_path)
+    policy = tmp_path / "policy.yaml"
+    policy.write_bytes(content)
+    result = run("render", "-f", str(spec), "--policy", str(policy))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{policy}{says}"), result.stderr
+
+
+def test_render_refuses_to_read_both_files_from_standard_input() -> None:
+    result = run("render", "-f", "-", "--policy", "-", stdin=SPEC.decode())
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "-f - and --policy -: both read standard input, which is read once; give one as a file\n"
