@@ -11,6 +11,7 @@ import csv
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmfleet.cli import EXIT_INVALID
@@ -27,8 +28,6 @@ def cmd_demo(_: argparse.Namespace) -> int:
 
 
 def cmd_bench_operator(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import operator_scale
 
     return operator_scale.main(
@@ -37,16 +36,12 @@ def cmd_bench_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_foreign(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import foreign
 
     return foreign.main(args.configmaps, args.pods, Path(args.docs), _progress)
 
 
 def cmd_bench_faults(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab import faults_api, faults_crash
 
     for flag, value in (("--kills", args.kills), ("--api-trials", args.api_trials)):
@@ -63,8 +58,6 @@ def cmd_bench_faults(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_fuzz(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab import fuzz
 
     if args.count < 2:
@@ -100,8 +93,6 @@ def _trace(args: argparse.Namespace) -> TraceFile | str | None:
 
 
 def cmd_bench_autoscale(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import autoscale, traces, tune
     from mmfleet_lab.twin import Shipped
     from mmfleet_lab.twin.scenarios import changes_mix
@@ -175,10 +166,44 @@ def _unreadable(flag: str, path: str, read: Callable[[], object]) -> str | None:
     return None
 
 
+def _unwritable(flag: str, path: Path, folder: bool) -> str | None:
+    """Why ``path`` (a folder to write into, with ``folder``, else a file whose section is replaced) could not be
+    written, or None: its nearest existing ancestor must be a folder one may write in."""
+    if path.exists():
+        if folder != path.is_dir():
+            return f"{flag} {path}: {'not a folder' if folder else 'a folder'}; expected {_WRITES[folder]}"
+        if not folder:
+            return _unreadable(flag, str(path), path.read_text)
+        return None if os.access(path, os.W_OK) else f"{flag} {path}: not writable; expected {_WRITES[folder]}"
+    above = next(p for p in path.parents if p.exists())
+    if not above.is_dir():
+        return f"{flag} {path}: {above} is not a folder; expected {_WRITES[folder]}"
+    return None if os.access(above, os.W_OK) else f"{flag} {path}: {above} is not writable; expected {_WRITES[folder]}"
+
+
+_WRITES = {True: "a folder for the plots", False: "a Markdown file whose section the tables replace"}
+
+
+def _outputs_checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command``, refused at once when its ``--docs`` or ``--plots`` could not be written: a benchmark runs minutes
+    to hours before it writes them, and its results would be lost."""
+
+    def checked(args: argparse.Namespace) -> int:
+        outputs = [("--docs", getattr(args, "docs", None), False), ("--plots", getattr(args, "plots", None), True)]
+        for flag, value, folder in outputs:
+            problem = (
+                None if value is None or getattr(args, "no_docs", False) else _unwritable(flag, Path(value), folder)
+            )
+            if problem:
+                print(problem, file=sys.stderr)
+                return EXIT_INVALID
+        return command(args)
+
+    return checked
+
+
 def _frozen(path: str) -> tuple[list[Any], dict[str, Any]] | str:
     """The baselines frozen in ``--tuned`` and its record, or why the file cannot be used."""
-    from pathlib import Path
-
     from mmfleet_lab.bench import tune
 
     frozen: list[tuple[list[Any], dict[str, Any]]] = []
@@ -187,8 +212,6 @@ def _frozen(path: str) -> tuple[list[Any], dict[str, Any]] | str:
 
 
 def cmd_bench_reachable(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import reachable
     from mmfleet_lab.twin.scenarios import NAMES
 
@@ -214,8 +237,6 @@ def cmd_bench_reachable(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_cache(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import cache
 
     seeds = args.seed or [0, 1, 2, 3, 4]
@@ -241,8 +262,6 @@ def cmd_bench_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_routing(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import routing
 
     if args.workers < 1:
@@ -258,8 +277,6 @@ def cmd_bench_routing(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_mix(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import mix
 
     seeds = args.seed or list(mix.SEEDS)
@@ -268,8 +285,6 @@ def cmd_bench_mix(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_idle(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import idle
 
     if args.workers < 1:
@@ -279,8 +294,6 @@ def cmd_bench_idle(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_encode(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import encode
 
     seeds = args.seed or list(encode.SEEDS)
@@ -296,8 +309,6 @@ PROFILED = "mmfleet-profiled"
 
 
 def cmd_bench_tune(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.bench import tune
     from mmfleet_lab.bench.baselines import FAMILIES
     from mmfleet_lab.bench.traces import TRAIN, HeldOutError
@@ -327,8 +338,6 @@ def cmd_bench_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_twin_serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mmfleet_lab.cluster import ClusterError
     from mmfleet_lab.twin import serve
 
@@ -356,8 +365,6 @@ def cmd_twin_serve(args: argparse.Namespace) -> int:
 
 def cmd_twin_profile(args: argparse.Namespace) -> int:
     """What a profiling run would measure: the highest steady rate one replica holds with the SLO met."""
-    from pathlib import Path
-
     import numpy as np
     from pydantic import ValidationError
 
@@ -398,8 +405,6 @@ def cmd_twin_profile(args: argparse.Namespace) -> int:
 
 def _tuned() -> str:
     """``bench/tuned.json`` beside ``bench.tune`` (``tune.TUNED``), without importing the benchmark."""
-    from pathlib import Path
-
     return str(Path(__file__).resolve().parent / "bench" / "tuned.json")
 
 
@@ -547,6 +552,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_tune.add_argument("--docs", default="docs/benchmarks.md", help="where the tables are written")
     p_tune.add_argument("--plots", default="docs/img", help="where the PNG plots are written")
     p_tune.set_defaults(func=cmd_bench_tune)
+    for p_each in bench.choices.values():
+        p_each.set_defaults(func=_outputs_checked(p_each.get_default("func")))
 
     register_cli(sub)
     _twin_cli(sub)

@@ -139,3 +139,29 @@ def test_bench_refuses_a_count_series_with_a_count_that_is_no_number_of_requests
     result = _bench("--trace", str(path), "--time-column", "t", "--count-column", "n", "--docs", str(tmp_path / "d.md"))
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr == f"--trace {path}: row 3: n '1e400': expected a count of requests, a number at least 0\n"
+
+
+def _a_file(folder: Path) -> Path:
+    (folder / "a-file").write_text("")
+    return folder / "a-file"
+
+
+OUTPUTS: list[tuple[str, list[str], Callable[[Path], Path], str]] = [
+    ("docs under a file", ["--docs"], lambda f: _a_file(f) / "b.md", "a-file is not a folder; expected a Markdown"),
+    ("docs that is a folder", ["--docs"], lambda f: f, ": a folder; expected a Markdown file whose section"),
+    ("docs not UTF-8", ["--docs"], writes(b"\xff\xfe"), ": not UTF-8 text (byte 0xff)"),
+    ("plots that is a file", ["--plots"], _a_file, ": not a folder; expected a folder for the plots"),
+]
+
+
+@pytest.mark.parametrize(("flag", "make", "says"), [c[1:] for c in OUTPUTS], ids=[c[0] for c in OUTPUTS])
+def test_bench_refuses_outputs_it_could_not_write_before_it_runs(
+    flag: list[str], make: Callable[[Path], Path], says: str, tmp_path: Path
+) -> None:
+    """A benchmark writes its tables and plots only once it has run (minutes to hours): a path that cannot take
+    them is refused first, not after the results exist."""
+    path = make(tmp_path)
+    result = _bench(*flag, str(path), "--seed", "0", "--policy", "mmfleet")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{flag[0]} {path}"), result.stderr
+    assert says in result.stderr, result.stderr
