@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,13 +46,66 @@ SPIKE_STEP_S = 0.1  # resolution of the spike's rate curve
 
 
 # ------------------------------------------------------------------------------------ loading
-def _parse_times(raw: list[str]) -> np.ndarray:
+def _table(path: Path | str, columns: Sequence[str | None]) -> list[dict[str, str]]:
+    """The CSV's rows, with every column named in ``columns`` present; a byte-order mark (spreadsheets write one) is
+    not part of the first column's name."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    for c in columns:
+        if c is not None and c not in rows[0]:
+            raise ValueError(f"{path}: no column {c!r} (have {sorted(rows[0])})")
+    return rows
+
+
+def _numbers(path: Path | str, rows: list[dict[str, str]], column: str, default: float) -> np.ndarray:
+    """``column`` of every row as a number at least 0 (``default`` where empty), or an error naming the first row
+    that is not one."""
+    raw = [r[column] for r in rows]
+
+    def number(x: str) -> float:
+        try:
+            return default if x in ("", None) else float(x)
+        except ValueError:
+            return math.nan
+
+    values = np.asarray([number(x) for x in raw], dtype=float)
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{path}: row {i + 2}: {column} {raw[i]!r}: expected a number at least 0")
+    return values
+
+
+def _parse_times(path: Path | str, rows: list[dict[str, str]], column: str) -> np.ndarray:
     """Seconds: numbers as they are, or date-times (any ISO-like form numpy parses) since the epoch."""
+    raw = [r[column] for r in rows]
     try:
-        return np.asarray([float(x) for x in raw])
+        t = np.asarray([float(x) for x in raw])
     except ValueError:
-        ts = np.asarray([x.strip().replace(" ", "T", 1) for x in raw], dtype="datetime64[ns]")
-        return ts.astype("int64").astype(float) / 1e9
+        try:
+            stamps = np.asarray([x.strip().replace(" ", "T", 1) for x in raw], dtype="datetime64[ns]")
+            t = stamps.astype("int64").astype(float) / 1e9
+        except ValueError:  # find the row: one at a time only when the whole column would not parse
+            t = np.asarray([_seconds(x) for x in raw])
+    bad = np.flatnonzero(~np.isfinite(t))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{path}: row {i + 2}: {column} {raw[i]!r}: expected a number of seconds or a date-time")
+    return t
+
+
+def _seconds(x: str) -> float:
+    """A number, or a date-time's seconds since the epoch; NaN if it is neither."""
+    try:
+        return float(x)
+    except ValueError:
+        pass
+    try:
+        return float(np.datetime64(x.strip().replace(" ", "T", 1), "ns").astype("int64")) / 1e9
+    except ValueError:
+        return math.nan
 
 
 def load_csv(
@@ -72,19 +125,12 @@ def load_csv(
     Times are numbers (multiplied by ``time_scale`` to get seconds) or date-times, and are rebased so
     the first request arrives at 0. Missing columns take the defaults (no images).
     """
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    if time_col not in rows[0]:
-        raise ValueError(f"{path}: no column {time_col!r} (have {sorted(rows[0])})")
-    t = _parse_times([r[time_col] for r in rows]) * time_scale
+    rows = _table(path, [time_col, input_col, output_col, images_col, image_tokens_col])
+    t = _parse_times(path, rows, time_col) * time_scale
     n = len(rows)
 
     def col(name: str | None, default: float) -> np.ndarray:
-        if name is None:
-            return np.full(n, float(default))
-        return np.asarray([float(r[name]) if r[name] not in ("", None) else default for r in rows])
+        return np.full(n, float(default)) if name is None else _numbers(path, rows, name, default)
 
     order = np.argsort(t, kind="stable")
     t = t[order] - t[order[0]]
@@ -208,23 +254,16 @@ def load_count_series(
     path: Path | str, time_col: str, count_col: str, time_scale: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(window starts in s from the first, requests in each window) from any CSV of request counts."""
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    for c in (time_col, count_col):
-        if c not in rows[0]:
-            raise ValueError(f"{path}: no column {c!r} (have {sorted(rows[0])})")
-    t = _parse_times([r[time_col] for r in rows]) * time_scale
-    counts = np.asarray([float(r[count_col] or 0.0) for r in rows])
-    odd = np.flatnonzero(~np.isfinite(counts) | (counts < 0))
-    if odd.size:
-        row = int(odd[0])
-        raise ValueError(
-            f"{path}: row {row + 2}: {count_col} {rows[row][count_col]!r}: expected a count of requests, a number at "
-            "least 0"
-        )
+    rows = _table(path, [time_col, count_col])
+    t = _parse_times(path, rows, time_col) * time_scale
+    counts = _numbers(path, rows, count_col, 0.0)
     order = np.argsort(t, kind="stable")
+    repeats = np.flatnonzero(np.diff(t[order]) == 0)
+    if repeats.size:
+        i = int(order[repeats[0] + 1])
+        raise ValueError(
+            f"{path}: row {i + 2}: {time_col} {rows[i][time_col]!r} repeats another row's; expected one row per window"
+        )
     return t[order] - t[order[0]], counts[order]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from mmfleet_lab.twin import traffic
 from tests.helpers.cli import a_directory, run, writes
 
 TUNED_FILE = Path(__file__).resolve().parents[3] / "operator" / "mmfleet_lab" / "bench" / "tuned.json"
@@ -26,6 +27,8 @@ TRACES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("a directory", a_directory, ": Is a directory"),
     ("a missing file", lambda folder: folder / "nope.csv", ": No such file or directory"),
     ("a missing column", writes(b"time,prompt\n1,2\n"), ": no column 'ts'"),
+    ("a time that is none", writes(b"ts,prompt\n0,1\nfoo,2\n"), ": row 3: ts 'foo': expected a number of seconds or"),
+    ("a time that is NaN", writes(b"ts,prompt\nnan,1\n"), ": row 2: ts 'nan': expected a number of seconds or a date"),
     ("a field over the CSV reader's limit", writes(b"ts,prompt\n1," + b"x" * 140_000 + b"\n"), ": field larger than"),
 ]
 
@@ -138,7 +141,7 @@ def test_bench_refuses_a_count_series_with_a_count_that_is_no_number_of_requests
     path.write_text("t,n\n0,3\n60,1e400\n")
     result = _bench("--trace", str(path), "--time-column", "t", "--count-column", "n", "--docs", str(tmp_path / "d.md"))
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr == f"--trace {path}: row 3: n '1e400': expected a count of requests, a number at least 0\n"
+    assert result.stderr == f"--trace {path}: row 3: n '1e400': expected a number at least 0\n"
 
 
 def _a_file(folder: Path) -> Path:
@@ -165,3 +168,33 @@ def test_bench_refuses_outputs_it_could_not_write_before_it_runs(
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{flag[0]} {path}"), result.stderr
     assert says in result.stderr, result.stderr
+
+
+TOKEN_COLUMNS: list[tuple[str, bytes, list[str], str]] = [
+    ("a token count that is text", b"ts,in\n0,5\n1,abc\n", ["--input-column", "in"], ": row 3: in 'abc': expected a"),
+    ("a negative token count", b"ts,in\n0,-5\n", ["--input-column", "in"], ": row 2: in '-5': expected a number at"),
+    ("a token column it lacks", b"ts,in\n0,5\n", ["--output-column", "out"], ": no column 'out' (have ['in', 'ts'])"),
+    ("a repeated window", b"ts,n\n0,5\n0,3\n", ["--count-column", "n"], ": row 3: ts '0' repeats another row's"),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "says"), [c[1:] for c in TOKEN_COLUMNS], ids=[c[0] for c in TOKEN_COLUMNS]
+)
+def test_bench_names_the_row_and_column_of_a_bad_value_in_a_trace(
+    content: bytes, flags: list[str], says: str, tmp_path: Path
+) -> None:
+    path = writes(content)(tmp_path)
+    result = _bench("--trace", str(path), "--time-column", "ts", *flags, "--docs", str(tmp_path / "d.md"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"--trace {path}{says}"), result.stderr
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without_one(tmp_path: Path) -> None:
+    """Spreadsheets save CSV as UTF-8 with a byte-order mark: the first column is still the one named."""
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_bytes(b"ts,in\n0,5\n2.5,7\n")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    read = [traffic.load_csv(p, time_col="ts", input_col="in") for p in (plain, marked)]
+    assert read[0].arrival.tolist() == read[1].arrival.tolist() == [0.0, 2.5]
+    assert read[0].input_tokens.tolist() == read[1].input_tokens.tolist() == [5.0, 7.0]
