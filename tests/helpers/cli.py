@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tests.helpers.operator_process import mmfleet_command
 from tests.helpers.repo import ROOT
 
 
-def run(*args: str, stdin: str | None = None, without: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, stdin: str | None = None, without: tuple[str, ...] = (), env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``mmfleet *args`` with this process's environment, and ``env`` over it."""
     return subprocess.run(
         [*mmfleet_command(without), *args],
         input=stdin,
@@ -19,6 +23,7 @@ def run(*args: str, stdin: str | None = None, without: tuple[str, ...] = ()) -> 
         check=False,
         cwd=ROOT,
         timeout=60,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

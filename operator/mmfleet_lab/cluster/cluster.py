@@ -164,21 +164,28 @@ def _save(cluster: Cluster) -> None:
 
 
 def get(name: str = DEFAULT_NAME) -> Cluster | None:
-    """The cluster recorded under ``name`` (running or not), or None."""
+    """The cluster recorded under ``name`` (running or not), or None; a record that is not one ``up`` wrote raises
+    ``ClusterError`` naming the file."""
+    path = state_file(name)
     try:
-        data = json.loads(state_file(name).read_text())
+        data = json.loads(path.read_text())
+        return Cluster(
+            name=data["name"],
+            state_dir=Path(data["state_dir"]),
+            kubeconfig=Path(data["kubeconfig"]),
+            server=data["server"],
+            pod_ready_delay=data["pod_ready_delay"],
+            processes=tuple(Proc(**p) for p in data["processes"]),
+            prometheus_url=data.get("prometheus_url", ""),
+            scrape_interval=data.get("scrape_interval", ""),
+        )
     except FileNotFoundError:
         return None
-    return Cluster(
-        name=data["name"],
-        state_dir=Path(data["state_dir"]),
-        kubeconfig=Path(data["kubeconfig"]),
-        server=data["server"],
-        pod_ready_delay=data["pod_ready_delay"],
-        processes=tuple(Proc(**p) for p in data["processes"]),
-        prometheus_url=data.get("prometheus_url", ""),
-        scrape_interval=data.get("scrape_interval", ""),
-    )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ClusterError(
+            f"{path}: not a record of a cluster `mmfleet cluster up` started ({type(error).__name__}: {error}); "
+            f"if no cluster {name} runs, delete that file"
+        ) from error
 
 
 def _tls(pki_dir: Path) -> ssl.SSLContext:

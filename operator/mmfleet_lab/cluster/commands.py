@@ -60,7 +60,11 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    report = status(args.name)
+    try:
+        report = status(args.name)
+    except ClusterError as error:
+        print(f"mmfleet cluster status: {error}", file=sys.stderr)
+        return 1
     print(report)
     return 0 if report.startswith(f"cluster {args.name}: running") else 1
 

@@ -347,12 +347,16 @@ def load_token_stats(path: Path | str, model: str = "multimodal_mm-image") -> To
         "output": "output_tokens",
     }
     cols: dict[str, list[list[float]]] = {k: [] for k in keys}
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            if r["model"] != model or r["image_tokens_p50"] in ("", None) or r["text_tokens_p50"] in ("", None):
-                continue
-            for k, field_ in keys.items():
-                cols[k].append([float(r[f"{field_}_{s}"] or "nan") for s in ("mean", "p50", "p90", "p99")])
+    stats = ("mean", "p50", "p90", "p99")
+    rows = _table(path, ["model", *(f"{f}_{s}" for f in keys.values() for s in stats)])
+    for i, r in enumerate(rows):
+        if r["model"] != model or r["image_tokens_p50"] in ("", None) or r["text_tokens_p50"] in ("", None):
+            continue
+        for k, field_ in keys.items():
+            try:
+                cols[k].append([float(r[f"{field_}_{s}"] or "nan") for s in stats])
+            except ValueError:
+                raise ValueError(f"{path}: row {i + 2}: {field_}_*: expected numbers or empty cells") from None
     if not cols["text"]:
         raise ValueError(f"{path}: no multimodal token rows for {model!r}")
     return TokenStats(**{k: np.asarray(v) for k, v in cols.items()})

@@ -77,7 +77,12 @@ TRACE_FOLDERS: list[tuple[str, Callable[[Path], Path], str]] = [
     ("a missing folder", lambda folder: folder / "nope", "is missing. Get it from"),
     ("a folder without the file", _traces(None), "is missing. Get it from"),
     ("non-UTF-8", _traces(b"model,window\n\xff\xfe,1\n"), ": not UTF-8 text (byte 0xff)"),
-    ("an empty file", _traces(b""), "no multimodal token rows"),
+    ("an empty file", _traces(b""), "servegen_client_token_stats_6h.csv: no rows"),
+    (
+        "a column missing",
+        _traces(b"x,y\n1,2\n"),
+        "servegen_client_token_stats_6h.csv: no column 'model' (have ['x', 'y'])",
+    ),
 ]
 
 
@@ -198,3 +203,26 @@ def test_a_trace_saved_with_a_byte_order_mark_reads_as_without_one(tmp_path: Pat
     read = [traffic.load_csv(p, time_col="ts", input_col="in") for p in (plain, marked)]
     assert read[0].arrival.tolist() == read[1].arrival.tolist() == [0.0, 2.5]
     assert read[0].input_tokens.tolist() == read[1].input_tokens.tolist() == [5.0, 7.0]
+
+
+CLUSTER_RECORDS: list[tuple[str, bytes, str]] = [
+    ("not an object", b"[]\n", "(TypeError: list indices must be integers"),
+    ("a key missing", b'{"name": "ok"}\n', "(KeyError: 'state_dir')"),
+    ("not JSON", b'{"name": \n', "(JSONDecodeError: Expecting value"),
+    ("not UTF-8", b'{"name": "\xff"}\n', "(UnicodeDecodeError: "),
+]
+
+
+@pytest.mark.parametrize(("content", "says"), [c[1:] for c in CLUSTER_RECORDS], ids=[c[0] for c in CLUSTER_RECORDS])
+@pytest.mark.parametrize("command", [["cluster", "status"], ["cluster", "env"], ["cluster", "down"]])
+def test_a_cluster_record_it_did_not_write_is_named_with_what_to_do(
+    command: list[str], content: bytes, says: str, tmp_path: Path
+) -> None:
+    (tmp_path / "clusters").mkdir()
+    record = tmp_path / "clusters" / "odd.json"
+    record.write_bytes(content)
+    result = run(*command, "--name", "odd", env={"MMFLEET_CACHE": str(tmp_path)})
+    assert result.returncode == 1, result.stderr[-2000:]
+    prefix = f"mmfleet {' '.join(command)}: {record}: not a record of a cluster `mmfleet cluster up` started {says}"
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(prefix), result.stderr
+    assert result.stderr.endswith("; if no cluster odd runs, delete that file\n")
