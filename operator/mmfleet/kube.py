@@ -505,23 +505,25 @@ class CredentialsError(ValueError):
 
 
 def credentials() -> client.Configuration:
-    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config; reads files, never the network.
-    A kubeconfig that cannot be used raises ``CredentialsError`` naming it: the client's own errors name neither the
-    file nor what it expects."""
+    """In-cluster credentials when running in a pod, else KUBECONFIG / ~/.kube/config (and any credential command the
+    kubeconfig names, as every client runs it). A kubeconfig that cannot be used raises ``CredentialsError`` naming it:
+    the client's own errors name neither the file nor what it expects."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        # Read now, not when the client was imported (its default is fixed then).
-        source = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        # Read now, not when the client was imported (its default is fixed then), with the same meaning: kopf's login
+        # reads that default, so both accept the same files (an empty KUBECONFIG names none).
+        source = os.environ.get("KUBECONFIG", "~/.kube/config")
         try:
             config.load_kube_config(config_file=source, client_configuration=configuration)
         except (config.ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as e:
             why = " ".join(str(e).split())  # YAML's errors run over lines
             why = f"{type(e).__name__}: {why}" if isinstance(e, (TypeError, KeyError, AttributeError)) else why
             raise CredentialsError(
-                f"not in a pod (no service account), and the kubeconfig {source} cannot be used: {why}; expected a "
-                "kubeconfig file (KUBECONFIG or ~/.kube/config) whose current context names a cluster and a user"
+                f"not in a pod (no service account), and the kubeconfig {source or repr(source)} cannot be used: "
+                f"{why}; expected a kubeconfig file (KUBECONFIG or ~/.kube/config) whose current context names a "
+                "cluster and a user"
             ) from e
     return configuration
 

@@ -172,16 +172,17 @@ def _unwritable(flag: str, path: Path, folder: bool) -> str | None:
     if path.exists():
         if folder != path.is_dir():
             return f"{flag} {path}: {'not a folder' if folder else 'a folder'}; expected {_WRITES[folder]}"
-        if not folder:
-            return _unreadable(flag, str(path), path.read_text)
-        return None if os.access(path, os.W_OK) else f"{flag} {path}: not writable; expected {_WRITES[folder]}"
+        problem = None if folder else _unreadable(flag, str(path), path.read_text)
+        if problem is None and not os.access(path, os.W_OK):
+            problem = f"{flag} {path}: not writable; expected {_WRITES[folder]}"
+        return problem
     above = next(p for p in path.parents if p.exists())
     if not above.is_dir():
         return f"{flag} {path}: {above} is not a folder; expected {_WRITES[folder]}"
     return None if os.access(above, os.W_OK) else f"{flag} {path}: {above} is not writable; expected {_WRITES[folder]}"
 
 
-_WRITES = {True: "a folder for the plots", False: "a Markdown file whose section the tables replace"}
+_WRITES = {True: "a folder for the plots", False: "a file it can write"}
 
 
 def _outputs_checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -326,6 +327,10 @@ def cmd_bench_tune(args: argparse.Namespace) -> int:
         return tune.report_test_tuned(
             args.report_on, families, seeds, Path(args.docs), Path(args.plots), _progress, command, args.workers
         )
+    problem = _unwritable("--tuned", Path(args.tuned), folder=False)  # where the sweep's record goes, at its end
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_INVALID
     scenarios = args.scenario or list(TRAIN)
     command = " ".join(["mmfleet bench tune", *(f"--scenario {s}" for s in scenarios), *flags])
     try:

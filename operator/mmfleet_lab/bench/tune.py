@@ -200,11 +200,12 @@ def tune(
 
 
 def malformed(record: object) -> str | None:
-    """What in a tuned file ``frozen`` could not use as ``tune`` writes it (the field, the value, what is accepted), or
-    None: a setting must have the keys of one of its family's ``grid`` settings, their kinds and range."""
+    """What in a tuned file ``frozen`` and ``bench cache`` could not use as ``tune`` writes it, or None: each pick must
+    be one of the settings its family's sweep tries (``grid`` for the file's profile) and be in its sweep's trials, so a
+    hand-edited value is named rather than run as a baseline nobody tuned."""
     if not isinstance(record, dict):
         return f"expected a JSON object as `mmfleet bench tune` writes it, not {json.dumps(record)[:40]}"
-    for key, kind in (("command", str), ("picked", dict), ("profile", dict)):
+    for key, kind in (("command", str), ("picked", dict), ("profile", dict), ("sweeps", dict)):
         if not isinstance(record.get(key), kind):
             return f"{key}: {json.dumps(record.get(key))[:40]}; expected a JSON {'string' if kind is str else 'object'}"
     fields = [f.name for f in dataclasses.fields(Profile)]
@@ -219,22 +220,15 @@ def malformed(record: object) -> str | None:
     for family, setting in record["picked"].items():
         if family not in FAMILIES:
             return f"picked.{family}: not a baseline; accepted: {', '.join(FAMILIES)}"
-        shapes = grid(family, Profile(**profile))
-        like = [g for g in shapes if isinstance(setting, dict) and set(g) == set(setting)]
-        if not like:
-            accepted = " or ".join(dict.fromkeys("{" + ", ".join(sorted(g)) + "}" for g in shapes))
-            return f"picked.{family}: {json.dumps(setting)[:80]}; expected an object with the keys {accepted}"
-        for key, value in setting.items():
-            seen = [g[key] for g in like]
-            where = f"picked.{family}.{key}: {json.dumps(value)}"
-            if isinstance(seen[0], str):
-                if value not in seen:
-                    return f"{where}; accepted: {', '.join(sorted(set(map(str, seen))))}"
-                continue
-            floor = min(float(v) for v in seen)
-            number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-            if not number or value < 0 or (value == 0 and floor > 0):
-                return f"{where}; expected a number {'above' if floor > 0 else 'at least'} 0"
+        swept = grid(family, Profile(**profile))
+        if setting not in swept:
+            return (
+                f"picked.{family}: {json.dumps(setting)[:120]}; expected one of the {len(swept)} settings "
+                f"`mmfleet bench tune` sweeps for {family} (baselines.grid), e.g. {json.dumps(swept[0])}"
+            )
+        trials = record["sweeps"].get(family)
+        if not isinstance(trials, list) or not any(isinstance(t, dict) and t.get("setting") == setting for t in trials):
+            return f"sweeps.{family}: no trial of the picked setting; expected the sweep `mmfleet bench tune` wrote"
     return None
 
 

@@ -85,10 +85,19 @@ def _parse_times(path: Path | str, rows: list[dict[str, str]], column: str) -> n
         t = np.asarray([float(x) for x in raw])
     except ValueError:
         try:
-            stamps = np.asarray([x.strip().replace(" ", "T", 1) for x in raw], dtype="datetime64[ns]")
-            t = stamps.astype("int64").astype(float) / 1e9
-        except ValueError:  # find the row: one at a time only when the whole column would not parse
-            t = np.asarray([_seconds(x) for x in raw])
+            t = np.asarray([_stamp(x) for x in raw], dtype="datetime64[ns]").astype("int64").astype(float) / 1e9
+        except ValueError:
+            kinds = [_time_kind(x) for x in raw]
+            i = next((i for i, k in enumerate(kinds) if k is None), None)
+            if i is None:  # each parses, as numbers and date-times mixed: which one is the odd kind
+                i = kinds.index("a number" if kinds[0] == "a date-time" else "a date-time")
+                raise ValueError(
+                    f"{path}: row {i + 2}: {column} {raw[i]!r}: {kinds[i]}, where row 2 holds {kinds[0]}; expected "
+                    "one kind of time in the whole column"
+                ) from None
+            raise ValueError(
+                f"{path}: row {i + 2}: {column} {raw[i]!r}: expected a number of seconds or a date-time"
+            ) from None
     bad = np.flatnonzero(~np.isfinite(t))
     if bad.size:
         i = int(bad[0])
@@ -96,16 +105,23 @@ def _parse_times(path: Path | str, rows: list[dict[str, str]], column: str) -> n
     return t
 
 
-def _seconds(x: str) -> float:
-    """A number, or a date-time's seconds since the epoch; NaN if it is neither."""
+def _stamp(x: str) -> str:
+    """A date-time as numpy reads it: a space between date and time becomes a T."""
+    return x.strip().replace(" ", "T", 1)
+
+
+def _time_kind(x: str) -> str | None:
+    """What kind of time ``x`` is, or None if neither."""
     try:
-        return float(x)
+        float(x)
+        return "a number"
     except ValueError:
         pass
     try:
-        return float(np.datetime64(x.strip().replace(" ", "T", 1), "ns").astype("int64")) / 1e9
+        np.datetime64(_stamp(x), "ns")
+        return "a date-time"
     except ValueError:
-        return math.nan
+        return None
 
 
 def load_csv(

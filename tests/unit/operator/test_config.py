@@ -8,6 +8,7 @@ import pytest
 
 from mmfleet import cli
 from mmfleet.config import OperatorConfig, env_variables
+from mmfleet.kube import CredentialsError, credentials
 
 VARIABLES = (
     "MMFLEET_NAMESPACES",
@@ -181,3 +182,36 @@ def test_run_exits_2_naming_a_kubeconfig_it_cannot_use_instead_of_retrying_forev
     assert err.rstrip().endswith("expected a kubeconfig file (KUBECONFIG or ~/.kube/config) whose current context "
                                  "names a cluster and a user")  # fmt: skip
     assert err.count("\n") == 1
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+def test_a_usable_kubeconfig_passes_the_check_run_makes_before_starting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{kubeconfig}")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert credentials().host == "https://127.0.0.1:6443"
+
+
+def test_an_empty_kubeconfig_variable_names_no_file_as_the_client_reads_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """kopf's login reads an empty KUBECONFIG as naming no file, even with a usable ~/.kube/config: so does the check,
+    or it would pass and kopf retry its login forever."""
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text(KUBECONFIG)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", "")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(CredentialsError, match="the kubeconfig '' cannot be used: Invalid kube-config file"):
+        credentials()
