@@ -167,8 +167,9 @@ def _unreadable(flag: str, path: str, read: Callable[[], object]) -> str | None:
 
 
 def _unwritable(flag: str, path: Path, folder: bool) -> str | None:
-    """Why ``path`` (a folder to write into, with ``folder``, else a file whose section is replaced) could not be
-    written, or None: its nearest existing ancestor must be a folder one may write in."""
+    """Why ``path`` (a folder to write into, with ``folder``, else a file to write) could not be written, or None: an
+    existing file must be readable text (a docs file's other sections are kept) and writable, a new one's nearest
+    existing ancestor a folder one may write in."""
     if path.exists():
         if folder != path.is_dir():
             return f"{flag} {path}: {'not a folder' if folder else 'a folder'}; expected {_WRITES[folder]}"
