@@ -39,7 +39,7 @@ HEALTH_TIMEOUT = 900.0  # vLLM 0.33 started in 100-177 s on an H200 with dummy w
 CALL_TIMEOUT = 600.0
 
 
-def _post(url: str, body: dict[str, object] | None = None, timeout: float = CALL_TIMEOUT) -> float:
+def post(url: str, body: dict[str, object] | None = None, timeout: float = CALL_TIMEOUT) -> float:
     """Seconds the POST took to be answered in full; raises on an HTTP error."""
     data = json.dumps(body).encode() if body is not None else b""
     request = urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json"})
@@ -49,7 +49,7 @@ def _post(url: str, body: dict[str, object] | None = None, timeout: float = CALL
     return time.perf_counter() - started
 
 
-def _ttft(base: str, model: str) -> float:
+def ttft(base: str, model: str) -> float:
     """Seconds to the first streamed chunk of one chat completion."""
     body = {
         "model": model,
@@ -68,10 +68,11 @@ def _ttft(base: str, model: str) -> float:
     return first
 
 
-def _wait_healthy(base: str, server: subprocess.Popen[bytes], timeout: float) -> float:
+def wait_healthy(base: str, server: subprocess.Popen[bytes] | None, timeout: float) -> float:
+    """Seconds to ``/health`` answering 200; ``server``, when given, must stay up meanwhile."""
     started = time.perf_counter()
     while time.perf_counter() - started < timeout:
-        if server.poll() is not None:
+        if server is not None and server.poll() is not None:
             raise SystemExit(f"the server ended with exit status {server.returncode} before /health answered")
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
@@ -89,16 +90,16 @@ Row = Callable[[str, int, int, float], None]
 def measure(base: str, model: str, cycles: int, server: subprocess.Popen[bytes], row: Row) -> bool:
     """Each phase's time, handed to ``row`` as soon as it is taken; False when the server refused a call, which ends
     the run (its answer printed): the server may be left asleep, and what follows would be timed from there."""
-    row("cold_start", 0, 0, _wait_healthy(base, server, HEALTH_TIMEOUT))
-    row("first_request", 0, 0, _ttft(base, model))
+    row("cold_start", 0, 0, wait_healthy(base, server, HEALTH_TIMEOUT))
+    row("first_request", 0, 0, ttft(base, model))
     try:
         for level in (1, 2):
             for cycle in range(1, cycles + 1):
-                row("sleep", level, cycle, _post(f"{base}/sleep?level={level}&mode=wait"))
-                row("wake", level, cycle, _post(f"{base}/wake_up"))
+                row("sleep", level, cycle, post(f"{base}/sleep?level={level}&mode=wait"))
+                row("wake", level, cycle, post(f"{base}/wake_up"))
                 if level == 2:
-                    row("reload", level, cycle, _post(f"{base}/collective_rpc", {"method": "reload_weights"}))
-                row("first_request", level, cycle, _ttft(base, model))
+                    row("reload", level, cycle, post(f"{base}/collective_rpc", {"method": "reload_weights"}))
+                row("first_request", level, cycle, ttft(base, model))
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:500]
         print(f"{error.url} answered {error.code}: {detail}; the rows taken are kept", file=sys.stderr, flush=True)
