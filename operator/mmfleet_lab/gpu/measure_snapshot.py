@@ -22,7 +22,8 @@ The arguments after ``--`` are ``vllm serve``'s (without ``--port``). It writes 
   arguments and ``--enable-sleep-mode`` (as the snapshot's server runs), stopped the same way.
 
 This process makes itself a child subreaper, so the restored trees (CRIU's ``--restore-detached`` leaves them without
-a parent) are its to stop and reap. A command that fails ends the run with exit status 1, the rows taken kept.
+a parent) are its to stop and reap. A step that fails ends the run with exit status 1, the rows taken kept and the
+server it left stopped.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def gpu_pids() -> list[str]:
         text=True,
         check=False,
     )
+    if listing.returncode != 0:
+        raise StepError(f"nvidia-smi exited {listing.returncode}: {(listing.stdout + listing.stderr).strip()[:300]}")
     return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
 
 
@@ -119,14 +122,17 @@ def timed(command: Sequence[str], log: Path) -> float:
 
 
 def measure(args: argparse.Namespace, serve: list[str], row: Row) -> None:
+    """Each step in turn; a server left running by a step that failed is stopped before the error goes on."""
     base = f"http://127.0.0.1:{args.port}"
     snapshot = str(args.snapshot_dir)
     row("create", 0, timed([*VLLM, "snapshot", "create", *serve, "--snapshot-dir", snapshot], args.log))
     for cycle in range(1, args.restores + 1):
         row("restore", cycle, timed([*VLLM, "snapshot", "restore", snapshot, "--port", str(args.port)], args.log))
-        row("first_request", cycle, ttft(base, args.model))
         root = int((args.snapshot_dir / "restored.pid").read_text())
-        row("stop", cycle, stop_session(root))
+        try:
+            row("first_request", cycle, ttft(base, args.model))
+        finally:
+            row("stop", cycle, stop_session(root))
     if args.cold_start:
         with args.log.open("ab") as out:
             server = subprocess.Popen(
@@ -135,9 +141,11 @@ def measure(args: argparse.Namespace, serve: list[str], row: Row) -> None:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        row("cold_start", 0, wait_healthy(base, server, HEALTH_TIMEOUT))
-        row("first_request", 0, ttft(base, args.model))
-        stop_session(server.pid)
+        try:
+            row("cold_start", 0, wait_healthy(base, server, HEALTH_TIMEOUT))
+            row("first_request", 0, ttft(base, args.model))
+        finally:
+            stop_session(server.pid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             measure(args, serve, row)
-        except (StepError, OSError, ValueError) as error:
+        except (StepError, OSError, ValueError, SystemExit) as error:
             print(f"stopped: {error}; the rows taken are kept", file=sys.stderr, flush=True)
             return 1
     return 0

@@ -39,7 +39,7 @@ HEALTH_TIMEOUT = 900.0  # vLLM 0.33 started in 100-177 s on an H200 with dummy w
 CALL_TIMEOUT = 600.0
 
 
-def post(url: str, body: dict[str, object] | None = None, timeout: float = CALL_TIMEOUT) -> float:
+def _post(url: str, body: dict[str, object] | None = None, timeout: float = CALL_TIMEOUT) -> float:
     """Seconds the POST took to be answered in full; raises on an HTTP error."""
     data = json.dumps(body).encode() if body is not None else b""
     request = urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json"})
@@ -68,11 +68,10 @@ def ttft(base: str, model: str) -> float:
     return first
 
 
-def wait_healthy(base: str, server: subprocess.Popen[bytes] | None, timeout: float) -> float:
-    """Seconds to ``/health`` answering 200; ``server``, when given, must stay up meanwhile."""
+def wait_healthy(base: str, server: subprocess.Popen[bytes], timeout: float) -> float:
     started = time.perf_counter()
     while time.perf_counter() - started < timeout:
-        if server is not None and server.poll() is not None:
+        if server.poll() is not None:
             raise SystemExit(f"the server ended with exit status {server.returncode} before /health answered")
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
@@ -95,10 +94,10 @@ def measure(base: str, model: str, cycles: int, server: subprocess.Popen[bytes],
     try:
         for level in (1, 2):
             for cycle in range(1, cycles + 1):
-                row("sleep", level, cycle, post(f"{base}/sleep?level={level}&mode=wait"))
-                row("wake", level, cycle, post(f"{base}/wake_up"))
+                row("sleep", level, cycle, _post(f"{base}/sleep?level={level}&mode=wait"))
+                row("wake", level, cycle, _post(f"{base}/wake_up"))
                 if level == 2:
-                    row("reload", level, cycle, post(f"{base}/collective_rpc", {"method": "reload_weights"}))
+                    row("reload", level, cycle, _post(f"{base}/collective_rpc", {"method": "reload_weights"}))
                 row("first_request", level, cycle, ttft(base, model))
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:500]

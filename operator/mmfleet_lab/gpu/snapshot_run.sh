@@ -60,7 +60,7 @@ timeout -k 10 $((RUN_SECONDS - (($(date +%s) - T0)) - 30)) python3 -m mmfleet_la
 log "measure_snapshot exit $?"
 
 pkill -9 -f "vllm" 2> /dev/null
-for f in child.log dump.log restore.log manifest.json; do [ -f "$SNAP/$f" ] && cp "$SNAP/$f" "$OUT/$f"; done
+for f in child.log manifest.json images/dump.log images/restore.log; do [ -f "$SNAP/$f" ] && cp "$SNAP/$f" "$OUT/"; done
 [ -d "$SNAP/images" ] && du -sb "$SNAP/images" > "$OUT/images_bytes.txt"
 ls -la "$SNAP" 2> /dev/null
 log "done"
