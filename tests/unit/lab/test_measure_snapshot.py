@@ -8,10 +8,11 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from mmfleet_lab.cluster.process import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -63,13 +64,6 @@ elif args[:2] == ["snapshot", "restore"]:
 elif args[:1] == ["serve"]:
     serve(args[args.index("--port") + 1]).wait()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def alive(pid: int) -> bool:

@@ -5,10 +5,10 @@ order and writes the rows a GPU run would."""
 from __future__ import annotations
 
 import csv
-import socket
 import sys
 from pathlib import Path
 
+from mmfleet_lab.cluster.process import free_port
 from mmfleet_lab.gpu import measure_wake
 
 # A stand-in for `vllm serve`: /health after 0.3 s, /sleep, /wake_up, /collective_rpc and a streamed completion; it
@@ -35,13 +35,6 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_it_times_the_cold_start_then_each_level_in_order_and_writes_one_row_each(tmp_path: Path) -> None:
