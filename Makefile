@@ -63,7 +63,7 @@ typecheck: install
 ## Fast tier: pure functions and contracts, no cluster. `unit` is the operator's (tests of mmfleet and the committed
 ## files); `lab-unit` the lab's (the twin, the benchmarks, the local cluster's parts, the lab's commands).
 unit: install
-	$(BIN)/pytest -q tests/unit/operator tests/contract
+	$(BIN)/pytest -q -n auto tests/unit/operator tests/contract
 
 lab-unit: install
 	$(BIN)/pytest -q tests/unit/lab
