@@ -257,6 +257,8 @@ class ReplicaEngine:
             self.outcomes.finish(r.i, now, w.arrival[r.i], w.out[r.i])
             self.book.observe("e2e", self.rid, now - w.arrival[r.i])
             self.book.add(LAYOUT.success, self.rid, 1.0)
+            self.book.observe("request_prompt", self.rid, float(w.prompt[r.i]))
+            self.book.observe("request_generation", self.rid, float(w.out[r.i]))
         return True
 
     def advance(self, until: float) -> None:

@@ -36,6 +36,8 @@ class Observation:
     waiting: float | None = None  # sum of num_requests_waiting over pods
     running: float | None = None  # sum of num_requests_running over pods
     kv_cache_usage: float | None = None  # mean over ready pods, 0..1
+    # prompt and output tokens per request finished over the rate window; None when not known (not vLLM, none finished)
+    request_mix: tuple[float, float] | None = None
     reporting: int | None = None  # pods whose series were read; None when not known (the twin)
     asleep: int = 0  # warm-standby pods asleep, which a scale-up wakes before it starts any
     wake: float | None = None  # seconds, the fleet's measured wake; None until a wake was measured

@@ -544,6 +544,7 @@ def decide(
             waiting=signals.waiting,
             running=signals.running,
             kv_cache_usage=signals.kv_cache_usage,
+            request_mix=signals.mix,
             # pods too newly Ready to have been scraped count as reporting: only a scrape that misses pods is partial
             reporting=None if signals.reporting is None else signals.reporting + pods.ready - expected,
             asleep=pods.asleep,

@@ -71,6 +71,12 @@ WAITING_MOST: Final = "waiting_most"
 API_CPU: Final = "api_cpu"
 API_CPU_SERIES = "process_cpu_seconds_total"
 PREPROCESSING: tuple[Query, ...] = (OUTSIDE, TTFT_MEAN, WAITING_MOST, API_CPU)
+# Each vllm fleet's request mix: prompt and output tokens per request that finished over the rate window (vLLM's
+# per-request histograms, _sum over _count). The policy sizes by it when the mix grows heavier; without it, it sizes
+# in requests as before, so it is read like the PreprocessingBound signals: never needed, never an outage.
+PROMPT_MIX: Final = "prompt_mix"
+OUTPUT_MIX: Final = "output_mix"
+MIX: tuple[Query, ...] = (PROMPT_MIX, OUTPUT_MIX)
 
 Key = tuple[str, str]
 
@@ -155,6 +161,7 @@ class Signals:
     held_problem: str | None = None  # why ``held`` could not be read, when it was asked for
     preprocessing: Preprocessing | None = None  # vllm only: what PreprocessingBound reads; None when not asked
     failing: float | None = None  # an encode tier's: the share of the calls to it that brought no encoder outputs
+    mix: tuple[float, float] | None = None  # vllm: prompt and output tokens per request finished (``mix_queries``)
 
 
 @dataclass(frozen=True)
@@ -194,7 +201,7 @@ Found = dict[tuple[str, str, str], float | str]
 Query = (
     Signal
     | Slo
-    | Literal["reporting", "held", "outside", "ttft_mean", "waiting_most", "api_cpu"]
+    | Literal["reporting", "held", "outside", "ttft_mean", "waiting_most", "api_cpu", "prompt_mix", "output_mix"]
     | EncodeQuery
     | EncodeLatency
 )
@@ -259,7 +266,8 @@ def build_queries(targets: Iterable[Target], rate_window: str = RATE_WINDOW) -> 
         queries[latency] = encode_latency_query(latency)
     if any(t.encode is not None for t in targets):
         queries.update({what: encode_query(what, rate_window) for what in ENCODE_QUERIES})
-    if "vllm" in backends_used:  # last: advisory, it must not take a slot from an SLO in a flood of them
+    if "vllm" in backends_used:  # last: advisory, they must not take a slot from an SLO in a flood of them
+        queries.update(mix_queries(rate_window))
         queries.update(preprocessing_queries(rate_window))
     return queries
 
@@ -326,6 +334,21 @@ def preprocessing_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
         TTFT_MEAN: _vllm(mean(vllm.TTFT)),
         WAITING_MOST: _vllm(f"sum by ({by}) (max_over_time({waiting}[{rate_window}]))"),
         API_CPU: _vllm(f"max by ({by}) ({cpu})"),
+    }
+
+
+def mix_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
+    """Each vllm fleet's prompt and output tokens per request finished over the rate window. vLLM observes both when a
+    request finishes (v1/metrics/loggers.py, from FinishedRequestStats), so a request's tokens count once, whole."""
+    by = ", ".join(FLEET_LABELS)
+
+    def mean(histogram: str) -> str:
+        total, count = (f"sum by ({by}) (rate({histogram}_{part}[{rate_window}]))" for part in ("sum", "count"))
+        return f"{total} / {count}"
+
+    return {
+        PROMPT_MIX: _vllm(mean(vllm.REQUEST_PROMPT_TOKENS)),
+        OUTPUT_MIX: _vllm(mean(vllm.REQUEST_GENERATION_TOKENS)),
     }
 
 
@@ -423,6 +446,7 @@ def signals_for(target: Target, answers: dict[Query, Found], errors: dict[Query,
         held=held,
         held_problem=held_problem,
         preprocessing=_preprocessing(key, answers, errors),
+        mix=_mix(key, answers),
     )
 
 
@@ -474,6 +498,13 @@ def encode_signals(target: Target, answers: dict[Query, Found], errors: dict[Que
     )
 
 
+def _mix(key: tuple[str, str, str], answers: dict[Query, Found]) -> tuple[float, float] | None:
+    """A vllm fleet's request mix, or None: not asked, not answered, or not a positive number (none finished: 0/0)."""
+    values = [answers.get(query, {}).get(key) for query in MIX]
+    mix = [v for v in values if isinstance(v, float) and math.isfinite(v) and v > 0]
+    return (mix[0], mix[1]) if len(mix) == 2 else None
+
+
 def _preprocessing(
     key: tuple[str, str, str], answers: dict[Query, Found], errors: dict[Query, str] | None
 ) -> Preprocessing | None:
@@ -501,6 +532,8 @@ def describe(query: Query) -> str:
         return f"P{query.percentile:g} of the calls to the encode tier over {query.window}"
     if query == HELD:
         return "requests held by the endpoint picker"
+    if query in MIX:
+        return {PROMPT_MIX: "prompt tokens per request", OUTPUT_MIX: "output tokens per request"}[query]
     if query in PREPROCESSING:
         return {OUTSIDE: "time to first token outside the engine", TTFT_MEAN: "mean time to first token",
                 WAITING_MOST: "most waiting requests", API_CPU: "API server CPU"}[query]  # fmt: skip

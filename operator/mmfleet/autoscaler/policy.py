@@ -100,8 +100,12 @@ CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated
 # most of the time: a batching server is far from its knee there, and a μ_SLO learned from such replicas is their
 # arrivals, not what they can serve, so the forecast does not size the fleet on it (docs/autoscaling.md, Design notes).
 MIN_HELD = 1.0
+# A request mix heavier than the one μ_SLO was learned at by less than this reads as the same: the mix of the requests
+# finished over one rate window varies about that much by itself (docs/autoscaling.md, Design notes).
+MIX_TOLERANCE = 0.1
 
 Samples = tuple[tuple[float, float], ...]
+Mix = tuple[float, float]  # prompt and output tokens per request
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class SloState:
     demand: Samples = ()  # (time, req/s) over the rise window (the trend reads its last TREND_WINDOW)
     learned_capacity: float | None = None  # best throughput per Ready replica held for a rate window within the SLO
     streak: Samples = ()  # (time, throughput per Ready replica) of the last cycles in a row that could teach μ_SLO
+    streak_mix: tuple[Mix | None, ...] = ()  # the request mix of each of those cycles, None where not known
+    mix: Mix | None = None  # the request mix μ_SLO was learned at, None if not known
     capacity_scale: float = 1.0  # <= 1: replicas with a standing queue served less than assumed
     recommendations: tuple[tuple[float, int], ...] = ()  # (time, replicas needed) in the down window
     history: tuple[tuple[float, int, float], ...] = ()  # (time, ready, waiting) over the latency window
@@ -140,6 +146,7 @@ class Sizing:
     standing_in: int = 0  # replicas asleep counted for the demand beyond a wake (warm standby)
     sparse: bool = False  # the replicas are too idle to have tested the learned μ_SLO (``MIN_HELD``)
     untested: bool = False  # so the forecast, which asked for more than the fleet, was not followed
+    heavier: float = 1.0  # the work per request over what it was when μ_SLO was learned (``heavier``)
 
 
 def _v(value: float) -> str:
@@ -205,6 +212,23 @@ def rise_quantile(samples: Samples, horizon: float, percentile: float) -> float:
 def partial_scrape(obs: Observation) -> bool:
     """Fewer pods report than are Ready: the sums miss pods, so the fleet looks less loaded than it is."""
     return obs.reporting is not None and obs.reporting < obs.ready
+
+
+def heavier(now: Mix | None, learned_at: Mix | None) -> float:
+    """How much more work a request is now than when μ_SLO was learned: the mean growth of its prompt and its output
+    tokens, less ``MIX_TOLERANCE``, at least 1. A lighter mix is not read as more capacity: what the replicas then
+    serve within the SLO teaches that."""
+    if now is None or learned_at is None or min(learned_at) <= 0:
+        return 1.0
+    growth = statistics.fmean(n / r for n, r in zip(now, learned_at, strict=True))
+    return max(1.0, growth - MIX_TOLERANCE)
+
+
+def _mean_mix(mixes: tuple[Mix | None, ...]) -> Mix | None:
+    known = [m for m in mixes if m is not None]
+    if not known or len(known) < len(mixes):
+        return None
+    return statistics.fmean(m[0] for m in known), statistics.fmean(m[1] for m in known)
 
 
 def projected_backlog(
@@ -386,13 +410,21 @@ class SloPolicy:
         ready_ref = min(h[1] for h in history)
         ready_steady = spans and obs.ready > 0 and ready_ref == max(h[1] for h in history)
 
-        # μ_SLO rises only to a throughput seen in consecutive cycles within the SLO, the least of them.
-        learned = state.learned_capacity
+        # μ_SLO rises only to a throughput seen in consecutive cycles within the SLO, the least of them. It is learned
+        # at a request mix: a heavier one asks more of a replica per request, so sizing divides it by ``heavier``.
+        learned, learned_at = state.learned_capacity, state.mix
+        weight = heavier(obs.request_mix, learned_at)
         draining = obs.waiting < history[0][2]
+        streak_mix: tuple[Mix | None, ...] = ()
         if obs.latency <= target and ready_steady and obs.request_rate > 0:
             streak = (*state.streak[-(CAPACITY_SAMPLES - 1) :], (obs.time, obs.request_rate / obs.ready))
+            streak_mix = (*state.streak_mix[-(CAPACITY_SAMPLES - 1) :], obs.request_mix)
             if len(streak) >= CAPACITY_SAMPLES:
-                learned = max(learned or 0.0, min(v for _, v in streak))
+                # The streak's throughput, at its own mix, replaces μ_SLO where it promises more at today's mix.
+                seen_at = _mean_mix(streak_mix)
+                least = min(v for _, v in streak)
+                if least / heavier(obs.request_mix, seen_at) > (learned or 0.0) / weight:
+                    learned, learned_at, weight = least, seen_at, heavier(obs.request_mix, seen_at)
         else:
             streak = ()
             # Replicas missing the target with a queue that does not drain, with nothing on order, serve all they
@@ -401,9 +433,10 @@ class SloPolicy:
             served = obs.request_rate / obs.ready if obs.ready else None
             standing_queue = obs.waiting > 0 and not draining
             missing = obs.latency > target and ready_steady and standing_queue and obs.starting == 0 and dt is not None
-            if missing and served is not None and learned is not None and served < learned:
+            if missing and served is not None and learned is not None and served < learned / weight:
                 assert dt is not None
-                learned = _ewma(learned, served, dt, CAPACITY_DECAY)
+                # toward what the replicas serve at today's mix, which it is learned at from now on
+                learned, learned_at, weight = _ewma(learned / weight, served, dt, CAPACITY_DECAY), obs.request_mix, 1.0
 
         scale = state.capacity_scale
         probe, knee_seen = state.probe, state.knee_seen
@@ -413,7 +446,7 @@ class SloPolicy:
         sparse = untested = False
         feedforward: int | None = None
         needed = obs.current  # nothing to size with yet: only the feedback below may move it
-        known = max(learned or 0.0, self.capacity_per_replica or 0.0)
+        known = max((learned or 0.0) / weight, self.capacity_per_replica or 0.0)
         if known > 0:
             # Replicas whose queue stood for a whole window serve at their true capacity; below μ means
             # a heavier mix than profiled, which is believed until the SLO has held for a while.
@@ -475,6 +508,8 @@ class SloPolicy:
             demand=samples,
             learned_capacity=learned,
             streak=streak,
+            streak_mix=streak_mix,
+            mix=learned_at,
             capacity_scale=scale,
             probe=probe,
             knee_seen=knee_seen,
@@ -482,7 +517,7 @@ class SloPolicy:
         )
         sizing = Sizing(
             demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe, standing_in,
-            sparse, untested,
+            sparse, untested, weight if learned and known == learned / weight else 1.0,
         )  # fmt: skip
         return state, sizing
 
@@ -498,6 +533,7 @@ class SloPolicy:
                 f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {duration_text(sz.horizon)} "
                 f"at {_v(sz.capacity)} req/s per replica"
                 + (f" ({sz.probe:.2f}x the learned: the fleet has not come near its knee)" if sz.probe > 1.0 else "")
+                + (f" (its requests {sz.heavier:.2f}x the tokens it was learned at)" if sz.heavier > 1.0 else "")
             )
         else:
             parts.append(f"demand {_v(sz.demand)} req/s, capacity per replica not learned yet")

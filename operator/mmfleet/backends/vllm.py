@@ -196,6 +196,10 @@ def vllm_model_ref(model_ref: str) -> str:
 TTFT = "vllm:time_to_first_token_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
+# Histograms of each request's prompt and output tokens, observed as it finishes (v1/metrics/loggers.py, from
+# FinishedRequestStats): their _sum over their _count over a window is the mix of the requests that finished in it.
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
 
 
 class VllmBackend:

@@ -39,7 +39,7 @@ import numba
 import numpy as np
 
 from mmfleet_lab.twin.engine import LEAST_OUTSTANDING, Outcomes, Router, Workload
-from mmfleet_lab.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
+from mmfleet_lab.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, REQUEST_TOKEN_BUCKETS, TTFT_BUCKETS, MetricBook
 from mmfleet_lab.twin.replica import ReplicaParams
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -91,12 +91,15 @@ class _Const(NamedTuple):
     e2e_bounds: tuple[float, ...]
     ttft_bounds: tuple[float, ...]
     itl_bounds: tuple[float, ...]
+    token_bounds: tuple[float, ...]  # of the per-request token histograms
     e2e_col: int
     ttft_col: int
     itl_col: int
     success_col: int
     prompt_col: int
     generation_col: int
+    request_prompt_col: int
+    request_generation_col: int
     placement: bool  # keep each request's replica and first admission (served_by, started)
     server_clock: bool  # the servers' latency histograms count from when a request reached its server (``sent``)
     block_tokens: int  # 0: no prefix caching
@@ -370,6 +373,7 @@ def _run(
     n_itl = len(c.itl_bounds)
     n_ttft = len(c.ttft_bounds)
     n_e2e = len(c.e2e_bounds)
+    n_tb = len(c.token_bounds)
     # Only replicas with requests are advanced before each arrival: advancing an empty one just sets
     # its clock to the arrival time, which is done when a request comes to it (and at t1 for all).
     active = np.empty(n_rep, dtype=np.int64)
@@ -658,6 +662,13 @@ def _run(
                     counters[r, c.e2e_col + n_e2e + 1] += e2e
                     counters[r, c.e2e_col + n_e2e + 2] += 1.0
                     counters[r, c.success_col] += 1.0
+                    tok = float(w_prompt[i])
+                    counters[r, c.request_prompt_col + _bucket(c.token_bounds, tok)] += 1.0
+                    counters[r, c.request_prompt_col + n_tb + 1] += tok
+                    counters[r, c.request_prompt_col + n_tb + 2] += 1.0
+                    counters[r, c.request_generation_col + _bucket(c.token_bounds, o)] += 1.0
+                    counters[r, c.request_generation_col + n_tb + 1] += o
+                    counters[r, c.request_generation_col + n_tb + 2] += 1.0
                 # a running request is done exactly when it has made its output: free those seats
                 n = n_run[r]
                 keep = 0
@@ -895,12 +906,15 @@ class CompiledEngine:
             e2e_bounds=tuple(float(x) for x in E2E_BUCKETS),
             ttft_bounds=tuple(float(x) for x in TTFT_BUCKETS),
             itl_bounds=tuple(float(x) for x in ITL_BUCKETS),
+            token_bounds=tuple(float(x) for x in REQUEST_TOKEN_BUCKETS),
             e2e_col=LAYOUT.e2e,
             ttft_col=LAYOUT.ttft,
             itl_col=LAYOUT.itl,
             success_col=LAYOUT.success,
             prompt_col=LAYOUT.prompt,
             generation_col=LAYOUT.generation,
+            request_prompt_col=LAYOUT.request_prompt,
+            request_generation_col=LAYOUT.request_generation,
             placement=placement,
             server_clock=server_clock,
             block_tokens=work.block_tokens,

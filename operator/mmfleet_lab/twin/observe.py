@@ -49,6 +49,11 @@ TTFT_BUCKETS: Final = (
 ITL_BUCKETS: Final = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+# vllm:request_prompt_tokens and vllm:request_generation_tokens, observed as each request finishes: a 1-2-5 series
+# up to the model's length, as the real server exposed them (its max_model_len above 20,000).
+REQUEST_TOKEN_BUCKETS: Final = (
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class Layout:
     e2e: int
     ttft: int
     itl: int
+    request_prompt: int
+    request_generation: int
     success: int
     prompt: int
     generation: int
@@ -67,7 +74,13 @@ class Layout:
 def _layout() -> Layout:
     off = 0
     cols: dict[str, int] = {}
-    for name, bounds in (("e2e", E2E_BUCKETS), ("ttft", TTFT_BUCKETS), ("itl", ITL_BUCKETS)):
+    for name, bounds in (
+        ("e2e", E2E_BUCKETS),
+        ("ttft", TTFT_BUCKETS),
+        ("itl", ITL_BUCKETS),
+        ("request_prompt", REQUEST_TOKEN_BUCKETS),
+        ("request_generation", REQUEST_TOKEN_BUCKETS),
+    ):
         cols[name] = off
         off += len(bounds) + 3  # buckets, +Inf, _sum, _count
     for name in ("success", "prompt", "generation"):
@@ -81,7 +94,10 @@ HISTOGRAMS: Final[dict[str, tuple[int, tuple[float, ...]]]] = {
     "e2e": (LAYOUT.e2e, E2E_BUCKETS),
     "ttft": (LAYOUT.ttft, TTFT_BUCKETS),
     "itl": (LAYOUT.itl, ITL_BUCKETS),
+    "request_prompt": (LAYOUT.request_prompt, REQUEST_TOKEN_BUCKETS),
+    "request_generation": (LAYOUT.request_generation, REQUEST_TOKEN_BUCKETS),
 }
+LATENCIES: Final = ("e2e", "ttft", "itl")  # the histograms of seconds, of which a percentile may be an SLO
 EPP_RATE_WINDOW: Final = 60.0  # the [1m] of llm-d's SLO-aware recording rules (baselines/llmd.py)
 # Exported names, as Prometheus stores them (the twin's /metrics exporter uses the same).
 
@@ -316,6 +332,9 @@ class MetricView:
     kv_cache_usage: float | None = None
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
+    # Prompt and output tokens per request finished over the rate window; None when none finished.
+    prompt_per_request: float | None = None
+    output_per_request: float | None = None
     mean_ttft: float | None = None
     mean_itl: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
@@ -366,8 +385,11 @@ def query(
     gauges = prom.gauges(t)
     extra: dict[str, float] = {"prometheus_up": 1.0}
     request_rate = arrival_rate = prompt_rate = gen_rate = mean_ttft = mean_itl = None
+    prompt_per_request = output_per_request = None
     if rates is not None:
         mean_ttft, mean_itl = mean_from_rates(rates, "ttft"), mean_from_rates(rates, "itl")
+        prompt_per_request = mean_from_rates(rates, "request_prompt")
+        output_per_request = mean_from_rates(rates, "request_generation")
         mean_e2e = mean_from_rates(rates, "e2e")
         if mean_e2e is not None:  # for a time-averaged concurrency (Little's law): Knative's queue-proxy measures it
             extra["mean_e2e"] = mean_e2e
@@ -387,7 +409,7 @@ def query(
     latency = None
     if slo_rates is not None:
         latency = _finite(quantile_from_rates(slo_rates, slo_metric, slo_percentile / 100.0))
-        for name in HISTOGRAMS:
+        for name in LATENCIES:
             v = _finite(quantile_from_rates(slo_rates, name, slo_percentile / 100.0))
             if v is not None:
                 extra[f"{name}_p{slo_percentile:g}"] = v
@@ -407,6 +429,8 @@ def query(
         kv_cache_usage=kv,
         prompt_tokens_rate=prompt_rate,
         generation_tokens_rate=gen_rate,
+        prompt_per_request=prompt_per_request,
+        output_per_request=output_per_request,
         mean_ttft=mean_ttft,
         mean_itl=mean_itl,
         extra=extra,

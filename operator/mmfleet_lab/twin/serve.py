@@ -48,6 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from mmfleet import backends
+from mmfleet.backends import vllm
 from mmfleet.kube import Kube
 from mmfleet.render import INFERENCE_LABEL
 from mmfleet_lab.cluster import ClusterError, attach, get, process
@@ -212,6 +213,7 @@ class _Family:
     generation_tokens: str
     constant: dict[str, str]  # labels besides model_name
     finished_reasons: tuple[str, ...]
+    request_tokens: dict[str, str]  # the per-request token histograms it has, by the twin's histogram name
 
 
 # vLLM 0.33 (v1/metrics/loggers.py; docs/backends.md, "Metrics"): labels model_name and engine (the DP
@@ -227,6 +229,10 @@ _FAMILIES: Final = {
         generation_tokens="vllm:generation_tokens_total",
         constant={"engine": "0"},
         finished_reasons=("stop", "length", "abort", "error", "repetition"),
+        request_tokens={
+            "request_prompt": vllm.REQUEST_PROMPT_TOKENS,
+            "request_generation": vllm.REQUEST_GENERATION_TOKENS,
+        },
     ),
     "tensorrt-llm": _Family(
         names=backends.get("tensorrt-llm").metrics,
@@ -234,6 +240,7 @@ _FAMILIES: Final = {
         generation_tokens="trtllm_generation_tokens_total",
         constant={"engine_type": "pytorch"},
         finished_reasons=("stop",),
+        request_tokens={},
     ),
 }
 _HELP: Final = {
@@ -243,6 +250,8 @@ _HELP: Final = {
     "e2e": "Histogram of e2e request latency in seconds.",
     "ttft": "Histogram of time to first token in seconds.",
     "itl": "Histogram of inter-token latency in seconds.",
+    "request_prompt": "Number of prefill tokens processed.",
+    "request_generation": "Number of generation tokens processed.",
 }
 
 
@@ -285,8 +294,10 @@ def exposition(backend: str, model_name: str, counters: np.ndarray, gauges: tupl
         counter = CounterMetricFamily(name, text, labels=label_names)
         counter.add_metric(values, float(counters[column]))
         out.append(counter)
-    hist_names = {"e2e": names.e2e, "ttft": names.ttft, "itl": names.itl}
+    hist_names = {"e2e": names.e2e, "ttft": names.ttft, "itl": names.itl, **fam.request_tokens}
     for hist, (off, bounds) in HISTOGRAMS.items():
+        if hist not in hist_names:
+            continue
         family = HistogramMetricFamily(hist_names[hist], _HELP[hist], labels=label_names)
         n = len(bounds)
         buckets = [(repr(float(b)), float(counters[off + i])) for i, b in enumerate(bounds)]

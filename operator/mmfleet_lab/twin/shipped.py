@@ -78,6 +78,9 @@ def signals(view: MetricView, picker_held: float = 0.0, held: float | None = Non
         running=view.running,
         kv_cache_usage=view.kv_cache_usage,
         missing=view.missing,
+        mix=None
+        if view.prompt_per_request is None or view.output_per_request is None
+        else (view.prompt_per_request, view.output_per_request),
     )
 
 

@@ -11,7 +11,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mmfleet.backends import tensorrt_llm, vllm
 from mmfleet.cli import main
-from mmfleet_lab.twin.observe import E2E_BUCKETS, ITL_BUCKETS, LAYOUT, TTFT_BUCKETS, MetricBook
+from mmfleet_lab.twin.observe import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    LAYOUT,
+    REQUEST_TOKEN_BUCKETS,
+    TTFT_BUCKETS,
+    MetricBook,
+)
 from mmfleet_lab.twin.replica import H100_QWEN25VL7B
 from mmfleet_lab.twin.serve import FleetTwin, PodView, Spike, TrafficSpec, build_requests, exposition, pod_view
 from tests.helpers.repo import DATA
@@ -26,6 +33,8 @@ def book_with_traffic() -> np.ndarray:
     book.add(LAYOUT.success, rid, 5.0)
     book.add(LAYOUT.prompt, rid, 4321.0)
     book.add(LAYOUT.generation, rid, 99.5)
+    book.observe("request_prompt", rid, np.array([800.0, 900.0, 1200.0, 1321.0, 100.0]))
+    book.observe("request_generation", rid, np.array([20.0, 20.0, 19.5, 20.0, 20.0]))
     return book.export(rid)
 
 
@@ -52,6 +61,8 @@ def test_vllm_exposition_has_the_names_types_labels_and_buckets_of_vllm_0_33() -
         m.e2e: "histogram",
         m.ttft: "histogram",
         m.itl: "histogram",
+        vllm.REQUEST_PROMPT_TOKENS: "histogram",
+        vllm.REQUEST_GENERATION_TOKENS: "histogram",
     }
     assert "_created" not in text.decode()
     for family in found.values():
@@ -64,7 +75,13 @@ def test_vllm_exposition_has_the_names_types_labels_and_buckets_of_vllm_0_33() -
     assert success == {"stop": 5.0, "length": 0.0, "abort": 0.0, "error": 0.0, "repetition": 0.0}
     assert [s.value for s in samples(found["vllm:prompt_tokens"], "_total")] == [4321.0]
     assert [s.value for s in samples(found["vllm:generation_tokens"], "_total")] == [99.5]
-    for name, bounds in ((m.e2e, E2E_BUCKETS), (m.ttft, TTFT_BUCKETS), (m.itl, ITL_BUCKETS)):
+    for name, bounds in (
+        (m.e2e, E2E_BUCKETS),
+        (m.ttft, TTFT_BUCKETS),
+        (m.itl, ITL_BUCKETS),
+        (vllm.REQUEST_PROMPT_TOKENS, REQUEST_TOKEN_BUCKETS),
+        (vllm.REQUEST_GENERATION_TOKENS, REQUEST_TOKEN_BUCKETS),
+    ):
         buckets = samples(found[name], "_bucket")
         assert [float(s.labels["le"]) for s in buckets] == [*bounds, float("inf")]
         counts = [s.value for s in buckets]
@@ -74,6 +91,10 @@ def test_vllm_exposition_has_the_names_types_labels_and_buckets_of_vllm_0_33() -
     assert e2e[0] == 1.0 and e2e[3] == 2.0 and e2e[-2] == 4.0 and e2e[-1] == 5.0  # le=0.3, le=1, le=7680, +Inf
     assert samples(found[m.e2e], "_sum")[0].value == pytest.approx(0.2 + 0.9 + 1.7 + 12.0 + 9000.0)
     assert samples(found[m.itl], "_count")[0].value == 15.0
+    # the mix of the requests that finished: _sum over _count, what the autoscaler reads
+    prompt = found[vllm.REQUEST_PROMPT_TOKENS]
+    assert samples(prompt, "_sum")[0].value / samples(prompt, "_count")[0].value == pytest.approx(4321.0 / 5)
+    assert samples(found[vllm.REQUEST_GENERATION_TOKENS], "_sum")[0].value == 99.5
 
 
 def test_tensorrt_llm_exposition_uses_its_own_names_and_labels() -> None:
@@ -240,7 +261,7 @@ def test_vllm_exposition_matches_the_real_servers() -> None:
     type, label names, finish reasons and bucket bounds (``tests/data/vllm_h200_metrics_0.33.0.txt``)."""
     real = families((DATA / "vllm_h200_metrics_0.33.0.txt").read_bytes())
     twin = families(exposition("vllm", "qwen", book_with_traffic(), (1.0, 2.0, 0.5)))
-    assert len(twin) == 9
+    assert len(twin) == 11
     for name, fam in twin.items():
         assert real[name].type == fam.type, name
         for suffix in {s.name[len(name) :] for s in fam.samples}:

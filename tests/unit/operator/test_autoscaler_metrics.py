@@ -37,15 +37,16 @@ def test_fleets_whose_slo_windows_are_spelled_differently_share_one_query() -> N
 
     one, other = fleet("a", "1m"), fleet("b", "60s")
     assert one.slo == other.slo == Slo("e2e", 90, "60s")
-    # four signals, the pods reporting, one latency query, and PreprocessingBound's four
-    assert len(build_queries([one, other])) == 10
+    # four signals, the pods reporting, one latency query, vllm's request mix (two) and PreprocessingBound's four
+    assert len(build_queries([one, other])) == 12
 
 
 def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets() -> None:
     many = [Target("ml", f"fleet-{i}", "vllm", E2E_P90) for i in range(500)]
     queries = build_queries([*many, Target("ml", "trt", "tensorrt-llm", TTFT_P99)])
-    # request rate, waiting, running, KV-cache use, pods reporting, two SLOs, and for vllm PreprocessingBound's four
-    assert len(queries) == 11
+    # request rate, waiting, running, KV-cache use, pods reporting, two SLOs, and for vllm the request mix (two) and
+    # PreprocessingBound's four
+    assert len(queries) == 13
     latency = latency_quantile_promql(get("vllm"), "e2e", 90, "60s", ("namespace", "mmfleet_io_inference"))
     assert queries[E2E_P90] == f'label_replace({latency}, "mmfleet_backend", "vllm", "", "")'
     assert "[60s]" in latency
@@ -58,7 +59,11 @@ def test_one_query_per_signal_and_per_distinct_slo_whatever_the_number_of_fleets
         f"label_replace({mean('time_to_first_token_seconds')} - {mean('request_queue_time_seconds')} - "
         f'{mean("request_prefill_time_seconds")}, "mmfleet_backend", "vllm", "", "")'
     )
-    assert list(queries)[-4:] == ["outside", "ttft_mean", "waiting_most", "api_cpu"], "sent last: advisory"
+    assert list(queries)[-6:] == ["prompt_mix", "output_mix", "outside", "ttft_mean", "waiting_most", "api_cpu"], (
+        "sent last: advisory"
+    )
+    assert queries["prompt_mix"] == f'label_replace({mean("request_prompt_tokens")}, "mmfleet_backend", "vllm", "", "")'
+    assert "vllm:request_generation_tokens_sum" in queries["output_mix"]
     assert "trtllm_time_to_first_token_seconds_bucket[90s]" in queries[TTFT_P99]
     assert "vllm" not in queries[TTFT_P99], "only the backends of the fleets with that SLO"
     assert queries["waiting"] == (
@@ -183,3 +188,25 @@ def test_the_preprocessing_signals_are_read_or_say_why_not(
     assert (got.problem or "").startswith(read.problem or ""), got.problem
     assert (got.problem is None) == (read.problem is None)
     assert signals.failed is None, "an advisory query never fails the fleet's scaling"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output", "read"),
+    [
+        ("1409.5", "211", (1409.5, 211.0)),
+        ("NaN", "NaN", None),  # 0/0: no request finished over the window
+        ("1409.5", None, None),  # one of the two not answered
+        ("-3", "211", None),
+        ("lots", "211", None),
+    ],
+)
+def test_the_request_mix_is_read_when_prometheus_has_it_and_never_fails_the_fleet(
+    prompt: str, output: str | None, read: tuple[float, float] | None
+) -> None:
+    target = Target("ml", "qwen", "vllm", E2E_P90)
+    answers = {q: parse_result([sample("ml", "qwen", "vllm", "1")]) for q in (E2E_P90, *SIGNALS, "reporting")}
+    answers["prompt_mix"] = parse_result([sample("ml", "qwen", "vllm", prompt)])
+    answers["output_mix"] = parse_result([sample("ml", "qwen", "vllm", output)] if output is not None else [])
+    signals = signals_for(target, answers, {"output_mix": "refused: bad_data"} if output is None else None)
+    assert signals.mix == read
+    assert signals.failed is None and signals.request_rate == 1.0

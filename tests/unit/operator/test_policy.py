@@ -379,6 +379,36 @@ def test_a_heavier_mix_than_profiled_lowers_the_capacity_used() -> None:
     assert d.replicas >= math.ceil(8.0 / (1.0 * 0.9))
 
 
+def test_a_heavier_request_mix_is_sized_for_before_its_requests_miss_the_slo() -> None:
+    # μ_SLO = 2 req/s learned at 1000 prompt and 100 output tokens per request (near the knee: P90 3/4 of the target)
+    at = {"ready": 4, "current": 4, "arrival_rate": 8.0, "request_rate": 8.0, "latency": 1.5}
+    state, _ = steady(SloPolicy(), 300, request_mix=(1000.0, 100.0), **at)
+    assert state.learned_capacity == 2.0 and state.mix == (1000.0, 100.0)
+    # The same requests per second, each now with twice the output tokens, P90 just over target (so this cycle teaches
+    # nothing): the mean growth of the two is 1.5, less the 0.1 any window varies by, so a replica is taken to serve
+    # 2 / 1.4 req/s, and the four Ready ones fall behind by what that leaves.
+    over = {**at, "latency": 2.1}
+    d = SloPolicy().decide(obs(time=300.0, request_mix=(1000.0, 200.0), **over), state)
+    assert "at 1.43 req/s per replica (its requests 1.40x the tokens it was learned at)" in d.reason
+    unknown = SloPolicy().decide(obs(time=300.0, request_mix=None, **over), state)
+    assert unknown.replicas == 5, unknown.reason  # the latency feedback alone: 4 x 2.1 / 2
+    assert d.replicas >= math.ceil(8.0 / (2.0 / 1.4)) > unknown.replicas, d.reason
+    # a mix within the tolerance, a lighter one, or none known: sized on μ_SLO as learned
+    for mix in ((1050.0, 110.0), (500.0, 50.0), None):
+        assert SloPolicy().decide(obs(time=300.0, request_mix=mix, **at), state).replicas == 4, mix
+
+
+def test_a_capacity_learned_at_a_heavier_mix_is_replaced_by_what_the_replicas_serve_at_this_one() -> None:
+    at = {"ready": 4, "current": 4, "latency": 1.5}
+    state, _ = steady(SloPolicy(), 300, arrival_rate=4.0, request_rate=4.0, request_mix=(2000.0, 200.0), **at)
+    assert state.learned_capacity == 1.0
+    # lighter requests, twice as many on the same replicas within the SLO two cycles in a row: μ_SLO is that, at it
+    for t in (300.0, 315.0):
+        lighter = obs(time=t, arrival_rate=8.0, request_rate=8.0, request_mix=(1000.0, 100.0), **at)
+        state = SloPolicy().decide(lighter, state).state
+    assert state.learned_capacity == 2.0 and state.mix == (1000.0, 100.0)
+
+
 def test_the_first_decision_never_scales_down() -> None:
     # the first rate windows are often half filled; the current size counts as a recommendation
     d = POLICY.decide(obs(current=10, ready=10, arrival_rate=2.0, request_rate=2.0), POLICY.initial_state())
