@@ -57,6 +57,8 @@ class FakePod:
     ttft: float | None = None
     outside: float = 0.0
     api_cpu: float | None = None
+    # vLLM's per-request prompt and output tokens, observed as each request finishes (the autoscaler's request mix).
+    mix: tuple[float, float] | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     _due: float = 0.0
     _front_due: float = 0.0
@@ -91,6 +93,8 @@ class FakePod:
         self._phases = [Histogram(name.removesuffix("_seconds"), name, list(labels), unit="seconds",
                                   registry=self.registry) for name in phases]  # fmt: skip
         self._cpu = Counter("process_cpu_seconds", "cpu", registry=self.registry) if self.api_cpu is not None else None
+        tokens = (vllm.REQUEST_PROMPT_TOKENS, vllm.REQUEST_GENERATION_TOKENS) if self.mix is not None else ()
+        self._mix = [Histogram(name, name, list(labels), registry=self.registry) for name in tokens]
         self._set_gauges()  # every series from the start, as the servers export them: a scrape before the first
         self._done.labels(**labels)  # tick that found none would mark the pod's series stale for one interval
         self._e2e.labels(**labels)
@@ -124,6 +128,10 @@ class FakePod:
                     phase.labels(**self._labels).observe(took)
         if self._cpu is not None and self.api_cpu is not None:
             self._cpu.inc(self.api_cpu * TICK)
+        if self.mix is not None:
+            for _ in range(finished):
+                for histogram, tokens in zip(self._mix, self.mix, strict=True):
+                    histogram.labels(**self._labels).observe(tokens)
         self._done.labels(**self._labels).inc(finished)
         self._set_gauges()
 

@@ -42,8 +42,9 @@ def read_when_complete(client: Prometheus, targets: list[Target]) -> Readings:
 
 def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[PrometheusServer, FakePods]) -> None:
     server, pods = scraped
-    pods.add(FakePod("team-a", "x-0", "x", rate=10, latency=0.7, waiting=3, running=5, kv_cache_usage=0.2))
-    pods.add(FakePod("team-a", "x-1", "x", rate=10, latency=0.7, waiting=4, running=6, kv_cache_usage=0.4))
+    mix = (1409.0, 211.0)  # prompt and output tokens per request
+    pods.add(FakePod("team-a", "x-0", "x", rate=10, latency=0.7, waiting=3, running=5, kv_cache_usage=0.2, mix=mix))
+    pods.add(FakePod("team-a", "x-1", "x", rate=10, latency=0.7, waiting=4, running=6, kv_cache_usage=0.4, mix=mix))
     pods.add(FakePod("team-b", "y-0", "y", rate=5, latency=3.0, waiting=9, running=2, kv_cache_usage=0.5))
     pods.add(FakePod("team-b", "z-0", "z", backend="tensorrt-llm", rate=4, latency=1.2, waiting=1, running=2))
     # An encode tier: the server sees 0.7 s, the client 1.2 s (the encode tier's time before the server); and two
@@ -67,8 +68,9 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     time.sleep(6)  # until the rate window holds only samples of steady load
     readings = client.read(targets, time.time())
     assert readings.outage is None
-    # four signals, the pods reporting, two SLOs and PreprocessingBound's four, for seven fleets on two backends
-    assert readings.queries == 11
+    # four signals, the pods reporting, two SLOs, vLLM's request mix (two) and PreprocessingBound's four, for seven
+    # fleets on two backends
+    assert readings.queries == 13
 
     x, y, z = (readings.signals[t.key] for t in targets[:3])
     # Every request takes 0.7 s, in vLLM's (0.5, 0.8] bucket: P90 interpolates to 0.5 + 0.9 x 0.3.
@@ -80,6 +82,9 @@ def test_one_batched_read_returns_every_fleet_of_both_backends(scraped: tuple[Pr
     assert (y.waiting, z.waiting, z.running) == (9, 1, 2)
     assert (x.reporting, y.reporting, z.reporting) == (2, 1, 1), "pods with series, counted per fleet"
     assert z.request_rate == pytest.approx(4, rel=0.25)
+    # the request mix where the servers export vLLM's per-request token histograms; none where they do not
+    assert x.mix == (pytest.approx(1409.0), pytest.approx(211.0))
+    assert y.mix is None and z.mix is None
     # The front door's latency where the pods measure it: P90 of 1.2 s in (1.0, 1.5], not the server's 0.77; the
     # server's where the front door timed half of the requests, or none.
     assert readings.signals[("team-b", "e")].latency == pytest.approx(1.0 + 0.9 * 0.5, abs=0.01)

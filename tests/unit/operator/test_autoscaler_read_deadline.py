@@ -31,6 +31,7 @@ SERVED = Signals(
     kv_cache_usage=1.0,
     reporting=1,
     preprocessing=Preprocessing(1.0, 1.0, 1.0, 1.0),
+    mix=(1.0, 1.0),
 )
 
 
@@ -62,15 +63,16 @@ def test_forty_distinct_percentiles_are_read_side_by_side_not_one_after_another(
     with prometheus(targets, Fault("slow", delay=0.3)) as proxy:  # every query takes 0.3 s
         readings, took = timed_read(proxy.url, targets, deadline=7.5)
         assert proxy.busiest <= QUERY_CONCURRENCY, "a bounded number in flight: Prometheus is not flooded"
-    assert took < 4, f"49 queries of 0.3 s, {QUERY_CONCURRENCY} at a time: about 2 s, not 14.7 s (took {took:.1f})"
+    assert took < 4, f"51 queries of 0.3 s, {QUERY_CONCURRENCY} at a time: about 2 s, not 14.7 s (took {took:.1f})"
     assert readings.outage is None
     assert all(readings.signals[t.key] == SERVED for t in targets), "every fleet read"
-    # 4 signals, reporting, 40 SLOs, and PreprocessingBound's four
-    assert readings.queries == 49 and all(sent.ok for sent in readings.latencies)
+    # 4 signals, reporting, 40 SLOs, the request mix's two and PreprocessingBound's four
+    assert readings.queries == 51 and all(sent.ok for sent in readings.latencies)
 
 
 def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadline() -> None:
-    """TensorRT-LLM fleets: no advisory queries for PreprocessingBound, so the one slow query is the only one failed."""
+    """TensorRT-LLM fleets: no advisory queries (the request mix, PreprocessingBound), so the one slow query is the only
+    one failed."""
     slow, fine = Slo("ttft", 97.3, "60s"), Slo("e2e", 90, "60s")
     targets = [Target("a", "slow-1", "tensorrt-llm", slow), Target("b", "slow-2", "tensorrt-llm", slow)]
     targets += [Target("c", f"fine-{i}", "tensorrt-llm", fine) for i in range(3)]
@@ -81,7 +83,7 @@ def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadl
         assert readings.signals[target.key] == Signals(
             failed=f"{proxy.url} did not answer the query for P97.3 of ttft over 60s within 1s"
         )
-    assert all(readings.signals[t.key] == replace(SERVED, preprocessing=None) for t in targets[2:])
+    assert all(readings.signals[t.key] == replace(SERVED, preprocessing=None, mix=None) for t in targets[2:])
     assert 1.0 <= took < 1.5, f"the read ends at its deadline, not at the slow query's answer (took {took:.2f})"
     assert readings.queries == 7 and [sent.ok for sent in readings.latencies].count(False) == 1
     errors = metrics_export.REGISTRY.get_sample_value(
@@ -97,7 +99,7 @@ def test_a_slow_slo_fails_only_its_fleets_naming_it_and_the_read_keeps_its_deadl
 def test_a_flood_of_distinct_slos_never_outlasts_the_read_deadline() -> None:
     """400 distinct SLOs of 0.3 s each would take 15 s 8 at a time: those not read by the deadline fail, and say so.
     The deadline leaves the five shared queries (the first 0.3 s) time to spare on a loaded machine; the advisory
-    queries for PreprocessingBound go last, so they are the ones left unsent, and say so."""
+    queries (the request mix, PreprocessingBound) go last, so they are the ones left unsent, and say so."""
     targets = [Target("tenant", f"f{i}", "vllm", Slo("itl", 50 + i / 10, "60s")) for i in range(400)]
     with prometheus(targets, Fault("slow", delay=0.3)) as proxy:
         readings, took = timed_read(proxy.url, targets, deadline=2.0)
@@ -107,16 +109,17 @@ def test_a_flood_of_distinct_slos_never_outlasts_the_read_deadline() -> None:
     read = [
         t
         for t in targets
-        if replace(readings.signals[t.key], preprocessing=None) == replace(SERVED, preprocessing=None)
+        if replace(readings.signals[t.key], preprocessing=None, mix=None)
+        == replace(SERVED, preprocessing=None, mix=None)
     ]
     assert 0 < len(read) < 400
-    unsent = "was not sent within 2s (409 queries this cycle"
+    unsent = "was not sent within 2s (411 queries this cycle"
     told = all(unsent in ((readings.signals[t.key].preprocessing or Preprocessing()).problem or "") for t in read)
     assert told, "the advisory queries go last; PreprocessingBound says why it is not measured"
-    assert readings.queries < 409
+    assert readings.queries < 411
     last = readings.signals[targets[-1].key]
     assert last.failed == (
-        f"{proxy.url}: the query for P89.9 of itl over 60s was not sent within 2s (409 queries this cycle, "
+        f"{proxy.url}: the query for P89.9 of itl over 60s was not sent within 2s (411 queries this cycle, "
         f"{QUERY_CONCURRENCY} at a time)"
     )
 
