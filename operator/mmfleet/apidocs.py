@@ -41,6 +41,13 @@ def _bounds(schema: dict[str, Any]) -> str:
         parts.append(f"≤ {schema['maximum']}")
     if "maxLength" in schema:
         parts.append(f"≤ {schema['maxLength']} chars")
+    if "maxItems" in schema:
+        parts.append(f"≤ {schema['maxItems']} items")
+    if "maxProperties" in schema:
+        parts.append(f"≤ {schema['maxProperties']} entries")
+    items = schema.get("items")
+    if isinstance(items, dict) and "maxLength" in items:
+        parts.append(f"each ≤ {items['maxLength']} chars")
     return ", ".join(parts)
 
 

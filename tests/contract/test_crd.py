@@ -47,6 +47,14 @@ def test_api_docs_equal_generated(root: Path) -> None:
     assert (root / "docs/api.md").read_text() == apidocs.api_markdown(), "docs/api.md is stale: run `make crds`"
 
 
+def test_api_docs_give_every_bound_the_api_server_enforces() -> None:
+    """README: docs/api.md has every field's bounds; list and map limits too, not only numbers and strings."""
+    rows = {line.split(" | ")[0].strip("| `"): line for line in apidocs.api_markdown().splitlines()}
+    assert "≤ 32 items" in rows["spec.placement.tolerations"]
+    assert "≤ 16 entries" in rows["spec.placement.nodeSelector"]
+    assert "≤ 64 items, each ≤ 1024 chars" in rows["spec.backend.extraArgs"]
+
+
 def test_crd_object_validates_against_apiextensions_schema() -> None:
     kubernetes_validate.validate(crd.build_crd(), K8S_VERSION, strict=True)
 
