@@ -498,11 +498,15 @@ def encode_signals(target: Target, answers: dict[Query, Found], errors: dict[Que
     )
 
 
-def _mix(key: tuple[str, str, str], answers: dict[Query, Found]) -> tuple[float, float] | None:
-    """A vllm fleet's request mix, or None: not asked, not answered, or not a positive number (none finished: 0/0)."""
-    values = [answers.get(query, {}).get(key) for query in MIX]
-    mix = [v for v in values if isinstance(v, float) and math.isfinite(v) and v > 0]
+def request_mix(prompt: float | str | None, output: float | str | None) -> tuple[float, float] | None:
+    """Prompt and output tokens per request as read, or None unless both are positive numbers (none finished: 0/0)."""
+    mix = [v for v in (prompt, output) if isinstance(v, float) and math.isfinite(v) and v > 0]
     return (mix[0], mix[1]) if len(mix) == 2 else None
+
+
+def _mix(key: tuple[str, str, str], answers: dict[Query, Found]) -> tuple[float, float] | None:
+    """A vllm fleet's request mix, or None: not asked, not answered, or not a pair of positive numbers."""
+    return request_mix(*(answers.get(query, {}).get(key) for query in MIX))
 
 
 def _preprocessing(

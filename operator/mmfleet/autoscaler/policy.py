@@ -100,8 +100,9 @@ CAPACITY_DECAY = 60.0  # s, time constant of μ_SLO's fall toward what saturated
 # most of the time: a batching server is far from its knee there, and a μ_SLO learned from such replicas is their
 # arrivals, not what they can serve, so the forecast does not size the fleet on it (docs/autoscaling.md, Design notes).
 MIN_HELD = 1.0
-# A request mix heavier than the one μ_SLO was learned at by less than this reads as the same: the mix of the requests
-# finished over one rate window varies about that much by itself (docs/autoscaling.md, Design notes).
+# A request mix heavier than the one μ_SLO was learned at by less than this reads as the same, and only the growth
+# beyond it counts: the mix of the requests finished over one rate window varies about that much by itself
+# (docs/autoscaling.md, Design notes).
 MIX_TOLERANCE = 0.1
 
 Samples = tuple[tuple[float, float], ...]
@@ -225,8 +226,9 @@ def heavier(now: Mix | None, learned_at: Mix | None) -> float:
 
 
 def _mean_mix(mixes: tuple[Mix | None, ...]) -> Mix | None:
+    """The mix a streak was served at: the mean of the readings it has (a query refused in one cycle loses no label)."""
     known = [m for m in mixes if m is not None]
-    if not known or len(known) < len(mixes):
+    if not known:
         return None
     return statistics.fmean(m[0] for m in known), statistics.fmean(m[1] for m in known)
 
@@ -533,7 +535,12 @@ class SloPolicy:
                 f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {duration_text(sz.horizon)} "
                 f"at {_v(sz.capacity)} req/s per replica"
                 + (f" ({sz.probe:.2f}x the learned: the fleet has not come near its knee)" if sz.probe > 1.0 else "")
-                + (f" (its requests {sz.heavier:.2f}x the tokens it was learned at)" if sz.heavier > 1.0 else "")
+                + (
+                    f" (divided by {sz.heavier:.2f}: its requests carry {sz.heavier + MIX_TOLERANCE:.2f}x the tokens "
+                    "it was learned at)"
+                    if sz.heavier > 1.0
+                    else ""
+                )
             )
         else:
             parts.append(f"demand {_v(sz.demand)} req/s, capacity per replica not learned yet")

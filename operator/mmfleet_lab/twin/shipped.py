@@ -28,7 +28,7 @@ from mmfleet.api import (
     SloSpec,
 )
 from mmfleet.autoscaler import cycle
-from mmfleet.autoscaler.metrics import Signals
+from mmfleet.autoscaler.metrics import Signals, request_mix
 from mmfleet.config import OperatorConfig
 from mmfleet_lab.twin.observe import MetricView
 
@@ -78,9 +78,7 @@ def signals(view: MetricView, picker_held: float = 0.0, held: float | None = Non
         running=view.running,
         kv_cache_usage=view.kv_cache_usage,
         missing=view.missing,
-        mix=None
-        if view.prompt_per_request is None or view.output_per_request is None
-        else (view.prompt_per_request, view.output_per_request),
+        mix=request_mix(view.prompt_per_request, view.output_per_request),
     )
 
 

@@ -389,7 +389,9 @@ def test_a_heavier_request_mix_is_sized_for_before_its_requests_miss_the_slo() -
     # 2 / 1.4 req/s, and the four Ready ones fall behind by what that leaves.
     over = {**at, "latency": 2.1}
     d = SloPolicy().decide(obs(time=300.0, request_mix=(1000.0, 200.0), **over), state)
-    assert "at 1.43 req/s per replica (its requests 1.40x the tokens it was learned at)" in d.reason
+    assert (
+        "at 1.43 req/s per replica (divided by 1.40: its requests carry 1.50x the tokens it was learned at)" in d.reason
+    )
     unknown = SloPolicy().decide(obs(time=300.0, request_mix=None, **over), state)
     assert unknown.replicas == 5, unknown.reason  # the latency feedback alone: 4 x 2.1 / 2
     assert d.replicas >= math.ceil(8.0 / (2.0 / 1.4)) > unknown.replicas, d.reason
@@ -407,6 +409,34 @@ def test_a_capacity_learned_at_a_heavier_mix_is_replaced_by_what_the_replicas_se
         lighter = obs(time=t, arrival_rate=8.0, request_rate=8.0, request_mix=(1000.0, 100.0), **at)
         state = SloPolicy().decide(lighter, state).state
     assert state.learned_capacity == 2.0 and state.mix == (1000.0, 100.0)
+
+
+def test_replicas_missing_the_slo_at_a_heavier_mix_teach_a_capacity_at_that_mix() -> None:
+    at = {"ready": 4, "current": 4, "arrival_rate": 8.0, "request_rate": 8.0, "latency": 1.5}
+    state, _ = steady(SloPolicy(), 300, request_mix=(1000.0, 100.0), **at)
+    # twice the output tokens; the replicas, with a standing queue and nothing on order, serve 1 req/s each and miss
+    missing = {**at, "request_rate": 4.0, "latency": 3.0, "waiting": 200.0}
+    for t in (300.0, 315.0, 330.0, 345.0, 360.0):
+        state = SloPolicy().decide(obs(time=t, request_mix=(1000.0, 200.0), **missing), state).state
+    assert state.mix == (1000.0, 200.0), "what it falls toward was served at this mix"
+    assert 1.0 < state.learned_capacity < 2.0 / 1.4
+
+
+def test_a_streak_with_one_mix_not_read_keeps_the_mix_it_was_served_at() -> None:
+    at = {"ready": 4, "current": 4, "arrival_rate": 8.0, "request_rate": 8.0, "latency": 1.5}
+    state, _ = steady(SloPolicy(), 60, request_mix=None, **at)
+    for t, mix in ((60.0, (1000.0, 100.0)), (75.0, None)):  # the mix's query refused in the second cycle
+        state = SloPolicy().decide(obs(time=t, request_mix=mix, **at), state).state
+    assert state.learned_capacity == 2.0 and state.mix == (1000.0, 100.0)
+
+
+def test_a_profiled_capacity_is_not_divided_by_a_heavier_mix() -> None:
+    # The profile is the user's measurement at their own mix, which the operator does not know.
+    at = {"ready": 4, "current": 4, "arrival_rate": 8.0, "request_rate": 8.0, "latency": 1.5}
+    profiled = SloPolicy(capacity_per_replica=2.0)
+    state, _ = steady(profiled, 300, request_mix=(1000.0, 100.0), **at)
+    d = profiled.decide(obs(time=300.0, request_mix=(1000.0, 200.0), **{**at, "latency": 2.1}), state)
+    assert "divided by" not in d.reason and "at 2 req/s per replica" in d.reason, d.reason
 
 
 def test_the_first_decision_never_scales_down() -> None:
