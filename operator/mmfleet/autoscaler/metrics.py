@@ -317,21 +317,16 @@ def preprocessing_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
     the encode pods' stay out."""
     by = ", ".join(FLEET_LABELS)
 
-    def total(series: str) -> str:
-        return f"sum by ({by}) (rate({series}[{rate_window}]))"
-
-    def mean(histogram: str) -> str:
-        return f"{total(f'{histogram}_sum')} / {total(f'{histogram}_count')}"
-
     # Each phase's mean over its own count: vLLM observes TTFT at the first token, the queue and prefill times when
     # the request ends, so over a window in which load changes the counts differ.
-    outside = f"{mean(vllm.TTFT)} - {mean(vllm.QUEUE_TIME)} - {mean(vllm.PREFILL_TIME)}"
+    ttft = _mean(vllm.TTFT, rate_window)
+    outside = f"{ttft} - {_mean(vllm.QUEUE_TIME, rate_window)} - {_mean(vllm.PREFILL_TIME, rate_window)}"
     running = backends.get("vllm").metrics.running
     cpu = f"rate({API_CPU_SERIES}[{rate_window}]) and on (namespace, pod) {running}"
     waiting = backends.get("vllm").metrics.waiting
     return {
         OUTSIDE: _vllm(outside),
-        TTFT_MEAN: _vllm(mean(vllm.TTFT)),
+        TTFT_MEAN: _vllm(ttft),
         WAITING_MOST: _vllm(f"sum by ({by}) (max_over_time({waiting}[{rate_window}]))"),
         API_CPU: _vllm(f"max by ({by}) ({cpu})"),
     }
@@ -340,16 +335,17 @@ def preprocessing_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
 def mix_queries(rate_window: str = RATE_WINDOW) -> dict[Query, str]:
     """Each vllm fleet's prompt and output tokens per request finished over the rate window. vLLM observes both when a
     request finishes (v1/metrics/loggers.py, from FinishedRequestStats), so a request's tokens count once, whole."""
-    by = ", ".join(FLEET_LABELS)
-
-    def mean(histogram: str) -> str:
-        total, count = (f"sum by ({by}) (rate({histogram}_{part}[{rate_window}]))" for part in ("sum", "count"))
-        return f"{total} / {count}"
-
     return {
-        PROMPT_MIX: _vllm(mean(vllm.REQUEST_PROMPT_TOKENS)),
-        OUTPUT_MIX: _vllm(mean(vllm.REQUEST_GENERATION_TOKENS)),
+        PROMPT_MIX: _vllm(_mean(vllm.REQUEST_PROMPT_TOKENS, rate_window)),
+        OUTPUT_MIX: _vllm(_mean(vllm.REQUEST_GENERATION_TOKENS, rate_window)),
     }
+
+
+def _mean(histogram: str, rate_window: str) -> str:
+    """A histogram's mean per fleet over the rate window: ``rate(_sum) / rate(_count)``, each summed over its pods."""
+    by = ", ".join(FLEET_LABELS)
+    total, count = (f"sum by ({by}) (rate({histogram}_{part}[{rate_window}]))" for part in ("sum", "count"))
+    return f"{total} / {count}"
 
 
 def held_query() -> str:
