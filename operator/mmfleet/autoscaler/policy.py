@@ -14,6 +14,9 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   learned from its last half hour (``rise_quantile``), at most doubling it: a
   fleet sized for today's demand misses windows whenever demand rises before a pod ordered now is
   Ready, and how much it rises is the workload's, not a constant;
+- a demand that swings faster than any pod starts (it rises by more than ``SWING`` within one rate window at the
+  SLO's percentile) is not chased: the forecast is its envelope, the highest demand of the last 15 minutes, so the
+  fleet holds for its peaks as a static fleet would instead of ordering pods that arrive after each burst;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -104,6 +107,11 @@ MIN_HELD = 1.0
 # beyond it counts: the mix of the requests finished over one rate window varies about that much by itself
 # (docs/autoscaling.md, Design notes).
 MIX_TOLERANCE = 0.1
+# Demand that rises by more than this share within one rate window (``RISE_LAG``) at the SLO's percentile swings faster
+# than a GPU pod starts: the fleet is sized for the envelope of its last ``ENVELOPE_WINDOW`` s instead of following it.
+# Steady training and validation traces rise at most 0.2 within a minute (docs/autoscaling.md, Design notes).
+SWING = 0.25
+ENVELOPE_WINDOW = 900.0
 
 Samples = tuple[tuple[float, float], ...]
 Mix = tuple[float, float]  # prompt and output tokens per request
@@ -148,6 +156,7 @@ class Sizing:
     sparse: bool = False  # the replicas are too idle to have tested the learned μ_SLO (``MIN_HELD``)
     untested: bool = False  # so the forecast, which asked for more than the fleet, was not followed
     heavier: float = 1.0  # the work per request over what it was when μ_SLO was learned (``heavier``)
+    envelope: float | None = None  # the highest demand of the last ``ENVELOPE_WINDOW``, sized for while demand swings
 
 
 def _v(value: float) -> str:
@@ -329,7 +338,10 @@ class SloPolicy:
                 # released and ordered again inside it costs a cold start (docs/autoscaling.md, Design notes). Not
                 # on a μ_SLO that replicas too idle to test it taught.
                 rise = min(rise_quantile(state.demand, REVERSAL_WINDOWS * window, obs.slo_percentile), MAX_RISE)
-                floor = max(floor, math.ceil(sizing.demand * (1.0 + rise) / sizing.capacity - 1e-9))
+                top = sizing.demand * (1.0 + rise)
+                if sizing.envelope is not None:  # what the forecast holds for already, and no more
+                    top = min(top, max(sizing.demand, sizing.envelope))
+                floor = max(floor, math.ceil(top / sizing.capacity - 1e-9))
             paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
             worth = current - floor >= max(1, math.ceil(DOWN_MARGIN * current - 1e-9))
             desired = current if paused or not worth or partial_scrape(obs) else min(current, floor)
@@ -400,6 +412,11 @@ class SloPolicy:
 
         horizon = obs.cold_start + self.interval
         forecast = forecast_over(horizon)
+        # A demand that swings within a rate window is held for its envelope, not chased (module docstring).
+        swing = rise_quantile(samples, RISE_LAG, obs.slo_percentile)
+        envelope = max(v for t, v in samples if t > obs.time - ENVELOPE_WINDOW) if swing > SWING else None
+        if envelope is not None:
+            forecast = max(demand, envelope)
 
         # The last latency window of (time, ready, waiting): rates and the percentile average over
         # such a window, so they describe the fleet as it was across it.
@@ -519,7 +536,7 @@ class SloPolicy:
         )
         sizing = Sizing(
             demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe, standing_in,
-            sparse, untested, weight if learned and known == learned / weight else 1.0,
+            sparse, untested, weight if learned and known == learned / weight else 1.0, envelope,
         )  # fmt: skip
         return state, sizing
 
@@ -531,9 +548,14 @@ class SloPolicy:
         op = ">" if obs.latency > obs.slo_target else "<="
         parts = [f"P{obs.slo_percentile:g} {duration_text(obs.latency)} {op} target {duration_text(obs.slo_target)}"]
         if sz.capacity is not None:
+            sized_for = (
+                f"forecast {_v(sz.forecast)} over {duration_text(sz.horizon)}"
+                if sz.envelope is None
+                else f"it swings within {duration_text(RISE_LAG)}, faster than a pod starts: "
+                f"held for its peak of the last {ENVELOPE_WINDOW / 60:g} minutes, {_v(sz.forecast)} req/s,"
+            )
             parts.append(
-                f"demand {_v(sz.demand)} req/s, forecast {_v(sz.forecast)} over {duration_text(sz.horizon)} "
-                f"at {_v(sz.capacity)} req/s per replica"
+                f"demand {_v(sz.demand)} req/s, {sized_for} at {_v(sz.capacity)} req/s per replica"
                 + (f" ({sz.probe:.2f}x the learned: the fleet has not come near its knee)" if sz.probe > 1.0 else "")
                 + (
                     f" (divided by {sz.heavier:.2f}: its requests carry {sz.heavier + MIX_TOLERANCE:.2f}x the tokens "

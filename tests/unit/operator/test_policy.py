@@ -539,6 +539,36 @@ def test_a_scale_down_keeps_what_demand_may_rise_to_within_the_reversal_horizon(
         assert after >= math.ceil(demand * (1.0 + horizon_rise) / MU)
 
 
+def run_demand(policy: SloPolicy, history: tuple[tuple[float, float], ...]) -> list[tuple[float, Decision]]:
+    """The fleet following ``policy`` through ``history`` (time, req/s), pods Ready at once."""
+    state, replicas, decisions = policy.initial_state(), 50, []
+    for t, demand in history:
+        o = obs(time=t, arrival_rate=demand, request_rate=demand, current=replicas, ready=replicas, running=demand)
+        decision = policy.decide(o, state)
+        decisions.append((demand, decision))
+        state, replicas = decision.state, decision.replicas
+    return decisions
+
+
+def test_demand_that_swings_faster_than_a_pod_starts_is_held_for_its_peaks_not_chased() -> None:
+    """Pods ordered when demand swings up arrive after it has swung back: the fleet holds what the peaks of the last
+    15 minutes needed, as a static fleet would, and says so, instead of following each swing up and down."""
+    history = noisy(0.30)
+    assert rise_quantile(history, 60.0, 90.0) > 0.25  # rises by more than a quarter within a minute, at P90
+    decisions = run_demand(UNCAPPED, history)
+    for i, (_, d) in enumerate(decisions[len(decisions) // 2 :], start=len(decisions) // 2):
+        t = history[i][0]
+        peak = max(v for u, v in history[: i + 1] if u > t - 900.0)
+        capacity = d.state.learned_capacity
+        assert capacity is not None and d.replicas >= math.ceil(peak / capacity - 1e-9), (t, d.reason)
+    assert "swings within 60s, faster than a pod starts: held for its peak of the last 15 minutes" in d.reason
+
+
+def test_demand_that_wanders_within_a_minute_no_more_than_steady_traffic_is_followed() -> None:
+    decisions = run_demand(UNCAPPED, noisy(0.10))
+    assert not any("held for its peak" in d.reason for _, d in decisions)
+
+
 # ---------------------------------------------------------------- a profiled capacity (capacityPerReplica)
 
 
