@@ -64,6 +64,7 @@ AUTOSCALER_CONDITIONS: tuple[ConditionType, ...] = (
     "MetricsAvailable",
     "Idle",
     "PreprocessingBound",
+    "DemandSwings",
     "EncodeMetricsAvailable",
 )
 

@@ -149,6 +149,9 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     wait_for(unavailable, 30, "MetricsAvailable=False PrometheusUnavailable on both fleets")
     assert "Connection refused" in fleet.condition("hot", "MetricsAvailable")["message"]
     assert fleet.condition("hot", "SLOMet")["status"] == "Unknown"
+    swings = fleet.condition("hot", "DemandSwings")
+    assert (swings["status"], swings["reason"]) == ("Unknown", "NotMeasured"), swings
+    assert "Connection refused" in swings["message"]
     deadline = time.monotonic() + 5  # five cycles
     while time.monotonic() < deadline:
         assert (replicas(fleet, "hot"), replicas(fleet, "quiet")) == (3, 3)
@@ -160,6 +163,9 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     # Back: the fleet is read again.
     server.start()
     wait_for(lambda: fleet.condition("hot", "MetricsAvailable").get("status") == "True", 60, "metrics back for hot")
+    # A steady 5 req/s: once a few minutes of demand were read, the fleet follows it (DemandSwings False).
+    swings = fleet.wait_condition("hot", "DemandSwings", reason="Steady", timeout=120)
+    assert swings["status"] == "False" and "within 60s at the SLO's percentile" in swings["message"], swings
 
     # GitOps: the spec was never written (its generation did not move).
     assert {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")} == generations

@@ -18,6 +18,7 @@ ConditionType = Literal[
     "MetricsAvailable",
     "Idle",
     "PreprocessingBound",
+    "DemandSwings",
     "TracingReady",
     "RoutingReady",
     "EncodeReady",
@@ -118,6 +119,15 @@ class PreprocessingBoundReason(StrEnum):
     NOT_MEASURED = "NotMeasured"
 
 
+class DemandSwingsReason(StrEnum):
+    """Only for an autoscaled fleet: whether its demand swings faster than a pod starts, so that the autoscaler holds
+    the fleet for the demand's recent peak instead of following it."""
+
+    SWINGING = "Swinging"
+    STEADY = "Steady"
+    NOT_MEASURED = "NotMeasured"
+
+
 class TracingReadyReason(StrEnum):
     COLLECTOR_FOUND = "CollectorFound"
     COLLECTOR_NOT_FOUND = "CollectorNotFound"
@@ -167,6 +177,7 @@ REASONS: dict[ConditionType, type[StrEnum]] = {
     "MetricsAvailable": MetricsAvailableReason,
     "Idle": IdleReason,
     "PreprocessingBound": PreprocessingBoundReason,
+    "DemandSwings": DemandSwingsReason,
     "TracingReady": TracingReadyReason,
     "RoutingReady": RoutingReadyReason,
     "EncodeReady": EncodeReadyReason,

@@ -38,6 +38,7 @@ from mmfleet.api import (
     AutoscalingSpec,
     ColdStartStatus,
     ConditionType,
+    DemandSwingsReason,
     IdleReason,
     MetricsAvailableReason,
     MultimodalInference,
@@ -52,7 +53,7 @@ from mmfleet.api import (
 from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.idle import IdleMemory, IdleRule, idle_rule
 from mmfleet.autoscaler.metrics import API_CPU_SERIES, RATE_WINDOW, SIGNALS, Signals
-from mmfleet.autoscaler.policy import SloPolicy
+from mmfleet.autoscaler.policy import ENVELOPE_WINDOW, MIN_RISE_PAIRS, RISE_LAG, SWING, SloPolicy, SloState
 from mmfleet.backends import ServerStartup
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
@@ -505,6 +506,7 @@ def decide(
     quiet = False  # for the idle rule: nothing finished over the rate window, in flight, held, or starting
     down_window = 0.0  # the policy's scale-down window, which a fleet of several replicas waits out before zero
     cause: Cause = "held"
+    undecided: str | None = None  # why the policy was not asked this cycle
     metrics: ConditionRow
     slo_met: ConditionRow
     if unavailable is not None:
@@ -519,6 +521,7 @@ def decide(
             else f"{what}: {seen.current} -> {held}, within minReplicas and maxReplicas"
         )
         slo_met = NOTHING_MEASURED
+        undecided = unavailable[3]
     else:
         assert seen.signals is not None
         signals = seen.signals
@@ -562,7 +565,8 @@ def decide(
             # Young series: rate() over a window they only partly cover reads low, and a capacity learned
             # from it would grow the fleet for nothing (docs/autoscaling.md, Design notes).
             replicas, cause = held, "warming_up"
-            reason = f"series read for {clock - since:.0f}s, less than the {RATE_WINDOW} rate window: holding {held}"
+            undecided = f"series read for {clock - since:.0f}s, less than the {RATE_WINDOW} rate window"
+            reason = f"{undecided}: holding {held}"
         else:
             decision = policy.decide(observation, state)
             replicas, reason = decision.replicas, decision.reason
@@ -629,6 +633,7 @@ def decide(
     unread = None if unavailable is None else unavailable[3]
     bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label, memory.preprocessing_bound)
     rows += () if bound is None else (bound,)
+    rows += (_swing_row(memory.policy_state, undecided),)
     if bound is not None and bound[1] is not None:
         memory = replace(memory, preprocessing_bound=bound[1])
     if replicas != seen.current:
@@ -644,6 +649,24 @@ def decide(
         conditions=(metrics, slo_met, _limits(inference, replicas, pods, latency, target, label), *rows),
         new_starts=new_starts,
     )
+
+
+def _swing_row(state: Any, undecided: str | None) -> ConditionRow:
+    """DemandSwings, as the policy's last decision saw the demand: Unknown while it was not asked this cycle or has
+    read too few changes of demand to tell."""
+    kind: ConditionType = "DemandSwings"
+    unknown = DemandSwingsReason.NOT_MEASURED
+    if undecided is not None or not isinstance(state, SloState):
+        return (kind, None, unknown, f"not measured: {undecided or 'no decision yet'}")
+    if state.swing is None:
+        return (kind, None, unknown, f"not measured: fewer than {MIN_RISE_PAIRS} changes of demand over "
+                f"{duration_text(RISE_LAG)} read")  # fmt: skip
+    rise = f"demand may rise {1.0 + state.swing:.2f}x within {duration_text(RISE_LAG)} at the SLO's percentile"
+    if state.envelope is None:
+        return (kind, False, DemandSwingsReason.STEADY, f"{rise}, at most {1.0 + SWING:g}x: the fleet follows it")
+    held = f"peak of the last {ENVELOPE_WINDOW / 60:g} minutes, {state.envelope:.3g} req/s"
+    return (kind, True, DemandSwingsReason.SWINGING,
+            f"{rise}, faster than a pod starts: the fleet is held for its {held}, instead of following it")  # fmt: skip
 
 
 def _preprocessing_row(

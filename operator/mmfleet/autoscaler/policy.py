@@ -13,10 +13,12 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   grown by how much this fleet's own demand rises within that horizon at the SLO's percentile,
   learned from its last half hour (``rise_quantile``), at most doubling it: a
   fleet sized for today's demand misses windows whenever demand rises before a pod ordered now is
-  Ready, and how much it rises is the workload's, not a constant;
-- a demand that swings faster than any pod starts (it rises by more than ``SWING`` within one rate window at the
-  SLO's percentile) is not chased: the forecast is its envelope, the highest demand of the last 15 minutes, so the
-  fleet holds for its peaks as a static fleet would instead of ordering pods that arrive after each burst;
+  Ready, and how much it rises is the workload's, not a constant (unless an envelope is held, next);
+- a demand that swings faster than a pod starts (it rose by more than ``SWING`` within one rate window at the
+  SLO's percentile in a cycle of the last ``ENVELOPE_WINDOW``) is not chased: below its envelope, the highest demand
+  of that window, the forecast is the envelope, so the fleet holds for its peaks as a static fleet would instead of
+  ordering pods that arrive after each burst and releasing them before the next; at a new high the forecast is as
+  above; a demand of zero is not held;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -36,7 +38,7 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   removing a pod that is needed again within L costs a cold start (ski rental: Lin, Wierman, Andrew
   and Thereska, "Dynamic right-sizing for power-proportional data centers", INFOCOM 2011);
   never below the demand's learned rise over two such windows, the horizon in which a scale-down
-  that is undone counts as a reversal;
+  that is undone counts as a reversal (while an envelope is held, the envelope instead);
   never while the percentile is over target and the queue is not shrinking (a shrinking queue is
   the past being served), only when it frees a tenth of the fleet, and at most
   once every two minutes: a slowly falling window maximum is followed in a few steps, not one pod
@@ -136,6 +138,9 @@ class SloState:
     last_down: float | None = None  # time of our last scale-down
     probe: float = 1.0  # >= 1: the capacity assumed over the learned one until the fleet comes near its knee
     knee_seen: bool = False  # the fleet has come near its knee: the learned μ_SLO was tested, the probe is over
+    swing: float | None = None  # the last cycle's rise within ``RISE_LAG`` (``SWING``); None: too few changes yet
+    swung: float | None = None  # time of the last cycle whose swing was over ``SWING``
+    envelope: float | None = None  # the demand the last cycle held the fleet for because it swings (``SWING``)
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class Sizing:
     sparse: bool = False  # the replicas are too idle to have tested the learned μ_SLO (``MIN_HELD``)
     untested: bool = False  # so the forecast, which asked for more than the fleet, was not followed
     heavier: float = 1.0  # the work per request over what it was when μ_SLO was learned (``heavier``)
-    envelope: float | None = None  # the highest demand of the last ``ENVELOPE_WINDOW``, sized for while demand swings
+    held: float | None = None  # the envelope the forecast holds while demand swings below it (``SWING``)
 
 
 def _v(value: float) -> str:
@@ -200,6 +205,17 @@ def rise_quantile(samples: Samples, horizon: float, percentile: float) -> float:
     Taken over a short lag (``RISE_LAG``), so that a step taints few pairs (docs/autoscaling.md, Design notes).
     0 until there are enough pairs to say anything about the workload.
     """
+    logs = _log_changes(samples)
+    if len(logs) < MIN_RISE_PAIRS:
+        return 0.0
+    center = statistics.median(logs)
+    spread = statistics.median(abs(x - center) for x in logs) / 0.6745
+    z = statistics.NormalDist().inv_cdf(min(max(percentile, 50.0), 99.9) / 100)
+    return math.exp(z * spread * math.sqrt(max(horizon, RISE_LAG) / RISE_LAG)) - 1.0
+
+
+def _log_changes(samples: Samples) -> list[float]:
+    """The log changes of demand over ``RISE_LAG``, each sample against the first at least that much later."""
     times = [t for t, _ in samples]
     logs: list[float] = []
     j = 0
@@ -211,12 +227,7 @@ def rise_quantile(samples: Samples, horizon: float, percentile: float) -> float:
             break
         if value > 0 and samples[j][1] > 0:
             logs.append(math.log(samples[j][1] / value))
-    if len(logs) < MIN_RISE_PAIRS:
-        return 0.0
-    center = statistics.median(logs)
-    spread = statistics.median(abs(x - center) for x in logs) / 0.6745
-    z = statistics.NormalDist().inv_cdf(min(max(percentile, 50.0), 99.9) / 100)
-    return math.exp(z * spread * math.sqrt(max(horizon, RISE_LAG) / RISE_LAG)) - 1.0
+    return logs
 
 
 def partial_scrape(obs: Observation) -> bool:
@@ -333,15 +344,12 @@ class SloPolicy:
             desired = current
         else:
             floor = max(n for _, n in recs)
-            if sizing.capacity and not sizing.sparse:
+            if sizing.capacity and not sizing.sparse and sizing.held is None:
                 # Not below what demand may rise to, at the SLO's percentile, within the reversal horizon: a pod
                 # released and ordered again inside it costs a cold start (docs/autoscaling.md, Design notes). Not
-                # on a μ_SLO that replicas too idle to test it taught.
+                # on a μ_SLO that replicas too idle to test it taught, nor while the forecast holds an envelope.
                 rise = min(rise_quantile(state.demand, REVERSAL_WINDOWS * window, obs.slo_percentile), MAX_RISE)
-                top = sizing.demand * (1.0 + rise)
-                if sizing.envelope is not None:  # what the forecast holds for already, and no more
-                    top = min(top, max(sizing.demand, sizing.envelope))
-                floor = max(floor, math.ceil(top / sizing.capacity - 1e-9))
+                floor = max(floor, math.ceil(sizing.demand * (1.0 + rise) / sizing.capacity - 1e-9))
             paused = state.last_down is not None and obs.time - state.last_down < DOWN_PAUSE
             worth = current - floor >= max(1, math.ceil(DOWN_MARGIN * current - 1e-9))
             desired = current if paused or not worth or partial_scrape(obs) else min(current, floor)
@@ -413,10 +421,13 @@ class SloPolicy:
         horizon = obs.cold_start + self.interval
         forecast = forecast_over(horizon)
         # A demand that swings within a rate window is held for its envelope, not chased (module docstring).
-        swing = rise_quantile(samples, RISE_LAG, obs.slo_percentile)
-        envelope = max(v for t, v in samples if t > obs.time - ENVELOPE_WINDOW) if swing > SWING else None
-        if envelope is not None:
-            forecast = max(demand, envelope)
+        known_swing = len(_log_changes(samples)) >= MIN_RISE_PAIRS
+        swing = rise_quantile(samples, RISE_LAG, obs.slo_percentile) if known_swing else None
+        swung = obs.time if swing is not None and swing > SWING else state.swung
+        swinging = swung is not None and obs.time - swung < ENVELOPE_WINDOW and demand > 0
+        envelope = max(v for t, v in samples if t > obs.time - ENVELOPE_WINDOW) if swinging else None
+        hold = envelope if envelope is not None and demand < envelope else None
+        forecast = forecast if hold is None else hold
 
         # The last latency window of (time, ready, waiting): rates and the percentile average over
         # such a window, so they describe the fleet as it was across it.
@@ -533,10 +544,13 @@ class SloPolicy:
             probe=probe,
             knee_seen=knee_seen,
             history=history,
+            swing=swing,
+            swung=swung,
+            envelope=envelope,
         )
         sizing = Sizing(
             demand, forecast, horizon, capacity, feedforward, needed, backlog, feedback, draining, probe, standing_in,
-            sparse, untested, weight if learned and known == learned / weight else 1.0, envelope,
+            sparse, untested, weight if learned and known == learned / weight else 1.0, hold,
         )  # fmt: skip
         return state, sizing
 
@@ -550,9 +564,9 @@ class SloPolicy:
         if sz.capacity is not None:
             sized_for = (
                 f"forecast {_v(sz.forecast)} over {duration_text(sz.horizon)}"
-                if sz.envelope is None
-                else f"it swings within {duration_text(RISE_LAG)}, faster than a pod starts: "
-                f"held for its peak of the last {ENVELOPE_WINDOW / 60:g} minutes, {_v(sz.forecast)} req/s,"
+                if sz.held is None
+                else f"it swings within {duration_text(RISE_LAG)}, so held for its peak of the last "
+                f"{ENVELOPE_WINDOW / 60:g} minutes ({_v(sz.held)} req/s)"
             )
             parts.append(
                 f"demand {_v(sz.demand)} req/s, {sized_for} at {_v(sz.capacity)} req/s per replica"

@@ -205,7 +205,8 @@ def test_status_replaces_only_the_autoscaler_fields_and_keeps_the_last_measureme
     assert (status.slo.observed, status.slo.target, status.slo.last_evaluated) == ("4s", "2s", T0)
     kinds = [c.type for c in status.conditions]
     assert kinds == [
-        "Ready", "Progressing", "Degraded", "MetricsAvailable", "SLOMet", "ScalingLimited", "PreprocessingBound"
+        "Ready", "Progressing", "Degraded", "MetricsAvailable", "SLOMet", "ScalingLimited", "PreprocessingBound",
+        "DemandSwings",
     ]  # fmt: skip
 
     later = T0 + timedelta(minutes=1)
@@ -257,3 +258,24 @@ def test_only_a_gap_in_the_series_longer_than_the_rate_window_restarts_the_warm_
                          start=T0 + timedelta(seconds=180))  # fmt: skip
     assert outcomes[0].cause == "warming_up"
     assert outcomes[0].reason == "series read for 0s, less than the 1m rate window: holding 1"
+
+
+def test_demand_swings_says_whether_the_fleet_is_held_for_its_peak_once_it_has_seen_enough_demand() -> None:
+    """Unknown until a few minutes of demand were read, then False for a steady rate; True, with the peak the fleet
+    is held for, when the rate swings by 3x from one minute to the next."""
+    steady, _, _ = run(fleet(max_replicas=40), 4, busy(1.0, rate=10.0, waiting=0.0), cycles=30)
+    first, last = conditions(steady[0])["DemandSwings"], conditions(steady[-1])["DemandSwings"]
+    assert first[:2] == (None, "NotMeasured") and "less than the 1m rate window" in first[2]
+    assert last[:2] == (False, "Steady") and "demand may rise 1.00x within 60s" in last[2]
+
+    memory, current, outcomes = Memory(), 4, []
+    for i in range(40):
+        rate = 30.0 if (i // 4) % 2 else 10.0  # a minute at 30 req/s, a minute at 10
+        seen = Seen(current, Pods(ready=current), busy(1.0, rate=rate, waiting=0.0, running=rate))
+        outcome = decide(fleet(max_replicas=40), seen, memory, T0 + timedelta(seconds=INTERVAL * i),
+                         interval=INTERVAL, default_cold_start=120)  # fmt: skip
+        outcomes.append(outcome)
+        memory, current = outcome.memory, outcome.replicas
+    swings = conditions(outcomes[-1])["DemandSwings"]
+    assert swings[:2] == (True, "Swinging"), swings
+    assert "faster than a pod starts: the fleet is held for its peak of the last 15 minutes" in swings[2]

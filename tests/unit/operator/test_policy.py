@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import pytest
 
-from mmfleet.autoscaler import Decision, Observation
+from mmfleet.autoscaler import Decision, Observation, policy
 from mmfleet.autoscaler.policy import SloPolicy, SloState, projected_backlog, rise_quantile, robust_trend
 from mmfleet_lab.twin.policy import Policy
 
@@ -540,33 +541,59 @@ def test_a_scale_down_keeps_what_demand_may_rise_to_within_the_reversal_horizon(
 
 
 def run_demand(policy: SloPolicy, history: tuple[tuple[float, float], ...]) -> list[tuple[float, Decision]]:
-    """The fleet following ``policy`` through ``history`` (time, req/s), pods Ready at once."""
+    """The fleet following ``policy`` through ``history`` (time, req/s), pods Ready at once, maxReplicas far off."""
     state, replicas, decisions = policy.initial_state(), 50, []
     for t, demand in history:
-        o = obs(time=t, arrival_rate=demand, request_rate=demand, current=replicas, ready=replicas, running=demand)
+        o = obs(time=t, arrival_rate=demand, request_rate=demand, current=replicas, ready=replicas, running=demand,
+                max_replicas=1000)  # fmt: skip
         decision = policy.decide(o, state)
         decisions.append((demand, decision))
         state, replicas = decision.state, decision.replicas
     return decisions
 
 
-def test_demand_that_swings_faster_than_a_pod_starts_is_held_for_its_peaks_not_chased() -> None:
+def test_demand_that_swings_faster_than_a_pod_starts_is_held_for_its_peaks_not_chased(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Pods ordered when demand swings up arrive after it has swung back: the fleet holds what the peaks of the last
     15 minutes needed, as a static fleet would, and says so, instead of following each swing up and down."""
     history = noisy(0.30)
     assert rise_quantile(history, 60.0, 90.0) > 0.25  # rises by more than a quarter within a minute, at P90
-    decisions = run_demand(UNCAPPED, history)
-    for i, (_, d) in enumerate(decisions[len(decisions) // 2 :], start=len(decisions) // 2):
+    held = run_demand(UNCAPPED, history)
+    monkeypatch.setattr(policy, "SWING", math.inf)
+    chased = run_demand(UNCAPPED, history)
+    half = len(history) // 2
+    for i, (_, d) in enumerate(held[half:], start=half):
         t = history[i][0]
         peak = max(v for u, v in history[: i + 1] if u > t - 900.0)
         capacity = d.state.learned_capacity
         assert capacity is not None and d.replicas >= math.ceil(peak / capacity - 1e-9), (t, d.reason)
-    assert "swings within 60s, faster than a pod starts: held for its peak of the last 15 minutes" in d.reason
+    changes = [sum(a.replicas != b.replicas for (_, a), (_, b) in pairwise(run[half:])) for run in (held, chased)]
+    assert changes[0] < changes[1] / 2, changes  # fewer pods ordered and released, each a cold start
+    last = held[-1][1]
+    assert "it swings within 60s, so held for its peak of the last 15 minutes (" in last.reason, last.reason
+    assert last.state.swung is not None and last.state.envelope is not None
 
 
-def test_demand_that_wanders_within_a_minute_no_more_than_steady_traffic_is_followed() -> None:
-    decisions = run_demand(UNCAPPED, noisy(0.10))
-    assert not any("held for its peak" in d.reason for _, d in decisions)
+def test_a_swinging_demand_at_a_new_high_keeps_the_headroom_for_its_rise() -> None:
+    """At its envelope, demand is not held but forecast as usual: a swinging demand that also grows is not sized a
+    cold start late."""
+    history = tuple((t, v * 2.0 ** (t / 900.0)) for t, v in noisy(0.30))
+    decisions = run_demand(UNCAPPED, history)
+    highs = [d for (demand, d), (t, _) in zip(decisions, history, strict=True)
+             if t > 900.0 and demand >= max(v for u, v in history if t - 900.0 < u <= t)]  # fmt: skip
+    assert highs and any("held for its peak" in d.reason for _, d in decisions)  # it swings, and is held below
+    for d in highs:
+        assert "forecast" in d.reason and "held for its peak" not in d.reason
+
+
+def test_demand_that_wanders_within_a_minute_no_more_than_steady_traffic_is_followed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    history = noisy(0.10)
+    followed = [d.replicas for _, d in run_demand(UNCAPPED, history)]
+    monkeypatch.setattr(policy, "SWING", math.inf)
+    assert followed == [d.replicas for _, d in run_demand(UNCAPPED, history)]
 
 
 # ---------------------------------------------------------------- a profiled capacity (capacityPerReplica)
