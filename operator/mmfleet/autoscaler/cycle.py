@@ -633,7 +633,7 @@ def decide(
     unread = None if unavailable is None else unavailable[3]
     bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label, memory.preprocessing_bound)
     rows += () if bound is None else (bound,)
-    rows += (_swing_row(memory.policy_state, undecided),)
+    rows += (_swing_row(memory.policy_state, undecided, clock),)
     if bound is not None and bound[1] is not None:
         memory = replace(memory, preprocessing_bound=bound[1])
     if replicas != seen.current:
@@ -651,22 +651,34 @@ def decide(
     )
 
 
-def _swing_row(state: Any, undecided: str | None) -> ConditionRow:
-    """DemandSwings, as the policy's last decision saw the demand: Unknown while it was not asked this cycle or has
-    read too few changes of demand to tell."""
+def _swing_row(state: Any, undecided: str | None, clock: float) -> ConditionRow:
+    """DemandSwings, as the policy's decision of this cycle saw the demand: Unknown when it was not asked or sized
+    nothing this cycle, or has read too few changes of demand to tell."""
     kind: ConditionType = "DemandSwings"
     unknown = DemandSwingsReason.NOT_MEASURED
     if undecided is not None or not isinstance(state, SloState):
         return (kind, None, unknown, f"not measured: {undecided or 'no decision yet'}")
+    if state.time != clock:
+        return (kind, None, unknown, "not measured this cycle: no latency, request rate or queue length to size with "
+                "(see SLOMet)")  # fmt: skip
     if state.swing is None:
         return (kind, None, unknown, f"not measured: fewer than {MIN_RISE_PAIRS} changes of demand over "
-                f"{duration_text(RISE_LAG)} read")  # fmt: skip
-    rise = f"demand may rise {1.0 + state.swing:.2f}x within {duration_text(RISE_LAG)} at the SLO's percentile"
-    if state.envelope is None:
-        return (kind, False, DemandSwingsReason.STEADY, f"{rise}, at most {1.0 + SWING:g}x: the fleet follows it")
-    held = f"peak of the last {ENVELOPE_WINDOW / 60:g} minutes, {state.envelope:.3g} req/s"
-    return (kind, True, DemandSwingsReason.SWINGING,
-            f"{rise}, faster than a pod starts: the fleet is held for its {held}, instead of following it")  # fmt: skip
+                f"{duration_text(RISE_LAG)} read yet")  # fmt: skip
+    demand = state.demand[-1][1]
+    now = f"demand's learned rise within {duration_text(RISE_LAG)} at the SLO's percentile: {1.0 + state.swing:.2f}x"
+    if state.envelope is None or state.swung is None:
+        steady = "no demand, nothing held" if demand <= 0 else "the fleet follows it"
+        return (kind, False, DemandSwingsReason.STEADY, f"{now}, not over {1.0 + SWING:g}x in the last "
+                f"{ENVELOPE_WINDOW / 60:g} minutes: {steady}")  # fmt: skip
+    ago = "this cycle" if state.swung >= clock else f"{duration_text(clock - state.swung)} ago"
+    peak = f"its peak of the last {ENVELOPE_WINDOW / 60:g} minutes, {state.envelope:.3g} req/s"
+    held = (
+        f"the fleet is held for {peak}, instead of following it"
+        if demand < state.envelope
+        else f"demand is at {peak}, and forecast as usual there"
+    )
+    return (kind, True, DemandSwingsReason.SWINGING, f"{now}; over {1.0 + SWING:g}x {ago}, faster than a pod starts: "
+            f"{held}")  # fmt: skip
 
 
 def _preprocessing_row(

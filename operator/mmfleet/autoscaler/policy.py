@@ -18,7 +18,8 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   SLO's percentile in a cycle of the last ``ENVELOPE_WINDOW``) is not chased: below its envelope, the highest demand
   of that window, the forecast is the envelope, so the fleet holds for its peaks as a static fleet would instead of
   ordering pods that arrive after each burst and releasing them before the next; at a new high the forecast is as
-  above; a demand of zero is not held;
+  above; no demand is held, and a lull (nothing arriving or finishing) ends the hold: no peak from before it is
+  held after it;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -139,8 +140,9 @@ class SloState:
     probe: float = 1.0  # >= 1: the capacity assumed over the learned one until the fleet comes near its knee
     knee_seen: bool = False  # the fleet has come near its knee: the learned μ_SLO was tested, the probe is over
     swing: float | None = None  # the last cycle's rise within ``RISE_LAG`` (``SWING``); None: too few changes yet
-    swung: float | None = None  # time of the last cycle whose swing was over ``SWING``
-    envelope: float | None = None  # the demand the last cycle held the fleet for because it swings (``SWING``)
+    swung: float | None = None  # time of the last cycle whose swing was over ``SWING``, None after a lull
+    lull: float | None = None  # time of the last cycle in which nothing arrived and nothing finished
+    envelope: float | None = None  # while demand swings (``SWING``): its peak, held for when demand is below it
 
 
 @dataclass(frozen=True)
@@ -423,9 +425,13 @@ class SloPolicy:
         # A demand that swings within a rate window is held for its envelope, not chased (module docstring).
         known_swing = len(_log_changes(samples)) >= MIN_RISE_PAIRS
         swing = rise_quantile(samples, RISE_LAG, obs.slo_percentile) if known_swing else None
-        swung = obs.time if swing is not None and swing > SWING else state.swung
+        # A lull (nothing arrived, nothing finished) ends the hold, and no peak from before it is held after it: a fleet
+        # woken from zero sizes for what comes now. A demand read as zero while a queue drains is no lull.
+        lull = obs.time if demand <= 0 and obs.request_rate <= 0 else state.lull
+        swung = None if lull == obs.time else obs.time if swing is not None and swing > SWING else state.swung
+        since = obs.time - ENVELOPE_WINDOW if lull is None else max(obs.time - ENVELOPE_WINDOW, lull)
         swinging = swung is not None and obs.time - swung < ENVELOPE_WINDOW and demand > 0
-        envelope = max(v for t, v in samples if t > obs.time - ENVELOPE_WINDOW) if swinging else None
+        envelope = max(v for t, v in samples if t > since) if swinging else None
         hold = envelope if envelope is not None and demand < envelope else None
         forecast = forecast if hold is None else hold
 
@@ -546,6 +552,7 @@ class SloPolicy:
             history=history,
             swing=swing,
             swung=swung,
+            lull=lull,
             envelope=envelope,
         )
         sizing = Sizing(

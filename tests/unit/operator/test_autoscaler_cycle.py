@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -260,22 +261,58 @@ def test_only_a_gap_in_the_series_longer_than_the_rate_window_restarts_the_warm_
     assert outcomes[0].reason == "series read for 0s, less than the 1m rate window: holding 1"
 
 
-def test_demand_swings_says_whether_the_fleet_is_held_for_its_peak_once_it_has_seen_enough_demand() -> None:
-    """Unknown until a few minutes of demand were read, then False for a steady rate; True, with the peak the fleet
-    is held for, when the rate swings by 3x from one minute to the next."""
-    steady, _, _ = run(fleet(max_replicas=40), 4, busy(1.0, rate=10.0, waiting=0.0), cycles=30)
-    first, last = conditions(steady[0])["DemandSwings"], conditions(steady[-1])["DemandSwings"]
-    assert first[:2] == (None, "NotMeasured") and "less than the 1m rate window" in first[2]
-    assert last[:2] == (False, "Steady") and "demand may rise 1.00x within 60s" in last[2]
-
-    memory, current, outcomes = Memory(), 4, []
-    for i in range(40):
-        rate = 30.0 if (i // 4) % 2 else 10.0  # a minute at 30 req/s, a minute at 10
-        seen = Seen(current, Pods(ready=current), busy(1.0, rate=rate, waiting=0.0, running=rate))
-        outcome = decide(fleet(max_replicas=40), seen, memory, T0 + timedelta(seconds=INTERVAL * i),
-                         interval=INTERVAL, default_cold_start=120)  # fmt: skip
+def swinging(rates: list[float | None]) -> list[Outcome]:
+    """Cycles at these request rates, each from a fleet of 4 (None: requests in flight, none finished)."""
+    memory, outcomes = Memory(), []
+    for i, rate in enumerate(rates):
+        seen = busy(None, rate=0.0, waiting=0.0, running=5.0) if rate is None else busy(
+            1.0 if rate else None, rate=rate, waiting=0.0, running=rate)  # fmt: skip
+        outcome = decide(fleet(max_replicas=40), Seen(4, Pods(ready=4), seen), memory,
+                         T0 + timedelta(seconds=INTERVAL * i), interval=INTERVAL, default_cold_start=120)  # fmt: skip
         outcomes.append(outcome)
-        memory, current = outcome.memory, outcome.replicas
-    swings = conditions(outcomes[-1])["DemandSwings"]
-    assert swings[:2] == (True, "Swinging"), swings
-    assert "faster than a pod starts: the fleet is held for its peak of the last 15 minutes" in swings[2]
+        memory = outcome.memory
+    return outcomes
+
+
+def square(cycles: int, growth: float = 1.0) -> list[float | None]:
+    """A minute at 10 req/s, a minute at 30, and so on, the highs growing by ``growth`` each time."""
+    return [30.0 * growth ** (i // 8) if (i // 4) % 2 else 10.0 for i in range(cycles)]
+
+
+def test_demand_swings_is_unknown_then_false_for_a_steady_rate() -> None:
+    outcomes = swinging([10.0] * 30)
+    first, last = conditions(outcomes[0])["DemandSwings"], conditions(outcomes[-1])["DemandSwings"]
+    assert first[:2] == (None, "NotMeasured") and "less than the 1m rate window" in first[2]
+    assert last[:2] == (False, "Steady"), last
+    assert last[2] == (
+        "demand's learned rise within 60s at the SLO's percentile: 1.00x, not over 1.25x in the last 15 minutes: "
+        "the fleet follows it"
+    )
+
+
+def test_demand_swings_names_the_peak_the_fleet_is_held_for_as_the_decision_does() -> None:
+    """A rate that swings 3x from one minute to the next: below its peak the condition and the decision's reason name
+    the same peak; at a new high neither holds anything."""
+    outcomes = swinging(square(48, growth=1.2))
+    held = [o for o in outcomes if "so held for its peak" in o.reason]
+    highs = [o for o in outcomes if conditions(o)["DemandSwings"][0] and "demand is at its peak" in
+             conditions(o)["DemandSwings"][2]]  # fmt: skip
+    assert held and highs
+    for o in held:
+        ok, reason, message = conditions(o)["DemandSwings"]
+        assert (ok, reason) == (True, "Swinging") and "faster than a pod starts: the fleet is held for its" in message
+        peak = re.search(r"held for its peak of the last 15 minutes, (\S+) req/s, instead of following it", message)
+        assert peak and f"held for its peak of the last 15 minutes ({peak[1]} req/s)" in o.reason, (message, o.reason)
+    for o in highs:
+        assert "forecast" in o.reason and "held for its peak" not in o.reason, o.reason
+
+
+def test_demand_swings_is_not_measured_in_a_cycle_that_sized_nothing_and_holds_nothing_at_zero_demand() -> None:
+    """A cycle with requests in flight and none finished has no latency to size with: the condition does not repeat
+    what an earlier cycle saw. No demand at all ends the hold."""
+    outcomes = swinging([*square(40), None, 0.0])
+    assert conditions(outcomes[39])["DemandSwings"][:2] == (True, "Swinging")
+    ok, reason, message = conditions(outcomes[40])["DemandSwings"]
+    assert (ok, reason) == (None, "NotMeasured") and message.startswith("not measured this cycle"), message
+    ok, reason, message = conditions(outcomes[41])["DemandSwings"]
+    assert (ok, reason) == (False, "Steady") and message.endswith("no demand, nothing held"), message

@@ -587,6 +587,28 @@ def test_a_swinging_demand_at_a_new_high_keeps_the_headroom_for_its_rise() -> No
         assert "forecast" in d.reason and "held for its peak" not in d.reason
 
 
+def test_the_hold_lasts_15_minutes_after_the_last_swing_then_the_fleet_follows_again() -> None:
+    """Near the threshold the hold does not flap on and off each cycle; once demand has calmed it is released."""
+    swings = noisy(0.30, minutes=20.0)
+    calm = tuple((t + 1200.0, v) for t, v in noisy(0.02, minutes=60.0, seed=1))
+    decisions = run_demand(UNCAPPED, (*swings, *calm))
+    held = [d for _, d in decisions if "so held for its peak" in d.reason]
+    assert held and all(d.state.swung is not None and d.state.time - d.state.swung < 900.0 for d in held)
+    assert any(d.state.swing is not None and d.state.swing <= policy.SWING for d in held)  # latched, not flapping
+    assert "so held for its peak" not in decisions[-1][1].reason and decisions[-1][1].state.envelope is None
+
+
+def test_a_fleet_whose_demand_stopped_is_not_held_at_its_old_peak_when_demand_returns() -> None:
+    """A fleet woken from zero (or whose demand stopped) sizes for what comes now, not the bursts before the lull."""
+    swings = noisy(0.30, minutes=20.0)
+    lull = tuple((1200.0 + i * 15.0, 0.0) for i in range(20))
+    back = tuple((1500.0 + i * 15.0, 2.0) for i in range(4))
+    decisions = run_demand(UNCAPPED, (*swings, *lull, *back))
+    assert any("so held for its peak" in d.reason for _, d in decisions[: len(swings)])
+    for _, d in decisions[len(swings) :]:
+        assert d.state.envelope is None or d.state.envelope <= 2.0, d.reason
+
+
 def test_demand_that_wanders_within_a_minute_no_more_than_steady_traffic_is_followed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
