@@ -629,6 +629,8 @@ def decide(
         if quiet and replicas <= seen.current and idleness.idle_for(clock) >= enough:
             reason = f"no request for {duration_text(idleness.idle_for(clock))} ({rule.why}): {seen.current} -> 0"
             replicas = 0
+            if isinstance(memory.policy_state, SloState):  # a fleet woken from zero holds no peak from before it
+                memory = replace(memory, policy_state=replace(memory.policy_state, swung=None, zeroed=clock))
         rows = (_idle_row(idleness, clock, rule, quiet, problem, replicas),)
     unread = None if unavailable is None else unavailable[3]
     bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label, memory.preprocessing_bound)

@@ -18,8 +18,7 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   SLO's percentile in a cycle of the last ``ENVELOPE_WINDOW``) is not chased: below its envelope, the highest demand
   of that window, the forecast is the envelope, so the fleet holds for its peaks as a static fleet would instead of
   ordering pods that arrive after each burst and releasing them before the next; at a new high the forecast is as
-  above; no demand is held, and a lull (nothing arriving or finishing) ends the hold: no peak from before it is
-  held after it;
+  above; no demand is held, and a fleet that went to zero holds no peak from before it;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -140,8 +139,8 @@ class SloState:
     probe: float = 1.0  # >= 1: the capacity assumed over the learned one until the fleet comes near its knee
     knee_seen: bool = False  # the fleet has come near its knee: the learned μ_SLO was tested, the probe is over
     swing: float | None = None  # the last cycle's rise within ``RISE_LAG`` (``SWING``); None: too few changes yet
-    swung: float | None = None  # time of the last cycle whose swing was over ``SWING``, None after a lull
-    lull: float | None = None  # time of the last cycle in which nothing arrived and nothing finished
+    swung: float | None = None  # time of the last cycle whose swing was over ``SWING``
+    zeroed: float | None = None  # when the operator last scaled the fleet to zero (``cycle``): it ends the hold
     envelope: float | None = None  # while demand swings (``SWING``): its peak, held for when demand is below it
 
 
@@ -425,11 +424,9 @@ class SloPolicy:
         # A demand that swings within a rate window is held for its envelope, not chased (module docstring).
         known_swing = len(_log_changes(samples)) >= MIN_RISE_PAIRS
         swing = rise_quantile(samples, RISE_LAG, obs.slo_percentile) if known_swing else None
-        # A lull (nothing arrived, nothing finished) ends the hold, and no peak from before it is held after it: a fleet
-        # woken from zero sizes for what comes now. A demand read as zero while a queue drains is no lull.
-        lull = obs.time if demand <= 0 and obs.request_rate <= 0 else state.lull
-        swung = None if lull == obs.time else obs.time if swing is not None and swing > SWING else state.swung
-        since = obs.time - ENVELOPE_WINDOW if lull is None else max(obs.time - ENVELOPE_WINDOW, lull)
+        # No peak from before the fleet went to zero is held after it (``SloState.zeroed``): it sizes for what comes.
+        swung = obs.time if swing is not None and swing > SWING else state.swung
+        since = max(obs.time - ENVELOPE_WINDOW, state.zeroed or -math.inf)
         swinging = swung is not None and obs.time - swung < ENVELOPE_WINDOW and demand > 0
         envelope = max(v for t, v in samples if t > since) if swinging else None
         hold = envelope if envelope is not None and demand < envelope else None
@@ -552,7 +549,6 @@ class SloPolicy:
             history=history,
             swing=swing,
             swung=swung,
-            lull=lull,
             envelope=envelope,
         )
         sizing = Sizing(

@@ -4,6 +4,7 @@ the last replica go and brings one back on the first request the endpoint picker
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -345,3 +346,33 @@ def test_a_fleet_woken_from_zero_stays_ready_while_its_replica_starts_unless_som
     assert next(c for c in broken.conditions if c.type == "Ready").status == "False"
     first = compute_status(inference, Observed(deployment=starting), None, T0)
     assert next(c for c in first.conditions if c.type == "Ready").status == "False", "a new fleet is not waking"
+
+
+def test_a_fleet_woken_from_zero_is_not_held_for_the_peak_its_demand_swung_to_before() -> None:
+    """Demand that swung 3x a minute held the fleet for its peak; after the fleet went to zero and a request woke it,
+    it sizes for what comes now."""
+
+    def signals(i: int, current: int) -> Signals:
+        if i < 40:  # a minute at 10 req/s, a minute at 30
+            rate = 30.0 if (i // 4) % 2 else 10.0
+            return Signals(latency=0.5, request_rate=rate, waiting=0.0, running=rate, kv_cache_usage=0.2, held=0.0)
+        if current == 0:
+            return at_zero(held=1.0)
+        return quiet() if i < 72 else serving()
+
+    outcomes, memory, _ = drive(zero_fleet(after="1m"), 4, signals, cycles=90)
+    assert any("so held for its peak" in o.reason for o in outcomes[:40])
+    down = next(i for i, o in enumerate(outcomes) if o.replicas == 0)
+    before = [
+        float(m[1])
+        for o in outcomes[:down]
+        if (m := re.search(r"held for its peak of the last 15 minutes \((\S+) req/s", o.reason))
+    ]
+    after = [
+        float(m[1])
+        for o in outcomes[down:]
+        if (m := re.search(r"held for its peak of the last 15 minutes \((\S+) req/s", o.reason))
+    ]
+    assert before and max(before) > 25.0
+    assert all(peak <= 2.1 for peak in after), after  # only what came after the wake (2 req/s)
+    assert memory.policy_state.zeroed is not None
