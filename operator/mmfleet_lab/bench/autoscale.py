@@ -475,10 +475,12 @@ def verdicts(rows: Sequence[Row]) -> list[str]:
             # The spike target: at most half the violation-minutes of the baseline with the fewest, at no more than
             # 1.1 x its GPU-hours, and no reversal inside a spike.
             best = min(baselines, key=lambda r: (r.violation_minutes, r.gpu_hours))
-            share = ours.violation_minutes / best.violation_minutes if best.violation_minutes else math.inf
-            shown = "∞" if math.isinf(share) else f"{share:.2f}"
+            if best.violation_minutes:
+                shown = f"{ours.violation_minutes / best.violation_minutes:.2f}×"
+            else:  # no half of nothing to reach: as few is all there is
+                shown = "∞×" if ours.violation_minutes else "as few"
             parts.append(f"violation-minutes {ours.violation_minutes:.1f} vs {best.policy}'s "
-                         f"{best.violation_minutes:.1f} (the fewest of any baseline; {shown}×) at "
+                         f"{best.violation_minutes:.1f} (the fewest of any baseline; {shown}) at "
                          f"{ours.gpu_hours / best.gpu_hours:.2f}× its GPU-h; {ours.spike_reversals:.1f} reversals "
                          "per spike")  # fmt: skip
         dominated = dominated_by(ours, cell)

@@ -157,6 +157,10 @@ def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() 
             replace(spiky("keda", 0.0, 5.0), failed="keda never scaled")]  # fmt: skip
     (line,) = autoscale.verdicts(rows)
     assert "violation-minutes 2.0 vs llmd-keda's 4.0 (the fewest of any baseline; 0.50×) at 1.10× its GPU-h" in line
+    (none,) = autoscale.verdicts([spiky("mmfleet", 0.0, 11.0), spiky("llmd-keda", 0.0, 10.0)])
+    assert "violation-minutes 0.0 vs llmd-keda's 0.0 (the fewest of any baseline; as few) at 1.10×" in none
+    (worse,) = autoscale.verdicts([spiky("mmfleet", 1.0, 11.0), spiky("llmd-keda", 0.0, 10.0)])
+    assert "(the fewest of any baseline; ∞×)" in worse
 
 
 def test_a_mix_shift_takes_its_base_traces_role_and_stays_out_of_the_default_matrix() -> None:
