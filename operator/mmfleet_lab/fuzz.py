@@ -29,7 +29,6 @@ import copy
 import json
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -55,6 +54,7 @@ from mmfleet.cli import load_documents
 from mmfleet.clouds import COLLECTOR_ENDPOINT
 from mmfleet.render import COMPONENT, INFERENCE_LABEL, SpecError
 from mmfleet.validation import parse
+from mmfleet_lab.cluster import process
 from mmfleet_lab.cluster.crds import install_crd
 from mmfleet_lab.cluster.discovery import dynamic_client
 from mmfleet_lab.cluster.kubectl import run_kubectl
@@ -941,12 +941,6 @@ def _delete(cluster: _Cluster, fleets: list[_Live], tally: Tally, bound: float) 
         cluster.core.delete_namespace(ns, _request_timeout=30)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 FAILURES = (
     "crashes",
     "hangs",
@@ -1076,7 +1070,7 @@ def _live_under_operator(
     import os
 
     log = cluster.state_dir / f"operator-fuzz-{seed}.log"
-    health = f"127.0.0.1:{free_port()}"
+    health = f"127.0.0.1:{process.free_port()}"
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),

@@ -26,6 +26,7 @@ from kubernetes import client
 
 from mmfleet_lab import fuzz
 from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.process import free_port
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.wait import wait_for
 
@@ -108,7 +109,7 @@ def test_the_running_operator_serves_or_refuses_each_accepted_spec_naming_the_fi
     ]
     accepted_shapes = fuzz.dry_run(api, fuzz_namespace, [body for body, _ in shapes], fuzz.Tally())
     assert len(accepted_shapes) == sum(expected != fuzz.API_REFUSED for _, expected in shapes)
-    health = f"127.0.0.1:{fuzz.free_port()}"
+    health = f"127.0.0.1:{free_port()}"
     process = OperatorProcess(
         cluster.kubeconfig,
         tmp_path / "operator.log",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -25,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mmfleet.api import GROUP, PLURAL, VERSION
 from mmfleet_lab.cluster import Cluster
+from mmfleet_lab.cluster.process import free_port
 from tests.helpers.operator_process import LAB_MODULES, mmfleet_command, stop
 from tests.helpers.repo import ROOT
 from tests.helpers.tools import missing
@@ -66,17 +66,11 @@ def _read_only_prefix() -> list[str]:
     return [str(unshare), "-m", "sh", "-c", READ_ONLY_ROOT, "sh"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_operator_reconciles_with_a_read_only_root_and_only_tmp_writable(
     cluster: Cluster, api: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
     prefix = _read_only_prefix()
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "operator.log"
     env = {
         **os.environ,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -40,12 +41,47 @@ class Proc:
     log: str
 
 
+# Ports handed out by this process, so two components started together never get the same one.
+_HANDED_OUT: set[int] = set()
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections and to ``bind(0)`` (Linux's default if unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the OS picks it; a tiny race remains until the component binds)."""
+    """A currently free TCP port on 127.0.0.1, below the kernel's ephemeral range where it has room.
+
+    A component binds its port seconds after it is chosen; a port from the ephemeral range can meanwhile
+    become the local end of any outgoing connection (the API server's to etcd, Prometheus's scrapes), and
+    the component then fails with "address already in use". Below that range only a listener can take it.
+    """
+    low = _ephemeral_low()
+    if low - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(_LOWEST_PORT, low)
+            if port not in _HANDED_OUT and _bindable(port):
+                _HANDED_OUT.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found: int = sock.getsockname()[1]
+        return found
 
 
 def start(

@@ -20,6 +20,7 @@ from mmfleet import metrics_export
 from mmfleet.autoscaler import cycle, metrics
 from mmfleet.handlers import autoscale, records
 from mmfleet.handlers.records import Operator, utc_now
+from mmfleet_lab.cluster.process import free_port
 from tests.helpers.operator_state import FakePrometheus, RecordingKube, fleet_body, operator, reconcile_once
 
 KEY = ("ml", "qwen")
@@ -143,13 +144,6 @@ def test_reconciles_are_counted_by_how_they_ended(op: Operator, monkeypatch: pyt
 # --- the server ---------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def get(port: int, path: str) -> tuple[int, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
         return answer.status, answer.read().decode()
@@ -157,7 +151,7 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 def test_metrics_are_served_in_the_text_format_on_their_own_port(op: Operator) -> None:
     _cycle(op, FakePrometheus(metrics.Signals(latency=1.0, request_rate=1.0, waiting=0.0, running=1.0)))
-    port = _free_port()
+    port = free_port()
     stop = metrics_export.serve(f"127.0.0.1:{port}")
     try:
         status, text = get(port, "/metrics")
