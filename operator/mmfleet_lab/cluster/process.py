@@ -47,7 +47,7 @@ _LOWEST_PORT = 10000
 
 
 def _ephemeral_low() -> int:
-    """The first port the kernel hands to outgoing connections and to ``bind(0)`` (Linux's default if unreadable)."""
+    """The first port the kernel hands to ``bind(0)`` and outgoing connections (Linux's default if unreadable)."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -63,12 +63,21 @@ def _bindable(port: int) -> bool:
         return True
 
 
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1, below the kernel's ephemeral range where it has room.
+def _kernel_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
-    A component binds its port seconds after it is chosen; a port from the ephemeral range can meanwhile
-    become the local end of any outgoing connection (the API server's to etcd, Prometheus's scrapes), and
-    the component then fails with "address already in use". Below that range only a listener can take it.
+
+def free_port() -> int:
+    """A currently free TCP port on 127.0.0.1, below the kernel's ephemeral range where it has room; never one
+    this process handed out before.
+
+    A component binds its port seconds after it is chosen. A port the kernel picked for ``bind(0)`` can meanwhile
+    be picked again, for the next port drawn here or for any server that listens on port 0 (the tests' fake pods
+    and stand-ins, another test worker's), and the component then fails with "address already in use". Below the
+    range only an explicit bind to that very port can take it.
     """
     low = _ephemeral_low()
     if low - _LOWEST_PORT >= 1000:
@@ -78,10 +87,11 @@ def free_port() -> int:
             if port not in _HANDED_OUT and _bindable(port):
                 _HANDED_OUT.add(port)
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        found: int = sock.getsockname()[1]
-        return found
+    port = _kernel_port()
+    while port in _HANDED_OUT:
+        port = _kernel_port()
+    _HANDED_OUT.add(port)
+    return port
 
 
 def start(

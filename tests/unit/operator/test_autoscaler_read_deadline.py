@@ -134,11 +134,11 @@ def test_a_shared_query_that_does_not_answer_is_an_outage_for_all() -> None:
 
 
 def test_an_unreachable_prometheus_is_still_an_outage_for_all() -> None:
-    with socket.socket() as free:  # a port nothing listens on: connection refused
-        free.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{free.getsockname()[1]}"
-    targets = [Target("a", f"x{i}", "vllm", Slo("e2e", 90 + i, "60s")) for i in range(3)]
-    readings, took = timed_read(url, targets, deadline=5.0)
+    with socket.socket() as bound:  # bound, never listening, so nothing else takes it: connection refused
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        targets = [Target("a", f"x{i}", "vllm", Slo("e2e", 90 + i, "60s")) for i in range(3)]
+        readings, took = timed_read(url, targets, deadline=5.0)
     assert readings.signals == {}
     assert readings.outage is not None and readings.outage.startswith(f"{url} unreachable: ")
     assert "Connection refused" in readings.outage

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmfleet import encode_proxy, render
+from mmfleet_lab.cluster.process import free_port
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 64}}
 ANNOUNCED = {
@@ -370,9 +370,7 @@ def test_a_client_that_leaves_cancels_its_request_at_the_server(tmp_path: Path) 
             return web.json_response({})
 
         upstream = await serve(Upstream(slow))
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         args = ["--port", str(port), "--server", str(upstream.make_url("")), "--encoder", "http://127.0.0.1:9"]
         args += ["--shutdown-seconds", "1"]
         sidecar = await asyncio.create_subprocess_exec(sys.executable, "-I", str(program), *args)
