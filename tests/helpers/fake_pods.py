@@ -12,6 +12,7 @@ is Debian's ``prometheus`` started with the local cluster's own configuration he
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -107,8 +108,10 @@ class FakePod:
                             (names.kv_cache_usage, self.kv_cache_usage)):  # fmt: skip
             self._gauges[name].labels(**self._labels).set(value)
 
-    def tick(self) -> None:
-        self._due += self.rate * TICK
+    def tick(self, elapsed: float) -> None:
+        """The requests finished and the CPU used over ``elapsed`` seconds (the wall time since the last tick: a
+        late wake of the ticking thread on a busy machine must not lower the rates)."""
+        self._due += self.rate * elapsed
         finished = int(self._due)
         self._due -= finished
         for _ in range(finished):
@@ -127,7 +130,7 @@ class FakePod:
                 for phase, took in zip(self._phases, (self.ttft, 0.0, self.ttft - self.outside), strict=True):
                     phase.labels(**self._labels).observe(took)
         if self._cpu is not None and self.api_cpu is not None:
-            self._cpu.inc(self.api_cpu * TICK)
+            self._cpu.inc(self.api_cpu * elapsed)
         if self.mix is not None:
             for _ in range(finished):
                 for histogram, tokens in zip(self._mix, self.mix, strict=True):
@@ -181,10 +184,13 @@ class FakePods:
             ]  # fmt: skip
 
     def _finish_requests(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(TICK):
+            now = time.monotonic()
             with self._lock:
                 for pod in self.pods.values():
-                    pod.tick()
+                    pod.tick(now - last)
+            last = now
 
     def close(self) -> None:
         self._stop.set()

@@ -112,9 +112,9 @@ def test_gpu_deployment_is_scheduled_and_turns_ready_after_the_delay(api: Any, n
         scheduled = condition(pod, "PodScheduled").last_transition_time
         became_ready = condition(pod, "Ready").last_transition_time
         # API timestamps have one-second resolution; kwok starts the clock when it sees the bound pod,
-        # so allow a little for watch latency on a busy two-core machine.
+        # so allow for watch latency and kwok's queue on a busy two-core machine.
         waited = (became_ready - scheduled).total_seconds()
-        assert delay - 1 <= waited <= delay + 4, (app, waited)
+        assert delay - 1 <= waited <= delay + 10, (app, waited)
         assert pod.metadata.owner_references[0].kind == "ReplicaSet"  # kcm made the ReplicaSet and the pod
 
     # Garbage collection: deleting the Deployment takes its ReplicaSet and pods with it.

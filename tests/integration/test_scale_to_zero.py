@@ -220,10 +220,10 @@ def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replic
     # A request to the empty pool is held by the picker; its held count brings one replica back.
     sent, answers = hold(routed, 26)
     wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
+    new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
+    _serve(routed, new)  # before looking for the event, which kopf posts later: the request's TTL runs meanwhile
     up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
     assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
-    new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
-    _serve(routed, new)
     sent.join(routed.ttl + 40)
     assert answers, "the held request got no answer"
     (answer,) = answers

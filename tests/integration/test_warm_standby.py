@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +106,12 @@ def wait_split(fleet: Fleet, routed: RoutedPool, serving: int, asleep: int, time
     return found
 
 
+def pool_ready_pods(routed: RoutedPool) -> float | None:
+    """The pods in the picker's pool as it counts them (`inference_pool_ready_pods`, set from its datastore)."""
+    found = re.search(r"^inference_pool_ready_pods\{[^}]*\} (\S+)$", routed.picker_metrics(), re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
 def endpoints(routed: RoutedPool, tries: int = 16) -> set[str]:
     """Where distinct requests through the gateway stand-in and the picker were answered (all with 200)."""
     rng = random.Random()
@@ -136,6 +143,8 @@ def test_a_standby_replica_sleeps_out_of_routing_and_a_scale_up_wakes_it_before_
         # One replica for minReplicas 1 and one more, put to sleep and taken out of the picker's pool.
         (server,), (sleeper,) = wait_split(fleet, routed, serving=1, asleep=1)
         assert fleet.deployment(FLEET).spec.replicas == 2
+        # The picker learns of the relabelled sleeper through its own watch: once its pool counts one pod, it has.
+        wait_for(lambda: pool_ready_pods(routed) == 1, 30, lambda: f"the picker's pool of one\n{routed.why()}")
         assert endpoints(routed) == {routed.endpoint(server)}, "a request reached the sleeping replica"
         shown = wait_for(lambda: (fleet.status(FLEET).get("standby") or {}).get("asleep") == 1 or None, 30, "status")
         assert shown

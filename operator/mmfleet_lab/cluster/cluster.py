@@ -194,14 +194,21 @@ def _tls(pki_dir: Path) -> ssl.SSLContext:
     return context
 
 
-def _healthy(cluster: Cluster) -> bool:
+def _healthy(cluster: Cluster, patience: float = 0.0) -> bool:
+    """Every component alive and ``/readyz`` ok within ``patience`` seconds: an API server busy on two cores can miss
+    one 3 s answer, and `up` tears down a cluster it finds unhealthy."""
     core = [p for p in cluster.processes if p.component in COMPONENTS]
-    if len(core) != len(COMPONENTS) or not all(process.alive(p) for p in core):
-        return False
-    try:
-        return process.http_get(f"{cluster.server}/readyz", _tls(cluster.state_dir / "pki")) == "ok"
-    except OSError:
-        return False
+    deadline = time.monotonic() + patience
+    while len(core) == len(COMPONENTS) and all(process.alive(p) for p in core):
+        try:
+            if process.http_get(f"{cluster.server}/readyz", _tls(cluster.state_dir / "pki")) == "ok":
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
+    return False
 
 
 def _kubeconfig(name: str, server: str, ca: Path, user: str, client: CertPair) -> dict[str, Any]:
@@ -246,7 +253,7 @@ def up(
     with file_lock(_lock_path(name)):
         existing = get(name)
         if existing is not None:
-            if _healthy(existing):
+            if _healthy(existing, patience=15.0):
                 progress(f"cluster {name} is already running ({existing.server})")
                 if existing.pod_ready_delay != pod_ready_delay:
                     progress(f"  note: it keeps its pod ready delay {existing.pod_ready_delay}, not {pod_ready_delay}")

@@ -151,7 +151,8 @@ def test_the_shipped_rows_never_scaling_is_a_result_not_a_failure() -> None:
 
 def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() -> None:
     def spiky(policy: str, minutes: float, hours: float) -> autoscale.Row:
-        return replace(row(policy, 2.0, scenario="spike-x4@azure-code"), violation_minutes=minutes, gpu_hours=hours)
+        spiked = replace(row(policy, 2.0, scenario="spike-x4@azure-code"), spike_attainment=0.9, spike_reversals=0.0)
+        return replace(spiked, violation_minutes=minutes, gpu_hours=hours)
 
     rows = [spiky("mmfleet", 2.0, 11.0), spiky("hpa", 8.0, 9.0), spiky("llmd-keda", 4.0, 10.0),
             replace(spiky("keda", 0.0, 5.0), failed="keda never scaled")]  # fmt: skip
@@ -161,6 +162,17 @@ def test_a_spike_verdict_names_the_baseline_with_the_fewest_violation_minutes() 
     assert "violation-minutes 0.0 vs llmd-keda's 0.0 (the fewest of any baseline; as few) at 1.10×" in none
     (worse,) = autoscale.verdicts([spiky("mmfleet", 1.0, 11.0), spiky("llmd-keda", 0.0, 10.0)])
     assert "(the fewest of any baseline; ∞×)" in worse
+
+
+def test_a_cell_without_spikes_gets_no_spike_verdict() -> None:
+    """`bursts` is scored as a steady hour: its verdict is the steady one, with no reversals per spike to show."""
+
+    def bursty(policy: str, minutes: float) -> autoscale.Row:
+        return replace(row(policy, 2.0, scenario="bursts"), violation_minutes=minutes, gpu_hours=10.0)
+
+    (line,) = autoscale.verdicts([bursty("mmfleet", 2.0), bursty("static", 0.0)])
+    assert "violation-minutes" not in line and "per spike" not in line, line
+    assert line.endswith("not Pareto-dominated"), line
 
 
 def test_a_mix_shift_takes_its_base_traces_role_and_stays_out_of_the_default_matrix() -> None:
