@@ -52,11 +52,12 @@ BURSTS_FROM = 300.0
 BURSTS_GAP = 180.0
 BURSTS_LOW = (1.5, 20.0)  # the least height and length of a burst
 # A lasting change of the request mix where a spike would start, the arrival rate unchanged: each later request's
-# output or text prompt tokens times the factor ("a workload with another token mix", issue 25). Scored like a spike
-# from the onset to the end of the trace.
+# output or text prompt tokens, or its images, times the factor ("a workload with another token mix", issue 25).
+# Scored like a spike from the onset to the end of the trace.
 SHIFTS: dict[str, tuple[str, float]] = {
     "outputs-x2": ("output_tokens", 2.0),
     "prompts-x2": ("input_tokens", 2.0),
+    "images-x2": ("images", 2.0),
 }
 BASES = ("azure-conv", "azure-code", "servegen-mm", *SERVEGEN_DAY_MODELS, "gentd-diffusion")
 ON = "@"  # "spike-x4@azure-code": a spike on another base than azure-conv
@@ -219,8 +220,8 @@ def scenario(
     in an hour), and spikes starting at 20 min: spike-x2/x4/x8 (x2/x4/x8 for 10 min), ramp-x4 (60 s
     ramp to x4, held 10 min), flash-x8 (x8 for 90 s), or bursts (x1.5-4 for 20-60 s, every 3 min on average,
     from 5 min on), on azure-conv or, as ``spike@base``, on a base; or a lasting change of the mix from where a
-    spike would start (``SHIFTS``: outputs-x2, prompts-x2), named the same way; ``info["mu_slo"]`` stays the base
-    mix's.
+    spike would start (``SHIFTS``: outputs-x2, prompts-x2, images-x2), named the same way; ``info["mu_slo"]`` stays
+    the base mix's.
     ``seed`` draws the arrivals of the scaled and spiked traffic and the synthetic mix.
     The rate is scaled so that (mean arrival rate of the base trace) = replicas x mu_SLO, where
     mu_SLO = ``capacity_at_slo(params, mix, reference_slo)``; spikes come on top of that. ``rate``

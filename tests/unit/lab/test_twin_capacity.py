@@ -97,7 +97,9 @@ def test_bursts_come_on_top_of_the_base_after_five_minutes_each_short_and_seeded
     assert np.array_equal(again, bursty.requests.arrival) and not np.array_equal(other[-50:], again[-50:])
 
 
-@pytest.mark.parametrize(("name", "field"), [("outputs-x2", "output_tokens"), ("prompts-x2", "input_tokens")])
+@pytest.mark.parametrize(
+    ("name", "field"), [("outputs-x2", "output_tokens"), ("prompts-x2", "input_tokens"), ("images-x2", "images")]
+)
 def test_a_mix_shift_doubles_one_kind_of_tokens_from_twenty_minutes_on_and_nothing_else(name: str, field: str) -> None:
     """Issue 25's "another token mix": the same arrivals, each later request heavier; scored like a spike to the end."""
     flat = scenario("azure-conv", seed=3, rate=30.0)
@@ -107,9 +109,11 @@ def test_a_mix_shift_doubles_one_kind_of_tokens_from_twenty_minutes_on_and_nothi
     later = flat.requests.arrival >= onset
     assert np.array_equal(shifted.requests.arrival, flat.requests.arrival)
     assert np.array_equal(after[~later], before[~later]) and np.array_equal(after[later], 2 * before[later])
-    other = "input_tokens" if field == "output_tokens" else "output_tokens"
-    assert np.array_equal(getattr(shifted.requests, other), getattr(flat.requests, other))
-    assert np.array_equal(shifted.requests.images, flat.requests.images)
+    for other in {"input_tokens", "output_tokens", "images"} - {field}:
+        assert np.array_equal(getattr(shifted.requests, other), getattr(flat.requests, other)), other
+    assert shifted.requests.image_tokens is None or np.array_equal(
+        shifted.requests.image_tokens, flat.requests.image_tokens
+    )  # an image is as large as before: there are more of them
     assert shifted.spikes == ((onset, shifted.duration),) and later.any() and not later.all()
     on_code = scenario(f"{name}@azure-code", seed=3, rate=30.0)
     assert on_code.info["base"] == "azure-code" and on_code.spikes == (
