@@ -40,6 +40,12 @@ class Fleet:
     def status(self, name: str) -> dict[str, Any]:
         return self.get(name).get("status") or {}
 
+    def events(self, name: str, reason: str, event_type: str | None = None) -> list[str]:
+        """The messages of the events on fleet ``name`` with ``reason`` (and ``event_type``, when given). kopf posts
+        them from a queue of its own after the status is written: a test waits for them."""
+        found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        return [e.message for e in found if e.reason == reason and event_type in (None, e.type)]
+
     def condition(self, name: str, kind: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions", []) if c["type"] == kind), {})
 

@@ -38,16 +38,7 @@ def test_create_makes_children_and_reports_ready(fleet: Fleet) -> None:
     assert deployment.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
     service = fleet.core.read_namespaced_service("vl", fleet.namespace)
     assert service.metadata.owner_references[0].uid == owner_uid
-    # kopf posts events after the status patch, from a queue of its own: wait for it.
-    wait_for(
-        lambda: [
-            e
-            for e in fleet.core.list_namespaced_event(fleet.namespace, field_selector="involvedObject.name=vl").items
-            if e.reason == "Ready"
-        ],
-        30,
-        "the Ready event",
-    )
+    wait_for(lambda: fleet.events("vl", "Ready"), 30, "the Ready event")
 
 
 def test_spec_change_rolls_out(fleet: Fleet) -> None:

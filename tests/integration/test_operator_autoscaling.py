@@ -51,11 +51,6 @@ def fleet(
     operator.start()
 
 
-def events(fleet: Fleet, name: str, reason: str) -> list[str]:
-    found = fleet.core.list_namespaced_event(fleet.namespace, field_selector=f"involvedObject.name={name}").items
-    return [e.message for e in found if e.reason == reason]
-
-
 def replicas(fleet: Fleet, name: str) -> int:
     count: int = fleet.deployment(name).spec.replicas
     return count
@@ -97,9 +92,7 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     generations = {name: fleet.get(name)["metadata"]["generation"] for name in ("hot", "quiet")}
 
     # Over target (every request takes 4 s: P90 4.75 s in vLLM's buckets): up, with the reason as the event.
-    scaled_up = wait_for(
-        lambda: events(fleet, "hot", "ScaledUp"), 120, "a ScaledUp event for hot (after 1m of warm-up)"
-    )
+    scaled_up = wait_for(lambda: fleet.events("hot", "ScaledUp"), 120, "a ScaledUp event for hot (after 1m of warm-up)")
     assert scaled_up[0].startswith("P90 4.75s > target 2s"), scaled_up
     assert scaled_up[0].endswith(": 1 -> 2"), scaled_up
     wait_for(lambda: replicas(fleet, "hot") == 3, 60, "hot at maxReplicas 3")
@@ -156,8 +149,8 @@ def test_autoscaler_scales_on_prometheus_latency_and_holds_through_silence(
     while time.monotonic() < deadline:
         assert (replicas(fleet, "hot"), replicas(fleet, "quiet")) == (3, 3)
         time.sleep(0.5)
-    assert events(fleet, "quiet", "ScaledDown") == []
-    warnings = events(fleet, "hot", "PrometheusUnavailable")
+    assert fleet.events("quiet", "ScaledDown") == []
+    warnings = fleet.events("hot", "PrometheusUnavailable")
     assert warnings and "holding 3 replicas" in warnings[0]
 
     # Back: the fleet is read again.
@@ -191,7 +184,7 @@ def test_the_encode_tier_scales_on_its_share_and_the_serving_tier_on_the_rest(
     fleet.create(mmi("epd", cloud="eks", gpu={"type": "H100"}, autoscaling=autoscaling,
                      disaggregation={"encode": encode}))  # fmt: skip
 
-    grown = wait_for(lambda: events(fleet, "epd", "EncodeScaledUp"), 150, "an EncodeScaledUp event (after warm-up)")
+    grown = wait_for(lambda: fleet.events("epd", "EncodeScaledUp"), 150, "an EncodeScaledUp event (after warm-up)")
     assert grown[0].startswith("P90 1.45s > target 0.5s, demand "), grown  # 1.2 s in (1.0, 1.5]
     assert " items/s, " in grown[0] and "latency feedback on 1 ready" in grown[0], grown
     assert grown[0].endswith(": 1 -> 2 (encode tier: 25% of 2s)"), grown
@@ -202,7 +195,7 @@ def test_the_encode_tier_scales_on_its_share_and_the_serving_tier_on_the_rest(
     assert ": 2 -> 3" in part["lastScaleReason"]
     fleet.wait_condition("epd", "EncodeReady", status="True", reason="EncodeReplicasReady")
     # The serving tier, held to its part on its servers' own histogram, neither grew nor missed it.
-    assert replicas(fleet, "epd") == 1 and not events(fleet, "epd", "ScaledUp"), events(fleet, "epd", "ScaledUp")
+    assert replicas(fleet, "epd") == 1 and not fleet.events("epd", "ScaledUp"), fleet.events("epd", "ScaledUp")
     slo_met = fleet.condition("epd", "SLOMet")
     assert (slo_met["status"], slo_met["reason"]) == ("True", "TargetMet")
     assert "P90 0.77s <= target 1.5s (the serving tier's part of 2s; the encode tier has 25%" in slo_met["message"]
@@ -235,7 +228,7 @@ def test_a_fleet_whose_api_server_holds_its_requests_is_preprocessing_bound(
     assert bound["status"] == "True"
     assert "1.7s of the mean time to first token, 2s, before the engine took the request (85%)" in bound["message"]
     assert re.search(r"the busiest API server process at 0\.9\d CPU cores", bound["message"]), bound
-    warned = wait_for(lambda: events(fleet, "api", "ApiServerBound"), 30, "a Warning event")
+    warned = wait_for(lambda: fleet.events("api", "ApiServerBound"), 30, "a Warning event")
     assert "spec.multimodal.apiServers" in warned[0]
     queued = fleet.wait_condition("gpu", "PreprocessingBound", reason="NotApiServerBound", timeout=60)
     assert queued["status"] == "False" and "(at most 6 waiting): the GPUs bound the latency" in queued["message"]

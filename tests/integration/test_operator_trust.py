@@ -35,16 +35,7 @@ def test_a_same_named_service_account_is_never_adopted_nor_deleted_and_the_fleet
     assert fleet.deployment("taken") is None, "no Deployment may run as someone else's ServiceAccount"
     account = fleet.core.read_namespaced_service_account("taken", fleet.namespace)
     assert not account.metadata.owner_references
-    # kopf posts events after the status patch, from a queue of its own: wait for it.
-    wait_for(
-        lambda: [
-            e
-            for e in fleet.core.list_namespaced_event(fleet.namespace, field_selector="involvedObject.name=taken").items
-            if e.reason == "ChildNotOwned" and e.type == "Warning"
-        ],
-        30,
-        "the ChildNotOwned warning",
-    )
+    wait_for(lambda: fleet.events("taken", "ChildNotOwned", "Warning"), 30, "the ChildNotOwned warning")
 
     # Level-triggered: no event tells the operator the name is free again; its retry finds out.
     fleet.core.delete_namespaced_service_account("taken", fleet.namespace)

@@ -127,11 +127,6 @@ def zero_operator(pool_operator: OperatorProcess, tmp_path: Path) -> Iterator[tu
         server.stop()
 
 
-def events(fleet: Fleet, reason: str) -> list[str]:
-    found = fleet.core.list_namespaced_event(fleet.namespace, field_selector=f"involvedObject.name={FLEET}").items
-    return [e.message for e in found if e.reason == reason]
-
-
 def replicas(fleet: Fleet) -> int:
     count: int = fleet.deployment(FLEET).spec.replicas
     return count
@@ -174,7 +169,7 @@ def fleet_at_zero(
                 # Idle (the requests that checked the pool finished over a minute ago): down to zero after 1m.
                 why = lambda: f"0 replicas; Idle: {fleet.condition(FLEET, 'Idle')}"  # noqa: E731
                 wait_for(lambda: replicas(fleet) == 0, 240, why)
-                down = wait_for(lambda: events(fleet, "ScaledDown"), 30, "the ScaledDown event")
+                down = wait_for(lambda: fleet.events(FLEET, "ScaledDown"), 30, "the ScaledDown event")
                 assert any(m.endswith("(scaleToZero.after 1m): 1 -> 0") for m in down), down
                 idle = fleet.wait_condition(FLEET, "Idle", reason="ScaledToZero", timeout=30)
                 assert idle["status"] == "True"
@@ -222,7 +217,7 @@ def test_an_idle_fleet_goes_to_zero_and_the_first_request_is_held_until_a_replic
     wait_for(lambda: replicas(fleet) == 1, 30, lambda: f"0 -> 1 on the held request\n{routed.why()}")
     new = wait_for(lambda: ready_pods(fleet, selector, 1), 30, "the new replica Ready")
     _serve(routed, new)  # before looking for the event, which kopf posts later: the request's TTL runs meanwhile
-    up = wait_for(lambda: events(fleet, "ScaledUp"), 30, "the ScaledUp event")
+    up = wait_for(lambda: fleet.events(FLEET, "ScaledUp"), 30, "the ScaledUp event")
     assert any("requests held by the endpoint picker after" in m and m.endswith(": 0 -> 1") for m in up), up
     sent.join(routed.ttl + 40)
     assert answers, "the held request got no answer"

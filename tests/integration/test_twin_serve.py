@@ -168,12 +168,15 @@ def test_prometheus_runs_with_the_cluster(cluster: Cluster) -> None:
 def test_prometheus_scrapes_the_simulated_pods(plane: DataPlane) -> None:
     url, ns = plane.cluster.prometheus_url, plane.namespace
     success = "sum by (namespace, mmfleet_io_inference) (rate({}[20s]))"
+
     # 20 s of samples after the pods turn Ready, so each fleet's window is full (a rate over a window the
     # series started inside reads low: Prometheus extrapolates at most half an interval past the first sample)
+    def window_full(fleet: str, gauge: str) -> float | None:
+        return by_fleet(promql(url, f"count_over_time({gauge}[20s]) >= 9"), ns).get(fleet)
+
     for fleet, gauge in (("vl", "vllm:num_requests_running"), ("trt", "trtllm_num_requests_running")):
-        full = f"count_over_time({gauge}[20s]) >= 9"
         wait_for(
-            functools.partial(lambda query, name: by_fleet(promql(url, query), ns).get(name), full, fleet),
+            functools.partial(window_full, fleet, gauge),
             90,
             f"20 s of scrapes of fleet {fleet} (twin log: {plane.twin.tail()})",
         )

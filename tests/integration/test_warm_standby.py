@@ -123,11 +123,6 @@ def endpoints(routed: RoutedPool, tries: int = 16) -> set[str]:
     return seen
 
 
-def events(fleet: Fleet, reason: str) -> list[str]:
-    found = fleet.core.list_namespaced_event(fleet.namespace, field_selector=f"involvedObject.name={FLEET}").items
-    return [e.message for e in found if e.reason == reason]
-
-
 def test_a_standby_replica_sleeps_out_of_routing_and_a_scale_up_wakes_it_before_any_cold_start(
     cluster: Cluster, api: Any, namespace: str, fast_operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -155,7 +150,7 @@ def test_a_standby_replica_sleeps_out_of_routing_and_a_scale_up_wakes_it_before_
         assert sleeper in serving, "the sleeping replica was woken, not replaced by a cold start"
         assert asleep[0] not in (server, sleeper)
         assert fleet.deployment(FLEET).spec.replicas == 3
-        woke = wait_for(lambda: events(fleet, "WokeStandby"), 30, "the WokeStandby event")
+        woke = wait_for(lambda: fleet.events(FLEET, "WokeStandby"), 30, "the WokeStandby event")
         assert any(routed.pods[sleeper] in message for message in woke), woke
         wait_for(lambda: endpoints(routed) == {routed.endpoint(ip) for ip in serving} or None, 60, "both serve")
         standby = fleet.status(FLEET)["standby"]
