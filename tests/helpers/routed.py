@@ -131,10 +131,17 @@ class RoutedPool:
 
     def picker_metrics(self) -> str:
         """The picker's /metrics, read inside the gateway namespace (its port is there only)."""
-        connection = http.client.HTTPConnection("127.0.0.1", 9090, timeout=5)
+        return self._metrics("127.0.0.1", 9090)
+
+    def server_metrics(self, ip: str) -> str:
+        """The /metrics of the server at pod ``ip``, read from the gateway namespace, as the picker scrapes it."""
+        return self._metrics(ip, int(self.flag("--port")))
+
+    def _metrics(self, host: str, port: int) -> str:
+        connection = http.client.HTTPConnection(host, port, timeout=5)
         sock = socket_in(self.network.gateway)
         sock.settimeout(5)
-        sock.connect(("127.0.0.1", 9090))
+        sock.connect((host, port))
         connection.sock = sock
         try:
             connection.request("GET", "/metrics")

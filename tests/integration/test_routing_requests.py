@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import random
 import re
+import statistics
 import threading
 import time
 import uuid
@@ -92,6 +93,13 @@ def _fill(routed: RoutedPool, request: dict[str, Any]) -> None:
     """A request left waiting in a server or in the picker; its end (an answer, or the network's removal) unread."""
     with contextlib.suppress(OSError, http.client.HTTPException):
         routed.post(request, routed.ttl + 90)
+
+
+def _waiting(routed: RoutedPool, ip: str) -> float:
+    """The requests waiting in the server at ``ip``, as it exports them to the picker."""
+    found = re.search(r"^vllm:num_requests_waiting(?:\{[^}]*\})? (\S+)$", routed.server_metrics(ip), re.MULTILINE)
+    assert found, f"no vllm:num_requests_waiting from {ip}"
+    return float(found[1])
 
 
 # 127.0.0.1 and ::1 as /proc/net/tcp{,6} write them.
@@ -222,9 +230,15 @@ def test_a_saturated_pool_holds_requests_then_answers_with_the_pickers_status(ro
         p["parameters"]["queueDepthThreshold"] for p in config["plugins"] if p["type"] == "utilization-detector"
     )
     rng = random.Random(28)
-    for _ in range(len(live) * (depth + 2)):  # one running and more than the queue depth waiting on each
+    # Fill until the servers' queues average the depth, the detector's rule (utilization/detector.go:106-136): paced
+    # by what the servers report, not by a sleep a busy machine may outrun. Past it the picker holds what comes.
+    sent = 0
+    while (waiting := [_waiting(routed, ip) for ip in live]) and statistics.fmean(waiting) < depth:
+        assert sent < 3 * len(live) * (depth + 2), (sent, waiting, routed.why())
         threading.Thread(target=_fill, args=(routed, chat(routed.model, question(rng))), daemon=True).start()
+        sent += 1
         time.sleep(0.15)  # the picker sees each server's queue grow (it scrapes every 50 ms)
+    time.sleep(0.5)  # and then the last of it
     held = routed.post(chat(routed.model, question(rng)), timeout=routed.ttl + 30)
     assert held.status == 503, (held, routed.why())
     assert held.body.startswith("inference error: ServiceUnavailable - request timed out in queue"), held.body
