@@ -585,11 +585,15 @@ class SloPolicy:
             )
             parts.append(
                 f"demand {_v(sz.demand)} req/s, {sized_for} at {_v(sz.capacity)} req/s per replica"
-                + (f" ({sz.probe:.2f}x the learned: the fleet has not come near its knee)" if sz.probe > 1.0 else "")
+                + (
+                    f" ({sz.probe:.2f}x the learned: the fleet has not come near its knee)"
+                    if f"{sz.probe:.2f}" != "1.00"
+                    else ""
+                )
                 + (
                     f" (divided by {sz.heavier:.2f}: its requests carry {sz.heavier + MIX_TOLERANCE:.2f}x the tokens "
                     "it was learned at)"
-                    if sz.heavier > 1.0
+                    if f"{sz.heavier:.2f}" != "1.00"  # a factor the sentence could only print as 1.00 is not said
                     else ""
                 )
             )
