@@ -8,7 +8,7 @@ replica model and exports vLLM's metrics; and the operator as users run it (``mm
 Timeline, in seconds after the twin starts: base load 0-100 (the operator reads a fleet's series
 once they cover the 1m rate window, then learns its capacity), x5 from 100 to 190, Prometheus
 stopped from 205 to 225 (and a minute of warm-up again after it), the scale-down after the spike
-(scaleDownDelay 45 s, which also bounds how long the spike's peak is held: it swings within a minute), done at 420.
+(scaleDownDelay 45 s, which being set holds no peak of a demand that swings within a minute), done at 420.
 A failing run says what the autoscaler decided meanwhile, and why (its events).
 """
 

@@ -514,9 +514,9 @@ class AutoscalingSpec(Model):
         default=None,
         description=(
             "How long demand must stay lower before replicas are removed (like the HPA's scale-down "
-            "stabilization window; 0s to 1h, the HPA's bound), also after a demand that swings within a "
-            "minute (DemandSwings), whose peak is otherwise held for 15m. Default: the longer of 5m and the "
-            "measured cold start."
+            "stabilization window; 0s to 1h, the HPA's bound). Set, it alone says so: a demand that swings "
+            "within a minute (DemandSwings) is followed, not held for its peak of 15m as it is by default. "
+            "Default: the longer of 5m and the measured cold start."
         ),
     )
     scale_to_zero: ScaleToZeroSpec | None = Field(

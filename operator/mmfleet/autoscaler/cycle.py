@@ -53,7 +53,7 @@ from mmfleet.api import (
 from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.idle import IdleMemory, IdleRule, idle_rule
 from mmfleet.autoscaler.metrics import API_CPU_SERIES, RATE_WINDOW, SIGNALS, Signals
-from mmfleet.autoscaler.policy import MIN_RISE_PAIRS, RISE_LAG, SWING, SloPolicy, SloState
+from mmfleet.autoscaler.policy import ENVELOPE_WINDOW, MIN_RISE_PAIRS, RISE_LAG, SWING, SloPolicy, SloState
 from mmfleet.backends import ServerStartup
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
@@ -506,7 +506,6 @@ def decide(
     quiet = False  # for the idle rule: nothing finished over the rate window, in flight, held, or starting
     down_window = 0.0  # the policy's scale-down window, which a fleet of several replicas waits out before zero
     cause: Cause = "held"
-    policy = policy_for(autoscaling, slo, interval)
     undecided: str | None = None  # why the policy was not asked this cycle
     metrics: ConditionRow
     slo_met: ConditionRow
@@ -530,6 +529,7 @@ def decide(
         latency = signals.latency
         idle = latency is None and signals.request_rate == 0 and in_flight == 0
         expected = should_report(pods, now)
+        policy = policy_for(autoscaling, slo, interval)
         state = memory.policy_state if memory.policy_state is not None else policy.initial_state()
         observation = Observation(
             time=clock,
@@ -635,7 +635,7 @@ def decide(
     unread = None if unavailable is None else unavailable[3]
     bound = _preprocessing_row(inference, seen.signals, unread, latency, target, label, memory.preprocessing_bound)
     rows += () if bound is None else (bound,)
-    rows += (_swing_row(memory.policy_state, undecided, clock, policy.envelope_text()),)
+    rows += (_swing_row(memory.policy_state, undecided, clock, autoscaling.scale_down_delay),)
     if bound is not None and bound[1] is not None:
         memory = replace(memory, preprocessing_bound=bound[1])
     if replicas != seen.current:
@@ -653,9 +653,10 @@ def decide(
     )
 
 
-def _swing_row(state: Any, undecided: str | None, clock: float, span: str) -> ConditionRow:
+def _swing_row(state: Any, undecided: str | None, clock: float, delay: str | None) -> ConditionRow:
     """DemandSwings, as the policy's decision of this cycle saw the demand: Unknown when it was not asked or sized
-    nothing this cycle, or has read too few changes of demand to tell. ``span``: how long the policy holds a peak."""
+    nothing this cycle, or has read too few changes of demand to tell. ``delay``: the fleet's scaleDownDelay, which
+    when set holds no peak (``SloPolicy.stabilization``)."""
     kind: ConditionType = "DemandSwings"
     unknown = DemandSwingsReason.NOT_MEASURED
     if undecided is not None or not isinstance(state, SloState):
@@ -668,12 +669,17 @@ def _swing_row(state: Any, undecided: str | None, clock: float, span: str) -> Co
                 f"{duration_text(RISE_LAG)} read yet")  # fmt: skip
     demand = state.demand[-1][1]
     now = f"demand's learned rise within {duration_text(RISE_LAG)} at the SLO's percentile: {1.0 + state.swing:.2f}x"
-    if state.envelope is None or state.swung is None:
+    swung = state.swung if state.swung is not None and clock - state.swung < ENVELOPE_WINDOW and demand > 0 else None
+    if swung is None or (state.envelope is None and delay is None):
         steady = "no demand, nothing held" if demand <= 0 else "the fleet follows it"
         return (kind, False, DemandSwingsReason.STEADY, f"{now}, not over {1.0 + SWING:g}x in the last "
-                f"{span}: {steady}")  # fmt: skip
-    ago = "this cycle" if state.swung >= clock else f"{duration_text(clock - state.swung)} ago"
-    peak = f"its peak of the last {span}, {state.envelope:.3g} req/s"
+                f"{ENVELOPE_WINDOW / 60:g} minutes: {steady}")  # fmt: skip
+    ago = "this cycle" if swung >= clock else f"{duration_text(clock - swung)} ago"
+    if state.envelope is None:
+        return (kind, True, DemandSwingsReason.SWINGING, f"{now}; over {1.0 + SWING:g}x {ago}, faster than a pod "
+                f"starts: not held for its peak, since spec.autoscaling.scaleDownDelay is set ({delay}): the fleet "
+                f"follows it, and removes replicas once demand has stayed lower for {delay}")  # fmt: skip
+    peak = f"its peak of the last {ENVELOPE_WINDOW / 60:g} minutes, {state.envelope:.3g} req/s"
     held = (
         f"the fleet is held for {peak}, instead of following it"
         if demand < state.envelope

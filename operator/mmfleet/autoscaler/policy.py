@@ -15,11 +15,11 @@ correction (Hellerstein, Diao, Parekh and Tilbury, *Feedback Control of Computin
   fleet sized for today's demand misses windows whenever demand rises before a pod ordered now is
   Ready, and how much it rises is the workload's, not a constant (unless an envelope is held, next);
 - a demand that swings faster than a pod starts (it rose by more than ``SWING`` within one rate window at the
-  SLO's percentile in a cycle of the last ``ENVELOPE_WINDOW``, or of the user's scale-down delay where one is set)
-  is not chased: below its envelope, the highest demand of that window, the forecast is the envelope, so the fleet
-  holds for its peaks as a static fleet would instead of ordering pods that arrive after each burst and releasing
-  them before the next; at a new high the forecast is as above; no demand is held, and a fleet that went to zero
-  holds no peak from before it;
+  SLO's percentile in a cycle of the last ``ENVELOPE_WINDOW``) is not chased: below its envelope, the highest demand
+  of that window, the forecast is the envelope, so the fleet holds for its peaks as a static fleet would instead of
+  ordering pods that arrive after each burst and releasing them before the next; at a new high the forecast is as
+  above; no demand is held, and a fleet that went to zero holds no peak from before it. Not where the user set a
+  scale-down delay: it then says alone how long demand must stay lower before replicas go, and the fleet follows;
 - backlog: the queue projected to the moment a pod asked for now would be Ready if today's demand
   holds, given the pods already starting (their order times are remembered), drained in
   ``drain_time`` by Q / (μ_SLO × drain_time) extra replicas for a backlog of Q, at most as many
@@ -290,7 +290,7 @@ class SloPolicy:
     probed above it (``SloState.probe``); it decays toward what replicas serve while they miss the target with a
     standing queue and no pod starting. ``drain_time``: seconds in which a backlog should clear once new pods are Ready.
     ``stabilization``: the scale-down window, default max(300 s, L); where it is set (the user's
-    ``scaleDownDelay``) it is also how long a swinging demand's peak is held, ``ENVELOPE_WINDOW`` otherwise.
+    ``scaleDownDelay``) no swinging demand's envelope is held (``SWING``): the window alone holds the fleet.
     ``settle``: how far back the latency and rate signals reach (the SLO window). ``rate_window``: the window of the
     request rate, over which in-flight growth is taken too. ``capacity_per_replica``: μ_SLO from a profile
     (``spec.autoscaling.capacityPerReplica``), believed from the first cycle; what is learned online
@@ -313,16 +313,6 @@ class SloPolicy:
 
     def down_window(self, obs: Observation) -> float:
         return self.stabilization if self.stabilization is not None else max(300.0, obs.cold_start)
-
-    @property
-    def envelope_window(self) -> float:
-        """How long a swinging demand's peak is held: a scale-down delay the user set is their word on how long demand
-        must stay lower before replicas go, swinging or not."""
-        return self.stabilization if self.stabilization is not None else ENVELOPE_WINDOW
-
-    def envelope_text(self) -> str:
-        window = self.envelope_window
-        return f"{window / 60:g} minutes" if window >= 120 and window % 60 == 0 else duration_text(window)
 
     def decide(self, observation: Observation, state: SloState) -> Decision:
         obs = observation
@@ -438,8 +428,11 @@ class SloPolicy:
         swing = rise_quantile(samples, RISE_LAG, obs.slo_percentile) if known_swing else None
         # No peak from before the fleet went to zero is held after it (``SloState.zeroed``): it sizes for what comes.
         swung = obs.time if swing is not None and swing > SWING else state.swung
-        since = max(obs.time - self.envelope_window, state.zeroed or -math.inf)
-        swinging = swung is not None and obs.time - swung < self.envelope_window and demand > 0
+        since = max(obs.time - ENVELOPE_WINDOW, state.zeroed or -math.inf)
+        # A scale-down delay the user set is their word on how long demand must stay lower before replicas go, swinging
+        # or not: a hold of its own length would only cut the forecast's headroom to the last few samples' peak.
+        recent = swung is not None and obs.time - swung < ENVELOPE_WINDOW
+        swinging = self.stabilization is None and recent and demand > 0
         envelope = max(v for t, v in samples if t > since) if swinging else None
         hold = envelope if envelope is not None and demand < envelope else None
         forecast = forecast if hold is None else hold
@@ -581,7 +574,7 @@ class SloPolicy:
                 f"forecast {_v(sz.forecast)} over {duration_text(sz.horizon)}"
                 if sz.held is None
                 else f"it swings within {duration_text(RISE_LAG)}, so held for its peak of the last "
-                f"{self.envelope_text()} ({_v(sz.held)} req/s)"
+                f"{ENVELOPE_WINDOW / 60:g} minutes ({_v(sz.held)} req/s)"
             )
             parts.append(
                 f"demand {_v(sz.demand)} req/s, {sized_for} at {_v(sz.capacity)} req/s per replica"

@@ -261,13 +261,13 @@ def test_only_a_gap_in_the_series_longer_than_the_rate_window_restarts_the_warm_
     assert outcomes[0].reason == "series read for 0s, less than the 1m rate window: holding 1"
 
 
-def swinging(rates: list[float | None]) -> list[Outcome]:
+def swinging(rates: list[float | None], inference: MultimodalInference | None = None) -> list[Outcome]:
     """Cycles at these request rates, each from a fleet of 4 (None: requests in flight, none finished)."""
     memory, outcomes = Memory(), []
     for i, rate in enumerate(rates):
         seen = busy(None, rate=0.0, waiting=0.0, running=5.0) if rate is None else busy(
             1.0 if rate else None, rate=rate, waiting=0.0, running=rate)  # fmt: skip
-        outcome = decide(fleet(max_replicas=40), Seen(4, Pods(ready=4), seen), memory,
+        outcome = decide(inference or fleet(max_replicas=40), Seen(4, Pods(ready=4), seen), memory,
                          T0 + timedelta(seconds=INTERVAL * i), interval=INTERVAL, default_cold_start=120)  # fmt: skip
         outcomes.append(outcome)
         memory = outcome.memory
@@ -305,6 +305,23 @@ def test_demand_swings_names_the_peak_the_fleet_is_held_for_as_the_decision_does
         assert peak and f"held for its peak of the last 15 minutes ({peak[1]} req/s)" in o.reason, (message, o.reason)
     for o in highs:
         assert "forecast" in o.reason and "held for its peak" not in o.reason, o.reason
+
+
+def test_demand_swings_with_a_scale_down_delay_says_the_fleet_follows_it_instead_of_holding_a_peak() -> None:
+    """The user's scaleDownDelay alone says how long demand must stay lower: the condition still says the demand
+    swings, and why no peak is held; no decision holds one."""
+    default = fleet(max_replicas=40)
+    autoscaling = default.spec.autoscaling.model_copy(update={"scale_down_delay": "45s"})
+    delayed = default.model_copy(update={"spec": default.spec.model_copy(update={"autoscaling": autoscaling})})
+    outcomes = swinging(square(48, growth=1.2), delayed)
+    swings = [conditions(o)["DemandSwings"] for o in outcomes if conditions(o)["DemandSwings"][0]]
+    assert swings and all(reason == "Swinging" for _, reason, _ in swings)
+    for _, _, message in swings:
+        assert (
+            "faster than a pod starts: not held for its peak, since spec.autoscaling.scaleDownDelay is set (45s): "
+            "the fleet follows it, and removes replicas once demand has stayed lower for 45s" in message
+        ), message
+    assert not any("held for its peak" in o.reason for o in outcomes)
 
 
 def test_demand_swings_is_not_measured_in_a_cycle_that_sized_nothing_and_holds_nothing_at_zero_demand() -> None:
