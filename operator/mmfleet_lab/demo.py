@@ -57,7 +57,9 @@ BASE_RATE = 4.0
 SPIKE = Spike(start=100.0, end=190.0, factor=5.0)
 DEMO_SLO = {"metric": "e2e", "percentile": 90, "target": "5s", "window": "20s"}
 DEMO_AUTOSCALING = {"scaleDownDelay": "45s", "slo": DEMO_SLO}
-SPIKE_SECONDS = 360
+# Past the spike's end, its 45 s scale-down delay and the two minutes between scale-down steps (policy.DOWN_PAUSE): the
+# first step often frees one replica while the rate window still reads the spike's tail, the second the rest.
+SPIKE_SECONDS = 420
 AUTOSCALE_INTERVAL = "5s"
 # The SDK's batch span processors send every 5 s (OTEL_BSP_SCHEDULE_DELAY) and the collector's file exporter
 # flushes every second: after this wait the file holds the spans of the run's last sample.
