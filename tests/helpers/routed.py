@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -154,6 +155,12 @@ class RoutedPool:
 
     def why(self) -> str:
         return "\n".join(self.picker_log.read_text(errors="replace").splitlines()[-30:])
+
+
+def sample(exposition: str, name: str) -> float | None:
+    """The value of the first sample of ``name`` in a Prometheus text exposition, with any labels; None if absent."""
+    found = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", exposition, re.MULTILINE)
+    return float(found[1]) if found else None
 
 
 def chat(model: str, text: str, image: str | None = None, max_tokens: int = 4) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from tests.helpers.routed import (
     question,
     ready_pods,
     require_netns,
+    sample,
     serve_pool,
 )
 from tests.helpers.wait import wait_for
@@ -97,9 +98,9 @@ def _fill(routed: RoutedPool, request: dict[str, Any]) -> None:
 
 def _waiting(routed: RoutedPool, ip: str) -> float:
     """The requests waiting in the server at ``ip``, as it exports them to the picker."""
-    found = re.search(r"^vllm:num_requests_waiting(?:\{[^}]*\})? (\S+)$", routed.server_metrics(ip), re.MULTILINE)
-    assert found, f"no vllm:num_requests_waiting from {ip}"
-    return float(found[1])
+    waiting = sample(routed.server_metrics(ip), "vllm:num_requests_waiting")
+    assert waiting is not None, f"no vllm:num_requests_waiting from {ip}"
+    return waiting
 
 
 # 127.0.0.1 and ::1 as /proc/net/tcp{,6} write them.

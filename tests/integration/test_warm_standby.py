@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from mmfleet.render import COMPONENT, INFERENCE_LABEL, SERVING_LABEL
 from mmfleet_lab.cluster import Cluster
 from tests.helpers.fleet import Fleet, mmi
 from tests.helpers.operator_process import OperatorProcess
-from tests.helpers.routed import NETNS_MARKS, RoutedPool, chat, question, require_netns, serve_pool
+from tests.helpers.routed import NETNS_MARKS, RoutedPool, chat, question, require_netns, sample, serve_pool
 from tests.helpers.wait import wait_for
 
 pytestmark = NETNS_MARKS
@@ -108,8 +107,7 @@ def wait_split(fleet: Fleet, routed: RoutedPool, serving: int, asleep: int, time
 
 def pool_ready_pods(routed: RoutedPool) -> float | None:
     """The pods in the picker's pool as it counts them (`inference_pool_ready_pods`, set from its datastore)."""
-    found = re.search(r"^inference_pool_ready_pods\{[^}]*\} (\S+)$", routed.picker_metrics(), re.MULTILINE)
-    return float(found.group(1)) if found else None
+    return sample(routed.picker_metrics(), "inference_pool_ready_pods")
 
 
 def endpoints(routed: RoutedPool, tries: int = 16) -> set[str]:

@@ -53,7 +53,7 @@ from mmfleet.api import (
 from mmfleet.autoscaler import Observation
 from mmfleet.autoscaler.idle import IdleMemory, IdleRule, idle_rule
 from mmfleet.autoscaler.metrics import API_CPU_SERIES, RATE_WINDOW, SIGNALS, Signals
-from mmfleet.autoscaler.policy import ENVELOPE_WINDOW, MIN_RISE_PAIRS, RISE_LAG, SWING, SloPolicy, SloState
+from mmfleet.autoscaler.policy import ENVELOPE_WINDOW, MIN_RISE_PAIRS, RISE_LAG, SWING, SloPolicy, SloState, swinging
 from mmfleet.backends import ServerStartup
 from mmfleet.status import ConditionRow, Scaling, scheduling_failure
 
@@ -669,7 +669,7 @@ def _swing_row(state: Any, undecided: str | None, clock: float, delay: str | Non
                 f"{duration_text(RISE_LAG)} read yet")  # fmt: skip
     demand = state.demand[-1][1]
     now = f"demand's learned rise within {duration_text(RISE_LAG)} at the SLO's percentile: {1.0 + state.swing:.2f}x"
-    swung = state.swung if state.swung is not None and clock - state.swung < ENVELOPE_WINDOW and demand > 0 else None
+    swung = state.swung if swinging(state.swung, clock, demand) else None
     if swung is None or (state.envelope is None and delay is None):
         steady = "no demand, nothing held" if demand <= 0 else "the fleet follows it"
         return (kind, False, DemandSwingsReason.STEADY, f"{now}, not over {1.0 + SWING:g}x in the last "

@@ -232,6 +232,12 @@ def _log_changes(samples: Samples) -> list[float]:
     return logs
 
 
+def swinging(swung: float | None, now: float, demand: float) -> bool:
+    """A demand over ``SWING`` in a cycle of the last ``ENVELOPE_WINDOW`` that has not gone to nothing: what the policy
+    holds an envelope for (where the user set no scale-down delay) and ``DemandSwings`` reports."""
+    return swung is not None and now - swung < ENVELOPE_WINDOW and demand > 0
+
+
 def partial_scrape(obs: Observation) -> bool:
     """Fewer pods report than are Ready: the sums miss pods, so the fleet looks less loaded than it is."""
     return obs.reporting is not None and obs.reporting < obs.ready
@@ -431,9 +437,8 @@ class SloPolicy:
         since = max(obs.time - ENVELOPE_WINDOW, state.zeroed or -math.inf)
         # A scale-down delay the user set is their word on how long demand must stay lower before replicas go, swinging
         # or not: a hold of its own length would only cut the forecast's headroom to the last few samples' peak.
-        recent = swung is not None and obs.time - swung < ENVELOPE_WINDOW
-        swinging = self.stabilization is None and recent and demand > 0
-        envelope = max(v for t, v in samples if t > since) if swinging else None
+        holding = self.stabilization is None and swinging(swung, obs.time, demand)
+        envelope = max(v for t, v in samples if t > since) if holding else None
         hold = envelope if envelope is not None and demand < envelope else None
         forecast = forecast if hold is None else hold
 
